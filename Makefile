@@ -1,0 +1,50 @@
+# One venv, created on demand. Each target installs what it needs when a stamp is missing or
+# older than pyproject.toml, so `make test` and `make pretrain` work on a fresh clone.
+PYTHON ?= python3.11
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+RUN_DIR ?= runs/pretrain
+PYTEST_ARGS ?=
+
+.PHONY: test test-fast pretrain bench lint clean install-data install-train install-dev
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install --quiet --upgrade pip
+
+$(VENV)/.stamp-data: pyproject.toml | $(PY)
+	$(PIP) install --quiet -e .
+	touch $@
+
+$(VENV)/.stamp-train: pyproject.toml | $(PY)
+	$(PIP) install --quiet -e ".[train]"
+	touch $@
+
+$(VENV)/.stamp-dev: pyproject.toml | $(PY)
+	$(PIP) install --quiet -e ".[train,dask,plot,dev,interop-test]"
+	touch $@ $(VENV)/.stamp-train $(VENV)/.stamp-data
+
+install-data: $(VENV)/.stamp-data
+install-train: $(VENV)/.stamp-train
+install-dev: $(VENV)/.stamp-dev
+
+test: $(VENV)/.stamp-dev
+	$(PY) -m pytest -n 2 $(PYTEST_ARGS)
+
+test-fast: $(VENV)/.stamp-dev
+	$(PY) -m pytest -n 2 -m "not integration" $(PYTEST_ARGS)
+
+lint: $(VENV)/.stamp-dev
+	$(VENV)/bin/ruff check datagen pipelines vocab trainer tests benchmarks
+
+bench: $(VENV)/.stamp-dev
+	$(PY) -m benchmarks.run_all
+
+# The whole pipeline on the embedded default corpus (no network, no files from outside the repo).
+pretrain: $(VENV)/.stamp-train
+	$(PY) -m trainer.demo --out $(RUN_DIR)
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache .ruff_cache .hypothesis build dist *.egg-info .bench
+	find . -name __pycache__ -type d -prune -exec rm -rf {} +

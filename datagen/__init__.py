@@ -1,0 +1,3 @@
+"""Pure per-document data generation: no Beam, no TensorFlow."""
+
+__version__ = "0.1.0"

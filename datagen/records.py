@@ -1,0 +1,281 @@
+"""The original BERT record format, encoded without TensorFlow.
+
+Each instance is a ``tf.train.Example`` (RECIPE.md section 4) serialized the
+way protobuf's *deterministic* serialization does it: map entries sorted by
+key, repeated numeric fields packed.  Records are framed as TFRecords
+(length, masked CRC32C of the length, payload, masked CRC32C of the payload).
+
+Encoding is vectorized over a batch of instances: the varints of every
+integer feature of the batch are computed with NumPy in one go.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import BinaryIO
+
+import google_crc32c
+import numpy as np
+
+INT_FEATURES = (
+    "input_ids",
+    "input_mask",
+    "segment_ids",
+    "masked_lm_positions",
+    "masked_lm_ids",
+    "next_sentence_labels",
+)
+FLOAT_FEATURES = ("masked_lm_weights",)
+# Deterministic serialization writes map entries in key order.
+FEATURE_ORDER = tuple(sorted(INT_FEATURES + FLOAT_FEATURES))
+
+
+def feature_spec(max_seq_length: int, max_predictions_per_seq: int) -> dict[str, tuple[str, int]]:
+    """Name -> (dtype, length) of every feature, as the original trainer parses them."""
+    s, p = max_seq_length, max_predictions_per_seq
+    return {
+        "input_ids": ("int64", s),
+        "input_mask": ("int64", s),
+        "segment_ids": ("int64", s),
+        "masked_lm_positions": ("int64", p),
+        "masked_lm_ids": ("int64", p),
+        "masked_lm_weights": ("float32", p),
+        "next_sentence_labels": ("int64", 1),
+    }
+
+
+@dataclass
+class InstanceBatch:
+    """Padded instances, one row each (the record's features, before encoding)."""
+
+    input_ids: np.ndarray  # (n, max_seq_length) int
+    input_mask: np.ndarray  # (n, max_seq_length) 0/1
+    segment_ids: np.ndarray  # (n, max_seq_length) 0/1
+    masked_lm_positions: np.ndarray  # (n, max_predictions) int
+    masked_lm_ids: np.ndarray  # (n, max_predictions) int
+    masked_lm_weights: np.ndarray  # (n, max_predictions) float32
+    next_sentence_labels: np.ndarray  # (n,) 0/1
+
+    def __len__(self) -> int:
+        return int(self.input_ids.shape[0])
+
+    def row(self, i: int) -> dict[str, np.ndarray]:
+        return {name: np.atleast_1d(getattr(self, name)[i]) for name in FEATURE_ORDER}
+
+
+# ---------------------------------------------------------------- varints
+
+
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    value &= (1 << 64) - 1
+    while value >= 0x80:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def _varint_rows(matrix: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Varint bytes of every row of a non-negative int matrix.
+
+    Returns the bytes of all rows concatenated and each row's byte offset
+    (length n + 1).
+    """
+    values = np.ascontiguousarray(matrix, dtype=np.uint64)
+    if values.ndim == 1:
+        values = values[:, None]
+    n = values.shape[0]
+    # Ten 7-bit groups cover 64 bits; group k exists when value >> 7k != 0.
+    groups = np.stack([(values >> np.uint64(7 * k)) for k in range(10)], axis=-1)
+    present = groups != 0
+    present[..., 0] = True
+    nbytes = present.sum(axis=-1)
+    low7 = (groups & np.uint64(0x7F)).astype(np.uint8)
+    more = np.zeros_like(present)
+    more[..., :-1] = present[..., 1:]
+    encoded = low7 | (more.astype(np.uint8) << 7)
+    flat = encoded[present]  # row-major: rows, then values, then groups
+    row_len = nbytes.sum(axis=1)
+    offsets = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(row_len, out=offsets[1:])
+    return flat, offsets
+
+
+def _length_delimited(field: int, payload: bytes) -> bytes:
+    return _varint((field << 3) | 2) + _varint(len(payload)) + payload
+
+
+_KEY_BYTES = {name: b"\x0a" + _varint(len(name)) + name.encode() for name in FEATURE_ORDER}
+
+
+def encode_batch(batch: InstanceBatch) -> list[bytes]:
+    """Serialized ``tf.train.Example`` bytes of every instance in the batch."""
+    n = len(batch)
+    packed: dict[str, tuple[bytes, np.ndarray]] = {}
+    for name in INT_FEATURES:
+        flat, offsets = _varint_rows(getattr(batch, name))
+        packed[name] = (flat.tobytes(), offsets)
+    weights = np.ascontiguousarray(batch.masked_lm_weights, dtype="<f4")
+    weight_bytes = weights.tobytes()
+    row_w = weights.shape[1] * 4
+
+    records: list[bytes] = []
+    for i in range(n):
+        entries = []
+        for name in FEATURE_ORDER:
+            if name in packed:
+                data, offsets = packed[name]
+                values = data[offsets[i] : offsets[i + 1]]
+                feature = _length_delimited(3, _length_delimited(1, values))  # int64_list
+            else:
+                values = weight_bytes[i * row_w : (i + 1) * row_w]
+                feature = _length_delimited(2, _length_delimited(1, values))  # float_list
+            entry = _KEY_BYTES[name] + _length_delimited(2, feature)
+            entries.append(_length_delimited(1, entry))
+        records.append(_length_delimited(1, b"".join(entries)))
+    return records
+
+
+# ---------------------------------------------------------------- TFRecord framing
+
+
+def masked_crc32c(data: bytes) -> int:
+    crc = google_crc32c.value(data)
+    return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
+
+
+def frame_record(payload: bytes) -> bytes:
+    length = struct.pack("<Q", len(payload))
+    return (
+        length
+        + struct.pack("<I", masked_crc32c(length))
+        + payload
+        + struct.pack("<I", masked_crc32c(payload))
+    )
+
+
+def frame_records(payloads: list[bytes]) -> bytes:
+    return b"".join(frame_record(p) for p in payloads)
+
+
+class RecordError(ValueError):
+    """A TFRecord file or record that does not parse; says where."""
+
+
+def iter_tfrecords(stream: BinaryIO, name: str = "<stream>", check_crc: bool = True) -> Iterator[bytes]:
+    """Payloads of a TFRecord stream, checking framing and CRCs."""
+    index = 0
+    offset = 0
+    while True:
+        header = stream.read(12)
+        if not header:
+            return
+        if len(header) < 12:
+            raise RecordError(f"{name}: record {index} at byte {offset}: truncated length header")
+        (length,) = struct.unpack("<Q", header[:8])
+        (length_crc,) = struct.unpack("<I", header[8:])
+        if check_crc and masked_crc32c(header[:8]) != length_crc:
+            raise RecordError(f"{name}: record {index} at byte {offset}: length CRC mismatch")
+        payload = stream.read(length)
+        footer = stream.read(4)
+        if len(payload) < length or len(footer) < 4:
+            raise RecordError(f"{name}: record {index} at byte {offset}: truncated payload")
+        if check_crc and masked_crc32c(payload) != struct.unpack("<I", footer)[0]:
+            raise RecordError(f"{name}: record {index} at byte {offset}: payload CRC mismatch")
+        yield payload
+        index += 1
+        offset += 16 + length
+
+
+# ---------------------------------------------------------------- decoding
+
+
+def _read_varint(buf: bytes, pos: int) -> tuple[int, int]:
+    result = 0
+    shift = 0
+    while True:
+        if pos >= len(buf):
+            raise RecordError("truncated varint")
+        b = buf[pos]
+        pos += 1
+        result |= (b & 0x7F) << shift
+        if b < 0x80:
+            return result, pos
+        shift += 7
+        if shift >= 70:
+            raise RecordError("varint too long")
+
+
+def _fields(buf: bytes) -> Iterator[tuple[int, int, int | bytes]]:
+    """(field number, wire type, value) of a protobuf message."""
+    pos = 0
+    while pos < len(buf):
+        key, pos = _read_varint(buf, pos)
+        field, wire = key >> 3, key & 7
+        if wire == 0:
+            value, pos = _read_varint(buf, pos)
+        elif wire == 2:
+            size, pos = _read_varint(buf, pos)
+            if pos + size > len(buf):
+                raise RecordError("truncated length-delimited field")
+            value, pos = buf[pos : pos + size], pos + size
+        elif wire == 5:
+            value, pos = buf[pos : pos + 4], pos + 4
+        elif wire == 1:
+            value, pos = buf[pos : pos + 8], pos + 8
+        else:
+            raise RecordError(f"unsupported wire type {wire}")
+        yield field, wire, value
+
+
+def _decode_varints(data: bytes) -> list[int]:
+    out, pos = [], 0
+    while pos < len(data):
+        v, pos = _read_varint(data, pos)
+        out.append(v - (1 << 64) if v >= 1 << 63 else v)
+    return out
+
+
+def decode_example(payload: bytes) -> dict[str, np.ndarray]:
+    """Features of a serialized ``tf.train.Example`` (any field order, packed or not)."""
+    features: dict[str, np.ndarray] = {}
+    for field, _, features_msg in _fields(payload):
+        if field != 1:
+            continue
+        for f2, _, entry in _fields(features_msg):  # type: ignore[arg-type]
+            if f2 != 1:
+                continue
+            key, value = None, b""
+            for f3, _, v in _fields(entry):  # type: ignore[arg-type]
+                if f3 == 1:
+                    key = v.decode("utf-8")  # type: ignore[union-attr]
+                elif f3 == 2:
+                    value = v
+            if key is None:
+                raise RecordError("feature map entry without a key")
+            features[key] = _decode_feature(value)  # type: ignore[arg-type]
+    return features
+
+
+def _decode_feature(feature: bytes) -> np.ndarray:
+    for kind, _, lst in _fields(feature):
+        ints: list[int] = []
+        floats: list[float] = []
+        for f, wire, v in _fields(lst):  # type: ignore[arg-type]
+            if f != 1:
+                continue
+            if kind == 3:
+                ints.extend(_decode_varints(v) if wire == 2 else [v])  # type: ignore[list-item,arg-type]
+            elif kind == 2:
+                raw = v if wire == 2 else v
+                floats.extend(np.frombuffer(raw, dtype="<f4").tolist())  # type: ignore[arg-type]
+            elif kind == 1:
+                raise RecordError("bytes features are not part of the BERT format")
+        if kind == 3:
+            return np.asarray(ints, dtype=np.int64)
+        if kind == 2:
+            return np.asarray(floats, dtype=np.float32)
+    return np.zeros(0, dtype=np.int64)

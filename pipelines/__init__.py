@@ -1,0 +1,1 @@
+"""Beam wiring, runners and the `bert-datagen` command line."""

@@ -1,0 +1,27 @@
+"""`bert-datagen`: the data side's command line (no TensorFlow)."""
+
+from __future__ import annotations
+
+import click
+
+from datagen import __version__
+from pipelines.lazy_group import LazyGroup
+
+COMMANDS = {
+    "vocab": "vocab.cli:vocab_command",
+    "run": "pipelines.run_cli:run_command",
+    "verify": "pipelines.tools_cli:verify_command",
+    "inspect": "pipelines.tools_cli:inspect_command",
+    "stats": "pipelines.tools_cli:stats_command",
+    "diff": "pipelines.tools_cli:diff_command",
+}
+
+
+@click.group(cls=LazyGroup, lazy_commands=COMMANDS)
+@click.version_option(__version__, prog_name="bert-datagen")
+def main() -> None:
+    """Reproducible BERT pre-training data: vocab, run, verify, inspect, stats, diff."""
+
+
+if __name__ == "__main__":
+    main()

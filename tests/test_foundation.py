@@ -1,0 +1,47 @@
+"""The skeleton: importing the data side never imports TensorFlow; the CLIs list their commands."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+
+def _run_python(code: str) -> str:
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    return out.stdout.strip()
+
+
+@pytest.mark.parametrize(
+    "module",
+    ["datagen", "pipelines", "vocab", "datagen.records", "datagen.rng", "pipelines.cli"],
+)
+def test_data_side_does_not_import_tensorflow(module: str) -> None:
+    loaded = _run_python(
+        f"import sys, importlib; importlib.import_module({module!r}); "
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('tensorflow', 'keras')))"
+    )
+    assert loaded == "[]", f"{module} pulled in {loaded}"
+
+
+def test_bert_datagen_help_lists_subcommands() -> None:
+    from click.testing import CliRunner
+
+    from pipelines.cli import COMMANDS, main
+
+    result = CliRunner().invoke(main, ["--help"])
+    assert result.exit_code == 0, result.output
+    for name in COMMANDS:
+        assert name in result.output
+
+
+def test_bert_train_help_lists_subcommands() -> None:
+    from click.testing import CliRunner
+
+    from trainer.cli import COMMANDS, main
+
+    result = CliRunner().invoke(main, ["--help"])
+    assert result.exit_code == 0, result.output
+    for name in COMMANDS:
+        assert name in result.output

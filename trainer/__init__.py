@@ -1,0 +1,1 @@
+"""The Keras 3 / TensorFlow trainer: the only package that imports TensorFlow."""

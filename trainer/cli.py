@@ -1,0 +1,22 @@
+"""`bert-train`: pre-train, evaluate and export BERT models."""
+
+from __future__ import annotations
+
+import click
+
+from pipelines.lazy_group import LazyGroup
+
+COMMANDS = {
+    "pretrain": "trainer.train_cli:pretrain_command",
+    "eval": "trainer.train_cli:eval_command",
+    "export": "trainer.export_cli:export_command",
+}
+
+
+@click.group(cls=LazyGroup, lazy_commands=COMMANDS)
+def main() -> None:
+    """Pre-train BERT (MLM + NSP) on bert-datagen datasets; evaluate; export checkpoints."""
+
+
+if __name__ == "__main__":
+    main()

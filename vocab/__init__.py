@@ -1,0 +1,1 @@
+"""WordPiece vocabularies and a tokenizer identical to the original BERT tokenizer."""
