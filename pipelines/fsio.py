@@ -1,0 +1,104 @@
+"""File access through Beam's FileSystems, so every path Beam understands works (local, gs://).
+
+Writes are atomic: data goes to a temporary sibling first and is renamed into place, so a reader
+never sees a partly written file under its final name.
+"""
+
+from __future__ import annotations
+
+import bz2
+import gzip
+import os
+import uuid
+from dataclasses import dataclass
+
+from apache_beam.io.filesystem import CompressionTypes
+from apache_beam.io.filesystems import FileSystems
+
+TMP_MARKER = ".tmp-"
+
+
+class InputNotFoundError(FileNotFoundError):
+    """A pattern that matched no file."""
+
+
+@dataclass(frozen=True)
+class FileInfo:
+    path: str
+    size: int
+
+
+def match_files(patterns: list[str]) -> list[FileInfo]:
+    """Every file matched by the patterns, deduplicated and sorted by path.
+
+    Sorting makes the listing independent of the order the patterns or the
+    filesystem return them in.
+    """
+    found: dict[str, int] = {}
+    for pattern in patterns:
+        results = FileSystems.match([pattern])[0].metadata_list
+        files = [m for m in results if not m.path.endswith("/")]
+        if not files:
+            raise InputNotFoundError(f"{pattern}: no input file matches this pattern")
+        for meta in files:
+            found[meta.path] = meta.size_in_bytes
+    return [FileInfo(path, size) for path, size in sorted(found.items())]
+
+
+def _open_raw(path: str):
+    return FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED)
+
+
+def read_bytes(path: str) -> bytes:
+    """The file's bytes, decompressed when its name ends in .gz or .bz2."""
+    with _open_raw(path) as f:
+        raw = f.read()
+    try:
+        if path.endswith(".gz"):
+            return gzip.decompress(raw)
+        if path.endswith(".bz2"):
+            return bz2.decompress(raw)
+    except (OSError, EOFError, ValueError) as e:
+        raise ValueError(f"{path}: cannot decompress: {e}") from e
+    return raw
+
+
+def open_read(path: str):
+    """A binary stream of the file as stored (no decompression)."""
+    return _open_raw(path)
+
+
+def join(base: str, *parts: str) -> str:
+    return FileSystems.join(base, *parts)
+
+
+def exists(path: str) -> bool:
+    return FileSystems.exists(path)
+
+
+def temp_path_for(path: str) -> str:
+    directory, name = os.path.split(path) if "://" not in path else path.rsplit("/", 1)
+    return f"{directory}/{TMP_MARKER}{uuid.uuid4().hex}-{name}"
+
+
+def write_atomic(path: str, data: bytes) -> None:
+    """Write ``data`` to ``path``: temp sibling first, then rename over the final name."""
+    ensure_dir(path.rsplit("/", 1)[0] if "/" in path else ".")
+    tmp = temp_path_for(path)
+    with FileSystems.create(tmp, mime_type="application/octet-stream",
+                            compression_type=CompressionTypes.UNCOMPRESSED) as f:
+        f.write(data)
+    if FileSystems.exists(path):
+        FileSystems.delete([path])
+    FileSystems.rename([tmp], [path])
+
+
+def ensure_dir(directory: str) -> None:
+    if "://" not in directory:
+        os.makedirs(directory or ".", exist_ok=True)
+
+
+def delete(paths: list[str]) -> None:
+    existing = [p for p in paths if FileSystems.exists(p)]
+    if existing:
+        FileSystems.delete(existing)
