@@ -1,0 +1,1 @@
+"""Benchmarks (`make bench`): heavy checks that report ratios measured in one run."""
