@@ -1,0 +1,168 @@
+"""`manifest.json`: what a dataset directory holds, with checksums (schema in docs/manifest.md).
+
+The manifest is the last file a run writes; a directory without one is not a complete dataset.
+Readers reject a manifest of another schema or of a newer schema version, naming the file and field.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+from typing import Any
+
+from datagen import __version__
+from pipelines import fsio
+
+SCHEMA = "bert-datagen/manifest"
+SCHEMA_VERSION = 1
+MANIFEST_NAME = "manifest.json"
+VOCAB_NAME = "vocab.txt"
+CARD_NAME = "README.md"
+
+REQUIRED_TOP = ("schema", "schema_version", "tool", "config", "seed", "vocab", "input", "features",
+                "splits", "totals")
+REQUIRED_VOCAB = ("path", "sha256", "size")
+REQUIRED_SHARD = ("path", "records", "bytes", "sha256")
+REQUIRED_FEATURES = ("input_ids", "input_mask", "segment_ids", "masked_lm_positions", "masked_lm_ids",
+                     "masked_lm_weights", "next_sentence_labels")
+
+
+class ManifestError(ValueError):
+    """A manifest that is missing, unreadable, of another schema, or missing a field; says which."""
+
+
+def build_manifest(
+    *,
+    config: dict,
+    vocab: dict,
+    input_info: dict,
+    features: dict,
+    splits: dict,
+    totals: dict,
+    created_by: dict | None = None,
+) -> dict:
+    """A complete, validated manifest dict.
+
+    Split-level ``records``/``bytes`` are summed from the shards when the caller leaves them out, so
+    they can never disagree with the shard list in a freshly built manifest.
+    """
+    norm_splits: dict[str, Any] = {}
+    for name, split in splits.items():
+        shards = [dict(s) for s in split.get("shards", [])]
+        norm_splits[name] = {
+            **split,
+            "shards": shards,
+            "records": split.get("records", sum(int(s["records"]) for s in shards)),
+            "bytes": split.get("bytes", sum(int(s["bytes"]) for s in shards)),
+        }
+    manifest = {
+        "schema": SCHEMA,
+        "schema_version": SCHEMA_VERSION,
+        "tool": {"name": "bert-datagen", "version": __version__},
+        "created_by": dict(created_by) if created_by is not None else {"python": platform.python_version()},
+        "config": dict(config),
+        "seed": config.get("random_seed"),
+        "vocab": dict(vocab),
+        "input": dict(input_info),
+        "features": {k: [str(v[0]), int(v[1])] for k, v in features.items()},
+        "splits": norm_splits,
+        "totals": dict(totals),
+    }
+    validate_manifest(manifest, "<new manifest>")
+    return manifest
+
+
+def manifest_bytes(manifest: dict) -> bytes:
+    """The manifest's canonical bytes: sorted keys, indent 2, trailing newline."""
+    return (json.dumps(manifest, sort_keys=True, indent=2, ensure_ascii=False) + "\n").encode("utf-8")
+
+
+def write_manifest(dataset_dir: str, manifest: dict) -> str:
+    """Validate and write DIR/manifest.json atomically; returns its path. Write it LAST."""
+    path = fsio.join(dataset_dir, MANIFEST_NAME)
+    validate_manifest(manifest, path)
+    fsio.write_atomic(path, manifest_bytes(manifest))
+    return path
+
+
+def load_manifest(dataset_dir: str) -> dict:
+    """The validated manifest of a dataset directory (raises ManifestError naming file and field)."""
+    path = fsio.join(dataset_dir, MANIFEST_NAME)
+    if not fsio.exists(path):
+        raise ManifestError(
+            f"{path}: no manifest: this is not a complete bert-datagen dataset (an interrupted run, or "
+            "data from the original tool: pass --max-seq-length, --max-predictions-per-seq and --vocab)"
+        )
+    try:
+        manifest = json.loads(fsio.read_bytes(path).decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ManifestError(f"{path}: not valid JSON: {e}") from e
+    validate_manifest(manifest, path)
+    return manifest
+
+
+def _require(obj: Any, keys: tuple[str, ...], where: str, source: str) -> None:
+    if not isinstance(obj, dict):
+        raise ManifestError(f"{source}: field {where!r} must be an object")
+    for key in keys:
+        if key not in obj:
+            raise ManifestError(f"{source}: missing field {where + '.' if where else ''}{key}")
+
+
+def _int_field(value: Any, where: str, source: str) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise ManifestError(f"{source}: field {where} must be a non-negative integer, got {value!r}")
+
+
+def validate_manifest(manifest: Any, source: str = MANIFEST_NAME) -> None:
+    """Raise ManifestError unless the manifest has this schema's shape."""
+    if not isinstance(manifest, dict):
+        raise ManifestError(f"{source}: the manifest must be a JSON object")
+    if manifest.get("schema") != SCHEMA:
+        raise ManifestError(f"{source}: field schema is {manifest.get('schema')!r}, expected {SCHEMA!r}")
+    version = manifest.get("schema_version")
+    if not isinstance(version, int) or isinstance(version, bool) or version < 1:
+        raise ManifestError(f"{source}: field schema_version must be a positive integer, got {version!r}")
+    if version > SCHEMA_VERSION:
+        raise ManifestError(
+            f"{source}: schema_version {version} is newer than this tool knows ({SCHEMA_VERSION}); "
+            "upgrade bert-datagen"
+        )
+    _require(manifest, REQUIRED_TOP, "", source)
+    _require(manifest["vocab"], REQUIRED_VOCAB, "vocab", source)
+    _int_field(manifest["vocab"]["size"], "vocab.size", source)
+    _require(manifest["features"], REQUIRED_FEATURES, "features", source)
+    for name in REQUIRED_FEATURES:
+        spec = manifest["features"][name]
+        if (not isinstance(spec, list | tuple) or len(spec) != 2 or spec[0] not in ("int64", "float32")
+                or not isinstance(spec[1], int) or spec[1] < 1):
+            raise ManifestError(f"{source}: field features.{name} must be [dtype, length], got {spec!r}")
+    if not isinstance(manifest["splits"], dict):
+        raise ManifestError(f"{source}: field splits must be an object")
+    for split, info in manifest["splits"].items():
+        _require(info, ("shards", "records", "bytes"), f"splits.{split}", source)
+        if not isinstance(info["shards"], list):
+            raise ManifestError(f"{source}: field splits.{split}.shards must be a list")
+        for i, shard in enumerate(info["shards"]):
+            where = f"splits.{split}.shards[{i}]"
+            _require(shard, REQUIRED_SHARD, where, source)
+            _int_field(shard["records"], f"{where}.records", source)
+            _int_field(shard["bytes"], f"{where}.bytes", source)
+            path = shard["path"]
+            if not isinstance(path, str) or path.startswith("/") or "\\" in path or ".." in path.split("/"):
+                raise ManifestError(f"{source}: field {where}.path must be a relative '/' path, got {path!r}")
+        _int_field(info["records"], f"splits.{split}.records", source)
+        _int_field(info["bytes"], f"splits.{split}.bytes", source)
+
+
+def shape_from_manifest(manifest: dict) -> tuple[int, int]:
+    """(max_seq_length, max_predictions_per_seq) as recorded in the manifest's feature spec."""
+    features = manifest["features"]
+    return int(features["input_ids"][1]), int(features["masked_lm_positions"][1])
+
+
+def iter_shards(manifest: dict):
+    """(split, shard entry) of every shard, in manifest order."""
+    for split, info in manifest["splits"].items():
+        for shard in info["shards"]:
+            yield split, shard
