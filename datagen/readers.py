@@ -1,0 +1,344 @@
+"""Raw documents out of input files, one format at a time.
+
+``read_documents`` gets the already-decompressed bytes of one file and yields
+``RawDocument``s: either paragraphs (to be split into sentences later) or, for
+the original one-sentence-per-line format, sentences that are never re-split.
+
+Cleaning, the same for every format: a leading UTF-8 BOM is dropped, CRLF and
+CR become LF, NUL bytes are removed (counted in ``stats["nul_bytes"]``), and
+invalid UTF-8 is replaced by U+FFFD, one replacement per run of invalid bytes,
+counted in ``stats["decode_errors"]`` (``strict_utf8`` makes it an error that
+names the file and the byte offset).  A file that looks binary (many NULs or
+mostly invalid UTF-8 in its first 64 KiB) is an error, not a corpus.
+
+Layouts the ``text`` format recognises on its own, per file:
+
+* Project Gutenberg books (a ``*** START OF ... PROJECT GUTENBERG`` line): the
+  licence header up to that line and everything from the ``*** END OF`` line
+  (and a closing "End of the Project Gutenberg EBook" line) are dropped; the
+  whole book is ONE document and each blank-line block is one paragraph (its
+  hard-wrapped lines joined with spaces).
+* WikiText (Merity et al.; lines `` = Title = `` between blank lines): each
+  top-level heading starts a document; headings are dropped (as the original
+  BERT Wikipedia text dropped them); every other non-blank line is a paragraph;
+  the ``@-@``, ``@,@`` and ``@.@`` number/hyphen splits are joined back.
+* Anything else: documents are separated by blank lines.  Inside a document a
+  line break is a paragraph break, unless the lines look hard-wrapped (the
+  first word of the next line would not have fitted on the line, in a block
+  whose lines are at most 120 characters): then the lines are joined.
+
+Document counts that matter to users: ``stats["empty_documents"]`` (documents
+with no text) is added to ``stats["dropped_documents"]`` as well.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from datagen.config import DatagenConfig
+
+
+class InputError(ValueError):
+    """Input that cannot be read as the chosen format; the message names the file and the problem."""
+
+
+@dataclass
+class RawDocument:
+    """One document before tokenization: ``paragraphs`` to split, or ``sentences`` as given."""
+
+    source: str
+    index: int
+    paragraphs: list[str] | None = None
+    sentences: list[str] | None = None
+
+    def text(self) -> str:
+        parts = self.sentences if self.sentences is not None else self.paragraphs
+        return "\n".join(parts or [])
+
+    def is_empty(self) -> bool:
+        parts = self.sentences if self.sentences is not None else self.paragraphs
+        return not any(p.strip() for p in parts or [])
+
+
+# ---------------------------------------------------------------- cleaning
+
+_SNIFF_BYTES = 1 << 16
+_MAX_NUL_FRACTION = 0.01
+_MAX_INVALID_FRACTION = 0.10
+_MIN_INVALID_BINARY = 32  # a short text with a few bad bytes is still text
+_ESCAPED = re.compile("[\udc80-\udcff]+")
+
+
+def _bump(stats: dict[str, int], key: str, n: int = 1) -> None:
+    stats[key] = stats.get(key, 0) + n
+
+
+def _replace_invalid(path: str, data: bytes, sniffed: int, stats: dict[str, int]) -> str:
+    # surrogateescape maps each bad byte to one lone surrogate, in linear time;
+    # a run of them is one decoding error.
+    text = data.decode("utf-8", errors="surrogateescape")
+    bad_head = sum(len(m.group()) for m in _ESCAPED.finditer(text[:sniffed]))
+    if bad_head > max(_MIN_INVALID_BINARY, _MAX_INVALID_FRACTION * sniffed):
+        raise InputError(
+            f"{path}: looks like a binary file ({bad_head} of the first {sniffed} bytes are not "
+            "valid UTF-8); expected UTF-8 text"
+        )
+    errors = 0
+
+    def replace(_: re.Match[str]) -> str:
+        nonlocal errors
+        errors += 1
+        return "\ufffd"
+
+    text = _ESCAPED.sub(replace, text)
+    _bump(stats, "decode_errors", errors)
+    return text
+
+
+def decode_text(path: str, data: bytes, strict: bool, stats: dict[str, int]) -> str:
+    """Clean text of a file: BOM, NUL, CR/CRLF and invalid UTF-8 handled (see module doc)."""
+    head = data[:_SNIFF_BYTES]
+    if head and head.count(0) > _MAX_NUL_FRACTION * len(head):
+        raise InputError(
+            f"{path}: looks like a binary file ({head.count(0)} NUL bytes in the first {len(head)} bytes); "
+            "expected UTF-8 text (UTF-16 is not supported)"
+        )
+    try:
+        text = data.decode("utf-8")
+        bad_at = -1
+    except UnicodeDecodeError as err:
+        bad_at = err.start
+    if bad_at >= 0:
+        if strict:
+            raise InputError(
+                f"{path}: invalid UTF-8 at byte offset {bad_at} ({data[bad_at:bad_at + 4]!r}); "
+                "--strict forbids replacing it"
+            )
+        text = _replace_invalid(path, data, len(head), stats)
+    if text.startswith("\ufeff"):
+        text = text[1:]
+    nuls = text.count("\x00")
+    if nuls:
+        _bump(stats, "nul_bytes", nuls)
+        text = text.replace("\x00", "")
+    if "\r" in text:
+        text = text.replace("\r\n", "\n").replace("\r", "\n")
+    return text
+
+
+# ---------------------------------------------------------------- paragraphs
+
+_WRAP_WIDTH_LIMIT = 120
+_SPACES = re.compile(r"\s+")
+
+
+def _squash(line: str) -> str:
+    return _SPACES.sub(" ", line).strip()
+
+
+def _is_wrapped(line: str, next_line: str, width: int) -> bool:
+    # A typesetter breaks a line only when the next word does not fit; a break
+    # before a word that would have fitted is the author's own.
+    first_word = next_line.split(" ", 1)[0]
+    return len(line) + 1 + len(first_word) > width
+
+
+def block_paragraphs(lines: list[str]) -> list[str]:
+    """Paragraphs of one blank-line-free block of lines (hard wraps joined, see module doc)."""
+    lines = [squashed for squashed in (_squash(raw) for raw in lines) if squashed]
+    if not lines:
+        return []
+    raw_width = max(len(line) for line in lines)
+    if len(lines) == 1 or raw_width > _WRAP_WIDTH_LIMIT:
+        return lines
+    paragraphs: list[str] = []
+    current = [lines[0]]
+    for line, nxt in zip(lines, lines[1:], strict=False):
+        if _is_wrapped(line, nxt, raw_width):
+            current.append(nxt)
+        else:
+            paragraphs.append(" ".join(current))
+            current = [nxt]
+    paragraphs.append(" ".join(current))
+    return paragraphs
+
+
+def _blocks(lines: list[str]) -> Iterator[list[str]]:
+    """Runs of non-blank lines (whitespace-only lines count as blank)."""
+    block: list[str] = []
+    for line in lines:
+        if line.strip():
+            block.append(line)
+        elif block:
+            yield block
+            block = []
+    if block:
+        yield block
+
+
+# ---------------------------------------------------------------- text layouts
+
+_GUTENBERG_START = re.compile(r"^\s*\*{3}\s*START OF (THE|THIS) PROJECT GUTENBERG", re.IGNORECASE)
+_GUTENBERG_END = re.compile(r"^\s*\*{3}\s*END OF (THE|THIS) PROJECT GUTENBERG", re.IGNORECASE)
+_GUTENBERG_CLOSING = re.compile(r"^\s*End of (the )?Project Gutenberg", re.IGNORECASE)
+_WIKITEXT_TITLE = re.compile(r"^ = (?!=)(.*[^=]) = $")
+_WIKITEXT_HEADING = re.compile(r"^ (= )+.*( =)+ $")
+_WIKITEXT_JOINS = re.compile(r" @([-,.])@ ")
+
+
+def _gutenberg_body(lines: list[str]) -> list[str] | None:
+    start = next((i for i, line in enumerate(lines) if _GUTENBERG_START.match(line)), None)
+    if start is None:
+        return None
+    end = next((i for i in range(start + 1, len(lines)) if _GUTENBERG_END.match(lines[i])), len(lines))
+    body = lines[start + 1 : end]
+    closing = next((i for i, line in enumerate(body) if _GUTENBERG_CLOSING.match(line)), None)
+    return body[:closing] if closing is not None else body
+
+
+def _wikitext_titles(lines: list[str]) -> list[int]:
+    # A title sits between blank lines; the test split has formula lines that
+    # look like titles but sit inside a wrapped paragraph.
+    def blank(i: int) -> bool:
+        return _blank_at(lines, i)
+
+    return [
+        i for i, line in enumerate(lines) if _WIKITEXT_TITLE.match(line) and blank(i - 1) and blank(i + 1)
+    ]
+
+
+def _blank_at(lines: list[str], i: int) -> bool:
+    return i < 0 or i >= len(lines) or not lines[i].strip()
+
+
+def _wikitext_documents(lines: list[str], titles: list[int]) -> Iterator[list[str]]:
+    def blank(i: int) -> bool:
+        return _blank_at(lines, i)
+
+    bounds = [*titles, len(lines)]
+    if titles and any(line.strip() for line in lines[: titles[0]]):
+        bounds = [0, *bounds]
+    for start, end in zip(bounds, bounds[1:], strict=False):
+        paragraphs = []
+        for i in range(start, end):
+            line = lines[i]
+            if not line.strip() or (_WIKITEXT_HEADING.match(line) and blank(i - 1) and blank(i + 1)):
+                continue
+            paragraphs.append(_squash(_WIKITEXT_JOINS.sub(r"\1", line)))
+        yield paragraphs
+
+
+def _read_text(path: str, text: str) -> Iterator[list[str]]:
+    lines = text.split("\n")
+    body = _gutenberg_body(lines)
+    if body is not None:
+        # Book paragraphs are hard-wrapped and may hold verse or letters whose
+        # short lines would fool the wrap heuristic: a block is a paragraph.
+        yield [" ".join(_squash(line) for line in block) for block in _blocks(body)]
+        return
+    titles = _wikitext_titles(lines)
+    if titles:
+        yield from _wikitext_documents(lines, titles)
+        return
+    for block in _blocks(lines):
+        yield block_paragraphs(block)
+
+
+def _read_sentences(path: str, text: str) -> Iterator[list[str]]:
+    # The original strips every line and starts a new document at an empty one.
+    for block in _blocks(text.split("\n")):
+        yield [_squash(line) for line in block]
+
+
+def _text_paragraphs(text: str) -> list[str]:
+    return [p for block in _blocks(text.split("\n")) for p in block_paragraphs(block)]
+
+
+def _read_jsonl(path: str, text: str, field: str) -> Iterator[list[str]]:
+    for lineno, line in enumerate(text.split("\n"), start=1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise InputError(f"{path}: line {lineno}: not valid JSON ({err.msg} at column {err.colno})") from None
+        if not isinstance(obj, dict):
+            raise InputError(f"{path}: line {lineno}: expected a JSON object, got {type(obj).__name__}")
+        if field not in obj:
+            raise InputError(f"{path}: line {lineno}: no field {field!r} (fields: {', '.join(sorted(obj)) or 'none'})")
+        value = obj[field]
+        if value is None:
+            value = ""
+        if not isinstance(value, str):
+            raise InputError(f"{path}: line {lineno}: field {field!r} is {type(value).__name__}, not a string")
+        yield _text_paragraphs(value)
+
+
+_DOC_OPEN = re.compile(r"^<doc\b[^>]*>\s*$")
+_DOC_TITLE = re.compile(r"""\btitle=(?:"([^"]*)"|'([^']*)')""")
+
+
+def _read_wikiextractor(path: str, text: str) -> Iterator[list[str]]:
+    title: str | None = None
+    body: list[str] = []
+    opened_at = 0
+    for lineno, line in enumerate(text.split("\n"), start=1):
+        stripped = line.strip()
+        if title is None:
+            if _DOC_OPEN.match(stripped):
+                match = _DOC_TITLE.search(stripped)
+                title = html.unescape(match.group(1) or match.group(2) or "") if match else ""
+                body, opened_at = [], lineno
+            elif stripped:
+                raise InputError(
+                    f"{path}: line {lineno}: text outside a <doc ...> block; is this WikiExtractor output?"
+                )
+        elif stripped == "</doc>":
+            yield _wikiextractor_paragraphs(body, title)
+            title = None
+        elif _DOC_OPEN.match(stripped):
+            raise InputError(f"{path}: line {lineno}: <doc> opened inside the <doc> of line {opened_at}")
+        else:
+            body.append(line)
+    if title is not None:
+        raise InputError(f"{path}: the <doc> opened at line {opened_at} is never closed (truncated file?)")
+
+
+def _wikiextractor_paragraphs(body: list[str], title: str) -> list[str]:
+    paragraphs = [_squash(line) for line in body if line.strip()]
+    if paragraphs and title and paragraphs[0] == _squash(title):
+        paragraphs = paragraphs[1:]
+    return paragraphs
+
+
+# ---------------------------------------------------------------- entry point
+
+
+def read_documents(path: str, data: bytes, config: DatagenConfig, stats: dict[str, int]) -> Iterator[RawDocument]:
+    """Documents of one file's (decompressed) bytes, in file order; empty ones dropped and counted."""
+    text = decode_text(path, data, config.strict_utf8, stats)
+    fmt = config.input_format
+    if fmt == "text":
+        groups, as_sentences = _read_text(path, text), False
+    elif fmt == "sentences":
+        groups, as_sentences = _read_sentences(path, text), True
+    elif fmt == "jsonl":
+        groups, as_sentences = _read_jsonl(path, text, config.text_field), False
+    elif fmt == "wikiextractor":
+        groups, as_sentences = _read_wikiextractor(path, text), False
+    else:  # DatagenConfig validates it; a hand-built config may not
+        raise InputError(f"{path}: unknown input format {fmt!r}")
+    for index, parts in enumerate(groups):
+        parts = [p for p in parts if p]
+        if not parts:
+            _bump(stats, "empty_documents")
+            _bump(stats, "dropped_documents")
+            continue
+        if as_sentences:
+            yield RawDocument(source=path, index=index, sentences=parts)
+        else:
+            yield RawDocument(source=path, index=index, paragraphs=parts)
