@@ -1,0 +1,210 @@
+"""Checkpoint names and files: TF1 and Hugging Face layouts, without our Keras model."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+tf = pytest.importorskip("tensorflow")
+
+from trainer import convert  # noqa: E402
+
+TINY = {
+    "attention_probs_dropout_prob": 0.1, "hidden_act": "gelu", "hidden_dropout_prob": 0.1,
+    "hidden_size": 8, "initializer_range": 0.02, "intermediate_size": 12,
+    "max_position_embeddings": 16, "num_attention_heads": 2, "num_hidden_layers": 2,
+    "type_vocab_size": 2, "vocab_size": 14,
+}
+VOCAB = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "the", "cat", "sat", "on", "mat", "##s", "a", "dog", "ran"]
+
+
+def random_arrays(config: dict, seed: int = 0) -> dict[str, np.ndarray]:
+    # Distinct values everywhere, so that a swapped or untransposed tensor cannot go unnoticed.
+    gen = np.random.default_rng(seed)
+    return {name: gen.standard_normal(shape).astype(np.float32)
+            for name, shape in convert.expected_tf1_shapes(config).items()}
+
+
+def assert_bitwise_equal(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> None:
+    assert sorted(a) == sorted(b)
+    for name in a:
+        assert a[name].dtype == b[name].dtype == np.float32, name
+        assert a[name].shape == b[name].shape, name
+        assert a[name].tobytes() == b[name].tobytes(), name
+
+
+@pytest.fixture()
+def vocab_file(tmp_path):
+    path = tmp_path / "vocab.txt"
+    path.write_text("\n".join(VOCAB) + "\n")
+    return path
+
+
+def test_expected_names_cover_every_original_weight():
+    shapes = convert.expected_tf1_shapes(TINY)
+    # 5 embedding weights + 16 per layer + pooler 2 + MLM transform 4 + output bias + NSP 2.
+    assert len(shapes) == 5 + 16 * 2 + 2 + 4 + 1 + 2
+    assert shapes["bert/encoder/layer_1/intermediate/dense/kernel"] == (8, 12)
+    assert shapes["bert/encoder/layer_1/output/dense/kernel"] == (12, 8)
+    assert shapes["cls/seq_relationship/output_weights"] == (2, 8)
+    assert shapes["cls/predictions/output_bias"] == (14,)
+
+
+def test_hf_names_follow_recipe_table():
+    table = convert.hf_name_table(convert.expected_tf1_shapes(TINY))
+    assert table["bert/embeddings/word_embeddings"] == ("bert.embeddings.word_embeddings.weight", False)
+    assert table["bert/embeddings/LayerNorm/gamma"] == ("bert.embeddings.LayerNorm.weight", False)
+    assert table["bert/encoder/layer_1/attention/self/query/kernel"] == (
+        "bert.encoder.layer.1.attention.self.query.weight", True)
+    assert table["bert/encoder/layer_0/output/LayerNorm/beta"] == ("bert.encoder.layer.0.output.LayerNorm.bias", False)
+    assert table["bert/pooler/dense/kernel"] == ("bert.pooler.dense.weight", True)
+    assert table["cls/predictions/transform/dense/kernel"] == ("cls.predictions.transform.dense.weight", True)
+    assert table["cls/predictions/output_bias"] == ("cls.predictions.bias", False)
+    assert table["cls/seq_relationship/output_weights"] == ("cls.seq_relationship.weight", False)
+
+
+def test_tf1_checkpoint_has_exact_original_names_and_round_trips(tmp_path):
+    arrays = random_arrays(TINY)
+    prefix = convert.write_tf1_checkpoint(tmp_path / "bert_model.ckpt", arrays)
+    listed = dict(tf.train.list_variables(prefix))
+    assert listed == {name: list(a.shape) for name, a in arrays.items()}
+    assert tf.train.latest_checkpoint(str(tmp_path)) == str(tmp_path / "bert_model.ckpt")
+    back, report = convert.read_tf1_checkpoint(tmp_path, convert.expected_tf1_shapes(TINY))
+    assert_bitwise_equal(arrays, back)
+    assert report.loaded == len(arrays) and not report.ignored and not report.unexpected
+
+
+def write_with_v1_saver(prefix, arrays: dict[str, np.ndarray], extra: dict[str, np.ndarray]) -> None:
+    """How Google's run_pretraining.py checkpoints look: a graph-mode Saver over named variables."""
+    graph = tf.Graph()
+    with graph.as_default():
+        variables = [tf.compat.v1.Variable(value, name=name) for name, value in {**arrays, **extra}.items()]
+        saver = tf.compat.v1.train.Saver(variables)
+        with tf.compat.v1.Session(graph=graph) as session:
+            session.run(tf.compat.v1.global_variables_initializer())
+            saver.save(session, str(prefix))
+
+
+def test_reads_v1_saver_checkpoint_ignoring_optimizer_slots(tmp_path):
+    arrays = random_arrays(TINY, seed=1)
+    extra = {"global_step": np.array(7, np.int64),
+             "bert/pooler/dense/kernel/adam_m": np.zeros((8, 8), np.float32),
+             "bert/pooler/dense/kernel/adam_v": np.zeros((8, 8), np.float32),
+             "output_weights": np.zeros((3, 8), np.float32)}  # a fine-tuning head: unused, reported
+    write_with_v1_saver(tmp_path / "model.ckpt-7", arrays, extra)
+    back, report = convert.read_tf1_checkpoint(tmp_path / "model.ckpt-7", convert.expected_tf1_shapes(TINY))
+    assert_bitwise_equal(arrays, back)
+    assert sorted(report.ignored) == ["bert/pooler/dense/kernel/adam_m", "bert/pooler/dense/kernel/adam_v",
+                                      "global_step"]
+    assert report.unexpected == ["output_weights"]
+
+
+def test_missing_and_misshaped_variables_are_all_listed(tmp_path):
+    arrays = random_arrays(TINY)
+    del arrays["cls/seq_relationship/output_weights"]
+    del arrays["bert/encoder/layer_1/attention/self/key/bias"]
+    arrays["bert/pooler/dense/kernel"] = np.zeros((8, 9), np.float32)
+    arrays["cls/predictions/output_bias"] = np.zeros((15,), np.float32)
+    convert.write_tf1_checkpoint(tmp_path / "bert_model.ckpt", arrays)
+    with pytest.raises(convert.CheckpointMismatchError) as err:
+        convert.read_tf1_checkpoint(tmp_path / "bert_model.ckpt", convert.expected_tf1_shapes(TINY))
+    text = str(err.value)
+    assert "bert_model.ckpt" in text and "2 missing, 2 mis-shaped" in text
+    assert "missing: cls/seq_relationship/output_weights" in text
+    assert "missing: bert/encoder/layer_1/attention/self/key/bias" in text
+    assert "mis-shaped: bert/pooler/dense/kernel: checkpoint has [8, 9], model needs [8, 8]" in text
+    assert "mis-shaped: cls/predictions/output_bias: checkpoint has [15], model needs [14]" in text
+
+
+def test_no_checkpoint_is_a_clear_error(tmp_path):
+    with pytest.raises(FileNotFoundError, match="no TF checkpoint"):
+        convert.read_tf1_checkpoint(tmp_path / "nothing.ckpt", convert.expected_tf1_shapes(TINY))
+    with pytest.raises(FileNotFoundError, match=r"no \*\.index"):
+        convert.read_checkpoint_arrays(tmp_path, convert.expected_tf1_shapes(TINY))
+
+
+def test_hf_export_loads_in_transformers_and_round_trips(tmp_path, vocab_file, monkeypatch):
+    transformers = pytest.importorskip("transformers")
+    torch = pytest.importorskip("torch")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    arrays = random_arrays(TINY, seed=2)
+    out = convert.export_hf(tmp_path / "hf", arrays, TINY, vocab_file, do_lower_case=True)
+
+    model, info = transformers.BertForPreTraining.from_pretrained(str(out), output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"]
+    state = {k: v.detach().numpy() for k, v in model.state_dict().items()}
+    # transformers re-ties the decoder to the word embeddings and its bias to cls.predictions.bias.
+    assert np.array_equal(state["cls.predictions.decoder.weight"], arrays["bert/embeddings/word_embeddings"])
+    assert np.array_equal(state["cls.predictions.decoder.bias"], arrays["cls/predictions/output_bias"])
+    assert np.array_equal(state["bert.encoder.layer.1.intermediate.dense.weight"],
+                          arrays["bert/encoder/layer_1/intermediate/dense/kernel"].T)
+    assert model.config.hidden_act == "gelu_new" and model.config.layer_norm_eps == 1e-12
+
+    tokenizer = transformers.AutoTokenizer.from_pretrained(str(out))
+    assert tokenizer.convert_ids_to_tokens(tokenizer("The CATS sat")["input_ids"]) == [
+        "[CLS]", "the", "cat", "##s", "sat", "[SEP]"]
+
+    # Our reader takes both our file and one written by transformers itself (which, depending on the
+    # version, may carry the tied decoder copies): bitwise the same weights either way.
+    back, _ = convert.read_checkpoint_arrays(out, convert.expected_tf1_shapes(TINY))
+    assert_bitwise_equal(arrays, back)
+    with torch.no_grad():
+        model.save_pretrained(str(tmp_path / "resaved"))
+    again, _ = convert.read_checkpoint_arrays(tmp_path / "resaved", convert.expected_tf1_shapes(TINY))
+    assert_bitwise_equal(arrays, again)
+    assert convert.init_checkpoint_config(tmp_path / "resaved") == TINY
+
+
+def test_hf_tied_copies_and_legacy_names(tmp_path):
+    arrays = random_arrays(TINY, seed=3)
+    state = convert.tf1_to_hf(arrays)
+    state["bert.embeddings.LayerNorm.gamma"] = state.pop("bert.embeddings.LayerNorm.weight")
+    state["cls.predictions.decoder.weight"] = state["bert.embeddings.word_embeddings.weight"].copy()
+    state["bert.embeddings.position_ids"] = np.arange(16, dtype=np.int64)[None]
+    back, report = convert.hf_to_tf1(state, convert.expected_tf1_shapes(TINY), "legacy")
+    assert_bitwise_equal(arrays, back)
+    assert "bert.embeddings.position_ids" in report.ignored and not report.unexpected
+
+    state["cls.predictions.decoder.weight"] = state["cls.predictions.decoder.weight"] + 1
+    with pytest.raises(convert.CheckpointMismatchError, match="differs from bert.embeddings.word_embeddings"):
+        convert.hf_to_tf1(state, convert.expected_tf1_shapes(TINY), "untied")
+
+
+def test_hf_missing_and_misshaped_use_hf_names(tmp_path):
+    state = convert.tf1_to_hf(random_arrays(TINY))
+    del state["cls.seq_relationship.bias"]
+    state["bert.pooler.dense.weight"] = np.zeros((9, 8), np.float32)
+    with pytest.raises(convert.CheckpointMismatchError) as err:
+        convert.hf_to_tf1(state, convert.expected_tf1_shapes(TINY), "somewhere")
+    text = str(err.value)
+    assert "missing: cls.seq_relationship.bias" in text
+    assert "mis-shaped: bert.pooler.dense.weight: checkpoint has [9, 8], model needs [8, 8]" in text
+
+
+def test_tf1_export_directory_like_googles_release(tmp_path, vocab_file):
+    arrays = random_arrays(TINY, seed=4)
+    out = convert.export_tf1(tmp_path / "tf1", arrays, TINY, vocab_file)
+    assert sorted(p.name for p in out.iterdir()) == [
+        "bert_config.json", "bert_model.ckpt.data-00000-of-00001", "bert_model.ckpt.index", "checkpoint",
+        "vocab.txt"]
+    assert json.loads((out / "bert_config.json").read_text()) == TINY
+    assert convert.init_checkpoint_config(out / "bert_model.ckpt") == TINY
+    back, _ = convert.read_checkpoint_arrays(out / "bert_model.ckpt", convert.expected_tf1_shapes(TINY))
+    assert_bitwise_equal(arrays, back)
+    with pytest.raises(FileExistsError, match="not empty"):
+        convert.export_tf1(out, arrays, TINY, vocab_file)
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".tmp-")]
+
+
+def test_hf_config_conversion():
+    hf = convert.hf_config_from_bert_config(TINY)
+    assert hf["hidden_act"] == "gelu_new" and hf["architectures"] == ["BertForPreTraining"]
+    assert convert.bert_config_from_hf_config(hf, "x") == TINY
+    with pytest.warns(UserWarning, match="erf"):
+        assert convert.bert_config_from_hf_config({**hf, "hidden_act": "gelu"}, "x") == TINY
+    with pytest.raises(ValueError, match="relative_key"):
+        convert.bert_config_from_hf_config({**hf, "position_embedding_type": "relative_key"}, "x")
+    with pytest.raises(ValueError, match="layer_norm_eps"):
+        convert.bert_config_from_hf_config({**hf, "layer_norm_eps": 1e-5}, "x")
