@@ -1,0 +1,670 @@
+"""The data-generation pipeline: raw documents -> byte-reproducible sharded TFRecords.
+
+Stages (every element is coarse: a batch of documents, a pool, a pool's pass, a shard):
+
+1. ``ReadFiles``: one element per input file (listed in the driver); the DoFn reads, decodes, splits
+   and tokenizes it in batches and tags each document train/eval by a seeded hash of its identity.
+2. ``CountDocuments``: per-split document counts (a singleton side input) fix the number of NotNext
+   pools, ``max(1, n_docs // notnext_pool_size)``, from the corpus alone.
+3. ``AssignPools`` + ``GroupByKey``: each document goes to the pool a seeded hash of its ``doc_id``
+   picks; a pool is its documents sorted by ``doc_id`` with duplicates collapsed. Neither the file
+   layout nor the worker count can change a pool.
+4. ``FanOutPasses`` + ``Reshuffle``: one task per (pool, pass) so even a one-pool corpus keeps
+   several workers busy; ``BuildInstances`` calls ``build_pool_instances`` and encodes the records.
+5. ``ShardCount``: the record bytes per split give the shard count (unless ``--num-shards``).
+6. ``SplitToShards`` + ``GroupByKey``: shard = ``(key * num_shards) >> 64`` for each instance's 64-bit
+   key (contiguous ranges of the hash space), one coarse element per (task, shard); ``WriteShard``
+   sorts a shard's records by key and writes it atomically. Empty shards are written too.
+7. ``Summarize``: totals, shard checksums and the input fingerprint go to a summary file that the
+   driver reads to write ``vocab.txt``, the dataset card and, last, ``manifest.json``.
+
+Every result is a function of the set of documents and the config: groups are sorted before use and
+totals are sums, so the runner, the worker count, bundle boundaries and ``PYTHONHASHSEED`` cannot
+change a byte.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import uuid
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import apache_beam as beam
+import numpy as np
+from apache_beam.pvalue import AsSingleton
+
+from datagen import rng
+from datagen.config import DatagenConfig
+from pipelines import fsio
+from pipelines.progress import Progress
+
+SPLITS = ("train", "eval")
+ERROR_TAG = "[bert-datagen error] "
+SUMMARY_PREFIX = ".run-summary-"
+TOTAL_KEYS = ("documents", "sentences", "tokens", "instances", "notnext_fraction", "masked_tokens",
+              "decode_errors", "dropped_documents", "duplicate_documents")
+DOCS_PER_TOKENIZE_BATCH = 256
+_U64 = 1 << 64
+
+
+class DatagenError(RuntimeError):
+    """A run that cannot produce a dataset; the message names the file or option and the reason."""
+
+
+def input_error(message: str) -> RuntimeError:
+    """An error raised inside a DoFn whose message the driver can find in any runner's wrapping."""
+    return RuntimeError(ERROR_TAG + message.replace("\n", " "))
+
+
+def extract_input_error(exc: BaseException) -> str | None:
+    """The clean message of an ``input_error`` raised in a worker, from a runner's wrapped exception."""
+    seen: list[BaseException] = []
+    while exc is not None and exc not in seen:
+        seen.append(exc)
+        match = re.search(re.escape(ERROR_TAG) + r"([^\n\]]*(?:\][^\n\]]*)*?)(?:\s*\[while running|'?\s*$|\n)",
+                          str(exc))
+        if match:
+            return match.group(1).strip().rstrip("'\"")
+        exc = exc.__cause__ or exc.__context__  # type: ignore[assignment]
+    return None
+
+
+# ---------------------------------------------------------------- pure helpers (unit-tested)
+
+
+def split_of(doc_id: int, config: DatagenConfig) -> str:
+    """'eval' for a seeded-hash fraction ``eval_fraction`` of document identities, else 'train'."""
+    if config.eval_fraction <= 0.0:
+        return "train"
+    key = rng.derive_key(config.random_seed, "eval-split")
+    draw = rng.mix64(int(doc_id) ^ key)
+    return "eval" if draw < int(config.eval_fraction * _U64) else "train"
+
+
+def num_pools_for(n_docs: int, config: DatagenConfig) -> int:
+    return max(1, n_docs // config.notnext_pool_size)
+
+
+def pool_of(doc_id: int, num_pools: int, config: DatagenConfig) -> int:
+    """The NotNext pool of a document: a seeded hash of its identity mapped onto ``num_pools``."""
+    key = rng.derive_key(config.random_seed, "notnext-pool")
+    return (rng.mix64(int(doc_id) ^ key) * num_pools) >> 64
+
+
+def shard_of_keys(keys: np.ndarray, num_shards: int) -> np.ndarray:
+    """``(key * num_shards) >> 64`` for every uint64 key, exactly, without 128-bit integers."""
+    if not 1 <= num_shards < (1 << 32):
+        raise ValueError(f"num_shards {num_shards} out of range")
+    keys = np.asarray(keys, dtype=np.uint64)
+    n = np.uint64(num_shards)
+    hi = keys >> np.uint64(32)
+    lo = keys & np.uint64(0xFFFFFFFF)
+    return ((hi * n + ((lo * n) >> np.uint64(32))) >> np.uint64(32)).astype(np.int64)
+
+
+def shards_for_bytes(total_bytes: int, target_shard_mb: float) -> int:
+    return max(1, -(-int(total_bytes) // max(1, int(target_shard_mb * 2**20))))
+
+
+def shard_counts(config: DatagenConfig, split_bytes: dict[str, int]) -> dict[str, int]:
+    """Shards per split: ``--num-shards`` for train; eval (small) is sized by the target shard size."""
+    counts = {}
+    for split in splits_of(config):
+        if split == "train" and config.num_shards is not None:
+            counts[split] = config.num_shards
+        else:
+            counts[split] = shards_for_bytes(split_bytes.get(split, 0), config.target_shard_mb)
+    return counts
+
+
+def splits_of(config: DatagenConfig) -> tuple[str, ...]:
+    return SPLITS if config.eval_fraction > 0 else ("train",)
+
+
+def shard_name(split: str, index: int, count: int) -> str:
+    return f"{split}/part-{index:05d}-of-{count:05d}.tfrecord"
+
+
+def add_counts(total: dict[str, Any], part: dict[str, Any]) -> dict[str, Any]:
+    for k, v in part.items():
+        if isinstance(v, bool) or not isinstance(v, int | float | np.integer | np.floating):
+            continue
+        total[k] = total.get(k, 0) + (int(v) if isinstance(v, int | np.integer) else float(v))
+    return total
+
+
+def fingerprint(doc_ids: Iterable[np.ndarray]) -> str:
+    """sha256 over the sorted, distinct 64-bit document content hashes, each 8 bytes big-endian."""
+    arrays = [np.asarray(a, dtype=np.uint64) for a in doc_ids]
+    ids = np.unique(np.concatenate(arrays)) if arrays else np.zeros(0, dtype=np.uint64)
+    return hashlib.sha256(ids.astype(">u8").tobytes()).hexdigest()
+
+
+def dedupe_sorted(docs: list[Any]) -> tuple[list[Any], int]:
+    """Documents sorted by ``doc_id`` with equal identities collapsed to one; and how many collapsed.
+
+    Equal ``doc_id`` means equal content (a content hash); the tie-break on the tokens keeps the
+    choice deterministic even if a 64-bit collision ever happened.
+    """
+    ordered = sorted(docs, key=lambda d: (int(d.doc_id), np.asarray(d.tokens).tobytes()))
+    unique: list[Any] = []
+    for doc in ordered:
+        if unique and int(unique[-1].doc_id) == int(doc.doc_id):
+            continue
+        unique.append(doc)
+    return unique, len(ordered) - len(unique)
+
+
+@dataclass
+class EncodedRecords:
+    """Framed TFRecords of one task, as one blob (cheap to pickle) with per-record keys and lengths."""
+
+    keys: np.ndarray  # uint64
+    lengths: np.ndarray  # int64, framed bytes per record
+    blob: bytes
+
+    @classmethod
+    def empty(cls) -> EncodedRecords:
+        return cls(np.zeros(0, np.uint64), np.zeros(0, np.int64), b"")
+
+    def __len__(self) -> int:
+        return int(self.keys.shape[0])
+
+    def take(self, index: np.ndarray) -> EncodedRecords:
+        offsets = np.zeros(len(self) + 1, dtype=np.int64)
+        np.cumsum(self.lengths, out=offsets[1:])
+        view = memoryview(self.blob)
+        blob = b"".join(view[offsets[i]:offsets[i + 1]] for i in index.tolist())
+        return EncodedRecords(self.keys[index], self.lengths[index], blob)
+
+    @classmethod
+    def concat(cls, parts: list[EncodedRecords]) -> EncodedRecords:
+        parts = [p for p in parts if len(p)]
+        if not parts:
+            return cls.empty()
+        return cls(np.concatenate([p.keys for p in parts]), np.concatenate([p.lengths for p in parts]),
+                   b"".join(p.blob for p in parts))
+
+
+def encode_records(batch, keys: np.ndarray) -> EncodedRecords:
+    from datagen.records import encode_batch, frame_record
+
+    framed = [frame_record(p) for p in encode_batch(batch)]
+    lengths = np.fromiter((len(f) for f in framed), dtype=np.int64, count=len(framed))
+    return EncodedRecords(np.asarray(keys, dtype=np.uint64), lengths, b"".join(framed))
+
+
+def sorted_shard(parts: list[EncodedRecords], where: str) -> EncodedRecords:
+    """A shard's records ordered by key; two records with one key is a bug, so it fails loudly."""
+    merged = EncodedRecords.concat(parts)
+    order = np.argsort(merged.keys, kind="stable")
+    result = merged.take(order)
+    if len(result) > 1:
+        dup = np.nonzero(result.keys[1:] == result.keys[:-1])[0]
+        if dup.size:
+            raise RuntimeError(f"{where}: two instances share the key {int(result.keys[dup[0]]):#018x}; "
+                               "instance keys must be unique")
+    return result
+
+
+# ---------------------------------------------------------------- DoFns
+
+
+class ReadFiles(beam.DoFn):
+    """Input file -> batches of tokenized documents tagged train/eval, then the file's stats."""
+
+    def __init__(self, config: DatagenConfig, vocab: Any, show_progress: bool = False) -> None:
+        self.config = config
+        self.vocab = vocab
+        self.show_progress = show_progress
+
+    def setup(self) -> None:
+        from vocab.tokenizer import BertTokenizer
+
+        self._tokenizer = BertTokenizer(self.vocab, self.config.do_lower_case)
+        self._progress = Progress() if self.show_progress else None
+
+    def process(self, file_info: tuple[str, int]) -> Iterator[dict[str, Any]]:
+        from datagen.documents import tokenize_documents
+
+        from datagen.readers import InputError, read_documents
+
+        path = file_info[0]
+        try:
+            data = fsio.read_bytes(path)
+        except Exception as e:
+            raise input_error(f"{path}: cannot read: {e}") from e
+        stats: dict[str, Any] = {"files": 1, "input_bytes": len(data)}
+        batch: list[Any] = []
+        n_docs = 0
+        try:
+            for raw in read_documents(path, data, self.config, stats):
+                batch.append(raw)
+                if len(batch) >= DOCS_PER_TOKENIZE_BATCH:
+                    docs = tokenize_documents(batch, self._tokenizer, self.config, stats)
+                    n_docs += len(docs)
+                    yield self._tagged(docs)
+                    batch = []
+            if batch:
+                docs = tokenize_documents(batch, self._tokenizer, self.config, stats)
+                n_docs += len(docs)
+                yield self._tagged(docs)
+        except InputError as e:
+            message = str(e)
+            raise input_error(message if path in message else f"{path}: {message}") from e
+        if self._progress:
+            self._progress.add(files=1, documents=n_docs)
+        yield {"docs": {}, "stats": stats}
+
+    def _tagged(self, docs: list[Any]) -> dict[str, Any]:
+        by_split: dict[str, list[Any]] = {}
+        for doc in docs:
+            by_split.setdefault(split_of(doc.doc_id, self.config), []).append(doc)
+        return {"docs": by_split, "stats": {}}
+
+
+def read_counts(element: dict[str, Any]) -> dict[str, Any]:
+    counts = dict(element["stats"])
+    for split, docs in element["docs"].items():
+        counts[f"read_docs/{split}"] = counts.get(f"read_docs/{split}", 0) + len(docs)
+    return counts
+
+
+class AssignPools(beam.DoFn):
+    def __init__(self, config: DatagenConfig) -> None:
+        self.config = config
+
+    def process(self, element: dict[str, Any], counts: dict[str, Any]):
+        for split, docs in element["docs"].items():
+            num_pools = num_pools_for(int(counts.get(f"read_docs/{split}", 0)), self.config)
+            pools: dict[int, list[Any]] = {}
+            for doc in docs:
+                pools.setdefault(pool_of(doc.doc_id, num_pools, self.config), []).append(doc)
+            for pool, members in sorted(pools.items()):
+                yield (split, pool), members
+
+
+def build_pool(element: tuple[tuple[str, int], Iterable[list[Any]]]) -> tuple[tuple[str, int], list[Any], int]:
+    key, batches = element
+    docs = [doc for batch in batches for doc in batch]
+    unique, duplicates = dedupe_sorted(docs)
+    return key, unique, duplicates
+
+
+def pool_stats(pool: tuple[tuple[str, int], list[Any], int]) -> dict[str, Any]:
+    (split, _), docs, duplicates = pool
+    return {
+        "kind": "pool",
+        "documents": len(docs),
+        f"documents/{split}": len(docs),
+        "duplicate_documents": duplicates,
+        "sentences": sum(len(d.sentence_ends) for d in docs),
+        "tokens": sum(int(np.asarray(d.tokens).shape[0]) for d in docs),
+        "doc_ids": np.fromiter((int(d.doc_id) for d in docs), dtype=np.uint64, count=len(docs)),
+    }
+
+
+def fan_out_passes(pool: tuple[tuple[str, int], list[Any], int], dupe_factor: int):
+    (split, index), docs, _ = pool
+    for pass_index in range(dupe_factor):
+        yield (split, index, pass_index), docs
+
+
+class BuildInstances(beam.DoFn):
+    """(pool, pass) -> the pass's instances, encoded and framed, with their keys and stats."""
+
+    def __init__(self, config: DatagenConfig, vocab: Any, show_progress: bool = False) -> None:
+        self.config = config
+        self.vocab = vocab
+        self.show_progress = show_progress
+
+    def setup(self) -> None:
+        self._progress = Progress() if self.show_progress else None
+
+    def process(self, task: tuple[tuple[str, int, int], list[Any]]):
+        from datagen.instances import build_pool_instances
+
+        (split, pool, pass_index), docs = task
+        result = build_pool_instances(docs, pass_index, self.config, self.vocab)
+        records = encode_records(result.batch, result.keys)
+        batch = result.batch
+        stats = {k: v for k, v in dict(result.stats or {}).items() if k not in TOTAL_KEYS}
+        stats.update({
+            "instances": len(records),
+            f"instances/{split}": len(records),
+            "notnext": int(np.asarray(batch.next_sentence_labels).sum()) if len(records) else 0,
+            "masked_tokens": int((np.asarray(batch.masked_lm_weights) > 0).sum()) if len(records) else 0,
+            f"record_bytes/{split}": len(records.blob),
+        })
+        if self._progress:
+            self._progress.add(instances=len(records))
+        yield split, records, stats
+
+
+class SplitToShards(beam.DoFn):
+    def process(self, task: tuple[str, EncodedRecords, dict], num_shards: dict[str, int]):
+        split, records, _ = task
+        if not len(records):
+            return
+        n = num_shards[split]
+        shards = shard_of_keys(records.keys, n)
+        order = np.argsort(shards, kind="stable")
+        bounds = np.searchsorted(shards[order], np.arange(n + 1))
+        for shard in range(n):
+            lo, hi = int(bounds[shard]), int(bounds[shard + 1])
+            if hi > lo:
+                yield (split, shard), records.take(order[lo:hi])
+
+
+def empty_shards(_: Any, num_shards: dict[str, int]):
+    for split, n in sorted(num_shards.items()):
+        for shard in range(n):
+            yield (split, shard), EncodedRecords.empty()
+
+
+class WriteShard(beam.DoFn):
+    def __init__(self, output_dir: str, show_progress: bool = False) -> None:
+        self.output_dir = output_dir
+        self.show_progress = show_progress
+
+    def setup(self) -> None:
+        self._progress = Progress() if self.show_progress else None
+
+    def process(self, element: tuple[tuple[str, int], Iterable[EncodedRecords]], num_shards: dict[str, int]):
+        (split, shard), parts = element
+        name = shard_name(split, shard, num_shards[split])
+        records = sorted_shard(list(parts), name)
+        fsio.write_atomic(fsio.join(self.output_dir, *name.split("/")), records.blob)
+        if self._progress:
+            self._progress.add(records_written=len(records), shards_written=1)
+        yield {
+            "kind": "shard",
+            "split": split,
+            "index": shard,
+            "shard": {"path": name, "records": len(records), "bytes": len(records.blob),
+                      "sha256": hashlib.sha256(records.blob).hexdigest()},
+        }
+
+
+def sum_all(parts: Iterable[dict[str, Any]]) -> dict[str, Any]:
+    total: dict[str, Any] = {}
+    for part in parts:
+        add_counts(total, part)
+    return total
+
+
+def _merged(pcoll, label: str):
+    """One dict summing every dict of ``pcoll`` (exactly one, even when ``pcoll`` is empty).
+
+    A GroupByKey on a constant key instead of CombineGlobally: Beam's Dask translation supports it.
+    """
+    seed = pcoll.pipeline | f"{label}Seed" >> beam.Create([{}])
+    return (
+        (pcoll, seed)
+        | f"{label}Flatten" >> beam.Flatten()
+        | f"{label}Key" >> beam.Map(lambda d: (0, d))
+        | f"{label}Group" >> beam.GroupByKey()
+        | f"{label}Sum" >> beam.Map(lambda kv: sum_all(kv[1]))
+    )
+
+
+def summarize(element: tuple[int, Iterable[dict[str, Any]]], summary_path: str) -> str:
+    """Combine every stats/shard/pool element into the run summary and write it (JSON)."""
+    _, items = element
+    totals: dict[str, Any] = {}
+    shards: dict[str, list[tuple[int, dict]]] = {}
+    ids: list[np.ndarray] = []
+    for item in items:
+        kind = item.get("kind")
+        if kind == "shard":
+            shards.setdefault(item["split"], []).append((item["index"], item["shard"]))
+            continue
+        if kind == "pool":
+            ids.append(item["doc_ids"])
+        add_counts(totals, {k: v for k, v in item.items() if k not in ("kind", "doc_ids")})
+    summary = {
+        "totals": totals,
+        "fingerprint": fingerprint(ids),
+        "shards": {split: [s for _, s in sorted(entries, key=lambda e: e[0])]
+                   for split, entries in sorted(shards.items())},
+    }
+    fsio.write_atomic(summary_path, (json.dumps(summary, sort_keys=True, indent=1) + "\n").encode())
+    return summary_path
+
+
+@dataclass
+class PipelinePlan:
+    """What the driver hands to the pipeline builder."""
+
+    config: DatagenConfig
+    vocab: Any
+    files: list[tuple[str, int]]
+    output_dir: str
+    summary_path: str
+    show_progress: bool = False
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def build_pipeline(p: beam.Pipeline, plan: PipelinePlan) -> None:
+    """Add the data-generation transforms to ``p``. The last transform depends on every branch
+    (Beam's DaskRunner computes only the graph behind the last transform)."""
+    config = plan.config
+    read = (
+        p
+        | "ListFiles" >> beam.Create(plan.files)
+        | "ReadFiles" >> beam.ParDo(ReadFiles(config, plan.vocab, plan.show_progress))
+    )
+    read_totals = _merged(read | "ReadCounts" >> beam.Map(read_counts), "CountDocuments")
+    pools = (
+        read
+        | "AssignPools" >> beam.ParDo(AssignPools(config), AsSingleton(read_totals))
+        | "GroupPools" >> beam.GroupByKey()
+        | "BuildPools" >> beam.Map(build_pool)
+    )
+    pool_info = pools | "PoolStats" >> beam.Map(pool_stats)
+    tasks = (
+        pools
+        | "FanOutPasses" >> beam.FlatMap(fan_out_passes, config.dupe_factor)
+        | "SpreadTasks" >> beam.Reshuffle()
+        | "BuildInstances" >> beam.ParDo(BuildInstances(config, plan.vocab, plan.show_progress))
+    )
+    instance_totals = _merged(tasks | "TaskStats" >> beam.Map(lambda t: t[2]), "CountRecords")
+    num_shards = instance_totals | "ShardCount" >> beam.Map(
+        lambda totals: shard_counts(config, {s: int(totals.get(f"record_bytes/{s}", 0))
+                                             for s in splits_of(config)}))
+    placeholders = (
+        p
+        | "ShardSeed" >> beam.Create([None])
+        | "EmptyShards" >> beam.FlatMap(empty_shards, AsSingleton(num_shards))
+    )
+    parts = tasks | "SplitToShards" >> beam.ParDo(SplitToShards(), AsSingleton(num_shards))
+    shard_info = (
+        (parts, placeholders)
+        | "AllShardParts" >> beam.Flatten()
+        | "GroupShards" >> beam.GroupByKey()
+        | "WriteShards" >> beam.ParDo(WriteShard(plan.output_dir, plan.show_progress), AsSingleton(num_shards))
+    )
+    read_info = read_totals | "ReadTotals" >> beam.Map(lambda d: {**d, "kind": "read"})
+    task_info = instance_totals | "InstanceTotals" >> beam.Map(lambda d: {**d, "kind": "instances"})
+    (
+        (read_info, pool_info, task_info, shard_info)
+        | "AllResults" >> beam.Flatten()
+        | "ResultsKey" >> beam.Map(lambda d: (0, d))
+        | "GroupResults" >> beam.GroupByKey()
+        | "Summarize" >> beam.Map(summarize, plan.summary_path)
+    )
+
+
+# ---------------------------------------------------------------- the driver
+
+
+def existing_dataset_files(output_dir: str) -> list[str]:
+    """Files that make ``output_dir`` look like a dataset (manifest, shards, card, vocab copy)."""
+    from pipelines.manifest import CARD_NAME, MANIFEST_NAME, VOCAB_NAME
+
+    found = []
+    for name in (MANIFEST_NAME, CARD_NAME, VOCAB_NAME):
+        path = fsio.join(output_dir, name)
+        if fsio.exists(path):
+            found.append(path)
+    for split in SPLITS:
+        pattern = fsio.join(output_dir, split, "part-*.tfrecord")
+        try:
+            found.extend(f.path for f in fsio.match_files([pattern]))
+        except fsio.InputNotFoundError:
+            pass
+    return found
+
+
+def stale_temp_files(output_dir: str) -> list[str]:
+    found = []
+    for pattern in (fsio.join(output_dir, f"{fsio.TMP_MARKER}*"),
+                    *(fsio.join(output_dir, s, f"{fsio.TMP_MARKER}*") for s in SPLITS),
+                    fsio.join(output_dir, f"{SUMMARY_PREFIX}*")):
+        try:
+            found.extend(f.path for f in fsio.match_files([pattern]))
+        except fsio.InputNotFoundError:
+            pass
+    return found
+
+
+def prepare_output(output_dir: str, overwrite: bool) -> None:
+    """Refuse to overwrite a dataset unless asked; with ``overwrite`` remove it, manifest first (so
+    a crash while deleting leaves no manifest that points at missing shards)."""
+    existing = existing_dataset_files(output_dir)
+    if existing and not overwrite:
+        raise DatagenError(
+            f"{output_dir}: already holds a dataset ({len(existing)} files, e.g. {existing[0]}); "
+            "pass --overwrite to replace it or choose another --output"
+        )
+    from pipelines.manifest import MANIFEST_NAME
+
+    manifest = fsio.join(output_dir, MANIFEST_NAME)
+    fsio.delete([p for p in existing if p == manifest])
+    fsio.delete([p for p in existing if p != manifest] + stale_temp_files(output_dir))
+    fsio.ensure_dir(output_dir)
+
+
+def check_vocab(vocab: Any, vocab_path: str) -> None:
+    tokens = set(vocab.tokens)
+    missing = [t for t in ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]") if t not in tokens]
+    if missing:
+        raise DatagenError(f"{vocab_path}: the vocab has no {', '.join(missing)} token; "
+                           "BERT data needs [PAD], [UNK], [CLS], [SEP] and [MASK]")
+
+
+def finalize_totals(totals: dict[str, Any]) -> dict[str, Any]:
+    out = {k: int(totals.get(k, 0)) for k in TOTAL_KEYS if k != "notnext_fraction"}
+    instances = out["instances"]
+    out["notnext_fraction"] = round(totals.get("notnext", 0) / instances, 6) if instances else 0.0
+    return out
+
+
+@dataclass
+class RunResult:
+    output_dir: str
+    manifest: dict[str, Any]
+    wall_seconds: float
+
+
+def generate_dataset(
+    config: DatagenConfig,
+    *,
+    inputs: list[str],
+    vocab_path: str,
+    output_dir: str,
+    runner: str = "DirectRunner",
+    beam_args: list[str] | None = None,
+    overwrite: bool = False,
+    dask_scheduler: str | None = None,
+    dask_workers: int = 2,
+    show_progress: bool = False,
+) -> RunResult:
+    """Run the pipeline and write vocab.txt, the dataset card and, last, manifest.json."""
+    import platform
+    import time
+
+    from vocab.vocab_file import load_vocab
+
+    from datagen.records import feature_spec
+    from pipelines.card import write_card
+    from pipelines.manifest import VOCAB_NAME, build_manifest, write_manifest
+    from pipelines.runners import runner_setup
+
+    start = time.monotonic()
+    # Workers may run in another directory (Dask): local paths become absolute here.
+    inputs = [local_abspath(p) for p in inputs]
+    output_dir = local_abspath(output_dir).rstrip("/") or "/"
+    try:
+        files = fsio.match_files(list(inputs))
+    except fsio.InputNotFoundError as e:
+        raise DatagenError(str(e)) from e
+    try:
+        vocab = load_vocab(vocab_path)
+    except (OSError, ValueError) as e:
+        raise DatagenError(f"{vocab_path}: cannot load the vocab: {e}") from e
+    check_vocab(vocab, vocab_path)
+    prepare_output(output_dir, overwrite)
+
+    summary_path = fsio.join(output_dir, f"{SUMMARY_PREFIX}{uuid.uuid4().hex}.json")
+    plan = PipelinePlan(config=config, vocab=vocab, files=[(f.path, f.size) for f in files],
+                        output_dir=output_dir, summary_path=summary_path)
+    with runner_setup(runner, beam_args, dask_scheduler=dask_scheduler, dask_workers=dask_workers,
+                      parallel_elements=len(files)) as setup:
+        plan.show_progress = show_progress and setup.local
+        pipeline = beam.Pipeline(options=setup.options)
+        build_pipeline(pipeline, plan)
+        try:
+            result = pipeline.run()
+            result.wait_until_finish()
+            client = getattr(result, "client", None)  # DaskRunner leaves its client open
+            if client is not None:
+                client.close()
+        except Exception as e:
+            message = extract_input_error(e)
+            if message is not None:
+                _remove_partial(output_dir)
+                raise DatagenError(message) from e
+            raise
+    summary = json.loads(fsio.read_bytes(summary_path).decode())
+    fsio.delete([summary_path])
+    totals = finalize_totals(summary["totals"])
+    if totals["documents"] == 0:
+        _remove_partial(output_dir)
+        names = ", ".join(f.path for f in files[:3]) + (" ..." if len(files) > 3 else "")
+        raise DatagenError(
+            f"no documents with any tokens in {len(files)} input file(s) ({names}): "
+            f"{totals['dropped_documents']} empty document(s) dropped; check --input-format "
+            f"({config.input_format}) and the files"
+        )
+    vocab_bytes = fsio.read_bytes(vocab_path)
+    fsio.write_atomic(fsio.join(output_dir, VOCAB_NAME), vocab_bytes)
+    splits = {split: {"shards": summary["shards"].get(split, [])} for split in splits_of(config)}
+    manifest = build_manifest(
+        config=config.to_dict(),
+        vocab={"path": VOCAB_NAME, "sha256": hashlib.sha256(vocab_bytes).hexdigest(),
+               "size": int(vocab.size), "do_lower_case": config.do_lower_case},
+        input_info={"patterns": list(inputs), "files": len(files),
+                    "bytes": int(sum(f.size for f in files)), "fingerprint": summary["fingerprint"]},
+        features=feature_spec(config.max_seq_length, config.max_predictions_per_seq),
+        splits=splits,
+        totals=totals,
+        created_by={"runner": setup.runner, "python": platform.python_version()},
+    )
+    write_card(output_dir, manifest)
+    write_manifest(output_dir, manifest)
+    return RunResult(output_dir, manifest, time.monotonic() - start)
+
+
+def local_abspath(path: str) -> str:
+    return path if "://" in path else os.path.abspath(os.path.expanduser(path))
+
+
+def _remove_partial(output_dir: str) -> None:
+    """After a failed run: no shard, summary or temp file may stay behind to look like output."""
+    fsio.delete(existing_dataset_files(output_dir) + stale_temp_files(output_dir))

@@ -1,0 +1,146 @@
+"""`bert-datagen run`: options -> DatagenConfig -> the Beam pipeline -> a dataset directory."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from datagen.config import ConfigError, DatagenConfig
+
+RUNNER_CHOICES = ("DirectRunner", "DaskRunner", "DataflowRunner")
+
+
+def parse_mask_ratios(text: str) -> tuple[float, float, float]:
+    try:
+        values = tuple(float(x) for x in text.split(","))
+    except ValueError as e:
+        raise click.BadParameter(f"{text!r}: expected three numbers like 0.8,0.1,0.1") from e
+    if len(values) != 3:
+        raise click.BadParameter(f"{text!r}: expected three numbers (mask, keep, random)")
+    return values  # type: ignore[return-value]
+
+
+def summary_table(manifest: dict, wall_seconds: float) -> str:
+    totals = manifest["totals"]
+    rows = [
+        ("input files", f"{manifest['input']['files']:,}"),
+        ("input MB", f"{manifest['input']['bytes'] / 1e6:,.2f}"),
+        ("documents", f"{totals['documents']:,}"),
+        ("duplicate documents", f"{totals['duplicate_documents']:,}"),
+        ("dropped documents", f"{totals['dropped_documents']:,}"),
+        ("decode errors", f"{totals['decode_errors']:,}"),
+        ("sentences", f"{totals['sentences']:,}"),
+        ("tokens", f"{totals['tokens']:,}"),
+        ("instances", f"{totals['instances']:,}"),
+        ("NotNext fraction", f"{totals['notnext_fraction']:.4f}"),
+        ("masked tokens", f"{totals['masked_tokens']:,}"),
+    ]
+    for split, info in manifest["splits"].items():
+        rows.append((f"{split} shards / records / MB",
+                     f"{len(info['shards'])} / {info['records']:,} / {info['bytes'] / 1e6:,.2f}"))
+    rate = totals["instances"] / wall_seconds if wall_seconds > 0 else 0.0
+    rows += [("wall seconds", f"{wall_seconds:,.1f}"), ("instances/s", f"{rate:,.0f}"),
+             ("input fingerprint", manifest["input"]["fingerprint"][:16] + "...")]
+    width = max(len(k) for k, _ in rows)
+    return "\n".join(f"  {k.ljust(width)}  {v}" for k, v in rows)
+
+
+@click.command(
+    "run",
+    context_settings=dict(ignore_unknown_options=True, allow_extra_args=True),
+    epilog="Any other --name=value option is passed to Beam's PipelineOptions "
+    "(e.g. --direct_num_workers=2, --project, --region, --temp_location).",
+)
+@click.option("--input", "inputs", multiple=True, required=True, metavar="PATTERN",
+              help="Input file or glob (local or any Beam filesystem, e.g. gs://); repeatable. .gz/.bz2 by extension.")
+@click.option("--vocab", "vocab_path", required=True, help="WordPiece vocab file (one token per line).")
+@click.option("--output", "output_dir", required=True, help="Dataset directory to write.")
+@click.option("--input-format", type=click.Choice(["text", "sentences", "jsonl", "wikiextractor"]),
+              default="text", show_default=True)
+@click.option("--text-field", default="text", show_default=True, help="JSON field holding the text (jsonl).")
+@click.option("--max-seq-length", type=int, default=128, show_default=True)
+@click.option("--max-predictions-per-seq", type=int, default=20, show_default=True)
+@click.option("--masked-lm-prob", type=float, default=0.15, show_default=True)
+@click.option("--short-seq-prob", type=float, default=0.1, show_default=True)
+@click.option("--dupe-factor", type=int, default=10, show_default=True)
+@click.option("--random-seed", type=int, default=12345, show_default=True)
+@click.option("--whole-word-mask", is_flag=True, default=False, help="Mask whole words (## pieces together).")
+@click.option("--do-lower-case/--no-lower-case", default=True, show_default=True)
+@click.option("--mask-ratios", default="0.8,0.1,0.1", show_default=True,
+              help="Fractions of chosen positions that become [MASK], keep the token, get a random token.")
+@click.option("--num-shards", type=int, default=None, help="Train shards (default: from --target-shard-mb).")
+@click.option("--target-shard-mb", type=float, default=64.0, show_default=True,
+              help="Shard size target in MiB when --num-shards is not given.")
+@click.option("--eval-fraction", type=float, default=0.0, show_default=True,
+              help="Fraction of documents held out (by document identity) as the eval split.")
+@click.option("--notnext-pool-size", type=int, default=10000, show_default=True,
+              help="Documents per NotNext pool (the whole corpus when smaller).")
+@click.option("--sentence-splitter", default="nupunkt", show_default=True)
+@click.option("--strict", is_flag=True, default=False, help="Fail on invalid UTF-8 instead of replacing it.")
+@click.option("--overwrite", is_flag=True, default=False, help="Replace an existing dataset in --output.")
+@click.option("--runner", type=click.Choice(RUNNER_CHOICES, case_sensitive=False), default="DirectRunner",
+              show_default=True)
+@click.option("--dask-scheduler", default=None,
+              help="DaskRunner: address of a running dask.distributed scheduler (default: a local cluster).")
+@click.option("--dask-workers", type=int, default=2, show_default=True,
+              help="DaskRunner without --dask-scheduler: worker processes of the local cluster.")
+@click.option("--quiet", is_flag=True, default=False, help="No progress lines or summary table.")
+@click.pass_context
+def run_command(ctx: click.Context, inputs: tuple[str, ...], vocab_path: str, output_dir: str,
+                input_format: str, text_field: str, max_seq_length: int, max_predictions_per_seq: int,
+                masked_lm_prob: float, short_seq_prob: float, dupe_factor: int, random_seed: int,
+                whole_word_mask: bool, do_lower_case: bool, mask_ratios: str, num_shards: int | None,
+                target_shard_mb: float, eval_fraction: float, notnext_pool_size: int,
+                sentence_splitter: str, strict: bool, overwrite: bool, runner: str,
+                dask_scheduler: str | None, dask_workers: int, quiet: bool) -> None:
+    """Generate BERT pre-training data (MLM + NSP TFRecords, manifest.json) from raw documents."""
+    beam_args = list(ctx.args)
+    bad = [a for a in beam_args if not a.startswith("--")]
+    if bad:
+        raise click.UsageError(f"unexpected argument(s) {' '.join(bad)}; Beam options look like --name=value")
+    try:
+        config = DatagenConfig(
+            max_seq_length=max_seq_length,
+            max_predictions_per_seq=max_predictions_per_seq,
+            masked_lm_prob=masked_lm_prob,
+            short_seq_prob=short_seq_prob,
+            dupe_factor=dupe_factor,
+            random_seed=random_seed,
+            whole_word_mask=whole_word_mask,
+            do_lower_case=do_lower_case,
+            mask_ratios=parse_mask_ratios(mask_ratios),
+            input_format=input_format,
+            text_field=text_field,
+            sentence_splitter=sentence_splitter,
+            strict_utf8=strict,
+            num_shards=num_shards,
+            target_shard_mb=target_shard_mb,
+            eval_fraction=eval_fraction,
+            notnext_pool_size=notnext_pool_size,
+        )
+    except ConfigError as e:
+        raise click.UsageError(str(e)) from e
+
+    from pipelines.run import DatagenError, generate_dataset
+    from pipelines.runners import RunnerError
+
+    try:
+        result = generate_dataset(
+            config,
+            inputs=list(inputs),
+            vocab_path=vocab_path,
+            output_dir=output_dir,
+            runner=runner,
+            beam_args=beam_args,
+            overwrite=overwrite,
+            dask_scheduler=dask_scheduler,
+            dask_workers=dask_workers,
+            show_progress=not quiet,
+        )
+    except (DatagenError, RunnerError, ConfigError) as e:
+        raise click.ClickException(str(e)) from e
+    if not quiet:
+        click.echo(f"bert-datagen run: wrote {result.output_dir}", err=True)
+        click.echo(summary_table(result.manifest, result.wall_seconds), err=True)
+    sys.stderr.flush()
