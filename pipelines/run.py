@@ -66,10 +66,10 @@ def extract_input_error(exc: BaseException) -> str | None:
     seen: list[BaseException] = []
     while exc is not None and exc not in seen:
         seen.append(exc)
-        match = re.search(re.escape(ERROR_TAG) + r"([^\n\]]*(?:\][^\n\]]*)*?)(?:\s*\[while running|'?\s*$|\n)",
-                          str(exc))
+        match = re.search(re.escape(ERROR_TAG) + r"([^\n]*)", str(exc))
         if match:
-            return match.group(1).strip().rstrip("'\"")
+            message = re.sub(r"\s*\[while running [^\]]*\].*$", "", match.group(1))
+            return message.strip().rstrip("'\"")
         exc = exc.__cause__ or exc.__context__  # type: ignore[assignment]
     return None
 

@@ -1,0 +1,236 @@
+"""The pipeline's pure pieces: placement, pools, splits, shard sorting, errors, runner options."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from datagen.config import DatagenConfig
+from pipelines import run as R
+from pipelines import runners
+
+
+@given(st.lists(st.integers(0, 2**64 - 1), min_size=1, max_size=50), st.integers(1, 2**32 - 1))
+@settings(max_examples=200, deadline=None)
+def test_shard_of_keys_is_exact_128_bit_arithmetic(keys: list[int], n: int) -> None:
+    got = R.shard_of_keys(np.asarray(keys, dtype=np.uint64), n).tolist()
+    assert got == [(k * n) >> 64 for k in keys]
+
+
+def test_shards_are_contiguous_ranges_of_the_hash_space() -> None:
+    keys = np.sort(np.random.default_rng(0).integers(0, 2**64 - 1, 1000, dtype=np.uint64))
+    shards = R.shard_of_keys(keys, 7)
+    assert (np.diff(shards) >= 0).all() and shards.min() == 0 and shards.max() == 6
+
+
+def test_pool_and_split_depend_on_identity_and_seed_only() -> None:
+    cfg = DatagenConfig(eval_fraction=0.25, random_seed=7)
+    ids = [int(x) for x in np.random.default_rng(1).integers(0, 2**63, 4000, dtype=np.uint64)]
+    splits = [R.split_of(i, cfg) for i in ids]
+    frac = splits.count("eval") / len(ids)
+    assert 0.2 < frac < 0.3
+    assert splits == [R.split_of(i, DatagenConfig(eval_fraction=0.25, random_seed=7)) for i in ids]
+    assert splits != [R.split_of(i, DatagenConfig(eval_fraction=0.25, random_seed=8)) for i in ids]
+    pools = [R.pool_of(i, 5, cfg) for i in ids]
+    assert set(pools) == set(range(5))
+    assert all(R.split_of(i, DatagenConfig()) == "train" for i in ids[:50])
+
+
+def test_num_pools_from_global_count() -> None:
+    cfg = DatagenConfig(notnext_pool_size=100)
+    assert [R.num_pools_for(n, cfg) for n in (0, 1, 99, 100, 199, 200, 1000)] == [1, 1, 1, 1, 1, 2, 10]
+
+
+@dataclass
+class Doc:
+    doc_id: int
+    tokens: np.ndarray
+    sentence_ends: np.ndarray
+
+
+def test_dedupe_sorted_collapses_equal_identities_whatever_the_order() -> None:
+    docs = [Doc(i, np.arange(i % 5 + 1, dtype=np.int32), np.array([1])) for i in (9, 3, 9, 1, 3, 3)]
+    unique, dupes = R.dedupe_sorted(docs)
+    assert [d.doc_id for d in unique] == [1, 3, 9] and dupes == 3
+    unique2, _ = R.dedupe_sorted(list(reversed(docs)))
+    assert [d.doc_id for d in unique2] == [1, 3, 9]
+
+
+def _records(keys: list[int]) -> R.EncodedRecords:
+    blobs = [f"rec{k}".encode() for k in keys]
+    return R.EncodedRecords(np.asarray(keys, np.uint64), np.asarray([len(b) for b in blobs], np.int64),
+                            b"".join(blobs))
+
+
+def test_sorted_shard_orders_by_key_across_parts() -> None:
+    shard = R.sorted_shard([_records([5, 1]), R.EncodedRecords.empty(), _records([3, 2**63])], "x")
+    assert shard.keys.tolist() == [1, 3, 5, 2**63]
+    assert shard.blob == b"rec1rec3rec5" + f"rec{2**63}".encode()
+
+
+def test_sorted_shard_fails_loudly_on_duplicate_keys() -> None:
+    with pytest.raises(RuntimeError, match="share the key"):
+        R.sorted_shard([_records([5, 1]), _records([5])], "train/part-00000-of-00001.tfrecord")
+
+
+def test_fingerprint_ignores_order_and_duplicates() -> None:
+    a = R.fingerprint([np.array([3, 1], np.uint64), np.array([2], np.uint64)])
+    b = R.fingerprint([np.array([2, 3, 3], np.uint64), np.array([1], np.uint64)])
+    assert a == b
+    assert a != R.fingerprint([np.array([1, 2], np.uint64)])
+
+
+def test_shard_counts_from_size_target_or_fixed() -> None:
+    cfg = DatagenConfig(target_shard_mb=1.0, eval_fraction=0.1)
+    assert R.shard_counts(cfg, {"train": 5 * 2**20 + 1, "eval": 10}) == {"train": 6, "eval": 1}
+    cfg = DatagenConfig(num_shards=3)
+    assert R.shard_counts(cfg, {"train": 0}) == {"train": 3}
+    assert R.shard_name("train", 2, 10) == "train/part-00002-of-00010.tfrecord"
+
+
+def test_input_errors_survive_runner_wrapping() -> None:
+    inner = R.input_error("/data/x.txt: looks like a binary file")
+    wrapped = RuntimeError(f"Traceback ...\n  {inner} [while running 'ReadFiles']\n more")
+    assert R.extract_input_error(wrapped) == "/data/x.txt: looks like a binary file"
+    try:
+        raise ValueError("outer") from inner
+    except ValueError as e:
+        assert R.extract_input_error(e) == "/data/x.txt: looks like a binary file"
+    assert R.extract_input_error(RuntimeError("something else")) is None
+
+
+def test_summarize_combines_results_deterministically(tmp_path) -> None:
+    items = [
+        {"kind": "shard", "split": "train", "index": 1, "shard": {"path": "b"}},
+        {"kind": "pool", "documents": 2, "doc_ids": np.array([2, 1], np.uint64)},
+        {"kind": "shard", "split": "train", "index": 0, "shard": {"path": "a"}},
+        {"kind": "read", "decode_errors": 3, "documents/train": 0},
+        {"kind": "pool", "documents": 1, "doc_ids": np.array([7], np.uint64)},
+    ]
+    out = tmp_path / "s.json"
+    R.summarize((0, items), str(out))
+    first = out.read_bytes()
+    R.summarize((0, list(reversed(items))), str(out))
+    assert out.read_bytes() == first
+    summary = json.loads(first)
+    assert [s["path"] for s in summary["shards"]["train"]] == ["a", "b"]
+    assert summary["totals"]["documents"] == 3 and summary["totals"]["decode_errors"] == 3
+    assert summary["fingerprint"] == R.fingerprint([np.array([1, 2, 7], np.uint64)])
+
+
+# ---------------------------------------------------------------- runner options
+
+
+def test_direct_runner_defaults_and_multi_processing() -> None:
+    with runners.runner_setup("direct") as setup:
+        assert setup.runner == "DirectRunner" and setup.workers == 1
+        assert "--direct_running_mode=multi_processing" not in setup.args
+    with runners.runner_setup("DirectRunner", ["--direct_num_workers=2"]) as setup:
+        assert setup.workers == 2 and "--direct_running_mode=multi_processing" in setup.args
+        opts = setup.options.get_all_options()
+        assert opts["direct_num_workers"] == 2 and opts["direct_running_mode"] == "multi_processing"
+
+
+def test_unknown_runner_and_runner_as_beam_flag_are_rejected() -> None:
+    with pytest.raises(runners.RunnerError, match="not one of"):
+        runners.canonical_runner("SparkRunner")
+    with pytest.raises(runners.RunnerError, match="--runner NAME"):
+        with runners.runner_setup("direct", ["--runner=DaskRunner"]):
+            pass
+
+
+def test_dask_runner_with_scheduler_address_starts_no_cluster() -> None:
+    with runners.runner_setup("DaskRunner", dask_scheduler="tcp://127.0.0.1:8786", parallel_elements=16) as s:
+        opts = s.options.get_all_options()
+        assert opts["runner"] == runners.DASK_RUNNER_PATH
+        assert s.options.get_all_options(retain_unknown_options=True)
+        assert "--dask_client_address=tcp://127.0.0.1:8786" in s.args
+        assert "--dask_npartitions=8" in s.args and not s.local
+
+
+def test_dataflow_needs_project_and_ships_the_package(tmp_path) -> None:
+    with pytest.raises(runners.RunnerError, match="--project"):
+        runners.dataflow_args(["--region=us-central1"], str(tmp_path))
+    base = ["--project=p", "--region=r", "--temp_location=gs://b/tmp"]
+    built = []
+    args = runners.dataflow_args(base, str(tmp_path), wheel_builder=lambda d: built.append(d) or f"{d}/x.whl")
+    assert args[-1] == f"--extra_package={tmp_path}/x.whl" and built == [str(tmp_path)]
+    own = runners.dataflow_args([*base, "--setup_file=./setup.py"], str(tmp_path),
+                                wheel_builder=lambda d: pytest.fail("must not build"))
+    assert own == [*base, "--setup_file=./setup.py"]
+
+
+# ---------------------------------------------------------------- portability
+
+
+def _plan(tmp_path) -> R.PipelinePlan:
+    from vocab.vocab_file import load_vocab
+
+    vocab_path = tmp_path / "vocab.txt"
+    vocab_path.write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "the", "cat"]) + "\n")
+    cfg = DatagenConfig(eval_fraction=0.1)
+    return R.PipelinePlan(config=cfg, vocab=load_vocab(str(vocab_path)), files=[("/x/a.txt", 3)],
+                          output_dir=str(tmp_path / "out"), summary_path=str(tmp_path / "s.json"))
+
+
+def test_pipeline_translates_to_a_portable_proto_whose_dofns_unpickle(tmp_path) -> None:
+    import apache_beam as beam
+    from apache_beam.internal import pickler
+    from apache_beam.portability import common_urns
+    from apache_beam.portability.api import beam_runner_api_pb2
+
+    p = beam.Pipeline()
+    R.build_pipeline(p, _plan(tmp_path))
+    proto = p.to_runner_api()
+    names = {t.unique_name for t in proto.components.transforms.values()}
+    for label in ("ReadFiles", "AssignPools", "BuildInstances", "SplitToShards", "WriteShards", "Summarize"):
+        assert label in names
+    pardo_urn = common_urns.primitives.PAR_DO.urn
+    seen = 0
+    for transform in proto.components.transforms.values():
+        if transform.spec.urn != pardo_urn:
+            continue
+        payload = beam_runner_api_pb2.ParDoPayload.FromString(transform.spec.payload)
+        fn = pickler.loads(payload.do_fn.payload)[0]
+        assert fn is not None
+        seen += 1
+    assert seen >= 10
+    # A runner rebuilds the pipeline from the proto (what a portable job server does).
+    again = beam.Pipeline.from_runner_api(proto, p.runner, p._options)
+    assert again.to_runner_api().components.transforms.keys() == proto.components.transforms.keys()
+
+
+def test_every_dofn_round_trips_through_beam_pickler_and_cloudpickle(tmp_path) -> None:
+    import apache_beam as beam
+    import cloudpickle
+    from apache_beam.internal import pickler
+
+    plan = _plan(tmp_path)
+    fns = [R.ReadFiles(plan.config, plan.vocab, True), R.AssignPools(plan.config),
+           R.BuildInstances(plan.config, plan.vocab), R.SplitToShards(), R.WriteShard(plan.output_dir)]
+    for fn in fns:
+        for dumps, loads in ((pickler.dumps, pickler.loads), (cloudpickle.dumps, cloudpickle.loads)):
+            back = loads(dumps(fn))
+            assert type(back) is type(fn) and vars(back).keys() == vars(fn).keys()
+    p = beam.Pipeline()
+    R.build_pipeline(p, plan)
+
+    class Collect(beam.pipeline.PipelineVisitor):
+        def __init__(self) -> None:
+            self.fns = []
+
+        def visit_transform(self, node) -> None:
+            if isinstance(node.transform, beam.ParDo):
+                self.fns.append(node.transform.fn)
+
+    visitor = Collect()
+    p.visit(visitor)
+    assert len(visitor.fns) >= 10
+    for fn in visitor.fns:
+        assert type(pickler.loads(pickler.dumps(fn))) is type(fn)
+        assert type(cloudpickle.loads(cloudpickle.dumps(fn))) is type(fn)
