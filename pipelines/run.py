@@ -589,12 +589,11 @@ def generate_dataset(
     import platform
     import time
 
-    from vocab.vocab_file import load_vocab
-
     from datagen.records import feature_spec
     from pipelines.card import write_card
     from pipelines.manifest import VOCAB_NAME, build_manifest, write_manifest
     from pipelines.runners import runner_setup
+    from vocab.vocab_file import load_vocab
 
     start = time.monotonic()
     # Workers may run in another directory (Dask): local paths become absolute here.
