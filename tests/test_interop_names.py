@@ -157,6 +157,22 @@ def test_hf_export_loads_in_transformers_and_round_trips(tmp_path, vocab_file, m
     assert convert.init_checkpoint_config(tmp_path / "resaved") == TINY
 
 
+def test_reads_half_precision_safetensors(tmp_path):
+    torch = pytest.importorskip("torch")
+    from safetensors.torch import save_file
+
+    values = torch.randn(4, 3)
+    save_file({"bf": values.to(torch.bfloat16), "f16": values.to(torch.float16), "f32": values},
+              str(tmp_path / "x.safetensors"), metadata={"format": "pt"})
+    state = convert.read_safetensors(tmp_path / "x.safetensors")
+    assert np.array_equal(state["bf"], values.to(torch.bfloat16).float().numpy())
+    assert np.array_equal(state["f16"], values.to(torch.float16).numpy())
+    assert np.array_equal(state["f32"], values.numpy())
+    (tmp_path / "bad.safetensors").write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{not json")
+    with pytest.raises(ValueError, match="bad.safetensors: cannot read safetensors"):
+        convert.read_safetensors(tmp_path / "bad.safetensors")
+
+
 def test_hf_tied_copies_and_legacy_names(tmp_path):
     arrays = random_arrays(TINY, seed=3)
     state = convert.tf1_to_hf(arrays)

@@ -191,7 +191,7 @@ def _as_float32(value: np.ndarray, name: str, source: str) -> np.ndarray:
     array = np.asarray(value)
     if not np.issubdtype(array.dtype, np.floating):
         raise ValueError(f"{source}: {name} has dtype {array.dtype}, expected a floating-point weight")
-    return np.ascontiguousarray(array, dtype=np.float32)
+    return np.array(array, dtype=np.float32, order="C")  # a copy: never a view of a mapped file
 
 
 def write_tf1_checkpoint(prefix: str | os.PathLike, arrays: Mapping[str, np.ndarray]) -> str:
@@ -375,8 +375,6 @@ def read_hf_config(directory: str | os.PathLike) -> dict:
 
 def read_hf_state(directory: str | os.PathLike) -> dict[str, np.ndarray]:
     """All tensors of a Hugging Face model directory (single or sharded safetensors)."""
-    from safetensors import safe_open
-
     directory = Path(directory)
     if (directory / HF_WEIGHTS).is_file():
         files = [directory / HF_WEIGHTS]
@@ -388,13 +386,41 @@ def read_hf_state(directory: str | os.PathLike) -> dict[str, np.ndarray]:
                          "re-save it with `save_pretrained(..., safe_serialization=True)`)")
     state = {}
     for file in files:
-        try:
-            with safe_open(str(file), framework="numpy") as f:
-                for key in f.keys():
-                    state[key] = f.get_tensor(key)
-        except Exception as e:  # safetensors raises its own error types for bad headers and dtypes
-            raise ValueError(f"{file}: cannot read safetensors: {e}") from e
+        state.update(read_safetensors(file))
     return state
+
+
+_SAFETENSORS_DTYPES = {"F64": "<f8", "F32": "<f4", "F16": "<f2", "I64": "<i8", "I32": "<i4",
+                       "I16": "<i2", "I8": "i1", "U8": "u1", "BOOL": "?"}
+
+
+def read_safetensors(path: str | os.PathLike) -> dict[str, np.ndarray]:
+    """Tensors of one .safetensors file, memory-mapped; bfloat16 is widened to float32.
+
+    Read directly (8-byte little-endian header size, JSON header, raw data) because the
+    `safetensors` NumPy backend refuses bfloat16, the dtype half-precision uploads often use.
+    """
+    try:
+        data = np.memmap(path, dtype=np.uint8, mode="r")
+        size = int.from_bytes(data[:8].tobytes(), "little")
+        header = json.loads(data[8:8 + size].tobytes())
+        base = 8 + size
+        state = {}
+        for key, info in header.items():
+            if key == "__metadata__":
+                continue
+            start, end = info["data_offsets"]
+            raw = data[base + start: base + end]
+            if info["dtype"] == "BF16":
+                array = (raw.view("<u2").astype(np.uint32) << 16).view(np.float32)
+            elif info["dtype"] in _SAFETENSORS_DTYPES:
+                array = raw.view(_SAFETENSORS_DTYPES[info["dtype"]])
+            else:
+                raise ValueError(f"tensor {key} has unsupported dtype {info['dtype']}")
+            state[key] = array.reshape(info["shape"])
+        return state
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise ValueError(f"{path}: cannot read safetensors: {e}") from e
 
 
 def write_hf_tokenizer(directory: str | os.PathLike, vocab_path: str | os.PathLike,
