@@ -1,0 +1,180 @@
+"""Input: a bert-datagen dataset (through its manifest) or TFRecord globs of the original tool.
+
+The tf.data pipeline is deterministic for a seed: seeded file order (reshuffled each epoch from that
+seed), deterministic parallel interleave, a seeded shuffle buffer, batched parsing, prefetch. Its
+position is saved with each checkpoint (tf.data iterator state), so a resumed run reads exactly the
+batches the uninterrupted run would have read.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+import tensorflow as tf
+
+from datagen.records import RecordError, decode_example, feature_spec, iter_tfrecords
+from trainer.config import BertConfig
+
+
+class DataError(ValueError):
+    """Input that cannot be used (missing, corrupt, or not fitting the model); names the file."""
+
+
+@dataclass
+class DatasetInfo:
+    source: str
+    max_seq_length: int
+    max_predictions_per_seq: int
+    train_files: list[str]
+    eval_files: list[str] = field(default_factory=list)
+    vocab_size: int | None = None
+    vocab_path: str | None = None
+    train_records: int | None = None
+    eval_records: int | None = None
+    manifest: dict | None = None
+
+
+def open_dataset(data: str, max_seq_length: int | None = None, max_predictions_per_seq: int | None = None,
+                 eval_data: str | None = None) -> DatasetInfo:
+    """Describe `data`: a dataset directory with manifest.json, or a TFRecord glob (comma-separated
+    globs allowed) from the original tool, for which the two lengths must be given."""
+    if tf.io.gfile.isdir(data):
+        if not tf.io.gfile.exists(os.path.join(data, "manifest.json")) and max_seq_length is not None:
+            return _from_globs(os.path.join(data, "*"), max_seq_length, max_predictions_per_seq, eval_data)
+        return _from_manifest(data)
+    return _from_globs(data, max_seq_length, max_predictions_per_seq, eval_data)
+
+
+def _from_manifest(directory: str) -> DatasetInfo:
+    from pipelines.manifest import ManifestError, load_manifest, shape_from_manifest
+
+    try:
+        manifest = load_manifest(directory)
+    except ManifestError as exc:
+        raise DataError(str(exc)) from exc
+    seq_len, max_pred = shape_from_manifest(manifest)
+    expected = feature_spec(seq_len, max_pred)
+    got = {k: (v[0], int(v[1])) for k, v in manifest["features"].items()}
+    for name, spec in expected.items():
+        if got.get(name) != spec:
+            raise DataError(f"{directory}/manifest.json: feature {name} is {got.get(name)}, expected {spec}")
+
+    def split_files(split: str) -> tuple[list[str], int]:
+        info = manifest["splits"].get(split, {"shards": [], "records": 0})
+        return [os.path.join(directory, s["path"]) for s in info["shards"]], int(info["records"])
+
+    train, n_train = split_files("train")
+    evals, n_eval = split_files("eval")
+    if not train:
+        raise DataError(f"{directory}/manifest.json: the train split has no shards")
+    for path in train + evals:
+        if not tf.io.gfile.exists(path):
+            raise DataError(f"{path}: shard listed in {directory}/manifest.json is missing")
+    vocab = manifest["vocab"]
+    return DatasetInfo(source=directory, max_seq_length=seq_len, max_predictions_per_seq=max_pred,
+                       train_files=train, eval_files=evals, vocab_size=int(vocab["size"]),
+                       vocab_path=os.path.join(directory, vocab["path"]), train_records=n_train,
+                       eval_records=n_eval, manifest=manifest)
+
+
+def _glob(patterns: str) -> list[str]:
+    files: list[str] = []
+    for pattern in patterns.split(","):
+        matched = sorted(tf.io.gfile.glob(pattern.strip()))
+        if not matched:
+            raise DataError(f"{pattern}: no files match")
+        files.extend(matched)
+    return files
+
+
+def _from_globs(patterns: str, max_seq_length, max_predictions_per_seq, eval_data) -> DatasetInfo:
+    if max_seq_length is None or max_predictions_per_seq is None:
+        raise DataError(
+            f"{patterns}: not a dataset directory with manifest.json; for TFRecords of the original tool "
+            "give --max-seq-length and --max-predictions-per-seq"
+        )
+    files = [f for f in _glob(patterns) if not f.endswith(".json")]
+    return DatasetInfo(source=patterns, max_seq_length=max_seq_length,
+                       max_predictions_per_seq=max_predictions_per_seq, train_files=files,
+                       eval_files=_glob(eval_data) if eval_data else [])
+
+
+def check_fits(info: DatasetInfo, bert: BertConfig) -> None:
+    """Raise DataError unless the data can feed the model."""
+    problems = []
+    if info.max_seq_length > bert.max_position_embeddings:
+        problems.append(f"sequences of {info.max_seq_length} tokens exceed the model's "
+                        f"max_position_embeddings {bert.max_position_embeddings}")
+    if info.max_predictions_per_seq > info.max_seq_length:
+        problems.append(f"max_predictions_per_seq {info.max_predictions_per_seq} exceeds the sequence "
+                        f"length {info.max_seq_length}")
+    if info.vocab_size is not None and info.vocab_size != bert.vocab_size:
+        problems.append(f"the data's vocab has {info.vocab_size} tokens, the model's vocab_size is "
+                        f"{bert.vocab_size}")
+    if bert.type_vocab_size < 2:
+        problems.append("type_vocab_size must be at least 2 for sentence pairs")
+    if problems:
+        raise DataError(f"{info.source}: data and model do not fit: " + "; ".join(problems))
+
+
+def parse_batch(serialized: tf.Tensor, max_seq_length: int, max_predictions_per_seq: int) -> dict[str, tf.Tensor]:
+    """Parse a batch of serialized examples with the original fixed-length features; ints -> int32."""
+    spec = feature_spec(max_seq_length, max_predictions_per_seq)
+    features = {name: tf.io.FixedLenFeature([length], tf.int64 if dtype == "int64" else tf.float32)
+                for name, (dtype, length) in spec.items()}
+    parsed = tf.io.parse_example(serialized, features)
+    return {k: tf.cast(v, tf.int32) if v.dtype == tf.int64 else v for k, v in parsed.items()}
+
+
+def train_dataset(info: DatasetInfo, batch_size: int, seed: int, shuffle_buffer: int = 10000,
+                  cycle_length: int = 8) -> tf.data.Dataset:
+    """Endless, deterministic, shuffled batches of the train split."""
+    files = tf.data.Dataset.from_tensor_slices(info.train_files)
+    files = files.shuffle(len(info.train_files), seed=seed, reshuffle_each_iteration=True).repeat()
+    records = files.interleave(
+        lambda f: tf.data.TFRecordDataset(f, buffer_size=1 << 20),
+        cycle_length=min(cycle_length, len(info.train_files)), block_length=1,
+        num_parallel_calls=tf.data.AUTOTUNE, deterministic=True,
+    )
+    records = records.shuffle(shuffle_buffer, seed=seed + 1, reshuffle_each_iteration=True)
+    return _batched(records, info, batch_size)
+
+
+def eval_dataset(info: DatasetInfo, batch_size: int, files: list[str] | None = None) -> tf.data.Dataset:
+    """The eval split (or `files`) in file order, once, full batches only."""
+    files = files if files is not None else info.eval_files
+    records = tf.data.TFRecordDataset(files, buffer_size=1 << 20, num_parallel_reads=1)
+    return _batched(records, info, batch_size)
+
+
+def _batched(records: tf.data.Dataset, info: DatasetInfo, batch_size: int) -> tf.data.Dataset:
+    ds = records.batch(batch_size, drop_remainder=True)
+    ds = ds.map(lambda s: parse_batch(s, info.max_seq_length, info.max_predictions_per_seq),
+                num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+    options = tf.data.Options()
+    options.deterministic = True
+    return ds.with_options(options).prefetch(tf.data.AUTOTUNE)
+
+
+def find_bad_record(files: list[str], max_seq_length: int, max_predictions_per_seq: int) -> str | None:
+    """Scan `files` without TensorFlow; describe the first corrupt record (file, index) or None.
+
+    Called after tf.data fails, because TensorFlow's own errors do not name the file.
+    """
+    spec = feature_spec(max_seq_length, max_predictions_per_seq)
+    for path in files:
+        try:
+            with tf.io.gfile.GFile(path, "rb") as stream:
+                for index, payload in enumerate(iter_tfrecords(stream, name=path)):
+                    try:
+                        features = decode_example(payload)
+                    except RecordError as exc:
+                        return f"{path}: record {index}: not a tf.train.Example ({exc})"
+                    for name, (_, length) in spec.items():
+                        if name not in features or features[name].size != length:
+                            got = None if name not in features else features[name].size
+                            return f"{path}: record {index}: feature {name} has {got} values, expected {length}"
+        except RecordError as exc:
+            return str(exc)
+    return None

@@ -1,0 +1,70 @@
+"""Pre-training losses and metrics, as the original computes them.
+
+MLM loss = sum(weight * CE) / (sum(weight) + 1e-5) over the masked positions of the batch; NSP loss
+= mean CE; total = MLM + NSP. Cross-entropies come from `log_softmax`, as in the original.
+
+The training step works with *sums* (`batch_sums`) so that a batch split over replicas or
+micro-batches adds up to exactly the loss of the whole batch.
+"""
+
+from __future__ import annotations
+
+import tensorflow as tf
+
+MLM_DENOMINATOR_EPSILON = 1e-5
+
+
+def masked_lm_cross_entropy(logits: tf.Tensor, label_ids: tf.Tensor) -> tf.Tensor:
+    """[B,P] cross-entropy of each prediction slot (padding slots included; weight them out)."""
+    log_probs = tf.nn.log_softmax(tf.cast(logits, tf.float32), axis=-1)
+    return -tf.gather(log_probs, tf.cast(label_ids, tf.int32), axis=-1, batch_dims=2)
+
+
+def masked_lm_loss(logits: tf.Tensor, label_ids: tf.Tensor, weights: tf.Tensor) -> tf.Tensor:
+    weights = tf.cast(weights, tf.float32)
+    numerator = tf.reduce_sum(weights * masked_lm_cross_entropy(logits, label_ids))
+    return numerator / (tf.reduce_sum(weights) + MLM_DENOMINATOR_EPSILON)
+
+
+def next_sentence_cross_entropy(logits: tf.Tensor, labels: tf.Tensor) -> tf.Tensor:
+    log_probs = tf.nn.log_softmax(tf.cast(logits, tf.float32), axis=-1)
+    labels = tf.reshape(tf.cast(labels, tf.int32), [-1])
+    return -tf.gather(log_probs, labels, axis=-1, batch_dims=1)
+
+
+def next_sentence_loss(logits: tf.Tensor, labels: tf.Tensor) -> tf.Tensor:
+    return tf.reduce_mean(next_sentence_cross_entropy(logits, labels))
+
+
+def batch_sums(outputs: dict, batch: dict) -> dict[str, tf.Tensor]:
+    """Additive statistics of one (sub-)batch; `losses_from_sums` turns them into losses."""
+    weights = tf.cast(batch["masked_lm_weights"], tf.float32)
+    mlm_ce = masked_lm_cross_entropy(outputs["mlm_logits"], batch["masked_lm_ids"])
+    mlm_hit = tf.cast(tf.equal(tf.argmax(outputs["mlm_logits"], axis=-1, output_type=tf.int32),
+                               tf.cast(batch["masked_lm_ids"], tf.int32)), tf.float32)
+    labels = tf.reshape(tf.cast(batch["next_sentence_labels"], tf.int32), [-1])
+    nsp_ce = next_sentence_cross_entropy(outputs["nsp_logits"], labels)
+    nsp_hit = tf.cast(tf.equal(tf.argmax(outputs["nsp_logits"], axis=-1, output_type=tf.int32), labels),
+                      tf.float32)
+    return {
+        "mlm_ce": tf.reduce_sum(weights * mlm_ce),
+        "mlm_weight": tf.reduce_sum(weights),
+        "mlm_correct": tf.reduce_sum(weights * mlm_hit),
+        "nsp_ce": tf.reduce_sum(nsp_ce),
+        "nsp_correct": tf.reduce_sum(nsp_hit),
+        "examples": tf.cast(tf.size(labels), tf.float32),
+    }
+
+
+def losses_from_sums(sums: dict) -> dict[str, float]:
+    """Losses and accuracies (Python floats) from summed statistics."""
+    s = {k: float(v) for k, v in sums.items()}
+    mlm_loss = s["mlm_ce"] / (s["mlm_weight"] + MLM_DENOMINATOR_EPSILON)
+    nsp_loss = s["nsp_ce"] / max(s["examples"], 1.0)
+    return {
+        "loss": mlm_loss + nsp_loss,
+        "mlm_loss": mlm_loss,
+        "nsp_loss": nsp_loss,
+        "mlm_accuracy": s["mlm_correct"] / max(s["mlm_weight"], 1e-12),
+        "nsp_accuracy": s["nsp_correct"] / max(s["examples"], 1.0),
+    }
