@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 
 from pipelines import fsio
-from pipelines.manifest import CARD_NAME, MANIFEST_NAME, shape_from_manifest, validate_manifest
+from pipelines.manifest import CARD_NAME, MANIFEST_NAME, shape_from_manifest, split_names, validate_manifest
 
 
 def _fmt_value(value) -> str:
@@ -50,7 +50,8 @@ def _counts(manifest: dict) -> list[str]:
     seq, preds = shape_from_manifest(manifest)
     lines = ["## Counts", "", f"Records: `max_seq_length` {seq}, `max_predictions_per_seq` {preds}.", "",
              "| split | shards | records | bytes |", "|---|---|---|---|"]
-    for split, info in manifest["splits"].items():
+    for split in split_names(manifest):
+        info = manifest["splits"][split]
         lines.append(f"| {split} | {len(info['shards'])} | {info['records']} | {info['bytes']} |")
     lines += ["", "| total | value |", "|---|---|"]
     lines += [f"| {k} | {v} |" for k, v in sorted(manifest["totals"].items())]
@@ -59,8 +60,8 @@ def _counts(manifest: dict) -> list[str]:
 
 def _checksums(manifest: dict) -> list[str]:
     lines = ["## Checksums (sha256)", "", "| shard | records | bytes | sha256 |", "|---|---|---|---|"]
-    for info in manifest["splits"].values():
-        for s in info["shards"]:
+    for split in split_names(manifest):
+        for s in manifest["splits"][split]["shards"]:
             lines.append(f"| `{s['path']}` | {s['records']} | {s['bytes']} | `{s['sha256']}` |")
     return lines + [""]
 

@@ -161,8 +161,6 @@ def shape_from_manifest(manifest: dict) -> tuple[int, int]:
     return int(features["input_ids"][1]), int(features["masked_lm_positions"][1])
 
 
-def iter_shards(manifest: dict):
-    """(split, shard entry) of every shard, in manifest order."""
-    for split, info in manifest["splits"].items():
-        for shard in info["shards"]:
-            yield split, shard
+def split_names(manifest: dict) -> list[str]:
+    """Split names, train first (manifest.json sorts its keys, which would put eval first)."""
+    return sorted(manifest["splits"], key=lambda name: (name != "train", name))

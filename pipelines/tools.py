@@ -38,6 +38,7 @@ from pipelines.manifest import (
     ManifestError,
     load_manifest,
     shape_from_manifest,
+    split_names,
 )
 
 CHUNK_BYTES = 4 << 20
@@ -168,10 +169,8 @@ def open_dataset(
         manifest = load_manifest(target)
         vocab = load_vocab_file(vocab_path or fsio.join(target, manifest["vocab"]["path"]))
         seq, preds = shape_from_manifest(manifest)
-        # manifest.json has sorted keys; put train first, as readers expect.
-        split_names = sorted(manifest["splits"], key=lambda name: (name != "train", name))
         shards = [ShardRef(split, s["path"], fsio.join(target, *s["path"].split("/")), s)
-                  for split in split_names for s in manifest["splits"][split]["shards"]]
+                  for split in split_names(manifest) for s in manifest["splits"][split]["shards"]]
         return Dataset(target, manifest, shards, vocab, _shape_for(vocab, seq, preds))
     if any(v is None for v in legacy_opts):
         if _is_dir(target):
@@ -564,10 +563,15 @@ def derive(batch: Batch, shape: RecordShape) -> Layout:
     return Layout(length, first_sep, n_masked, original)
 
 
-def check_batch(batch: Batch, shape: RecordShape, layout: Layout | None = None) -> list[tuple[int, str]]:
-    """Every broken invariant as (record index, message), at most one message per record and check."""
+def check_batch(batch: Batch, shape: RecordShape, layout: Layout | None = None,
+                limit: int = MAX_PROBLEMS_PER_SHARD) -> tuple[list[tuple[int, str]], int]:
+    """Broken invariants as (record index, message), at most ``limit`` per check, and their total count.
+
+    A record gets at most one message per check; checks that depend on the layout are skipped for
+    records whose layout is already wrong.
+    """
     if len(batch) == 0:
-        return []
+        return [], 0
     lay = layout or derive(batch, shape)
     f = batch.features
     ids, mask, seg = f["input_ids"], f["input_mask"], f["segment_ids"]
@@ -636,10 +640,13 @@ def check_batch(batch: Batch, shape: RecordShape, layout: Layout | None = None) 
     checks.append(((nsp != 0) & (nsp != 1), lambda r: f"next_sentence_labels is {nsp[r]} (must be 0 or 1)"))
 
     problems = []
+    total = 0
     for failed, message in checks:
-        for r in np.nonzero(failed)[0][:MAX_PROBLEMS_PER_SHARD]:
+        rows_failed = np.nonzero(failed)[0]
+        total += len(rows_failed)
+        for r in rows_failed[:limit]:
             problems.append((int(batch.index[r]), message(int(r))))
-    return problems
+    return problems, total
 
 
 # ---------------------------------------------------------------- verify
@@ -687,9 +694,10 @@ def verify_shard(task: ShardTask) -> ShardResult:
             if not task.check_records:
                 continue
             batch, problems = decode_batch(payloads, indices, task.shape)
-            problems += check_batch(batch, task.shape)
-            for index, message in sorted(problems):
+            checked, total = check_batch(batch, task.shape, limit=task.max_problems)
+            for index, message in sorted(problems + checked):
                 _add(res, index, message, task.max_problems)
+            res.problem_count += total - len(checked)
             res.notnext += int((batch.features["next_sentence_labels"] == 1).sum())
             res.masked += int((batch.features["masked_lm_weights"] == 1).sum())
     except OSError as e:
