@@ -606,7 +606,8 @@ def generate_dataset(
     try:
         vocab = load_vocab(vocab_path)
     except (OSError, ValueError) as e:
-        raise DatagenError(f"{vocab_path}: cannot load the vocab: {e}") from e
+        message = str(e)
+        raise DatagenError(message if vocab_path in message else f"{vocab_path}: {message}") from e
     check_vocab(vocab, vocab_path)
     prepare_output(output_dir, overwrite)
 
