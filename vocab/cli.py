@@ -1,0 +1,77 @@
+"""`bert-datagen vocab`: train a WordPiece vocab.txt on the documents `bert-datagen run` would read."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import click
+
+from vocab.train import LAYOUTS, train_vocab, write_vocab
+from vocab.vocab_file import VocabError
+
+
+def iter_corpus_texts(patterns: list[str], config, stats: dict[str, int]) -> Iterator[str]:
+    """Paragraphs (or given sentences) of every document, read exactly as `bert-datagen run` reads them."""
+    from datagen.readers import read_documents
+    from pipelines import fsio
+
+    for info in fsio.match_files(patterns):
+        data = fsio.read_bytes(info.path)
+        stats["files"] = stats.get("files", 0) + 1
+        stats["bytes"] = stats.get("bytes", 0) + len(data)
+        for doc in read_documents(info.path, data, config, stats):
+            stats["documents"] = stats.get("documents", 0) + 1
+            yield from (doc.sentences if doc.sentences is not None else doc.paragraphs or [])
+
+
+@click.command("vocab")
+@click.option("--input", "inputs", multiple=True, required=True, metavar="PATTERN",
+              help="Input file or glob (local or any Beam filesystem, e.g. gs://); repeatable. .gz/.bz2 by extension.")
+@click.option("--output", required=True, help="vocab.txt to write (atomically).")
+@click.option("--vocab-size", type=click.IntRange(min=6), default=30522, show_default=True,
+              help="Total ids, reserved tokens included (Google's English vocab: 30522).")
+@click.option("--uncased/--cased", "do_lower_case", default=True, show_default=True,
+              help="Lowercase and strip accents (uncased) or keep case and accents (cased).")
+@click.option("--input-format", type=click.Choice(["text", "sentences", "jsonl", "wikiextractor"]),
+              default="text", show_default=True)
+@click.option("--text-field", default="text", show_default=True, help="JSON field holding the text (jsonl).")
+@click.option("--num-unused", type=click.IntRange(min=0), default=994, show_default=True,
+              help="[unusedN] slots (Google: 994, of which 99 sit before [UNK]).")
+@click.option("--layout", type=click.Choice(LAYOUTS), default="auto", show_default=True,
+              help="Reserved-id layout: google ([UNK]=100), compact ([PAD],[UNK],[CLS],[SEP],[MASK] = 0..4), "
+                   "or auto (google when the vocab has room for 1,000 learned pieces after the reserved ids).")
+@click.option("--min-frequency", type=click.IntRange(min=1), default=2, show_default=True,
+              help="Pieces seen fewer times are not learned.")
+@click.option("--limit-alphabet", type=click.IntRange(min=1), default=1000, show_default=True,
+              help="Most single characters kept in the initial alphabet.")
+@click.option("--strict", is_flag=True, default=False, help="Fail on invalid UTF-8 instead of replacing it.")
+def vocab_command(inputs, output, vocab_size, do_lower_case, input_format, text_field, num_unused, layout,
+                  min_frequency, limit_alphabet, strict) -> None:
+    """Train a WordPiece vocabulary in Google's vocab.txt layout."""
+    from datagen.config import ConfigError, DatagenConfig
+    from datagen.readers import InputError
+    from pipelines.fsio import InputNotFoundError
+
+    try:
+        config = DatagenConfig(input_format=input_format, text_field=text_field,
+                               do_lower_case=do_lower_case, strict_utf8=strict)
+    except ConfigError as e:
+        raise click.UsageError(str(e)) from e
+    stats: dict[str, int] = {}
+    start = time.perf_counter()
+    try:
+        tokens = train_vocab(iter_corpus_texts(list(inputs), config, stats), vocab_size, do_lower_case,
+                             num_unused=num_unused, layout=layout, min_frequency=min_frequency,
+                             limit_alphabet=limit_alphabet)
+        if stats.get("documents", 0) == 0:
+            raise click.ClickException(f"no documents found in {', '.join(inputs)} (format {input_format})")
+        vocab = write_vocab(tokens, output)
+    except (InputError, InputNotFoundError, VocabError) as e:
+        raise click.ClickException(str(e)) from e
+    seconds = time.perf_counter() - start
+    click.echo(f"wrote {output}: {vocab.size:,} tokens (requested {vocab_size:,}), sha256 {vocab.sha256}")
+    click.echo(f"  {stats.get('files', 0):,} files, {stats.get('bytes', 0) / 1e6:,.2f} MB, "
+               f"{stats.get('documents', 0):,} documents, {seconds:,.1f} s")
+    if stats.get("decode_errors"):
+        click.echo(f"  warning: {stats['decode_errors']:,} invalid UTF-8 sequences replaced by U+FFFD", err=True)

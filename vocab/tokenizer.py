@@ -1,0 +1,129 @@
+"""`BertTokenizer`: the original BERT tokenization, token for token, at the speed of `tokenizers`.
+
+Two paths, chosen per text:
+- fast: Rust `tokenizers` (BertNormalizer + BertPreTokenizer + WordPiece), configured like the
+  original: 200-character word limit, and no special tokens registered, so "[SEP]" in the text is
+  ordinary text (punctuation + word), as in the original;
+- exact: Python basic tokenization (`basic.py`, Python's own Unicode rules) + Rust WordPiece on
+  the resulting words, for texts holding a character the Rust normalizer treats differently
+  (`divergence.py`: private-use characters, capital sigma when lowercasing, a few code points
+  whose Unicode data differ). ASCII text never needs it; real text rarely does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+from tokenizers import Tokenizer, models, pre_tokenizers
+
+from vocab import basic, divergence
+from vocab.vocab_file import Vocab
+
+MAX_INPUT_CHARS_PER_WORD = 200
+UNK_TOKEN = "[UNK]"
+
+
+def _wordpiece(vocab: Vocab) -> models.WordPiece:
+    return models.WordPiece(vocab.vocab_dict, unk_token=UNK_TOKEN,
+                            max_input_chars_per_word=MAX_INPUT_CHARS_PER_WORD)
+
+
+class BasicTokenizer:
+    """Text -> words (the original's BasicTokenizer), through the fast or the exact path."""
+
+    def __init__(self, do_lower_case: bool = True) -> None:
+        self.do_lower_case = bool(do_lower_case)
+        self._normalizer = divergence.rust_normalizer(self.do_lower_case)
+        self._pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+        self._divergent = divergence.divergent_mask(self.do_lower_case)
+
+    def __reduce__(self):
+        return (BasicTokenizer, (self.do_lower_case,))
+
+    def needs_exact_path(self, text: str) -> bool:
+        """True when the Rust normalizer would not reproduce the original on this text."""
+        if text.isascii():
+            return False
+        codes = np.frombuffer(text.encode("utf-32-le", "surrogatepass"), dtype=np.uint32)
+        return bool(self._divergent[codes].any())
+
+    def exact_words(self, text: str) -> list[str]:
+        return basic.basic_tokenize(text, self.do_lower_case)
+
+    def words(self, text: str) -> list[str]:
+        if self.needs_exact_path(text):
+            return self.exact_words(text)
+        normalized = self._normalizer.normalize_str(text)
+        return [w for w, _ in self._pre_tokenizer.pre_tokenize_str(normalized)]
+
+    def words_batch(self, texts: Sequence[str]) -> list[list[str]]:
+        return [self.words(text) for text in texts]
+
+
+class BertTokenizer:
+    """Text -> WordPiece ids exactly as the original BERT tokenizer (no [CLS]/[SEP] added)."""
+
+    def __init__(self, vocab: Vocab, do_lower_case: bool = True) -> None:
+        self.vocab = vocab
+        self.do_lower_case = bool(do_lower_case)
+        self._full = Tokenizer(_wordpiece(vocab))
+        self._full.normalizer = divergence.rust_normalizer(self.do_lower_case)
+        self._full.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+        # WordPiece alone, fed words that the exact Python path produced.
+        self._words = Tokenizer(_wordpiece(vocab))
+        self.basic = BasicTokenizer(self.do_lower_case)
+
+    # Beam pickles the tokenizer into every worker: ship the token list, rebuild the Rust side.
+    def __reduce__(self):
+        return (BertTokenizer, (self.vocab, self.do_lower_case))
+
+    def __repr__(self) -> str:
+        return (f"BertTokenizer(vocab={self.vocab.path!r}, size={self.vocab.size}, "
+                f"do_lower_case={self.do_lower_case})")
+
+    def needs_exact_path(self, text: str) -> bool:
+        return self.basic.needs_exact_path(text)
+
+    def basic_tokenize(self, text: str) -> list[str]:
+        """The original's words (before WordPiece) for one text."""
+        return self.basic.words(text)
+
+    def _exact_words(self, text: str) -> list[str]:
+        words = self.basic.exact_words(text)
+        surrogate = basic.tables().surrogate
+        # No vocabulary token can hold a lone surrogate, so such a word is [UNK] in the original;
+        # the literal word "[UNK]" makes WordPiece say so (and Rust cannot take surrogates at all).
+        return [UNK_TOKEN if surrogate.search(w) else w for w in words]
+
+    def encode_batch_ids(self, texts: Sequence[str]) -> list[np.ndarray]:
+        """WordPiece ids (int32) of each text."""
+        fast_idx, exact_idx = [], []
+        for i, text in enumerate(texts):
+            (exact_idx if self.needs_exact_path(text) else fast_idx).append(i)
+        out: list[np.ndarray | None] = [None] * len(texts)
+        if fast_idx:
+            encodings = self._full.encode_batch_fast([texts[i] for i in fast_idx], add_special_tokens=False)
+            for i, enc in zip(fast_idx, encodings, strict=True):
+                out[i] = np.array(enc.ids, dtype=np.int32)
+        if exact_idx:
+            words = [self._exact_words(texts[i]) for i in exact_idx]
+            encodings = self._words.encode_batch_fast(words, is_pretokenized=True, add_special_tokens=False)
+            for i, enc in zip(exact_idx, encodings, strict=True):
+                out[i] = np.array(enc.ids, dtype=np.int32)
+        return out  # type: ignore[return-value]
+
+    def encode_ids(self, text: str) -> np.ndarray:
+        return self.encode_batch_ids([text])[0]
+
+    def tokenize(self, text: str) -> list[str]:
+        """The word pieces of one text (strings)."""
+        tokens = self.vocab.tokens
+        return [tokens[i] for i in self.encode_ids(text)]
+
+    def convert_ids_to_tokens(self, ids: Sequence[int]) -> list[str]:
+        tokens = self.vocab.tokens
+        return [tokens[int(i)] for i in ids]
+
+    def convert_tokens_to_ids(self, pieces: Sequence[str]) -> list[int]:
+        return [self.vocab.token_to_id(p) for p in pieces]
