@@ -74,25 +74,17 @@ class Vocab:
         return self.tokens[i] if 0 <= i < len(self.tokens) else f"<id {i}>"
 
 
-def parse_vocab_text(data: bytes, path: str) -> tuple[str, ...]:
-    """Tokens of a vocab file: one per line, id = line number (the original's load_vocab rules)."""
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise ToolError(f"{path}: vocab is not UTF-8: {e}") from e
-    lines = text.split("\n")
-    if lines and lines[-1] == "":
-        lines.pop()  # the final newline ends the last line; it is not an empty token
-    return tuple(line.strip() for line in lines)
-
-
 def load_vocab_file(path: str) -> Vocab:
+    """The vocab through vocab.vocab_file (same parsing and validation as the generator uses)."""
+    from vocab.vocab_file import VocabError, load_vocab
+
     if not fsio.exists(path):
         raise ToolError(f"{path}: vocab file not found")
-    tokens = parse_vocab_text(fsio.read_bytes(path), path)
-    if not tokens:
-        raise ToolError(f"{path}: vocab file is empty")
-    return Vocab(tokens, path)
+    try:
+        loaded = load_vocab(path)
+    except VocabError as e:
+        raise ToolError(str(e)) from e
+    return Vocab(tuple(loaded.tokens), path)
 
 
 # ---------------------------------------------------------------- datasets
