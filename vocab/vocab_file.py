@@ -38,9 +38,9 @@ class Vocab:
     def __post_init__(self) -> None:
         if not isinstance(self.tokens, tuple):
             object.__setattr__(self, "tokens", tuple(self.tokens))
+        _validate_tokens(self.tokens, self.path, line_offset=1)
         if not self.sha256:
             object.__setattr__(self, "sha256", hashlib.sha256(self.to_bytes()).hexdigest())
-        _validate_tokens(self.tokens, self.path, line_offset=1)
 
     # Pickle only the tokens: the cached lookup tables are rebuilt on demand where it lands.
     def __reduce__(self):
@@ -143,6 +143,12 @@ def _validate_tokens(tokens: tuple[str, ...], path: str, line_offset: int) -> No
             raise VocabError(f"{path}: line {line}: token {what}")
         if "\n" in token:
             raise VocabError(f"{path}: line {line}: token {token!r} contains a newline")
+        if not token.isascii():
+            try:
+                token.encode("utf-8")
+            except UnicodeEncodeError:
+                raise VocabError(f"{path}: line {line}: token {token!r} is not valid Unicode "
+                                 "(lone surrogate)") from None
         if token in seen:
             raise VocabError(
                 f"{path}: line {line}: duplicate token {token!r} (first on line {seen[token] + line_offset})"
