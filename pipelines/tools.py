@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
+import google_crc32c
 import numpy as np
 from apache_beam.io.filesystems import FileSystems
 
@@ -28,7 +29,6 @@ from datagen.records import (
     RecordError,
     decode_example,
     feature_spec,
-    masked_crc32c,
 )
 from pipelines import fsio
 from pipelines.manifest import (
@@ -42,7 +42,6 @@ from pipelines.manifest import (
 )
 
 CHUNK_BYTES = 4 << 20
-BATCH_RECORDS = 2048
 MAX_PROBLEMS_PER_SHARD = 20
 # A length field beyond this is corruption, not a record (BERT records are a few KB).
 MAX_RECORD_BYTES = 1 << 30
@@ -194,6 +193,28 @@ def _is_hidden(path: str) -> bool:
 # ---------------------------------------------------------------- streaming a shard
 
 
+_HEAD = struct.Struct("<QI")
+_TAIL = struct.Struct("<I")
+
+
+def _mask(crc: int) -> int:
+    """TFRecord's masked CRC32C (see datagen.records.masked_crc32c), on a computed CRC."""
+    return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
+
+
+@dataclass
+class RawBatch:
+    """Framed payloads of one chunk: payload i is data[starts[i]:starts[i] + lengths[i]]."""
+
+    indices: list[int]
+    data: bytes
+    starts: list[int]
+    lengths: list[int]
+
+    def payloads(self) -> list[bytes]:
+        return [self.data[s:s + n] for s, n in zip(self.starts, self.lengths, strict=True)]
+
+
 class ShardStream:
     """Reads one TFRecord file in chunks: hashes every byte, frames records, checks CRCs.
 
@@ -202,20 +223,28 @@ class ShardStream:
     """
 
     def __init__(self, path: str, name: str, check_crc: bool = True,
-                 chunk_bytes: int = CHUNK_BYTES, batch_records: int = BATCH_RECORDS) -> None:
+                 chunk_bytes: int = CHUNK_BYTES) -> None:
         self.path, self.name = path, name
         self.check_crc = check_crc
-        self.chunk_bytes, self.batch_records = chunk_bytes, batch_records
+        self.chunk_bytes = chunk_bytes
         self.sha256 = hashlib.sha256()
         self.bytes = 0
         self.records = 0
         self.problems: list[tuple[int | None, str]] = []  # (record index or None, message)
 
     def batches(self) -> Iterator[tuple[list[int], list[bytes]]]:
-        buf = bytearray()
+        """(record indices, payloads) of the shard, a batch at a time."""
+        for raw in self.raw_batches():
+            yield raw.indices, raw.payloads()
+
+    def raw_batches(self) -> Iterator[RawBatch]:
+        """Framed records a chunk at a time, as ranges of one buffer (no copy per record)."""
+        head = _HEAD
+        tail = _TAIL
+        crc = google_crc32c.value
+        check = self.check_crc
         framing = True
-        indices: list[int] = []
-        payloads: list[bytes] = []
+        buf = b""
         offset = 0  # file offset of buf[0]
         with fsio.open_read(self.path) as f:
             while True:
@@ -227,44 +256,41 @@ class ShardStream:
                     if not chunk:
                         break
                     continue
-                buf += chunk
+                buf = buf + chunk if buf else chunk
+                size = len(buf)
                 pos = 0
-                while True:
-                    if len(buf) - pos < 12:
-                        break
-                    header = bytes(buf[pos:pos + 8])
-                    (length,) = struct.unpack_from("<Q", buf, pos)
-                    (length_crc,) = struct.unpack_from("<I", buf, pos + 8)
-                    if (self.check_crc and masked_crc32c(header) != length_crc) or length > MAX_RECORD_BYTES:
+                indices: list[int] = []
+                starts: list[int] = []
+                lengths: list[int] = []
+                while size - pos >= 12:
+                    length, length_crc = head.unpack_from(buf, pos)
+                    if (check and _mask(crc(buf[pos:pos + 8])) != length_crc) or length > MAX_RECORD_BYTES:
                         self.problems.append((self.records, f"record {self.records} at byte "
                                               f"{offset + pos}: corrupt length header (CRC mismatch); "
                                               "the rest of the shard cannot be framed"))
                         framing = False
                         break
-                    if len(buf) - pos < 16 + length:
+                    end = pos + 12 + length
+                    if size < end + 4:
                         break
-                    payload = bytes(buf[pos + 12:pos + 12 + length])
-                    (crc,) = struct.unpack_from("<I", buf, pos + 12 + length)
-                    if self.check_crc and masked_crc32c(payload) != crc:
+                    if check and _mask(crc(buf[pos + 12:end])) != tail.unpack_from(buf, end)[0]:
                         self.problems.append((self.records, f"record {self.records} at byte "
                                               f"{offset + pos}: payload CRC mismatch"))
                     else:
                         indices.append(self.records)
-                        payloads.append(payload)
+                        starts.append(pos + 12)
+                        lengths.append(length)
                     self.records += 1
-                    pos += 16 + length
-                    if len(payloads) >= self.batch_records:
-                        yield indices, payloads
-                        indices, payloads = [], []
-                del buf[:pos]
+                    pos = end + 4
+                if indices:
+                    yield RawBatch(indices, buf, starts, lengths)
+                buf = buf[pos:]
                 offset += pos
                 if not chunk:
                     if framing and buf:
                         self.problems.append((self.records, f"record {self.records} at byte {offset}: "
                                               f"truncated ({len(buf)} bytes left at end of file)"))
                     break
-        if payloads:
-            yield indices, payloads
 
     def hexdigest(self) -> str:
         return self.sha256.hexdigest()
@@ -279,16 +305,29 @@ class ShardStream:
 
 
 def _read_varints(buf: np.ndarray, pos: np.ndarray, limit: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Varint at each position: (value as uint64, position after it, ok)."""
-    idx = pos[:, None] + np.arange(10)
-    inside = idx < limit[:, None]
-    b = buf[np.minimum(idx, len(buf) - 1)] if len(buf) else np.zeros(idx.shape, np.uint8)
-    last = inside & (b < 0x80)
-    ok = last.any(axis=1)
-    nbytes = np.argmax(last, axis=1) + 1
-    keep = np.arange(10) < nbytes[:, None]
-    parts = (b & 0x7F).astype(np.uint64) << (np.arange(10, dtype=np.uint64) * np.uint64(7))
-    value = np.where(keep, parts, np.uint64(0)).sum(axis=1, dtype=np.uint64)
+    """Varint at each position: (value as uint64, position after it, ok).
+
+    Byte by byte over the positions still open: most varints here are one or two bytes long.
+    """
+    last = max(len(buf) - 1, 0)
+    b = buf[np.minimum(pos, last)] if len(buf) else np.zeros(len(pos), np.uint8)
+    value = (b & 0x7F).astype(np.uint64)
+    ok = pos < limit
+    nbytes = np.ones(len(pos), np.int64)
+    idx = np.nonzero((b >= 0x80) & ok)[0]
+    shift = 7
+    while len(idx):
+        if shift >= 70:
+            ok[idx] = False  # more than ten bytes: not a varint
+            break
+        p = pos[idx] + nbytes[idx]
+        inside = p < limit[idx]
+        bb = buf[np.minimum(p, last)]
+        value[idx] |= (bb & 0x7F).astype(np.uint64) << np.uint64(min(shift, 63))
+        nbytes[idx] += 1
+        ok[idx[~inside]] = False
+        idx = idx[(bb >= 0x80) & inside]
+        shift += 7
     return value, pos + nbytes, ok
 
 
@@ -377,18 +416,29 @@ def _decode_packed_varints(data: np.ndarray, offsets: np.ndarray, count: int,
     if not row_ok.any():
         return out
     # Keep only the bytes of well-formed rows, so values line up as rows x count.
-    byte_row = np.repeat(np.arange(n), lengths)
-    keep = row_ok[byte_row]
-    b = data[keep]
-    t = term[keep]
-    value_start = np.concatenate([[True], t[:-1]])
-    starts = np.nonzero(value_start)[0]
-    group = np.cumsum(value_start) - 1
-    k = np.arange(len(b)) - starts[group]
-    too_long = np.zeros(len(starts), bool)
-    np.logical_or.at(too_long, group, k >= 10)
-    parts = (b & 0x7F).astype(np.uint64) << (np.minimum(k, 9).astype(np.uint64) * np.uint64(7))
-    values = np.add.reduceat(parts, starts).view(np.int64)
+    if row_ok.all():
+        b, t = data, term
+    else:
+        keep = row_ok[np.repeat(np.arange(n), lengths)]
+        b, t = data[keep], term[keep]
+    if t.all():  # every value fits in one byte (masks, segment ids, short positions)
+        values = b.astype(np.int64)
+        too_long = np.zeros(len(b), bool)
+    else:
+        starts = np.nonzero(np.concatenate([[True], t[:-1]]))[0]
+        acc = (b[starts] & 0x7F).astype(np.uint64)
+        too_long = np.zeros(len(starts), bool)
+        idx = np.nonzero(~t[starts])[0]
+        k = 1
+        while len(idx):
+            if k >= 10:
+                too_long[idx] = True
+                break
+            p = starts[idx] + k
+            acc[idx] |= (b[p] & 0x7F).astype(np.uint64) << np.uint64(min(7 * k, 63))
+            idx = idx[~t[p]]
+            k += 1
+        values = acc.view(np.int64)
     rows_values = values.reshape(-1, count)
     out[row_ok] = rows_values
     long_rows = too_long.reshape(-1, count).any(axis=1)
@@ -412,12 +462,21 @@ class Batch:
 def decode_batch(payloads: list[bytes], indices: list[int], shape: RecordShape
                  ) -> tuple[Batch, list[tuple[int, str]]]:
     """Parse payloads against the feature spec; returns the good records and (index, problem) pairs."""
+    lengths = [len(p) for p in payloads]
+    starts = np.zeros(len(payloads), np.int64)
+    if payloads:
+        np.cumsum(lengths[:-1], out=starts[1:])
+    return decode_raw(RawBatch(list(indices), b"".join(payloads), starts.tolist(), lengths), shape)
+
+
+def decode_raw(raw: RawBatch, shape: RecordShape) -> tuple[Batch, list[tuple[int, str]]]:
+    """decode_batch on payloads that are ranges of one buffer (as ShardStream.raw_batches gives them)."""
     spec = feature_spec(shape.max_seq_length, shape.max_predictions)
-    n = len(payloads)
-    lengths = np.fromiter((len(p) for p in payloads), np.int64, n)
-    rec_start = np.zeros(n, np.int64)
-    np.cumsum(lengths[:-1], out=rec_start[1:])
-    buf = np.frombuffer(b"".join(payloads), np.uint8)
+    indices = raw.indices
+    n = len(indices)
+    lengths = np.asarray(raw.lengths, np.int64)
+    rec_start = np.asarray(raw.starts, np.int64)
+    buf = np.frombuffer(raw.data, np.uint8)
     bad = np.zeros(n, bool)
     rec_ids = np.arange(n)
 
@@ -446,14 +505,15 @@ def decode_batch(payloads: list[bytes], indices: list[int], shape: RecordShape
     name_of = np.full(ne, -1, np.int64)
     key_len = key_e - key_s
     for j, name in enumerate(FEATURE_NAMES):
-        raw = np.frombuffer(name.encode(), np.uint8)
-        cand = np.nonzero(key_len == len(raw))[0]
+        key = np.frombuffer(name.encode(), np.uint8)
+        cand = np.nonzero(key_len == len(key))[0]
         if len(cand):
-            got = buf[np.minimum(key_s[cand, None] + np.arange(len(raw)), max(len(buf) - 1, 0))]
-            name_of[cand[(got == raw).all(axis=1)]] = j
+            got = buf[np.minimum(key_s[cand, None] + np.arange(len(key)), max(len(buf) - 1, 0))]
+            name_of[cand[(got == key).all(axis=1)]] = j
     bad[ent_rec[name_of < 0]] = True
-    per_name = np.zeros((n, len(FEATURE_NAMES)), np.int64)
-    np.add.at(per_name, (ent_rec[name_of >= 0], name_of[name_of >= 0]), 1)
+    known = name_of >= 0
+    per_name = np.bincount(ent_rec[known] * len(FEATURE_NAMES) + name_of[known],
+                           minlength=n * len(FEATURE_NAMES)).reshape(n, len(FEATURE_NAMES))
     bad |= (per_name != 1).any(axis=1)
 
     features: dict[str, np.ndarray] = {}
@@ -490,7 +550,7 @@ def decode_batch(payloads: list[bytes], indices: list[int], shape: RecordShape
     keep = ~bad
     for i in np.nonzero(bad)[0]:
         try:
-            feats = _decode_one(payloads[i], spec)
+            feats = _decode_one(raw.data[raw.starts[i]:raw.starts[i] + raw.lengths[i]], spec)
         except RecordError as e:
             problems.append((indices[i], str(e)))
             continue
@@ -682,10 +742,10 @@ def verify_shard(task: ShardTask) -> ShardResult:
         return res
     stream = ShardStream(ref.path, ref.name)
     try:
-        for indices, payloads in stream.batches():
+        for raw in stream.raw_batches():
             if not task.check_records:
                 continue
-            batch, problems = decode_batch(payloads, indices, task.shape)
+            batch, problems = decode_raw(raw, task.shape)
             checked, total = check_batch(batch, task.shape, limit=task.max_problems)
             for index, message in sorted(problems + checked):
                 _add(res, index, message, task.max_problems)
@@ -850,7 +910,7 @@ def verify(ds: Dataset, *, workers: int | None = None, check_records: bool = Tru
 
 def read_records(ref: ShardRef, shape: RecordShape, start: int, count: int) -> tuple[Batch, list[str]]:
     """Records [start, start+count) of a shard, decoded; problems met on the way as strings."""
-    stream = ShardStream(ref.path, ref.name, batch_records=max(1, min(BATCH_RECORDS, count)))
+    stream = ShardStream(ref.path, ref.name, chunk_bytes=1 << 20)
     got_idx: list[int] = []
     got: list[bytes] = []
     for indices, payloads in stream.batches():
@@ -1041,8 +1101,8 @@ class StatsTask:
 def stats_shard(task: StatsTask) -> StatsAccum:
     acc = StatsAccum.empty(task.shape)
     stream = ShardStream(task.ref.path, task.ref.name)
-    for indices, payloads in stream.batches():
-        batch, problems = decode_batch(payloads, indices, task.shape)
+    for raw in stream.raw_batches():
+        batch, problems = decode_raw(raw, task.shape)
         acc.unreadable += len(problems)
         acc.problems += [f"{task.ref.name}: record {i}: {m}" for i, m in problems][:MAX_PROBLEMS_PER_SHARD]
         acc.add_batch(batch, task.shape)
