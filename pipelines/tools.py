@@ -389,9 +389,12 @@ def _single(fields: _Fields, n_owners: int, number: int, wire: int, bad: np.ndar
 
 
 def _gather_ranges(buf: np.ndarray, start: np.ndarray, end: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The bytes of every range, concatenated, and each range's offset in the result."""
     lengths = end - start
     offsets = np.zeros(len(lengths) + 1, np.int64)
     np.cumsum(lengths, out=offsets[1:])
+    if len(lengths) and (lengths == lengths[0]).all():  # common: a 2-D gather, no repeat needed
+        return buf[start[:, None] + np.arange(lengths[0])].ravel(), offsets
     total = int(offsets[-1])
     idx = np.repeat(start - offsets[:-1], lengths) + np.arange(total)
     return buf[idx], offsets
@@ -401,11 +404,12 @@ def _decode_packed_varints(data: np.ndarray, offsets: np.ndarray, count: int,
                            bad_rows: np.ndarray) -> np.ndarray:
     """Rows of exactly ``count`` packed varints each; rows that do not fit are flagged in bad_rows."""
     n = len(offsets) - 1
-    out = np.zeros((n, count), np.int64)
     if n == 0:
-        return out
+        return np.zeros((0, count), np.int64)
     term = data < 0x80
     lengths = np.diff(offsets)
+    if len(data) == n * count and term.all():  # one byte per value everywhere: nothing to split
+        return data.astype(np.int64).reshape(n, count)
     nonempty = lengths > 0
     ends_ok = np.zeros(n, bool)
     ends_ok[nonempty] = term[offsets[1:][nonempty] - 1]
@@ -413,6 +417,7 @@ def _decode_packed_varints(data: np.ndarray, offsets: np.ndarray, count: int,
     per_row = term_cum[offsets[1:]] - term_cum[offsets[:-1]]
     row_ok = ends_ok & (per_row == count)
     bad_rows |= ~row_ok
+    out = np.zeros((n, count), np.int64)
     if not row_ok.any():
         return out
     # Keep only the bytes of well-formed rows, so values line up as rows x count.
@@ -440,7 +445,10 @@ def _decode_packed_varints(data: np.ndarray, offsets: np.ndarray, count: int,
             k += 1
         values = acc.view(np.int64)
     rows_values = values.reshape(-1, count)
-    out[row_ok] = rows_values
+    if row_ok.all():
+        out = rows_values
+    else:
+        out[row_ok] = rows_values
     long_rows = too_long.reshape(-1, count).any(axis=1)
     if long_rows.any():
         idx = np.nonzero(row_ok)[0][long_rows]
@@ -538,12 +546,15 @@ def decode_raw(raw: RawBatch, shape: RecordShape) -> tuple[Batch, list[tuple[int
                 idx = d_s[:, None] + np.arange(4 * count)
                 values[recs] = buf[idx].copy().view("<f4").reshape(len(recs), count)
         else:
-            values = np.zeros((n, count), np.int64)
             data, offsets = _gather_ranges(buf, d_s, d_e)
             bad_rows = np.zeros(len(recs), bool)
             decoded = _decode_packed_varints(data, offsets, count, bad_rows)
             bad[recs[bad_rows]] = True
-            values[recs] = decoded
+            if len(recs) == n:  # every record so far is regular: rows are already in order
+                values = decoded
+            else:
+                values = np.zeros((n, count), np.int64)
+                values[recs] = decoded
         features[name] = values
 
     problems: list[tuple[int, str]] = []
@@ -557,6 +568,8 @@ def decode_raw(raw: RawBatch, shape: RecordShape) -> tuple[Batch, list[tuple[int
         keep[i] = True
         for name, v in feats.items():
             features[name][i] = v
+    if keep.all():
+        return Batch(np.asarray(indices, np.int64), features), problems
     index = np.asarray(indices, np.int64)[keep]
     return Batch(index, {k: v[keep] for k, v in features.items()}), problems
 
