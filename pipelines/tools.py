@@ -888,7 +888,7 @@ def _totals_problems(ds: Dataset, shards: list[ShardResult]) -> list[str]:
                             f"mask {masked} tokens")
     if "notnext_fraction" in totals and records:
         share = sum(s.notnext for s in shards) / records
-        if abs(float(totals["notnext_fraction"]) - share) > 1e-4:
+        if abs(float(totals["notnext_fraction"]) - share) > 1e-6:
             problems.append(f"{src}: totals.notnext_fraction is {totals['notnext_fraction']} but the "
                             f"records' NotNext share is {share:.6f}")
     return problems
