@@ -72,7 +72,7 @@ def test_model_map_matches_expected_original_layout():
 
 def test_round_trip_through_tf1_is_bitwise(model_and_weights, tmp_path, vocab_file):
     model, arrays = model_and_weights
-    out = convert.export_tf1(tmp_path / "tf1", convert.model_tf1_arrays(model), CONFIG.to_dict(), vocab_file)
+    out = convert.export_tf1(tmp_path / "tf1", convert.model_tf1_arrays(model), CONFIG.to_dict(), vocab_file.read_bytes())
     fresh = build_model(BertConfig.from_dict(convert.init_checkpoint_config(out / "bert_model.ckpt")), seed=3)
     report = convert.load_init_checkpoint(fresh, out / "bert_model.ckpt")
     assert report.format == "tf1" and report.loaded == len(arrays)
@@ -81,7 +81,7 @@ def test_round_trip_through_tf1_is_bitwise(model_and_weights, tmp_path, vocab_fi
 
 def test_round_trip_through_hf_is_bitwise(model_and_weights, tmp_path, vocab_file):
     model, arrays = model_and_weights
-    out = convert.export_hf(tmp_path / "hf", convert.model_tf1_arrays(model), CONFIG.to_dict(), vocab_file)
+    out = convert.export_hf(tmp_path / "hf", convert.model_tf1_arrays(model), CONFIG.to_dict(), vocab_file.read_bytes())
     fresh = build_model(BertConfig.from_dict(convert.init_checkpoint_config(out)), seed=4)
     report = convert.load_init_checkpoint(fresh, out)
     assert report.format == "hf" and report.loaded == len(arrays)
@@ -95,7 +95,7 @@ def test_logits_match_transformers_bert_for_pretraining(model_and_weights, tmp_p
     model, _ = model_and_weights
     inputs = batch()
     mlm, nsp = our_logits(model, inputs)
-    out = convert.export_hf(tmp_path / "hf", convert.model_tf1_arrays(model), CONFIG.to_dict(), vocab_file)
+    out = convert.export_hf(tmp_path / "hf", convert.model_tf1_arrays(model), CONFIG.to_dict(), vocab_file.read_bytes())
 
     for attention in ("eager", "sdpa"):
         hf = transformers.BertForPreTraining.from_pretrained(str(out), attn_implementation=attention).eval()

@@ -119,9 +119,9 @@ def test_missing_and_misshaped_variables_are_all_listed(tmp_path):
 
 
 def test_no_checkpoint_is_a_clear_error(tmp_path):
-    with pytest.raises(FileNotFoundError, match="no TF checkpoint"):
+    with pytest.raises(convert.CheckpointFormatError, match="no TF checkpoint"):
         convert.read_tf1_checkpoint(tmp_path / "nothing.ckpt", convert.expected_tf1_shapes(TINY))
-    with pytest.raises(FileNotFoundError, match=r"no \*\.index"):
+    with pytest.raises(convert.CheckpointFormatError, match=r"no \*\.index"):
         convert.read_checkpoint_arrays(tmp_path, convert.expected_tf1_shapes(TINY))
 
 
@@ -130,7 +130,7 @@ def test_hf_export_loads_in_transformers_and_round_trips(tmp_path, vocab_file, m
     torch = pytest.importorskip("torch")
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     arrays = random_arrays(TINY, seed=2)
-    out = convert.export_hf(tmp_path / "hf", arrays, TINY, vocab_file, do_lower_case=True)
+    out = convert.export_hf(tmp_path / "hf", arrays, TINY, vocab_file.read_bytes(), do_lower_case=True)
 
     model, info = transformers.BertForPreTraining.from_pretrained(str(out), output_loading_info=True)
     assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"]
@@ -201,7 +201,7 @@ def test_hf_missing_and_misshaped_use_hf_names(tmp_path):
 
 def test_tf1_export_directory_like_googles_release(tmp_path, vocab_file):
     arrays = random_arrays(TINY, seed=4)
-    out = convert.export_tf1(tmp_path / "tf1", arrays, TINY, vocab_file)
+    out = convert.export_tf1(tmp_path / "tf1", arrays, TINY, vocab_file.read_bytes())
     assert sorted(p.name for p in out.iterdir()) == [
         "bert_config.json", "bert_model.ckpt.data-00000-of-00001", "bert_model.ckpt.index", "checkpoint",
         "vocab.txt"]
@@ -209,8 +209,8 @@ def test_tf1_export_directory_like_googles_release(tmp_path, vocab_file):
     assert convert.init_checkpoint_config(out / "bert_model.ckpt") == TINY
     back, _ = convert.read_checkpoint_arrays(out / "bert_model.ckpt", convert.expected_tf1_shapes(TINY))
     assert_bitwise_equal(arrays, back)
-    with pytest.raises(FileExistsError, match="not empty"):
-        convert.export_tf1(out, arrays, TINY, vocab_file)
+    with pytest.raises(convert.CheckpointFormatError, match="not empty"):
+        convert.export_tf1(out, arrays, TINY, vocab_file.read_bytes())
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".tmp-")]
 
 

@@ -20,6 +20,8 @@ from pathlib import Path
 
 import numpy as np
 
+from trainer.config import ConfigError
+
 # --- expected TF1 layout -------------------------------------------------------------------------
 
 _DENSE_IN_LAYER = (
@@ -89,7 +91,11 @@ def is_non_weight(name: str) -> bool:
 # --- checking a set of named arrays against what is expected --------------------------------------
 
 
-class CheckpointMismatchError(ValueError):
+class CheckpointFormatError(ConfigError):
+    """A checkpoint, config or output path that cannot be used; the message names the file."""
+
+
+class CheckpointMismatchError(CheckpointFormatError):
     """A checkpoint lacks weights the model needs, or holds them in the wrong shape."""
 
 
@@ -151,14 +157,14 @@ def resolve_tf1_prefix(path: str | os.PathLike) -> str:
         if len(indexes) == 1:
             return os.path.join(path, indexes[0])
         if not indexes:
-            raise FileNotFoundError(f"{path}: directory holds no TF checkpoint (no *.index file)")
-        raise ValueError(f"{path}: directory holds several checkpoints ({', '.join(indexes)}); "
+            raise CheckpointFormatError(f"{path}: directory holds no TF checkpoint (no *.index file)")
+        raise CheckpointFormatError(f"{path}: directory holds several checkpoints ({', '.join(indexes)}); "
                          "pass the prefix, e.g. DIR/bert_model.ckpt")
     if os.path.exists(path + ".index"):
         return path
     if path.endswith(".index") and os.path.exists(path):
         return path[: -len(".index")]
-    raise FileNotFoundError(f"{path}: no TF checkpoint here (expected {path}.index and its data files)")
+    raise CheckpointFormatError(f"{path}: no TF checkpoint here (expected {path}.index and its data files)")
 
 
 def read_tf1_checkpoint(path: str | os.PathLike,
@@ -174,7 +180,7 @@ def read_tf1_checkpoint(path: str | os.PathLike,
     try:
         reader = tf.train.load_checkpoint(prefix)
     except Exception as e:  # TF raises several types for corrupt or truncated files
-        raise ValueError(f"{prefix}: cannot read TF checkpoint: {e}") from e
+        raise CheckpointFormatError(f"{prefix}: cannot read TF checkpoint: {e}") from e
     shapes = reader.get_variable_to_shape_map()
     check_arrays(shapes, expected, prefix)
     report = LoadReport(source=prefix, format="tf1")
@@ -190,7 +196,7 @@ def read_tf1_checkpoint(path: str | os.PathLike,
 def _as_float32(value: np.ndarray, name: str, source: str) -> np.ndarray:
     array = np.asarray(value)
     if not np.issubdtype(array.dtype, np.floating):
-        raise ValueError(f"{source}: {name} has dtype {array.dtype}, expected a floating-point weight")
+        raise CheckpointFormatError(f"{source}: {name} has dtype {array.dtype}, expected a floating-point weight")
     return np.array(array, dtype=np.float32, order="C")  # a copy: never a view of a mapped file
 
 
@@ -306,7 +312,7 @@ def hf_config_from_bert_config(bert_config: Mapping, pad_token_id: int = 0) -> d
     """`config.json` for `BertForPreTraining` from an original `bert_config.json` dict."""
     act = bert_config.get("hidden_act", "gelu")
     if act != "gelu":
-        raise ValueError(f"hidden_act {act!r}: only the original (tanh) gelu is supported")
+        raise CheckpointFormatError(f"hidden_act {act!r}: only the original (tanh) gelu is supported")
     config = {k: bert_config[k] for k in _BERT_CONFIG_KEYS if k in bert_config}
     config.update({
         "architectures": ["BertForPreTraining"],
@@ -347,7 +353,7 @@ def bert_config_from_hf_config(hf_config: Mapping, source: str) -> dict:
     if missing:
         problems.append(f"missing keys {missing}")
     if problems:
-        raise ValueError(f"{source}: not a BERT config this model can load: " + "; ".join(problems))
+        raise CheckpointFormatError(f"{source}: not a BERT config this model can load: " + "; ".join(problems))
     config = {k: hf_config[k] for k in _BERT_CONFIG_KEYS if k != "hidden_act"}
     config["hidden_act"] = "gelu"
     return dict(sorted(config.items()))
@@ -370,7 +376,7 @@ def read_hf_config(directory: str | os.PathLike) -> dict:
     try:
         return json.loads(path.read_text())
     except (OSError, json.JSONDecodeError) as e:
-        raise ValueError(f"{path}: cannot read Hugging Face config: {e}") from e
+        raise CheckpointFormatError(f"{path}: cannot read Hugging Face config: {e}") from e
 
 
 def read_hf_state(directory: str | os.PathLike) -> dict[str, np.ndarray]:
@@ -382,7 +388,7 @@ def read_hf_state(directory: str | os.PathLike) -> dict[str, np.ndarray]:
         index = json.loads((directory / HF_INDEX).read_text())
         files = [directory / name for name in sorted(set(index["weight_map"].values()))]
     else:
-        raise ValueError(f"{directory}: only safetensors weights are supported (found pytorch_model.bin; "
+        raise CheckpointFormatError(f"{directory}: only safetensors weights are supported (found pytorch_model.bin; "
                          "re-save it with `save_pretrained(..., safe_serialization=True)`)")
     state = {}
     for file in files:
@@ -420,17 +426,35 @@ def read_safetensors(path: str | os.PathLike) -> dict[str, np.ndarray]:
             state[key] = array.reshape(info["shape"])
         return state
     except (OSError, ValueError, KeyError, TypeError) as e:
-        raise ValueError(f"{path}: cannot read safetensors: {e}") from e
+        raise CheckpointFormatError(f"{path}: cannot read safetensors: {e}") from e
 
 
-def write_hf_tokenizer(directory: str | os.PathLike, vocab_path: str | os.PathLike,
-                       do_lower_case: bool, model_max_length: int) -> None:
+_SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
+
+
+def vocab_tokens(vocab: bytes, source: str, vocab_size: int) -> list[str]:
+    """The tokens of a vocab.txt (id = line number), checked against the model's vocab_size."""
+    try:
+        tokens = vocab.decode("utf-8").splitlines()
+    except UnicodeDecodeError as e:
+        raise CheckpointFormatError(f"{source}: vocab is not UTF-8: {e}") from e
+    if len(tokens) > vocab_size:
+        raise CheckpointFormatError(f"{source}: vocab has {len(tokens)} tokens but the model only "
+                                    f"{vocab_size} embeddings")
+    missing = [t for t in _SPECIAL_TOKENS if t not in tokens]
+    if missing:
+        raise CheckpointFormatError(f"{source}: vocab lacks the special tokens {missing}")
+    return tokens
+
+
+def write_hf_tokenizer(directory: str | os.PathLike, vocab: bytes, do_lower_case: bool,
+                       model_max_length: int) -> None:
     """vocab.txt and tokenizer_config.json: what `AutoTokenizer.from_pretrained(DIR)` needs.
 
     With do_lower_case the original also strips accents; `strip_accents: null` means the same there.
     """
     directory = Path(directory)
-    shutil.copyfile(vocab_path, directory / "vocab.txt")
+    (directory / "vocab.txt").write_bytes(vocab)
     config = {
         "tokenizer_class": "BertTokenizer",
         "do_lower_case": bool(do_lower_case),
@@ -443,21 +467,22 @@ def write_hf_tokenizer(directory: str | os.PathLike, vocab_path: str | os.PathLi
     (directory / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n")
 
 
-def pad_token_id(vocab_path: str | os.PathLike) -> int:
-    with open(vocab_path, encoding="utf-8") as f:
-        for i, line in enumerate(f):
-            if line.rstrip("\n") == "[PAD]":
-                return i
-    raise ValueError(f"{vocab_path}: vocabulary has no [PAD] token")
-
-
 # --- whole exports (atomic: written into a temporary sibling, renamed into place last) -------------
+
+_EXPORT_MARKERS = ("bert_config.json", "config.json")
 
 
 def _atomic_dir(out: str | os.PathLike, overwrite: bool) -> tuple[Path, Path]:
     out = Path(out)
-    if out.exists() and any(out.iterdir()) and not overwrite:
-        raise FileExistsError(f"{out}: output directory exists and is not empty (pass --overwrite)")
+    if out.exists() and not out.is_dir():
+        raise CheckpointFormatError(f"{out}: exists and is not a directory")
+    if out.exists() and any(out.iterdir()):
+        if not overwrite:
+            raise CheckpointFormatError(f"{out}: output directory exists and is not empty (pass --overwrite)")
+        # --overwrite replaces an earlier export, never an arbitrary directory.
+        if not any((out / marker).is_file() for marker in _EXPORT_MARKERS):
+            raise CheckpointFormatError(f"{out}: not an earlier export (no bert_config.json or config.json); "
+                                        "refusing to replace it")
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.parent / f".tmp-{uuid.uuid4().hex}-{out.name}"
     tmp.mkdir()
@@ -466,20 +491,26 @@ def _atomic_dir(out: str | os.PathLike, overwrite: bool) -> tuple[Path, Path]:
 
 def _publish(tmp: Path, out: Path) -> None:
     if out.exists():
-        shutil.rmtree(out)
-    os.replace(tmp, out)
+        old = out.parent / f".old-{uuid.uuid4().hex}-{out.name}"
+        os.replace(out, old)
+        os.replace(tmp, out)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.replace(tmp, out)
 
 
 def export_tf1(out: str | os.PathLike, arrays: Mapping[str, np.ndarray], bert_config: Mapping,
-               vocab_path: str | os.PathLike | None, overwrite: bool = False) -> Path:
+               vocab: bytes | None, overwrite: bool = False) -> Path:
     """DIR/bert_model.ckpt.{index,data-*}, DIR/bert_config.json and DIR/vocab.txt, like Google's release."""
     check_arrays(arrays, expected_tf1_shapes(bert_config), "export")
+    if vocab is not None:
+        vocab_tokens(vocab, "export", int(bert_config["vocab_size"]))
     out, tmp = _atomic_dir(out, overwrite)
     try:
         write_tf1_checkpoint(tmp / "bert_model.ckpt", arrays)
         (tmp / "bert_config.json").write_text(json.dumps(dict(bert_config), indent=2, sort_keys=True) + "\n")
-        if vocab_path is not None:
-            shutil.copyfile(vocab_path, tmp / "vocab.txt")
+        if vocab is not None:
+            (tmp / "vocab.txt").write_bytes(vocab)
         _publish(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -488,8 +519,7 @@ def export_tf1(out: str | os.PathLike, arrays: Mapping[str, np.ndarray], bert_co
 
 
 def export_hf(out: str | os.PathLike, arrays: Mapping[str, np.ndarray], bert_config: Mapping,
-              vocab_path: str | os.PathLike | None, do_lower_case: bool = True,
-              overwrite: bool = False) -> Path:
+              vocab: bytes | None, do_lower_case: bool = True, overwrite: bool = False) -> Path:
     """config.json, model.safetensors (BertForPreTraining names) and tokenizer files.
 
     Tied copies are left out, as `save_pretrained` does: transformers re-ties the MLM decoder to the
@@ -498,14 +528,16 @@ def export_hf(out: str | os.PathLike, arrays: Mapping[str, np.ndarray], bert_con
     from safetensors.numpy import save_file
 
     check_arrays(arrays, expected_tf1_shapes(bert_config), "export")
-    pad_id = pad_token_id(vocab_path) if vocab_path is not None else 0
+    pad_id = 0
+    if vocab is not None:
+        pad_id = vocab_tokens(vocab, "export", int(bert_config["vocab_size"])).index("[PAD]")
     out, tmp = _atomic_dir(out, overwrite)
     try:
         config = hf_config_from_bert_config(bert_config, pad_token_id=pad_id)
         (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
         save_file(tf1_to_hf(arrays), str(tmp / HF_WEIGHTS), metadata={"format": "pt"})
-        if vocab_path is not None:
-            write_hf_tokenizer(tmp, vocab_path, do_lower_case, int(bert_config["max_position_embeddings"]))
+        if vocab is not None:
+            write_hf_tokenizer(tmp, vocab, do_lower_case, int(bert_config["max_position_embeddings"]))
         _publish(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -541,19 +573,15 @@ def init_checkpoint_config(path: str | os.PathLike, bert_config_path: str | os.P
         return given
     beside = Path(resolve_tf1_prefix(path)).parent / "bert_config.json"
     if not beside.is_file():
-        raise FileNotFoundError(f"{path}: no --bert-config given and no bert_config.json beside the checkpoint")
+        raise CheckpointFormatError(f"{path}: no --bert-config given and no bert_config.json beside the checkpoint")
     return _read_bert_config(beside)
 
 
 def _read_bert_config(path: str | os.PathLike) -> dict:
-    try:
-        config = json.loads(Path(path).read_text())
-    except (OSError, json.JSONDecodeError) as e:
-        raise ValueError(f"{path}: cannot read bert_config.json: {e}") from e
-    missing = [k for k in _BERT_CONFIG_KEYS if k not in config]
-    if missing:
-        raise ValueError(f"{path}: bert_config.json lacks {missing}")
-    return config
+    """A bert_config.json with the original defaults filled in (only vocab_size is required)."""
+    from trainer.config import BertConfig
+
+    return BertConfig.from_json_file(path).to_dict()
 
 
 def _check_same_shape(a: Mapping, b: Mapping, name_a: str, name_b: str) -> None:
@@ -561,7 +589,7 @@ def _check_same_shape(a: Mapping, b: Mapping, name_a: str, name_b: str) -> None:
             "num_hidden_layers", "type_vocab_size", "vocab_size")
     diff = [f"{k}: {a.get(k)} vs {b.get(k)}" for k in keys if a.get(k) != b.get(k)]
     if diff:
-        raise ValueError(f"{name_a} and {name_b} describe different models: " + "; ".join(diff))
+        raise CheckpointFormatError(f"{name_a} and {name_b} describe different models: " + "; ".join(diff))
 
 
 def read_checkpoint_arrays(path: str | os.PathLike,
@@ -609,3 +637,55 @@ def load_init_checkpoint(model, path: str | os.PathLike) -> LoadReport:
     arrays, report = read_checkpoint_arrays(path, expected)
     assign_tf1_arrays(model, arrays, report.source)
     return report
+
+
+def restore_external_model(path: str | os.PathLike, bert_config_path: str | os.PathLike | None = None,
+                           dtype: str | None = None):
+    """A model built from a TF1 checkpoint's bert_config (or a Hugging Face config) with its weights.
+
+    Returns (model, BertConfig, LoadReport).
+    """
+    from trainer.config import BertConfig
+    from trainer.model import build_model
+
+    bert = BertConfig.from_dict(init_checkpoint_config(path, bert_config_path))
+    model = build_model(bert, seed=0, dtype=dtype)
+    return model, bert, load_init_checkpoint(model, path)
+
+
+def evaluate_external(path: str | os.PathLike, data: str, bert_config_path: str | os.PathLike | None = None,
+                      batch_size: int = 32, max_batches: int | None = None, split: str = "eval",
+                      max_seq_length: int | None = None,
+                      max_predictions_per_seq: int | None = None) -> dict[str, float]:
+    """`bert-train eval --init-checkpoint`: MLM/NSP figures of a TF1 checkpoint or Hugging Face dir."""
+    import tensorflow as tf
+
+    from trainer.data import DataError, check_fits, open_dataset
+    from trainer.objective import batch_sums
+    from trainer.train import evaluate_model
+
+    info = open_dataset(data, max_seq_length, max_predictions_per_seq)
+    model, bert, report = restore_external_model(path, bert_config_path)
+    check_fits(info, bert)
+    files = info.eval_files if split == "eval" else info.train_files
+    if not files:
+        raise DataError(f"{data}: the {split} split has no shards")
+
+    @tf.function
+    def eval_step(batch):
+        return batch_sums(model(batch, training=False), batch)
+
+    result = evaluate_model(eval_step, tf.distribute.get_strategy(), info, batch_size, max_batches, files)
+    result["checkpoint"] = report.source
+    result["step"] = _checkpoint_step(report)
+    result["load_report"] = report.summary()
+    return result
+
+
+def _checkpoint_step(report: LoadReport) -> int | None:
+    """`global_step` of a TF1 training checkpoint when it has one (released checkpoints may not)."""
+    if report.format != "tf1" or "global_step" not in report.ignored:
+        return None
+    import tensorflow as tf
+
+    return int(tf.train.load_checkpoint(report.source).get_tensor("global_step"))
