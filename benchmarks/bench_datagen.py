@@ -1,0 +1,193 @@
+"""`bert-datagen run` on real Wikipedia text: speed, memory, and the ratio to a tokenize-once floor.
+
+Corpus: ../shared/corpora/enwiki_extract_2015 (WikiExtractor format), max_seq_length 128,
+dupe_factor 10. Each run is a separate `bert-datagen run` process; peak RSS is the largest sum of
+RSS over that process and all its children (Beam's worker processes), sampled every 0.1 s.
+
+The floor: tokenizing the same text once with plain `tokenizers` (BertNormalizer +
+BertPreTokenizer + WordPiece on the same vocab) on one thread, in its own process.
+
+Run: `python -m benchmarks.bench_datagen [--workers 1,2] [--dupe-factor 10] [--profile]`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import psutil
+
+REPO = Path(__file__).resolve().parent.parent
+CORPUS = REPO.parent / "shared" / "corpora" / "enwiki_extract_2015"
+SPECIAL = ["[PAD]", *[f"[unused{i}]" for i in range(99)], "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+
+
+def corpus_files() -> list[Path]:
+    files = sorted(CORPUS.glob("wiki_[0-9][0-9]"))
+    if not files:
+        raise SystemExit(f"bench_datagen: corpus not found at {CORPUS}")
+    return files
+
+
+def train_vocab(files: list[Path], out: Path, size: int = 30522) -> Path:
+    """A WordPiece vocab of the corpus: the project's trainer when present, else `tokenizers` directly."""
+    try:
+        from vocab import train as vocab_train  # type: ignore[attr-defined]
+
+        trainer = getattr(vocab_train, "train_vocab", None)
+    except ImportError:
+        trainer = None
+    if trainer is not None:
+        try:
+            trainer([str(f) for f in files], str(out), vocab_size=size)
+            if out.is_file():
+                return out
+        except TypeError:
+            pass  # another signature: fall back to tokenizers below
+    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+    tok.normalizer = normalizers.BertNormalizer(lowercase=True)
+    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    trainer_obj = trainers.WordPieceTrainer(vocab_size=size, special_tokens=SPECIAL, min_frequency=2)
+    tok.train([str(f) for f in files], trainer_obj)
+    vocab = tok.get_vocab()
+    out.write_text("\n".join(sorted(vocab, key=vocab.get)) + "\n", encoding="utf-8")
+    return out
+
+
+FLOOR_SCRIPT = r"""
+import json, sys, time
+from tokenizers import Tokenizer, models, normalizers, pre_tokenizers
+vocab_path, files = sys.argv[1], sys.argv[2:]
+tokens = open(vocab_path, encoding="utf-8").read().split("\n")
+vocab = {t: i for i, t in enumerate(t for t in tokens if t)}
+tok = Tokenizer(models.WordPiece(vocab, unk_token="[UNK]", max_input_chars_per_word=200))
+tok.normalizer = normalizers.BertNormalizer(lowercase=True)
+tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+lines = []
+for f in files:
+    lines.extend(l for l in open(f, encoding="utf-8").read().split("\n") if l.strip())
+start = time.perf_counter()
+n = 0
+for i in range(0, len(lines), 1000):
+    n += sum(len(e.ids) for e in tok.encode_batch(lines[i:i + 1000], add_special_tokens=False))
+print(json.dumps({"seconds": time.perf_counter() - start, "tokens": n}))
+"""
+
+
+def tokenize_floor(vocab: Path, files: list[Path]) -> dict:
+    env = {**os.environ, "RAYON_RS_NUM_CPUS": "1", "RAYON_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    done = subprocess.run([sys.executable, "-c", FLOOR_SCRIPT, str(vocab), *map(str, files)],
+                          capture_output=True, text=True, env=env, check=True)
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def tree_rss(proc: psutil.Process) -> int:
+    total = 0
+    try:
+        procs = [proc, *proc.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return 0
+    for p in procs:
+        try:
+            total += p.memory_info().rss
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            pass
+    return total
+
+
+def run_datagen(vocab: Path, out: Path, workers: int, dupe_factor: int, profile: Path | None = None) -> dict:
+    cmd = [sys.executable]
+    if profile is not None:
+        cmd += ["-m", "cProfile", "-o", str(profile)]
+    cmd += ["-m", "pipelines.cli", "run", "--input", str(CORPUS / "wiki_[0-9][0-9]"), "--vocab", str(vocab),
+            "--output", str(out), "--input-format", "wikiextractor", "--max-seq-length", "128",
+            "--max-predictions-per-seq", "20", "--dupe-factor", str(dupe_factor), "--overwrite", "--quiet"]
+    if profile is None:  # the profiled run stays in one process (in-memory DirectRunner) so cProfile sees it
+        cmd += [f"--direct_num_workers={workers}", "--direct_running_mode=multi_processing"]
+    start = time.perf_counter()
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
+    ps = psutil.Process(proc.pid)
+    peak = 0
+    while proc.poll() is None:
+        peak = max(peak, tree_rss(ps))
+        time.sleep(0.1)
+    wall = time.perf_counter() - start
+    _, err = proc.communicate()
+    if proc.returncode != 0:
+        raise RuntimeError(f"bert-datagen run failed ({proc.returncode}):\n{err[-4000:]}")
+    manifest = json.loads((out / "manifest.json").read_text())
+    return {"wall_s": wall, "peak_rss_mb": peak / 2**20, "manifest": manifest}
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--workers", default="1,2")
+    parser.add_argument("--dupe-factor", type=int, default=10)
+    parser.add_argument("--profile", action="store_true", help="also profile an in-memory run (cProfile)")
+    args = parser.parse_args(argv if argv is not None else [])
+    files = corpus_files()
+    input_mb = sum(f.stat().st_size for f in files) / 1e6
+    results: dict = {"input_mb": round(input_mb, 3), "dupe_factor": args.dupe_factor, "runs": {}}
+    with tempfile.TemporaryDirectory(prefix="bench-datagen-") as tmp:
+        tmp_path = Path(tmp)
+        t0 = time.perf_counter()
+        vocab = train_vocab(files, tmp_path / "vocab.txt")
+        results["vocab_train_s"] = round(time.perf_counter() - t0, 2)
+        floor = tokenize_floor(vocab, files)
+        results["floor_s"] = round(floor["seconds"], 3)
+        results["floor_tokens"] = floor["tokens"]
+        for workers in [int(w) for w in args.workers.split(",")]:
+            run = run_datagen(vocab, tmp_path / f"out{workers}", workers, args.dupe_factor)
+            totals = run["manifest"]["totals"]
+            results["runs"][workers] = {
+                "wall_s": round(run["wall_s"], 2),
+                "documents": totals["documents"],
+                "tokens": totals["tokens"],
+                "instances": totals["instances"],
+                "mb_per_s": round(input_mb / run["wall_s"], 3),
+                "instances_per_s": round(totals["instances"] / run["wall_s"], 1),
+                "peak_rss_mb": round(run["peak_rss_mb"], 1),
+                "ratio_to_floor": round(run["wall_s"] / floor["seconds"], 2),
+                "shards_sha256": [s["sha256"] for s in run["manifest"]["splits"]["train"]["shards"]],
+            }
+        if args.profile:
+            prof = tmp_path / "datagen.prof"
+            run_datagen(vocab, tmp_path / "outprof", 1, args.dupe_factor, profile=prof)
+            import pstats
+
+            stats = pstats.Stats(str(prof))
+            stats.sort_stats("cumulative").print_stats(25)
+    runs = results["runs"]
+    if 1 in runs and 2 in runs:
+        results["speedup_2_vs_1"] = round(runs[1]["wall_s"] / runs[2]["wall_s"], 2)
+        results["identical_shards_1_vs_2"] = runs[1]["shards_sha256"] == runs[2]["shards_sha256"]
+    for run in runs.values():
+        run.pop("shards_sha256")
+    print_table(results)
+    return results
+
+
+def print_table(results: dict) -> None:
+    print(f"input {results['input_mb']:.2f} MB, dupe_factor {results['dupe_factor']}, "
+          f"floor (tokenizers, 1 thread, tokenize once) {results['floor_s']:.2f} s "
+          f"for {results['floor_tokens']:,} tokens")
+    header = ("workers", "documents", "tokens", "instances", "wall s", "MB/s", "inst/s", "peak RSS MB", "x floor")
+    print(" | ".join(header))
+    for workers, r in sorted(results["runs"].items()):
+        print(" | ".join(str(x) for x in (workers, r["documents"], r["tokens"], r["instances"], r["wall_s"],
+                                         r["mb_per_s"], r["instances_per_s"], r["peak_rss_mb"], r["ratio_to_floor"])))
+    if "speedup_2_vs_1" in results:
+        print(f"2 workers vs 1: {results['speedup_2_vs_1']}x faster; identical shards: "
+              f"{results['identical_shards_1_vs_2']}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
