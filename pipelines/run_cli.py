@@ -21,6 +21,19 @@ def parse_mask_ratios(text: str) -> tuple[float, float, float]:
     return values  # type: ignore[return-value]
 
 
+def stray_arguments(args: list[str]) -> list[str]:
+    """Words that are neither a Beam option (``--name=value``, ``--name value``, ``--flag``) nor its value."""
+    stray, may_take_value = [], False
+    for arg in args:
+        if arg.startswith("--"):
+            may_take_value = "=" not in arg
+        elif may_take_value:
+            may_take_value = False
+        else:
+            stray.append(arg)
+    return stray
+
+
 def summary_table(manifest: dict, wall_seconds: float) -> str:
     totals = manifest["totals"]
     rows = [
@@ -96,7 +109,7 @@ def run_command(ctx: click.Context, inputs: tuple[str, ...], vocab_path: str, ou
                 dask_scheduler: str | None, dask_workers: int, quiet: bool) -> None:
     """Generate BERT pre-training data (MLM + NSP TFRecords, manifest.json) from raw documents."""
     beam_args = list(ctx.args)
-    bad = [a for a in beam_args if not a.startswith("--")]
+    bad = stray_arguments(beam_args)
     if bad:
         raise click.UsageError(f"unexpected argument(s) {' '.join(bad)}; Beam options look like --name=value")
     try:

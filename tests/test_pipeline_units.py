@@ -234,3 +234,11 @@ def test_every_dofn_round_trips_through_beam_pickler_and_cloudpickle(tmp_path) -
     for fn in visitor.fns:
         assert type(pickler.loads(pickler.dumps(fn))) is type(fn)
         assert type(cloudpickle.loads(cloudpickle.dumps(fn))) is type(fn)
+
+
+def test_beam_options_with_values_pass_and_stray_words_do_not() -> None:
+    from pipelines.run_cli import stray_arguments
+
+    assert stray_arguments(["--project", "p", "--region=r", "--streaming", "--temp_location", "gs://t"]) == []
+    assert stray_arguments(["--region=r", "oops"]) == ["oops"]
+    assert stray_arguments(["oops", "--x"]) == ["oops"]
