@@ -134,6 +134,11 @@ def run_command(ctx: click.Context, inputs: tuple[str, ...], vocab_path: str, ou
         )
     except ConfigError as e:
         raise click.UsageError(str(e)) from e
+    from datagen.sentences import available_splitters
+
+    if sentence_splitter not in available_splitters():
+        raise click.UsageError(f"--sentence-splitter {sentence_splitter!r} is not one of "
+                               f"{', '.join(available_splitters())}")
 
     from pipelines.run import DatagenError, generate_dataset
     from pipelines.runners import RunnerError

@@ -252,6 +252,8 @@ def test_vocab_without_mask_is_an_error(corpus, tmp_path) -> None:
         ("--masked-lm-prob", "1.5", "--masked-lm-prob 1.5 must be in (0, 1]"),
         ("--max-predictions-per-seq", "0", "--max-predictions-per-seq 0 must be >= 1"),
         ("--mask-ratios", "0.5,0.5", "expected three numbers"),
+        ("--sentence-splitter", "nope", "--sentence-splitter 'nope' is not one of"),
+        ("--num-shards", "0", "--num-shards 0 must be >= 1"),
     ],
 )
 def test_bad_options_are_usage_errors(corpus, tmp_path, option: str, value: str, message: str) -> None:
