@@ -144,6 +144,8 @@ class TrainConfig:
     # Only for TFRecord globs (a manifest states them).
     max_seq_length: int | None = None
     max_predictions_per_seq: int | None = None
+    vocab_size: int | None = None
+    eval_data: str | None = None  # eval TFRecord glob for --data globs
     shuffle_buffer: int = 10000
     checkpoint_every: int = 1000
     keep_checkpoints: int = 3

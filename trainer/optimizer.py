@@ -19,6 +19,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
+import keras
 import numpy as np
 import tensorflow as tf
 
@@ -75,7 +76,7 @@ class AdamWeightDecay:
 
     def _apply_all(self, strategy, grads, lr, ok) -> None:
         for i, var in enumerate(self.variables):
-            target = getattr(var, "value", var)  # the tf.Variable behind a Keras variable
+            target = var.value if isinstance(var, keras.Variable) else var  # the tf.Variable behind it
             strategy.extended.update(
                 target, self._update_one, args=(grads[i], self.m[i], self.v[i], lr, ok),
                 kwargs={"decay": self.decay[i]}, group=False,

@@ -108,7 +108,8 @@ def make_step_functions(model: BertPretrainer, optimizer: AdamWeightDecay, strat
             loss = sums["mlm_ce"] / (weight_total + MLM_DENOMINATOR_EPSILON) + sums["nsp_ce"] / global_examples
             scaled = loss * scale if scale is not None else loss
         grads = tape.gradient(scaled, [v.value for v in variables])
-        return grads, sums
+        # Embedding lookups give IndexedSlices; dense sums keep accumulation and all-reduce simple.
+        return [tf.convert_to_tensor(g) for g in grads], sums
 
     micro_grads_fn = tf.function(micro_grads, jit_compile=True) if cfg.jit else micro_grads
 
@@ -180,7 +181,7 @@ def _write_atomic(path: Path, text: str) -> None:
 def load_bert_config_for(cfg: TrainConfig, info: DatasetInfo) -> BertConfig:
     if cfg.bert_config is not None:
         return BertConfig.from_dict(cfg.bert_config)
-    vocab_size = info.vocab_size or cfg.extra.get("vocab_size")
+    vocab_size = info.vocab_size or cfg.vocab_size
     if not vocab_size:
         raise ConfigError(f"{info.source}: the vocab size is unknown (no manifest): pass --bert-config "
                           "or --vocab-size")
@@ -229,9 +230,9 @@ class Run:
     def __init__(self, cfg: TrainConfig, log: Callable[[str], None] = print):
         self.cfg, self.log = cfg, log
         self.run_dir = Path(cfg.out)
+        _check_run_config(self.run_dir, cfg)
         enable_determinism(cfg.seed)
-        self.info = open_dataset(cfg.data, cfg.max_seq_length, cfg.max_predictions_per_seq,
-                                 cfg.extra.get("eval_data"))
+        self.info = open_dataset(cfg.data, cfg.max_seq_length, cfg.max_predictions_per_seq, cfg.eval_data)
         self.bert = load_bert_config_for(cfg, self.info)
         check_fits(self.info, self.bert)
         self.strategy = make_strategy(cfg.strategy, cfg.tpu)
@@ -246,10 +247,9 @@ class Run:
             self.loss_scale = DynamicLossScale() if cfg.precision == "mixed_float16" else None
         self.steps = make_step_functions(self.model, self.optimizer, self.strategy, cfg, self.loss_scale)
         self.step = 0
-        dataset = train_dataset(self.info, cfg.batch_size, cfg.seed, cfg.shuffle_buffer)
-        if replicas > 1:
-            dataset = self.strategy.experimental_distribute_dataset(dataset)
-        self.iterator = iter(dataset)
+        # One host pipeline whose iterator state can be checkpointed (a tf.distribute iterator
+        # cannot be); each step's global batch is then cut into per-replica slices.
+        self.iterator = iter(train_dataset(self.info, cfg.batch_size, cfg.seed, cfg.shuffle_buffer))
         self.iterator_ckpt = tf.train.Checkpoint(iterator=self.iterator)
 
     # -- state
@@ -290,9 +290,19 @@ class Run:
 
     def next_batch(self):
         try:
-            return next(self.iterator)
+            batch = next(self.iterator)
         except (tf.errors.DataLossError, tf.errors.InvalidArgumentError) as exc:
             raise self._data_error(exc) from exc
+        replicas = self.strategy.num_replicas_in_sync
+        if replicas == 1:
+            return batch
+        local = self.cfg.batch_size // replicas
+
+        def replica_slice(ctx):
+            start = ctx.replica_id_in_sync_group * local
+            return {name: value[start:start + local] for name, value in batch.items()}
+
+        return self.strategy.experimental_distribute_values_from_function(replica_slice)
 
     def _data_error(self, exc: Exception) -> DataError:
         where = find_bad_record(self.info.train_files, self.info.max_seq_length,
