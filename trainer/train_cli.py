@@ -110,7 +110,8 @@ def eval_command(run, init_checkpoint, bert_config_file, data, split, batch_size
     if as_json:
         click.echo(json.dumps(result, indent=2, sort_keys=True))
         return
-    click.echo(f"checkpoint {result['checkpoint']} (step {result['step']}), {split} split, "
+    step = "" if result.get("step") is None else f" (step {result['step']})"
+    click.echo(f"checkpoint {result['checkpoint']}{step}, {split} split, "
                f"{int(result['examples'])} sequences")
     click.echo(f"  mlm_loss {result['mlm_loss']:.4f}  mlm_accuracy {result['mlm_accuracy']:.4f}")
     click.echo(f"  nsp_loss {result['nsp_loss']:.4f}  nsp_accuracy {result['nsp_accuracy']:.4f}")
