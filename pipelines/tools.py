@@ -45,6 +45,7 @@ CHUNK_BYTES = 4 << 20
 MAX_PROBLEMS_PER_SHARD = 20
 # A length field beyond this is corruption, not a record (BERT records are a few KB).
 MAX_RECORD_BYTES = 1 << 30
+SUSPECT_RECORD_BYTES = 1 << 24
 FEATURE_NAMES = INT_FEATURES + FLOAT_FEATURES
 
 
@@ -193,13 +194,40 @@ def _is_hidden(path: str) -> bool:
 # ---------------------------------------------------------------- streaming a shard
 
 
-_HEAD = struct.Struct("<QI")
-_TAIL = struct.Struct("<I")
+_U64 = struct.Struct("<Q")
+_U32 = struct.Struct("<I")
 
 
 def _mask(crc: int) -> int:
-    """TFRecord's masked CRC32C (see datagen.records.masked_crc32c), on a computed CRC."""
+    """TFRecord's masked CRC32C (datagen.records.masked_crc32c) of a computed CRC."""
     return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
+
+
+def _crc32c_table() -> np.ndarray:
+    table = np.zeros(256, np.uint32)
+    for i in range(256):
+        c = i
+        for _ in range(8):
+            c = (c >> 1) ^ 0x82F63B78 if c & 1 else c >> 1
+        table[i] = c
+    return table
+
+
+_CRC32C_TABLE = _crc32c_table()
+
+
+def _crc32c_rows(rows: np.ndarray) -> np.ndarray:
+    """CRC32C of every row of a uint8 matrix (short rows: the 8-byte length headers)."""
+    crc = np.full(rows.shape[0], 0xFFFFFFFF, np.uint32)
+    for j in range(rows.shape[1]):
+        crc = _CRC32C_TABLE[(crc ^ rows[:, j]) & 0xFF] ^ (crc >> np.uint32(8))
+    return crc ^ np.uint32(0xFFFFFFFF)
+
+
+def _mask_array(crc: np.ndarray) -> np.ndarray:
+    """TFRecord's masked CRC32C (datagen.records.masked_crc32c) of computed CRCs."""
+    c = crc.astype(np.uint64)
+    return (((c >> np.uint64(15)) | (c << np.uint64(17))) + np.uint64(0xA282EAD8)) & np.uint64(0xFFFFFFFF)
 
 
 @dataclass
@@ -238,11 +266,11 @@ class ShardStream:
             yield raw.indices, raw.payloads()
 
     def raw_batches(self) -> Iterator[RawBatch]:
-        """Framed records a chunk at a time, as ranges of one buffer (no copy per record)."""
-        head = _HEAD
-        tail = _TAIL
-        crc = google_crc32c.value
-        check = self.check_crc
+        """Framed records a chunk at a time, as ranges of one buffer (no copy per record).
+
+        The Python loop per record only follows the length and hashes the payload (in C); the
+        length-header CRCs and all comparisons are checked afterwards for the whole chunk with NumPy.
+        """
         framing = True
         buf = b""
         offset = 0  # file offset of buf[0]
@@ -257,40 +285,91 @@ class ShardStream:
                         break
                     continue
                 buf = buf + chunk if buf else chunk
-                size = len(buf)
-                pos = 0
-                indices: list[int] = []
-                starts: list[int] = []
-                lengths: list[int] = []
-                while size - pos >= 12:
-                    length, length_crc = head.unpack_from(buf, pos)
-                    if (check and _mask(crc(buf[pos:pos + 8])) != length_crc) or length > MAX_RECORD_BYTES:
-                        self.problems.append((self.records, f"record {self.records} at byte "
-                                              f"{offset + pos}: corrupt length header (CRC mismatch); "
-                                              "the rest of the shard cannot be framed"))
-                        framing = False
-                        break
-                    end = pos + 12 + length
-                    if size < end + 4:
-                        break
-                    if check and _mask(crc(buf[pos + 12:end])) != tail.unpack_from(buf, end)[0]:
-                        self.problems.append((self.records, f"record {self.records} at byte "
-                                              f"{offset + pos}: payload CRC mismatch"))
-                    else:
-                        indices.append(self.records)
-                        starts.append(pos + 12)
-                        lengths.append(length)
-                    self.records += 1
-                    pos = end + 4
-                if indices:
-                    yield RawBatch(indices, buf, starts, lengths)
+                heads, crcs, pos, suspect = self._frame(buf)
+                good, problems, broken_at = self._check_frames(buf, heads, crcs, offset, suspect)
+                base = self.records
+                self.problems += problems
+                if broken_at is not None:
+                    heads = heads[:broken_at]
+                    framing = False
+                self.records += len(heads)
+                if len(good):
+                    h = np.asarray(heads, np.int64)[good]
+                    lengths = np.frombuffer(buf, np.uint8)[h[:, None] + np.arange(8)].copy().view("<u8").ravel()
+                    yield RawBatch((base + good).tolist(), buf, (h + 12).tolist(), lengths.astype(np.int64).tolist())
+                if not framing:
+                    continue
                 buf = buf[pos:]
                 offset += pos
                 if not chunk:
-                    if framing and buf:
-                        self.problems.append((self.records, f"record {self.records} at byte {offset}: "
-                                              f"truncated ({len(buf)} bytes left at end of file)"))
+                    if buf:
+                        what = f"truncated ({len(buf)} bytes left at end of file)"
+                        if len(buf) >= 12 and self.check_crc and (
+                                _mask(google_crc32c.value(buf[:8])) != _U32.unpack_from(buf, 8)[0]):
+                            what = "corrupt length header (CRC mismatch); the rest of the shard cannot be framed"
+                        self.problems.append((self.records, f"record {self.records} at byte {offset}: {what}"))
                     break
+
+    def _frame(self, buf: bytes) -> tuple[list[int], list[int], int, int | None]:
+        """Follow the lengths through buf: record starts, payload CRCs, where the next record starts,
+        and the index of a record whose (implausible) length stopped the walk."""
+        u64 = _U64
+        crc = google_crc32c.value
+        check = self.check_crc
+        size = len(buf)
+        pos = 0
+        heads: list[int] = []
+        crcs: list[int] = []
+        while size - pos >= 12:
+            (length,) = u64.unpack_from(buf, pos)
+            # Do not wait for gigabytes on a corrupt length: a huge one is checked right away.
+            if length > SUSPECT_RECORD_BYTES and (length > MAX_RECORD_BYTES or (
+                    check and _mask(crc(buf[pos:pos + 8])) != _U32.unpack_from(buf, pos + 8)[0])):
+                heads.append(pos)
+                return heads, crcs, pos, len(heads) - 1
+            end = pos + 12 + length
+            if size < end + 4:
+                break
+            heads.append(pos)
+            if check:
+                crcs.append(crc(buf[pos + 12:end]))
+            pos = end + 4
+        return heads, crcs, pos, None
+
+    def _check_frames(self, buf: bytes, heads: list[int], crcs: list[int], offset: int, suspect: int | None
+                      ) -> tuple[np.ndarray, list[tuple[int, str]], int | None]:
+        """(positions in heads of records with valid CRCs, problems, position where framing broke)."""
+        n = len(heads)
+        base = self.records
+        if n == 0:
+            return np.zeros(0, np.int64), [], None
+        arr = np.frombuffer(buf, np.uint8)
+        h = np.asarray(heads, np.int64)
+        header = arr[h[:, None] + np.arange(12)]
+        broken_at = None
+        if self.check_crc:
+            stored = header[:, 8:12].copy().view("<u4").ravel()
+            bad_head = _mask_array(_crc32c_rows(header[:, :8])) != stored
+            if bad_head.any():
+                broken_at = int(np.argmax(bad_head))
+        if broken_at is None and suspect is not None:
+            broken_at = suspect
+        problems: list[tuple[int, str]] = []
+        m = n if broken_at is None else broken_at
+        if broken_at is not None:
+            problems.append((base + broken_at, f"record {base + broken_at} at byte {offset + heads[broken_at]}: "
+                             "corrupt length header (CRC mismatch); the rest of the shard cannot be framed"))
+        good = np.arange(m)
+        if self.check_crc and m:
+            lengths = header[:m, :8].copy().view("<u8").ravel().astype(np.int64)
+            ends = h[:m] + 12 + lengths
+            stored = arr[ends[:, None] + np.arange(4)].copy().view("<u4").ravel()
+            bad = _mask_array(np.asarray(crcs[:m], np.uint64)) != stored
+            for i in np.nonzero(bad)[0]:
+                problems.append((base + int(i), f"record {base + int(i)} at byte {offset + heads[i]}: "
+                                 "payload CRC mismatch"))
+            good = good[~bad]
+        return good, problems, broken_at
 
     def hexdigest(self) -> str:
         return self.sha256.hexdigest()
@@ -871,7 +950,7 @@ def _manifest_problems(ds: Dataset, vocab_bytes: bytes | None) -> list[str]:
     return problems
 
 
-def _totals_problems(ds: Dataset, shards: list[ShardResult]) -> list[str]:
+def _totals_problems(ds: Dataset, shards: list[ShardResult], records_checked: bool) -> list[str]:
     """The manifest's totals against what the shards hold (only when every record parsed)."""
     m = ds.manifest
     assert m is not None and ds.root is not None
@@ -881,6 +960,8 @@ def _totals_problems(ds: Dataset, shards: list[ShardResult]) -> list[str]:
     problems = []
     if "instances" in totals and totals["instances"] != records:
         problems.append(f"{src}: totals.instances is {totals['instances']} but the shards hold {records} records")
+    if not records_checked:
+        return problems
     if "masked_tokens" in totals:
         masked = sum(s.masked for s in shards)
         if totals["masked_tokens"] != masked:
@@ -911,8 +992,8 @@ def verify(ds: Dataset, *, workers: int | None = None, check_records: bool = Tru
         count += r.problem_count
         if r.problem_count > len(r.problems):
             problems.append(f"{r.ref.name}: ... and {r.problem_count - len(r.problems)} more problems")
-    if ds.manifest is not None and check_records and count == 0:
-        post = _totals_problems(ds, shards)
+    if ds.manifest is not None and count == 0:
+        post = _totals_problems(ds, shards, check_records)
         problems += post
         count += len(post)
     return VerifyReport(problems, shards, count, time.perf_counter() - t0, ds.manifest is not None)

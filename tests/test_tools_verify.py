@@ -303,3 +303,77 @@ def test_parser_accepts_any_map_order_and_matches_the_exact_decoder() -> None:
         exact = decode_example(shuffled[i])
         for name, values in exact.items():
             np.testing.assert_array_equal(decoded.features[name][i], values)
+
+
+def test_checksums_only_skips_record_checks_but_not_hashes(ds_dir: Path) -> None:
+    batch, _ = fixture_instances(12345, 0, 120, SEQ, PREDS, len(fixture_vocab()))
+    batch.next_sentence_labels[3] = 4
+    _rewrite(ds_dir, batch)
+    quick = CliRunner().invoke(verify_command, [str(ds_dir), "--checksums-only"])
+    assert quick.exit_code == 0 and "records not parsed" in quick.output
+    full = CliRunner().invoke(verify_command, [str(ds_dir)])
+    assert full.exit_code == 1 and "record 3: next_sentence_labels is 4" in full.output
+    (ds_dir / SHARD0).write_bytes((ds_dir / SHARD0).read_bytes()[:-1])
+    quick = CliRunner().invoke(verify_command, [str(ds_dir), "--checksums-only"])
+    assert quick.exit_code == 1 and "truncated" in quick.output
+
+
+# ---------------------------------------------------------------- framing
+
+
+def _frames(data: bytes, chunk: int):
+    import tempfile
+
+    from pipelines.tools import ShardStream
+
+    with tempfile.NamedTemporaryFile(suffix=".tfrecord", delete=False) as f:
+        f.write(data)
+    stream = ShardStream(f.name, "s.tfrecord", chunk_bytes=chunk)
+    got = [(i, p) for raw in stream.raw_batches() for i, p in zip(raw.indices, raw.payloads(), strict=True)]
+    os.remove(f.name)
+    return stream, got
+
+
+@pytest.mark.parametrize("chunk", [7, 100, 1 << 20])
+def test_framing_across_chunk_boundaries_matches_the_reference_reader(chunk: int) -> None:
+    import io
+
+    from datagen.records import iter_tfrecords
+
+    payloads = [bytes([i % 251]) * (i * 37 % 300) for i in range(60)]  # includes empty payloads
+    data = frame_records(payloads)
+    stream, got = _frames(data, chunk)
+    assert [p for _, p in got] == list(iter_tfrecords(io.BytesIO(data))) == payloads
+    assert [i for i, _ in got] == list(range(60))
+    assert stream.records == 60 and stream.bytes == len(data) and not stream.problems
+    assert stream.hexdigest() == hashlib.sha256(data).hexdigest()
+
+
+@pytest.mark.parametrize("chunk", [50, 1 << 20])
+def test_corrupt_length_header_stops_framing_and_names_the_record(chunk: int) -> None:
+    payloads = [b"x" * 40] * 10
+    data = bytearray(frame_records(payloads))
+    data[56 * 6 + 1] ^= 0x01  # length field of record 6
+    stream, got = _frames(bytes(data), chunk)
+    assert [i for i, _ in got] == [0, 1, 2, 3, 4, 5]
+    assert stream.problems == [(6, "record 6 at byte 336: corrupt length header (CRC mismatch); the rest of "
+                                   "the shard cannot be framed")]
+    assert stream.bytes == len(data)  # still hashed to the end
+
+
+def test_huge_corrupt_length_does_not_wait_for_the_data() -> None:
+    data = bytearray(frame_records([b"y" * 30] * 3))
+    data[46 + 7] = 0x7F  # record 1's length becomes ~2**62
+    stream, got = _frames(bytes(data), 16)
+    assert [i for i, _ in got] == [0]
+    assert stream.problems and "record 1 at byte 46: corrupt length header" in stream.problems[0][1]
+
+
+def test_vectorized_crc32c_matches_google_crc32c() -> None:
+    import google_crc32c
+
+    from pipelines.tools import _crc32c_rows
+
+    rows = np.random.default_rng(0).integers(0, 256, size=(500, 8), dtype=np.uint8)
+    expected = [google_crc32c.value(bytes(r)) for r in rows]
+    assert _crc32c_rows(rows).tolist() == expected
