@@ -1,9 +1,18 @@
-"""Train a WordPiece vocabulary with `tokenizers`, on the words our tokenizer itself produces.
+"""Train a WordPiece vocabulary with `tokenizers`, reproducibly, on the words our tokenizer produces.
 
-The trainer never sees raw text: every text goes through `words_batch` (the same basic
-tokenization `BertTokenizer` applies, exact path included), and the trainer only splits the words
-back apart on the single spaces that join them. So a vocabulary is learned from exactly the words
+The trainer never sees raw text: every text goes through the same basic tokenization
+`BertTokenizer` applies (exact path included), so a vocabulary is learned from exactly the words
 it will later be asked to cover.
+
+Why not `tokenizers`' WordPieceTrainer as is: it numbers the "##x" continuation symbols in hash-map
+order, and merge ties are broken by those numbers, so the same corpus gives different vocabularies
+from run to run (measured: different token sets, not only orders). We count the words ourselves,
+choose the alphabet ourselves (ties broken by code point), and give the BPE trainer words in which
+every non-initial character is replaced by a stand-in character of its own ("continuation form",
+taken from code points the corpus does not use). All symbols are then in the initial alphabet, whose
+ids `tokenizers` assigns in code point order, so every tie is broken the same way; afterwards the
+stand-ins are turned back into "##" pieces. Words that hold a character outside the kept alphabet
+are not learned from (WordPiece makes them [UNK] anyway).
 
 Layouts (the reserved tokens come first, then the learned pieces in the trainer's order):
 - "google" (`num_unused` >= 99): [PAD] 0, [unused0..98] 1..99, [UNK] 100, [CLS] 101, [SEP] 102,
@@ -16,6 +25,7 @@ Layouts (the reserved tokens come first, then the learned pieces in the trainer'
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable, Iterator
 
 from tokenizers import Tokenizer, models, pre_tokenizers, trainers
@@ -26,6 +36,7 @@ LAYOUTS = ("auto", "google", "compact")
 GOOGLE_UNUSED_BEFORE_UNK = 99
 MIN_LEARNED_FOR_GOOGLE = 1000
 _BATCH = 1024
+_REPEAT_CHUNK = 4096
 
 
 def reserved_tokens(layout: str, num_unused: int) -> list[str]:
@@ -49,8 +60,7 @@ def resolve_layout(layout: str, vocab_size: int, num_unused: int) -> tuple[str, 
     if layout == "auto":
         fits = vocab_size >= 5 + num_unused + MIN_LEARNED_FOR_GOOGLE
         return ("google", num_unused) if num_unused >= GOOGLE_UNUSED_BEFORE_UNK and fits else ("compact", 0)
-    if layout not in LAYOUTS:
-        raise VocabError(f"unknown vocabulary layout {layout!r} (one of {', '.join(LAYOUTS)})")
+    reserved_tokens(layout, num_unused)  # validates the layout and its unused slots
     return layout, num_unused
 
 
@@ -65,18 +75,60 @@ def _batches(texts: Iterable[str], size: int) -> Iterator[list[str]]:
         yield batch
 
 
-def _joined_words(texts: Iterable[str], do_lower_case: bool) -> Iterator[str]:
+def count_words(texts: Iterable[str], do_lower_case: bool) -> Counter[str]:
+    """How often each word (BertTokenizer's basic tokenization) occurs in the texts."""
     from vocab.basic import tables
     from vocab.tokenizer import BasicTokenizer
 
     basic = BasicTokenizer(do_lower_case)
+    counts: Counter[str] = Counter()
     for batch in _batches(texts, _BATCH):
         for text, words in zip(batch, basic.words_batch(batch), strict=True):
             if not text.isascii() and basic.needs_exact_path(text):
                 # A word holding a lone surrogate is [UNK] whatever the vocabulary: nothing to learn.
                 words = [w for w in words if not tables().surrogate.search(w)]
-            if words:
-                yield " ".join(words)
+            counts.update(words)
+    return counts
+
+
+def choose_alphabet(words: Counter[str], limit: int) -> list[str]:
+    """The `limit` most frequent characters (ties: lowest code point first), in code point order."""
+    chars: Counter[str] = Counter()
+    for word, n in words.items():
+        for ch in word:
+            chars[ch] += n
+    ranked = sorted(chars.items(), key=lambda kv: (-kv[1], kv[0]))
+    return sorted(ch for ch, _ in ranked[:limit])
+
+
+def continuation_forms(alphabet: list[str]) -> dict[str, str]:
+    """char -> stand-in character for its non-initial ("##") form: unused private-use code points."""
+    used = set(alphabet)
+    spare = (chr(cp) for lo, hi in ((0xF0000, 0xFFFFD), (0x100000, 0x10FFFD), (0xE000, 0xF8FF))
+             for cp in range(lo, hi + 1) if chr(cp) not in used)
+    forms = {}
+    for ch in alphabet:
+        stand_in = next(spare, None)
+        if stand_in is None:
+            raise VocabError(f"alphabet of {len(alphabet):,} characters is too large (lower --limit-alphabet)")
+        forms[ch] = stand_in
+    return forms
+
+
+def _encoded_words(words: Counter[str], forms: dict[str, str]) -> Iterator[str]:
+    """Each learnable word, as often as it occurs, in the trainer's spelling, joined by spaces."""
+    for word, n in sorted(words.items()):
+        if word[0] not in forms or any(ch not in forms for ch in word[1:]):
+            continue
+        encoded = word[0] + "".join(forms[ch] for ch in word[1:])
+        for start in range(0, n, _REPEAT_CHUNK):
+            yield " ".join([encoded] * min(_REPEAT_CHUNK, n - start))
+
+
+def _decode_piece(piece: str, plain: dict[str, str]) -> str:
+    if piece[0] in plain:  # a continuation piece: every character is a stand-in
+        return "##" + "".join(plain[ch] for ch in piece)
+    return piece[0] + "".join(plain[ch] for ch in piece[1:])
 
 
 def train_vocab(
@@ -88,34 +140,47 @@ def train_vocab(
     min_frequency: int = 2,
     limit_alphabet: int = 1000,
 ) -> list[str]:
-    """Learn a WordPiece vocabulary: the tokens in id order (reserved ones first).
+    """Learn a WordPiece vocabulary: the tokens in id order (reserved ones, single characters,
+    "##" characters, then learned pieces).
 
     The result may be shorter than `vocab_size` when the corpus has fewer distinct pieces.
-    The same texts and options give the same tokens whatever the number of threads.
+    The same texts and options give the same tokens, whatever the number of threads.
     """
     layout, num_unused = resolve_layout(layout, vocab_size, num_unused)
     reserved = reserved_tokens(layout, num_unused)
     if vocab_size <= len(reserved):
         raise VocabError(f"--vocab-size {vocab_size} leaves no room for learned pieces after the "
                          f"{len(reserved)} reserved tokens of the {layout} layout")
-    tokenizer = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+    words = count_words(texts, do_lower_case)
+    alphabet = choose_alphabet(words, limit_alphabet)
+    forms = continuation_forms(alphabet)
+    # Both forms of every kept character, as Google's vocabularies have: a character seen only
+    # inside words here may start a word in other text.
+    symbols = sorted([*alphabet, *forms.values()])
+    if len(reserved) + len(symbols) > vocab_size:
+        raise VocabError(f"--vocab-size {vocab_size} is smaller than the {len(reserved)} reserved tokens plus "
+                         f"the {len(symbols)} single-character pieces (each character alone and as "##"); '
+                         "raise it or lower --limit-alphabet")
+    tokenizer = Tokenizer(models.BPE())
     # Words arrive joined by single spaces and hold no space themselves: split there and only there.
     tokenizer.pre_tokenizer = pre_tokenizers.Split(" ", behavior="removed")
-    trainer = trainers.WordPieceTrainer(
+    trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
         min_frequency=min_frequency,
         special_tokens=reserved,
-        limit_alphabet=limit_alphabet,
-        continuing_subword_prefix="##",
+        limit_alphabet=len(symbols),
+        initial_alphabet=symbols,
         show_progress=False,
     )
-    tokenizer.train_from_iterator(_joined_words(texts, do_lower_case), trainer=trainer)
+    tokenizer.train_from_iterator(_encoded_words(words, forms), trainer=trainer)
     learned = tokenizer.get_vocab()
-    tokens = [token for token, _ in sorted(learned.items(), key=lambda kv: kv[1])]
-    if tokens[: len(reserved)] != reserved:
-        raise VocabError("the trainer did not keep the reserved tokens first (unexpected tokenizers behaviour)")
-    if sorted(learned.values()) != list(range(len(tokens))):
+    if sorted(learned.values()) != list(range(len(learned))):
         raise VocabError("the trainer returned non-contiguous ids (unexpected tokenizers behaviour)")
+    pieces = [token for token, _ in sorted(learned.items(), key=lambda kv: kv[1])]
+    if pieces[: len(reserved)] != reserved:
+        raise VocabError("the trainer did not keep the reserved tokens first (unexpected tokenizers behaviour)")
+    plain = {v: k for k, v in forms.items()}
+    tokens = reserved + [_decode_piece(p, plain) for p in pieces[len(reserved):]]
     Vocab.from_tokens(tokens)  # validates: no duplicates, required tokens present
     return tokens
 
