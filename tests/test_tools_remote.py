@@ -1,0 +1,144 @@
+"""The tools on a non-local Beam filesystem (an object store without directories, like gs://).
+
+A fake object store, backed by a temp directory, is registered with Beam under the scheme
+``fakegcs://``: every path the tools touch then goes through Beam's FileSystems, never os.path.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+from apache_beam.io.filesystem import FileMetadata
+from apache_beam.io.localfilesystem import LocalFileSystem
+from click.testing import CliRunner
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # benchmarks/ holds the fixture writer
+
+from benchmarks.bench_verify import make_dataset  # noqa: E402
+from pipelines.tools_cli import diff_command, inspect_command, stats_command, verify_command  # noqa: E402
+
+SCHEME = "fakegcs"
+PREFIX = f"{SCHEME}://"
+ROOT: dict[str, str] = {}
+
+
+class FakeObjectStore(LocalFileSystem):
+    """Objects named ``fakegcs://bucket/key`` stored as files under ROOT; no directories."""
+
+    @classmethod
+    def scheme(cls) -> str:
+        return SCHEME
+
+    @staticmethod
+    def _local(path: str) -> str:
+        assert path.startswith(PREFIX), f"not an object path: {path}"
+        return os.path.join(ROOT["dir"], path[len(PREFIX):])
+
+    @staticmethod
+    def _remote(path: str) -> str:
+        return PREFIX + os.path.relpath(path, ROOT["dir"]).replace(os.sep, "/")
+
+    def join(self, basepath: str, *paths: str) -> str:
+        return "/".join([basepath.rstrip("/"), *(p.strip("/") for p in paths)])
+
+    def split(self, path: str) -> tuple[str, str]:
+        head, _, tail = path.rstrip("/").rpartition("/")
+        return head, tail
+
+    def has_dirs(self) -> bool:
+        return False
+
+    def mkdirs(self, path: str) -> None:
+        return None
+
+    def _list(self, dir_or_prefix: str):
+        root = self._local(dir_or_prefix)
+        for dirpath, _, files in os.walk(root if os.path.isdir(root) else os.path.dirname(root)):
+            for name in files:
+                path = os.path.join(dirpath, name)
+                if path.startswith(root):  # object stores list by key prefix, recursively
+                    yield FileMetadata(self._remote(path), os.path.getsize(path), os.path.getmtime(path))
+
+    def create(self, path, *args, **kwargs):
+        return super().create(self._local(path), *args, **kwargs)
+
+    def open(self, path, *args, **kwargs):
+        return super().open(self._local(path), *args, **kwargs)
+
+    def rename(self, sources, destinations) -> None:
+        super().rename([self._local(p) for p in sources], [self._local(p) for p in destinations])
+
+    def exists(self, path: str) -> bool:
+        return os.path.isfile(self._local(path))  # objects only: a "directory" does not exist
+
+    def size(self, path: str) -> int:
+        return super().size(self._local(path))
+
+    def last_updated(self, path: str) -> float:
+        return super().last_updated(self._local(path))
+
+    def checksum(self, path: str):
+        return super().checksum(self._local(path))
+
+    def metadata(self, path: str) -> FileMetadata:
+        meta = super().metadata(self._local(path))
+        return FileMetadata(path, meta.size_in_bytes, meta.last_updated_in_seconds)
+
+    def delete(self, paths) -> None:
+        super().delete([self._local(p) for p in paths])
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory) -> dict[str, str]:
+    ROOT["dir"] = str(tmp_path_factory.mktemp("objects"))
+    out = {}
+    for name, seed in (("a", 1), ("a2", 1), ("b", 2)):
+        out[name] = f"{PREFIX}bucket/{name}"
+        make_dataset(out[name], seed=seed, records=60, shards=2, eval_records=10, max_seq_length=32,
+                     max_predictions=5)
+    return out
+
+
+def test_dataset_written_and_verified_through_the_object_store(store) -> None:
+    assert sorted(os.listdir(os.path.join(ROOT["dir"], "bucket", "a"))) == [
+        "README.md", "eval", "manifest.json", "train", "vocab.txt"]
+    result = CliRunner().invoke(verify_command, [store["a"], "--workers", "2"])
+    assert result.exit_code == 0, result.output
+    assert "70 records" in result.output
+
+
+def test_damage_in_the_object_store_is_found(store, tmp_path: Path) -> None:
+    import shutil
+
+    shutil.copytree(os.path.join(ROOT["dir"], "bucket", "a"), os.path.join(ROOT["dir"], "bucket", "c"))
+    c = f"{PREFIX}bucket/c"
+    local = Path(ROOT["dir"]) / "bucket" / "c"
+    (local / "train" / "extra.tfrecord").write_bytes(b"")
+    os.remove(local / "eval" / "part-00000-of-00001.tfrecord")
+    result = CliRunner().invoke(verify_command, [c, "--json"])
+    assert result.exit_code == 1
+    problems = "\n".join(json.loads(result.output)["problems"])
+    assert "train/extra.tfrecord: stray file not listed in the manifest" in problems
+    assert "eval/part-00000-of-00001.tfrecord: shard is missing" in problems
+
+
+def test_inspect_stats_diff_through_the_object_store(store) -> None:
+    result = CliRunner().invoke(inspect_command, [store["a"], "-n", "1", "--json"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.output)["shard"] == "train/part-00000-of-00002.tfrecord"
+    result = CliRunner().invoke(stats_command, [store["a"], "--json"])
+    assert json.loads(result.output)["records"] == 70
+    assert CliRunner().invoke(diff_command, [store["a"], store["a2"]]).exit_code == 0
+    assert CliRunner().invoke(diff_command, [store["a"], store["b"]]).exit_code == 1
+
+
+def test_glob_without_manifest_through_the_object_store(store) -> None:
+    vocab = f"{store['a']}/vocab.txt"
+    result = CliRunner().invoke(verify_command, [f"{store['a']}/train/*.tfrecord", "--max-seq-length", "32",
+                                                 "--max-predictions-per-seq", "5", "--vocab", vocab])
+    assert result.exit_code == 0, result.output
+    assert "60 records" in result.output
