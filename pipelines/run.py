@@ -9,12 +9,14 @@ Stages (every element is coarse: a batch of documents, a pool, a pool's pass, a 
 3. ``AssignPools`` + ``GroupByKey``: each document goes to the pool a seeded hash of its ``doc_id``
    picks; a pool is its documents sorted by ``doc_id`` with duplicates collapsed. Neither the file
    layout nor the worker count can change a pool.
-4. ``FanOutPasses`` + ``Reshuffle``: one task per (pool, pass) so even a one-pool corpus keeps
-   several workers busy; ``BuildInstances`` calls ``build_pool_instances`` and encodes the records.
-5. ``ShardCount``: the record bytes per split give the shard count (unless ``--num-shards``).
-6. ``SplitToShards`` + ``GroupByKey``: shard = ``(key * num_shards) >> 64`` for each instance's 64-bit
-   key (contiguous ranges of the hash space), one coarse element per (task, shard); ``WriteShard``
-   sorts a shard's records by key and writes it atomically. Empty shards are written too.
+4. ``ShardCount``: ``--num-shards``, or the target shard size applied to a deterministic estimate
+   of the record bytes from the pools' document and token counts (known before any instance exists).
+5. ``FanOutPasses`` + ``Reshuffle``: one task per (pool, pass) so even a one-pool corpus keeps
+   several workers busy; ``BuildInstances`` calls ``build_pool_instances``, encodes the records and
+   cuts them by shard = ``(key * num_shards) >> 64`` (contiguous ranges of the 64-bit key space):
+   one coarse element per (task, shard), so no stage ever holds all records of the run.
+6. ``GroupByKey`` on (split, shard): ``WriteShard`` sorts a shard's records by key and writes it
+   atomically. Empty shards are written too.
 7. ``Summarize``: totals, shard checksums and the input fingerprint go to a summary file that the
    driver reads to write ``vocab.txt``, the dataset card and, last, ``manifest.json``.
 
@@ -111,6 +113,21 @@ def shards_for_bytes(total_bytes: int, target_shard_mb: float) -> int:
     return max(1, -(-int(total_bytes) // max(1, int(target_shard_mb * 2**20))))
 
 
+def estimated_record_bytes(documents: int, tokens: int, config: DatagenConfig) -> int:
+    """A deterministic estimate of a split's TFRecord bytes, from its document and token counts.
+
+    The shard count must be known before instances exist (each task cuts its records by shard
+    right away, so no stage holds all records): about one instance per ``max_seq_length - 3``
+    tokens (at least one per document) per pass, each about 4 bytes per position (ids, mask,
+    segments) plus 8 per prediction slot plus framing and feature names.
+    """
+    if documents <= 0:
+        return 0
+    s, p = config.max_seq_length, config.max_predictions_per_seq
+    instances = config.dupe_factor * max(documents, -(-tokens // (s - 3)))
+    return instances * (4 * s + 8 * p + 180)
+
+
 def shard_counts(config: DatagenConfig, split_bytes: dict[str, int]) -> dict[str, int]:
     """Shards per split: ``--num-shards`` for train; eval (small) is sized by the target shard size."""
     counts = {}
@@ -191,10 +208,20 @@ class EncodedRecords:
                    b"".join(p.blob for p in parts))
 
 
+ENCODE_CHUNK_ROWS = 4096
+
+
 def encode_records(batch, keys: np.ndarray) -> EncodedRecords:
+    """Encode and frame a batch in row chunks, so the encoder's temporaries stay small."""
+    import dataclasses
+
     from datagen.records import encode_batch, frame_record
 
-    framed = [frame_record(p) for p in encode_batch(batch)]
+    framed: list[bytes] = []
+    for lo in range(0, len(batch), ENCODE_CHUNK_ROWS):
+        chunk = type(batch)(**{f.name: getattr(batch, f.name)[lo:lo + ENCODE_CHUNK_ROWS]
+                               for f in dataclasses.fields(batch)})
+        framed.extend(frame_record(p) for p in encode_batch(chunk))
     lengths = np.fromiter((len(f) for f in framed), dtype=np.int64, count=len(framed))
     return EncodedRecords(np.asarray(keys, dtype=np.uint64), lengths, b"".join(framed))
 
@@ -304,7 +331,8 @@ def pool_stats(pool: tuple[tuple[str, int], list[Any], int]) -> dict[str, Any]:
         f"documents/{split}": len(docs),
         "duplicate_documents": duplicates,
         "sentences": sum(len(d.sentence_ends) for d in docs),
-        "tokens": sum(int(np.asarray(d.tokens).shape[0]) for d in docs),
+        "tokens": (tokens := sum(int(np.asarray(d.tokens).shape[0]) for d in docs)),
+        f"tokens/{split}": tokens,
         "doc_ids": np.fromiter((int(d.doc_id) for d in docs), dtype=np.uint64, count=len(docs)),
     }
 
@@ -315,8 +343,16 @@ def fan_out_passes(pool: tuple[tuple[str, int], list[Any], int], dupe_factor: in
         yield (split, index, pass_index), docs
 
 
+def part_stats(records: EncodedRecords, labels: np.ndarray, weights: np.ndarray, split: str) -> dict[str, int]:
+    return {"instances": len(records), f"instances/{split}": len(records), "notnext": int(labels.sum()),
+            "masked_tokens": int((weights > 0).sum())}
+
+
 class BuildInstances(beam.DoFn):
-    """(pool, pass) -> the pass's instances, encoded and framed, with their keys and stats."""
+    """(pool, pass) -> the pass's instances, encoded and framed, cut into one element per shard.
+
+    Each element carries the stats of its records, so totals need no extra pass over the records.
+    """
 
     def __init__(self, config: DatagenConfig, vocab: Any, show_progress: bool = False) -> None:
         self.config = config
@@ -326,45 +362,39 @@ class BuildInstances(beam.DoFn):
     def setup(self) -> None:
         self._progress = Progress() if self.show_progress else None
 
-    def process(self, task: tuple[tuple[str, int, int], list[Any]]):
+    def process(self, task: tuple[tuple[str, int, int], list[Any]], num_shards: dict[str, int]):
         from datagen.instances import build_pool_instances
 
         (split, pool, pass_index), docs = task
         result = build_pool_instances(docs, pass_index, self.config, self.vocab)
         records = encode_records(result.batch, result.keys)
-        batch = result.batch
-        stats = {k: v for k, v in dict(result.stats or {}).items() if k not in TOTAL_KEYS}
-        stats.update({
-            "instances": len(records),
-            f"instances/{split}": len(records),
-            "notnext": int(np.asarray(batch.next_sentence_labels).sum()) if len(records) else 0,
-            "masked_tokens": int((np.asarray(batch.masked_lm_weights) > 0).sum()) if len(records) else 0,
-            f"record_bytes/{split}": len(records.blob),
-        })
+        extra = {k: v for k, v in dict(result.stats or {}).items() if k not in TOTAL_KEYS}
         if self._progress:
             self._progress.add(instances=len(records))
-        yield split, records, stats
-
-
-class SplitToShards(beam.DoFn):
-    def process(self, task: tuple[str, EncodedRecords, dict], num_shards: dict[str, int]):
-        split, records, _ = task
         if not len(records):
+            if extra:
+                yield (split, 0), (EncodedRecords.empty(), extra)
             return
+        labels = np.asarray(result.batch.next_sentence_labels).reshape(-1)
+        weights = np.asarray(result.batch.masked_lm_weights)
         n = num_shards[split]
         shards = shard_of_keys(records.keys, n)
         order = np.argsort(shards, kind="stable")
         bounds = np.searchsorted(shards[order], np.arange(n + 1))
         for shard in range(n):
-            lo, hi = int(bounds[shard]), int(bounds[shard + 1])
-            if hi > lo:
-                yield (split, shard), records.take(order[lo:hi])
+            index = order[int(bounds[shard]):int(bounds[shard + 1])]
+            if index.size:
+                part = records.take(index)
+                stats = part_stats(part, labels[index], weights[index], split)
+                if extra:  # the pass's own counters ride on its first part only
+                    stats, extra = add_counts(stats, extra), {}
+                yield (split, shard), (part, stats)
 
 
 def empty_shards(_: Any, num_shards: dict[str, int]):
     for split, n in sorted(num_shards.items()):
         for shard in range(n):
-            yield (split, shard), EncodedRecords.empty()
+            yield (split, shard), (EncodedRecords.empty(), {})
 
 
 class WriteShard(beam.DoFn):
@@ -378,7 +408,9 @@ class WriteShard(beam.DoFn):
     def process(self, element: tuple[tuple[str, int], Iterable[EncodedRecords]], num_shards: dict[str, int]):
         (split, shard), parts = element
         name = shard_name(split, shard, num_shards[split])
-        records = sorted_shard(list(parts), name)
+        parts = list(parts)
+        records = sorted_shard([records for records, _ in parts], name)
+        stats = sum_all(stats for _, stats in parts)
         fsio.write_atomic(fsio.join(self.output_dir, *name.split("/")), records.blob)
         if self._progress:
             self._progress.add(records_written=len(records), shards_written=1)
@@ -388,6 +420,7 @@ class WriteShard(beam.DoFn):
             "index": shard,
             "shard": {"path": name, "records": len(records), "bytes": len(records.blob),
                       "sha256": hashlib.sha256(records.blob).hexdigest()},
+            "stats": stats,
         }
 
 
@@ -423,6 +456,7 @@ def summarize(element: tuple[int, Iterable[dict[str, Any]]], summary_path: str) 
         kind = item.get("kind")
         if kind == "shard":
             shards.setdefault(item["split"], []).append((item["index"], item["shard"]))
+            add_counts(totals, item["stats"])
             continue
         if kind == "pool":
             ids.append(item["doc_ids"])
@@ -467,22 +501,24 @@ def build_pipeline(p: beam.Pipeline, plan: PipelinePlan) -> None:
         | "BuildPools" >> beam.Map(build_pool)
     )
     pool_info = pools | "PoolStats" >> beam.Map(pool_stats)
-    tasks = (
+    pool_totals = _merged(pool_info | "PoolCounts" >> beam.Map(lambda d: {k: v for k, v in d.items()
+                                                                       if k != "doc_ids"}), "CountPools")
+    num_shards = pool_totals | "ShardCount" >> beam.Map(
+        lambda t: shard_counts(config, {s: estimated_record_bytes(int(t.get(f"documents/{s}", 0)),
+                                                                  int(t.get(f"tokens/{s}", 0)), config)
+                                        for s in splits_of(config)}))
+    parts = (
         pools
         | "FanOutPasses" >> beam.FlatMap(fan_out_passes, config.dupe_factor)
         | "SpreadTasks" >> beam.Reshuffle()
-        | "BuildInstances" >> beam.ParDo(BuildInstances(config, plan.vocab, plan.show_progress))
+        | "BuildInstances" >> beam.ParDo(BuildInstances(config, plan.vocab, plan.show_progress),
+                                         AsSingleton(num_shards))
     )
-    instance_totals = _merged(tasks | "TaskStats" >> beam.Map(lambda t: t[2]), "CountRecords")
-    num_shards = instance_totals | "ShardCount" >> beam.Map(
-        lambda totals: shard_counts(config, {s: int(totals.get(f"record_bytes/{s}", 0))
-                                             for s in splits_of(config)}))
     placeholders = (
         p
         | "ShardSeed" >> beam.Create([None])
         | "EmptyShards" >> beam.FlatMap(empty_shards, AsSingleton(num_shards))
     )
-    parts = tasks | "SplitToShards" >> beam.ParDo(SplitToShards(), AsSingleton(num_shards))
     shard_info = (
         (parts, placeholders)
         | "AllShardParts" >> beam.Flatten()
@@ -490,9 +526,8 @@ def build_pipeline(p: beam.Pipeline, plan: PipelinePlan) -> None:
         | "WriteShards" >> beam.ParDo(WriteShard(plan.output_dir, plan.show_progress), AsSingleton(num_shards))
     )
     read_info = read_totals | "ReadTotals" >> beam.Map(lambda d: {**d, "kind": "read"})
-    task_info = instance_totals | "InstanceTotals" >> beam.Map(lambda d: {**d, "kind": "instances"})
     (
-        (read_info, pool_info, task_info, shard_info)
+        (read_info, pool_info, shard_info)
         | "AllResults" >> beam.Flatten()
         | "ResultsKey" >> beam.Map(lambda d: (0, d))
         | "GroupResults" >> beam.GroupByKey()
