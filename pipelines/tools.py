@@ -1313,11 +1313,17 @@ def plot_stats(st: dict, path: str) -> str:
 # ---------------------------------------------------------------- diff
 
 
+# Manifest fields that say how or from where a dataset was made, not what it holds: two datasets that
+# differ only here are the same data (the input's content is pinned by input.fingerprint).
+INFORMATIONAL = ("created_by", "tool", "input.patterns")
+
+
 @dataclass
 class DiffReport:
     fields: list[tuple[str, object, object]]  # manifest fields (config.*, vocab.*, ...) that differ
     shards: list[tuple[str, str | None, str | None]]  # (path, sha256 in A or None, sha256 in B or None)
     first_record: dict | None = None
+    notes: list[tuple[str, object, object]] = field(default_factory=list)  # informational differences
 
     @property
     def identical(self) -> bool:
@@ -1368,15 +1374,16 @@ def _first_difference(a: Dataset, b: Dataset, splits: list[str]) -> dict | None:
 def diff_datasets(a: Dataset, b: Dataset, *, records: bool = True) -> DiffReport:
     if a.manifest is None or b.manifest is None:
         raise ToolError("diff compares two datasets with manifests")
-    ignore = ("created_by",)
-    fa = {k: v for k, v in _flat(a.manifest).items() if k.split(".")[0] not in ignore and ".shards" not in k}
-    fb = {k: v for k, v in _flat(b.manifest).items() if k.split(".")[0] not in ignore and ".shards" not in k}
-    fields = [(k, fa.get(k), fb.get(k)) for k in sorted(set(fa) | set(fb)) if fa.get(k) != fb.get(k)]
+    fa = {k: v for k, v in _flat(a.manifest).items() if ".shards" not in k}
+    fb = {k: v for k, v in _flat(b.manifest).items() if ".shards" not in k}
+    differ = [(k, fa.get(k), fb.get(k)) for k in sorted(set(fa) | set(fb)) if fa.get(k) != fb.get(k)]
+    info = [d for d in differ if any(d[0] == p or d[0].startswith(p + ".") for p in INFORMATIONAL)]
+    fields = [d for d in differ if d not in info]
     sha_a = {s.name: s.expected["sha256"] for s in a.shards if s.expected}
     sha_b = {s.name: s.expected["sha256"] for s in b.shards if s.expected}
     shards = [(p, sha_a.get(p), sha_b.get(p)) for p in sorted(set(sha_a) | set(sha_b), key=_shard_order(a, b))
               if sha_a.get(p) != sha_b.get(p)]
-    report = DiffReport(fields, shards)
+    report = DiffReport(fields, shards, notes=info)
     if records and shards:
         splits = list(dict.fromkeys(a.splits + b.splits))
         report.first_record = _first_difference(a, b, splits)
@@ -1407,9 +1414,11 @@ def _side_by_side(first: dict, width: int = 28) -> list[str]:
 
 
 def format_diff(report: DiffReport, a_name: str, b_name: str) -> str:
+    notes = [f"  (informational) {k}: {va!r} -> {vb!r}" for k, va, vb in report.notes]
     if report.identical:
-        return f"identical: {a_name} and {b_name} hold the same data (same manifest, same shard checksums)"
-    lines = [f"different: {a_name} (A) and {b_name} (B)"]
+        return "\n".join([f"identical: {a_name} and {b_name} hold the same data (same config, vocab, counts "
+                          "and shard checksums)"] + notes)
+    lines = [f"different: {a_name} (A) and {b_name} (B)"] + notes
     if report.fields:
         lines.append(f"{len(report.fields)} manifest field(s) differ:")
         lines += [f"  {k}: {va!r} -> {vb!r}" for k, va, vb in report.fields]

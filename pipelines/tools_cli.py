@@ -109,13 +109,15 @@ def inspect_command(target, split, shard, index, count, max_seq_length, max_pred
         ref, views, problems = tools.inspect_records(ds, split=split, shard=shard, index=index, count=count)
     except tools.ToolError as e:
         raise click.ClickException(str(e)) from e
-    for p in problems:
-        click.echo(f"problem: {p}", err=True)
     if not views and not problems:
         raise click.ClickException(f"{ref.name}: no record at index {index}")
     for v in views:
         click.echo(json.dumps({"shard": ref.name, **v}, ensure_ascii=False) if as_json
                    else tools.format_record(v, ref.name) + "\n")
+    for p in problems:
+        click.echo(f"problem: {p}", err=True)
+    if problems:
+        sys.exit(1)
 
 
 @click.command("stats")
@@ -156,9 +158,10 @@ def stats_command(target, split, as_json, plot_path, top, max_seq_length, max_pr
 def diff_command(a, b, no_records) -> None:
     """Are datasets A and B the same? Exit 0 when identical, 1 when different.
 
-    Compares the manifests (config, vocab, counts, shard checksums; created_by is ignored) and shows the
-    first differing record of both side by side. It trusts the manifests' checksums: run verify to
-    prove the files match them.
+    Compares the manifests (config, vocab, input fingerprint, counts, shard checksums) and shows the
+    first differing record of both side by side. created_by, tool and input.patterns are listed but do
+    not make datasets different. diff trusts the manifests' checksums: run verify to prove the files
+    match them.
     """
     da, db = _open(a, None, None, None), _open(b, None, None, None)
     try:

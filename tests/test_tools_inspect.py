@@ -270,3 +270,37 @@ def test_card_is_written_before_the_manifest(datasets) -> None:
 def test_verify_accepts_all_fixture_datasets(datasets) -> None:
     for d in datasets.values():
         assert _run(verify_command, [d]).exit_code == 0
+
+
+def test_diff_ignores_how_and_where_but_not_what(datasets, tmp_path: Path) -> None:
+    import shutil
+
+    d = tmp_path / "moved"
+    shutil.copytree(datasets["a"], d)
+    m = load_manifest(str(d))
+    m["created_by"] = {"runner": "DataflowRunner"}
+    m["tool"]["version"] = "9.9.9"
+    m["input"]["patterns"] = ["gs://other/place/*.txt"]
+    write_manifest(str(d), m)
+    result = _run(diff_command, [datasets["a"], d])
+    assert result.exit_code == 0, result.output
+    assert "(informational) tool.version: '0.1.0' -> '9.9.9'" in result.output
+    m["input"]["fingerprint"] = "0" * 64
+    write_manifest(str(d), m)
+    result = _run(diff_command, [datasets["a"], d])
+    assert result.exit_code == 1 and "input.fingerprint" in result.output
+
+
+def test_inspect_of_a_damaged_record_exits_non_zero(datasets, tmp_path: Path) -> None:
+    import shutil
+
+    d = tmp_path / "dmg"
+    shutil.copytree(datasets["a"], d)
+    shard = d / "train" / "part-00000-of-00002.tfrecord"
+    data = bytearray(shard.read_bytes())
+    data[100] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    result = CliRunner().invoke(inspect_command, [str(d), "-n", "2"])
+    assert result.exit_code == 1
+    assert "record 0 at byte 0: payload CRC mismatch" in result.output
+    assert "record 1: " in result.output  # the readable record is still shown
