@@ -258,7 +258,6 @@ class ReadFiles(beam.DoFn):
 
     def process(self, file_info: tuple[str, int]) -> Iterator[dict[str, Any]]:
         from datagen.documents import tokenize_documents
-
         from datagen.readers import InputError, read_documents
 
         path = file_info[0]
@@ -296,7 +295,10 @@ class ReadFiles(beam.DoFn):
 
 
 def read_counts(element: dict[str, Any]) -> dict[str, Any]:
-    counts = dict(element["stats"])
+    # Documents, sentences and tokens count once, after duplicates collapse (pool_stats); the
+    # reader's own counts (duplicates included) are kept under other names.
+    counts = {(f"read_{k}" if k in ("documents", "sentences", "tokens") else k): v
+              for k, v in element["stats"].items()}
     for split, docs in element["docs"].items():
         counts[f"read_docs/{split}"] = counts.get(f"read_docs/{split}", 0) + len(docs)
     return counts
