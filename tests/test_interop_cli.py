@@ -90,7 +90,7 @@ def test_export_hf_and_init_a_new_run_from_it(run, tmp_path):
     log = bert_train("pretrain", "--data", run["data"], "--out", new_run, "--init-checkpoint", out,
                      "--steps", 1, "--batch-size", 8, "--warmup-steps", 1, "--checkpoint-every", 1,
                      "--eval-batches", 1)
-    assert f"initialised from {out}" in log
+    assert "initialised from" in log and str(out) in log
     state = ckpt_lib.load_state(ckpt_lib.resolve_checkpoint(new_run))
     assert {k: state["bert_config"][k] for k in BERT} == BERT
     # Step 0 of a warmup has learning rate 0: the first checkpoint holds the imported weights.
