@@ -147,6 +147,18 @@ def _sha256_files(paths: list[str]) -> float:
     return time.perf_counter() - t0
 
 
+def _peak_rss_mb(args: list[str]) -> float:
+    """Peak resident memory (MB) of a fresh process running `bert-datagen ARGS`."""
+    import subprocess
+
+    # VmHWM, not ru_maxrss: Linux carries ru_maxrss over from the forking parent across exec.
+    code = ("import sys\nfrom pipelines.cli import main\ntry:\n    main(sys.argv[1:])\nfinally:\n"
+            "    hwm = [ln for ln in open('/proc/self/status') if ln.startswith('VmHWM')][0]\n"
+            "    print('PEAK_RSS_KB', hwm.split()[1])\n")
+    out = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True).stdout
+    return int(out.rsplit("PEAK_RSS_KB", 1)[1].split()[0]) / 1024
+
+
 def main(records: int = 60_000, shards: int = 4) -> dict:
     from pipelines.tools import open_dataset, verify
 
@@ -166,9 +178,12 @@ def main(records: int = 60_000, shards: int = 4) -> dict:
         for label, workers, check in (("verify, hashes+framing only, 1 proc", 1, False),
                                       ("verify, full, 1 proc", 1, True),
                                       (f"verify, full, {cores} procs", cores, True)):
-            t = time.perf_counter()
+            t, c = time.perf_counter(), time.process_time()
             report = verify(ds, workers=workers, check_records=check)
             secs = time.perf_counter() - t
+            if workers == 1:  # CPU time: what one core costs, less disturbed by other load
+                figures[f"verify_{'full' if check else 'hash_only'}_cpu_mb_s_per_core"] = round(
+                    mb / (time.process_time() - c), 1)
             if not report.ok:
                 raise RuntimeError("benchmark dataset did not verify: " + "; ".join(report.problems[:3]))
             rows.append((label, secs, mb / secs))
@@ -178,12 +193,26 @@ def main(records: int = 60_000, shards: int = 4) -> dict:
         figures["verify_allcores_records_s"] = round(records / rows[2][1])
         figures["cores"] = cores
         figures["ratio_verify_allcores_to_sha256"] = round(rows[2][2] / (mb / sha_s), 3)
+        # Constant memory: the peak of a one-process verify hardly moves when the shard is 4x larger.
+        small = os.path.join(tmp, "mem-small")
+        make_dataset(small, records=records // 2, shards=1, max_seq_length=128, max_predictions=20)
+        big = os.path.join(tmp, "mem-big")
+        make_dataset(big, records=records * 2, shards=1, max_seq_length=128, max_predictions=20)
+        cmd = ["verify", "--workers", "1"]
+        figures["verify_peak_rss_mb_small_shard"] = round(_peak_rss_mb(cmd + [small]), 1)
+        figures["verify_peak_rss_mb_4x_shard"] = round(_peak_rss_mb(cmd + [big]), 1)
+        figures["mem_shard_mb_small"] = round(os.path.getsize(
+            os.path.join(small, "train", "part-00000-of-00001.tfrecord")) / 1e6, 1)
     print(f"dataset: {records} records, {mb:.1f} MB in {shards} shards (generated in {gen_s:.1f} s)")
     print(f"{'what':<42}{'seconds':>9}{'MB/s':>9}")
     print(f"{'plain hashlib.sha256, 1 proc':<42}{sha_s:>9.2f}{mb / sha_s:>9.1f}")
     for label, secs, rate in rows:
         print(f"{label:<42}{secs:>9.2f}{rate:>9.1f}")
+    print(f"CPU time per core: full verify {figures['verify_full_cpu_mb_s_per_core']} MB/s, hashes+framing "
+          f"{figures['verify_hash_only_cpu_mb_s_per_core']} MB/s")
     print(f"full verify on all cores runs at {figures['ratio_verify_allcores_to_sha256']:.2f}x plain sha256")
+    print(f"peak RSS of a 1-process verify: {figures['verify_peak_rss_mb_small_shard']} MB on a "
+          f"{figures['mem_shard_mb_small']} MB shard, {figures['verify_peak_rss_mb_4x_shard']} MB on one 4x larger")
     return figures
 
 
