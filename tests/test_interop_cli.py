@@ -130,3 +130,28 @@ def test_init_checkpoint_with_wrong_config_is_a_clear_cli_error(run, tmp_path):
     assert "bert/encoder/layer_1/output/dense/kernel: checkpoint has [24, 16], model needs [20, 16]" in output
     output = bert_train_fails("eval", "--run", run["run"], "--init-checkpoint", out, "--data", run["data"])
     assert "exactly one of --run and --init-checkpoint" in output
+
+
+def test_export_takes_vocab_and_casing_from_the_manifest(tmp_path):
+    import hashlib
+
+    from trainer.export_cli import ExportConfig, resolve_vocab
+
+    data = write_synthetic_dataset(str(tmp_path / "ds"), seq_len=16, max_pred=3, vocab_size=40,
+                                   train_shards=1, records_per_shard=4, eval_records=0)
+    vocab = ("\n".join(VOCAB) + "\n").encode()
+    (tmp_path / "ds" / "vocab.txt").write_bytes(vocab)
+    manifest = json.loads((tmp_path / "ds" / "manifest.json").read_text())
+    manifest["vocab"]["sha256"] = hashlib.sha256(vocab).hexdigest()
+    (tmp_path / "ds" / "manifest.json").write_text(json.dumps(manifest))
+
+    cfg = ExportConfig(run="unused", format="hf", out="unused")
+    found = resolve_vocab(cfg, data)
+    assert found.data == vocab and found.do_lower_case is True
+    assert resolve_vocab(ExportConfig(run="r", format="hf", out="o", do_lower_case=False), data).do_lower_case is False
+
+    (tmp_path / "ds" / "vocab.txt").write_bytes(vocab + b"extra\n")
+    with pytest.raises(convert.ConfigError, match="does not match the sha256"):
+        resolve_vocab(cfg, data)
+    with pytest.raises(convert.ConfigError, match="pass --vocab FILE"):
+        resolve_vocab(cfg, str(tmp_path / "no-such-dataset"))
