@@ -861,13 +861,20 @@ def verify_shard(task: ShardTask) -> ShardResult:
     return res
 
 
+def pool_start_method(tasks: list) -> str:
+    """'fork' for local files (cheap); 'spawn' when a task reads a remote filesystem, because a forked
+    child would share the parent's open HTTP connections (the manifest and vocab were read with them)."""
+    remote = any("://" in getattr(t.ref, "path", "") for t in tasks)
+    return "spawn" if remote else "fork"
+
+
 def map_shards(fn: Callable, tasks: list, workers: int | None = None) -> list:
     """fn over tasks in order, on a process pool when there is more than one worker and task."""
     workers = workers or os.cpu_count() or 1
     workers = min(workers, len(tasks))
     if workers <= 1:
         return [fn(t) for t in tasks]
-    with multiprocessing.get_context("fork").Pool(workers) as pool:
+    with multiprocessing.get_context(pool_start_method(tasks)).Pool(workers) as pool:
         return list(pool.imap(fn, tasks, chunksize=1))
 
 

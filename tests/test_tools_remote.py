@@ -106,9 +106,17 @@ def store(tmp_path_factory) -> dict[str, str]:
 def test_dataset_written_and_verified_through_the_object_store(store) -> None:
     assert sorted(os.listdir(os.path.join(ROOT["dir"], "bucket", "a"))) == [
         "README.md", "eval", "manifest.json", "train", "vocab.txt"]
-    result = CliRunner().invoke(verify_command, [store["a"], "--workers", "2"])
+    # One worker: the fake store is registered in this process only (remote pools use 'spawn').
+    result = CliRunner().invoke(verify_command, [store["a"], "--workers", "1"])
     assert result.exit_code == 0, result.output
     assert "70 records" in result.output
+
+
+def test_remote_shards_are_read_by_spawned_workers(store) -> None:
+    from pipelines.tools import ShardTask, open_dataset, pool_start_method
+
+    ds = open_dataset(store["a"])
+    assert pool_start_method([ShardTask(r, ds.shape) for r in ds.shards]) == "spawn"
 
 
 def test_damage_in_the_object_store_is_found(store, tmp_path: Path) -> None:
@@ -119,7 +127,7 @@ def test_damage_in_the_object_store_is_found(store, tmp_path: Path) -> None:
     local = Path(ROOT["dir"]) / "bucket" / "c"
     (local / "train" / "extra.tfrecord").write_bytes(b"")
     os.remove(local / "eval" / "part-00000-of-00001.tfrecord")
-    result = CliRunner().invoke(verify_command, [c, "--json"])
+    result = CliRunner().invoke(verify_command, [c, "--json", "--workers", "1"])
     assert result.exit_code == 1
     problems = "\n".join(json.loads(result.output)["problems"])
     assert "train/extra.tfrecord: stray file not listed in the manifest" in problems
@@ -130,7 +138,7 @@ def test_inspect_stats_diff_through_the_object_store(store) -> None:
     result = CliRunner().invoke(inspect_command, [store["a"], "-n", "1", "--json"])
     assert result.exit_code == 0, result.output
     assert json.loads(result.output)["shard"] == "train/part-00000-of-00002.tfrecord"
-    result = CliRunner().invoke(stats_command, [store["a"], "--json"])
+    result = CliRunner().invoke(stats_command, [store["a"], "--json", "--workers", "1"])
     assert json.loads(result.output)["records"] == 70
     assert CliRunner().invoke(diff_command, [store["a"], store["a2"]]).exit_code == 0
     assert CliRunner().invoke(diff_command, [store["a"], store["b"]]).exit_code == 1
@@ -139,6 +147,7 @@ def test_inspect_stats_diff_through_the_object_store(store) -> None:
 def test_glob_without_manifest_through_the_object_store(store) -> None:
     vocab = f"{store['a']}/vocab.txt"
     result = CliRunner().invoke(verify_command, [f"{store['a']}/train/*.tfrecord", "--max-seq-length", "32",
-                                                 "--max-predictions-per-seq", "5", "--vocab", vocab])
+                                                 "--max-predictions-per-seq", "5", "--vocab", vocab,
+                                                 "--workers", "1"])
     assert result.exit_code == 0, result.output
     assert "60 records" in result.output

@@ -377,3 +377,16 @@ def test_vectorized_crc32c_matches_google_crc32c() -> None:
     rows = np.random.default_rng(0).integers(0, 256, size=(500, 8), dtype=np.uint8)
     expected = [google_crc32c.value(bytes(r)) for r in rows]
     assert _crc32c_rows(rows).tolist() == expected
+
+
+def test_spawned_workers_give_the_same_report(ds_dir: Path, monkeypatch) -> None:
+    """Remote datasets use 'spawn' pools: tasks and results must survive pickling into fresh processes."""
+    import pipelines.tools as tools
+
+    data = bytearray((ds_dir / SHARD0).read_bytes())
+    data[700] ^= 0x04
+    (ds_dir / SHARD0).write_bytes(bytes(data))
+    forked = _verify(ds_dir, workers=2)
+    monkeypatch.setattr(tools, "pool_start_method", lambda tasks: "spawn")
+    spawned = _verify(ds_dir, workers=2)
+    assert spawned.problems == forked.problems and spawned.problem_count == forked.problem_count > 0
