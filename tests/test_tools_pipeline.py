@@ -45,7 +45,8 @@ def generated(shared_corpora: Path, tmp_path_factory) -> dict[str, Path]:
 
 
 def test_generated_dataset_verifies(generated) -> None:
-    result = CliRunner().invoke(verify_command, [str(generated["a"]), "--json"])
+    # One worker: this process ran Beam (gRPC threads); do not fork it.
+    result = CliRunner().invoke(verify_command, [str(generated["a"]), "--json", "--workers", "1"])
     report = json.loads(result.output)
     assert result.exit_code == 0 and report["ok"], report["problems"]
     assert report["records"] > 0 and report["manifest"]
@@ -61,7 +62,7 @@ def test_generated_dataset_damage_is_found(generated, tmp_path: Path) -> None:
     data = bytearray((d / shard).read_bytes())
     data[len(data) // 3] ^= 0x01
     (d / shard).write_bytes(bytes(data))
-    result = CliRunner().invoke(verify_command, [str(d)])
+    result = CliRunner().invoke(verify_command, [str(d), "--workers", "1"])
     assert result.exit_code == 1 and f"{shard}: sha256 is" in result.output
 
 
@@ -104,7 +105,7 @@ def test_diff_same_seed_identical_other_seed_different(generated) -> None:
 
 
 def test_stats_agree_with_the_manifest(generated) -> None:
-    st = json.loads(CliRunner().invoke(stats_command, [str(generated["a"]), "--json"]).output)
+    st = json.loads(CliRunner().invoke(stats_command, [str(generated["a"]), "--json", "--workers", "1"]).output)
     manifest = json.loads((generated["a"] / "manifest.json").read_text())
     assert st["records"] == manifest["totals"]["instances"]
     assert st["notnext_share"] == pytest.approx(manifest["totals"]["notnext_fraction"], abs=1e-6)
