@@ -370,7 +370,8 @@ class BuildInstances(beam.DoFn):
         (split, pool, pass_index), docs = task
         result = build_pool_instances(docs, pass_index, self.config, self.vocab)
         records = encode_records(result.batch, result.keys)
-        extra = {k: v for k, v in dict(result.stats or {}).items() if k not in TOTAL_KEYS}
+        # Counts this DoFn takes from the records themselves are not taken twice from the builder.
+        extra = {k: v for k, v in dict(result.stats or {}).items() if k not in TOTAL_KEYS and k != "notnext"}
         if self._progress:
             self._progress.add(instances=len(records))
         if not len(records):
@@ -595,10 +596,16 @@ def check_vocab(vocab: Any, vocab_path: str) -> None:
                            "BERT data needs [PAD], [UNK], [CLS], [SEP] and [MASK]")
 
 
+# Further counters worth a line in the manifest, when the reader or the instance builder reports them.
+EXTRA_TOTALS = ("empty_documents", "nul_bytes", "notnext_forced", "notnext_same_document",
+                "truncated_instances", "truncated_tokens", "short_target_documents")
+
+
 def finalize_totals(totals: dict[str, Any]) -> dict[str, Any]:
     out = {k: int(totals.get(k, 0)) for k in TOTAL_KEYS if k != "notnext_fraction"}
     instances = out["instances"]
     out["notnext_fraction"] = round(totals.get("notnext", 0) / instances, 6) if instances else 0.0
+    out.update({k: int(totals[k]) for k in EXTRA_TOTALS if k in totals})
     return out
 
 

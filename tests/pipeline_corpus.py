@@ -87,3 +87,20 @@ def shard_digests(output_dir: Path) -> dict[str, str]:
 
 def manifest_of(output_dir: Path) -> dict:
     return json.loads((Path(output_dir) / "manifest.json").read_text())
+
+
+def write_sentence_files(directory: Path, docs: list[list[str]], n_files: int) -> list[Path]:
+    """The original tool's format: one sentence per line, a blank line between documents."""
+    directory.mkdir(parents=True, exist_ok=True)
+    per_file = -(-len(docs) // n_files)
+    paths = []
+    for f in range(n_files):
+        lines = []
+        for doc in docs[f * per_file:(f + 1) * per_file]:
+            for paragraph in doc:
+                lines.extend(s.strip() + "." for s in paragraph.split(".") if s.strip())
+            lines.append("")
+        path = directory / f"sent-{f:03d}.txt"
+        path.write_text("\n".join(lines), encoding="utf-8")
+        paths.append(path)
+    return paths
