@@ -110,6 +110,9 @@ class RecordShape:
     mask_id: int | None
     pad_id: int | None
     unk_id: int | None
+    # From the manifest's config; None for data without one (the masked-count check is skipped).
+    masked_lm_prob: float | None = None
+    whole_word_mask: bool = False
 
 
 @dataclass
@@ -125,12 +128,16 @@ class Dataset:
         return list(dict.fromkeys(s.split for s in self.shards))
 
 
-def _shape_for(vocab: Vocab, max_seq_length: int, max_predictions: int) -> RecordShape:
+def _shape_for(vocab: Vocab, max_seq_length: int, max_predictions: int, config: dict | None = None
+               ) -> RecordShape:
     cls_id, sep_id = vocab.id_of("[CLS]"), vocab.id_of("[SEP]")
     if cls_id is None or sep_id is None:
         raise ToolError(f"{vocab.path}: vocab has no [CLS] or [SEP] token; it cannot be a BERT vocab")
+    prob = (config or {}).get("masked_lm_prob")
     return RecordShape(max_seq_length, max_predictions, len(vocab), cls_id, sep_id,
-                       vocab.id_of("[MASK]"), vocab.id_of("[PAD]"), vocab.id_of("[UNK]"))
+                       vocab.id_of("[MASK]"), vocab.id_of("[PAD]"), vocab.id_of("[UNK]"),
+                       float(prob) if prob is not None else None,
+                       bool((config or {}).get("whole_word_mask", False)))
 
 
 def _is_dir(path: str) -> bool:
@@ -163,7 +170,7 @@ def open_dataset(
         seq, preds = shape_from_manifest(manifest)
         shards = [ShardRef(split, s["path"], fsio.join(target, *s["path"].split("/")), s)
                   for split in split_names(manifest) for s in manifest["splits"][split]["shards"]]
-        return Dataset(target, manifest, shards, vocab, _shape_for(vocab, seq, preds))
+        return Dataset(target, manifest, shards, vocab, _shape_for(vocab, seq, preds, manifest["config"]))
     if any(v is None for v in legacy_opts):
         if _is_dir(target):
             raise ManifestError(
@@ -782,6 +789,16 @@ def check_batch(batch: Batch, shape: RecordShape, layout: Layout | None = None,
     checks.append((bad_tail.any(1), lambda r: f"masked_lm_positions/ids entry {first(bad_tail, r)} has weight 0 "
                    "but is not 0"))
     checks.append(((nsp != 0) & (nsp != 1), lambda r: f"next_sentence_labels is {nsp[r]} (must be 0 or 1)"))
+    if shape.masked_lm_prob is not None:
+        # The recipe: min(max_predictions, max(1, round(len * masked_lm_prob))) positions (round half to
+        # even, as Python and np.round do), fewer only when there are fewer candidates; whole-word
+        # masking may take fewer because it skips words that would overshoot.
+        want = np.minimum(np.minimum(p, np.maximum(1, np.round(length * shape.masked_lm_prob).astype(np.int64))),
+                          length - 3)
+        wrong_k = (k > want) if shape.whole_word_mask else (k != want)
+        checks.append((wrong_k & layout_ok, lambda r: (
+            f"masks {int(k[r])} positions; the recipe gives {'at most ' if shape.whole_word_mask else ''}"
+            f"{int(want[r])} for {int(length[r])} tokens at masked_lm_prob {shape.masked_lm_prob}")))
 
     problems = []
     total = 0

@@ -209,6 +209,15 @@ def _mask_position(b, r: int, pos: int) -> None:
     b.masked_lm_ids[r, :k] = labels
 
 
+def _drop_last_mask(b, r: int) -> None:
+    """Unmask the last masked position cleanly (token restored): a record with one prediction too few."""
+    k = int(b.masked_lm_weights[r].sum())
+    pos = int(b.masked_lm_positions[r, k - 1])
+    b.input_ids[r, pos] = b.masked_lm_ids[r, k - 1]
+    b.masked_lm_positions[r, k - 1] = b.masked_lm_ids[r, k - 1] = 0
+    b.masked_lm_weights[r, k - 1] = 0
+
+
 MUTATIONS = {
     "id over vocab": (lambda b, r: b.input_ids[r].__setitem__(1, 10_000), "is not below the vocab size"),
     "mask not prefix": (lambda b, r: b.input_mask[r].__setitem__(SEQ - 1, 1), "input_mask is not 1s then 0s"),
@@ -225,6 +234,7 @@ MUTATIONS = {
     "weights": (lambda b, r: b.masked_lm_weights[r].__setitem__(0, 0.5), "masked_lm_weights are not 1s then 0s"),
     "tail": (lambda b, r: b.masked_lm_positions[r].__setitem__(PREDS - 1, 3), "has weight 0 but is not 0"),
     "nsp": (lambda b, r: b.next_sentence_labels.__setitem__(r, 2), "next_sentence_labels is 2"),
+    "masked count": (lambda b, r: _drop_last_mask(b, r), "the recipe gives"),
     "mask in text": (lambda b, r: b.input_ids[r].__setitem__(
         next(i for i in range(1, _length(b, r)) if i not in b.masked_lm_positions[r]
              and b.input_ids[r, i] not in (SEP, CLS)), MASK), f"special token id {MASK} inside the text"),
