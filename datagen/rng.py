@@ -33,10 +33,20 @@ def mix64(z: int) -> int:
 
 def mix64_array(z: np.ndarray) -> np.ndarray:
     """SplitMix64 finaliser, element-wise on a uint64 array (wraps mod 2**64)."""
-    z = np.asarray(z, dtype=np.uint64)
-    z = (z ^ (z >> np.uint64(30))) * np.uint64(_M1)
-    z = (z ^ (z >> np.uint64(27))) * np.uint64(_M2)
-    return z ^ (z >> np.uint64(31))
+    return _mix64_inplace(np.array(z, dtype=np.uint64, copy=True))
+
+
+def _mix64_inplace(z: np.ndarray) -> np.ndarray:
+    # In place with one scratch buffer: the hot loops of masking call this on
+    # millions of values, where temporaries cost more than the arithmetic.
+    tmp = np.empty_like(z)
+    for shift, mult in ((30, _M1), (27, _M2)):
+        np.right_shift(z, np.uint64(shift), out=tmp)
+        np.bitwise_xor(z, tmp, out=z)
+        np.multiply(z, np.uint64(mult), out=z)
+    np.right_shift(z, np.uint64(31), out=tmp)
+    np.bitwise_xor(z, tmp, out=z)
+    return z
 
 
 def _encode_part(part: Any) -> bytes:
@@ -118,4 +128,9 @@ def u64_for_keys(keys: np.ndarray, counters: np.ndarray) -> np.ndarray:
     """Draw ``counters[i]`` of stream ``keys[i]``, for many streams at once."""
     keys = np.asarray(keys, dtype=np.uint64)
     counters = np.asarray(counters, dtype=np.uint64)
-    return mix64_array(keys + counters * np.uint64(GOLDEN))
+    z = counters * np.uint64(GOLDEN)
+    if z.shape == np.broadcast_shapes(z.shape, keys.shape):
+        np.add(z, keys, out=z)
+    else:
+        z = z + keys
+    return _mix64_inplace(z)

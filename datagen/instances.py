@@ -1,0 +1,321 @@
+"""Pre-training instances of one NotNext pool for one pass (RECIPE.md section 2), masked.
+
+``build_pool_instances(pool, pass_index, config, vocab)`` follows the original
+exactly, document by document:
+
+* ``max_num_tokens = max_seq_length - 3``; the target length is drawn ONCE per
+  document per pass (``short_seq_prob`` -> uniform in ``[2, max_num_tokens]``);
+* the chunk walk, ``a_end``, the NotNext rule (forced for a one-sentence chunk,
+  else probability 0.5), the partner document (up to ``max_notnext_tries``
+  draws to avoid the current one; when every draw hits it, as in a pool of one
+  document, the current document is used, which is what the original does
+  after its 10 tries), a uniformly random start sentence, B filled up to
+  ``target - len(A)``, the put-back of the chunk's unused sentences;
+* truncation of the longer side (B when equal), one token at a time from the
+  front or the back with probability 0.5; ``[CLS] A [SEP] B [SEP]``.
+
+The pool is sorted by ``doc_id`` here, so the result does not depend on the
+order documents arrive in.  Only the chunk walk is a Python loop (its steps
+depend on each other); partners, truncation, layout and masking are NumPy
+over the whole pool.
+
+Randomness (``datagen.rng``): for each purpose a key ``derive_key(seed,
+"instances-v1", purpose)``; a document's stream for that purpose in pass ``t``
+has the key ``mix64(mix64(purpose_key ^ doc_id) + (t + 1) * GOLDEN)``, i.e. the
+``t + 1``-th draw of the document's own stream; instance ``k`` of the
+document uses that stream's draw ``k + 1`` (partner tries: ``k * tries + try +
+1``).  Truncation and masking draw from per-instance keys (draw ``k + 1`` of
+their document stream) with a counter per token.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from functools import cache
+from typing import Any
+
+import numpy as np
+
+from datagen.config import DatagenConfig
+from datagen.documents import TokenizedDocument
+from datagen.masking import mask_batch
+from datagen.records import InstanceBatch
+from datagen.rng import GOLDEN, MASK64, derive_key, mix64_array, u64_for_keys
+
+_U53 = 1.0 / (1 << 53)
+_TOP_BIT = np.uint64(63)
+
+
+@dataclass
+class PoolPass:
+    """The masked instances of one pool in one pass, with one identity key per instance."""
+
+    batch: InstanceBatch
+    keys: np.ndarray  # uint64, one per instance
+    stats: dict[str, int] = field(default_factory=dict)
+
+
+@cache
+def _purpose_key(seed: int, purpose: str) -> int:
+    return derive_key(seed, "instances-v1", purpose)
+
+
+def doc_pass_keys(seed: int, purpose: str, doc_ids: np.ndarray, pass_index: int) -> np.ndarray:
+    """Key of each document's stream for ``purpose`` in pass ``pass_index`` (see module doc)."""
+    doc_key = mix64_array(np.uint64(_purpose_key(seed, purpose)) ^ np.asarray(doc_ids, dtype=np.uint64))
+    return mix64_array(doc_key + np.uint64(((pass_index + 1) * GOLDEN) & MASK64))
+
+
+def _uniform(draws: np.ndarray) -> np.ndarray:
+    return (draws >> np.uint64(11)).astype(np.float64) * _U53
+
+
+def _randint(draws: np.ndarray, low: int | np.ndarray, high: int | np.ndarray) -> np.ndarray:
+    """Integers in ``[low, high]`` from u64 draws, as ``Stream.randint`` makes them."""
+    span = (np.asarray(high, dtype=np.int64) - np.asarray(low, dtype=np.int64) + 1).astype(np.uint64)
+    return np.asarray(low, dtype=np.int64) + (draws % span).astype(np.int64)
+
+
+@dataclass
+class _Pool:
+    """The pool flattened: global sentence indices and a global token cumsum."""
+
+    doc_ids: np.ndarray  # uint64 (d,)
+    tokens: np.ndarray  # int32, every document's tokens concatenated
+    first_sentence: np.ndarray  # int64 (d + 1,), global index of each document's first sentence
+    token_cumsum: np.ndarray  # int64 (total sentences + 1,)
+
+    @classmethod
+    def of(cls, docs: Sequence[TokenizedDocument]) -> _Pool:
+        counts = np.fromiter((d.num_sentences for d in docs), dtype=np.int64, count=len(docs))
+        first = np.zeros(len(docs) + 1, dtype=np.int64)
+        np.cumsum(counts, out=first[1:])
+        lengths = np.concatenate([d.sentence_lengths() for d in docs]).astype(np.int64)
+        cumsum = np.zeros(lengths.shape[0] + 1, dtype=np.int64)
+        np.cumsum(lengths, out=cumsum[1:])
+        tokens = np.concatenate([np.asarray(d.tokens, dtype=np.int32) for d in docs])
+        ids = np.fromiter((d.doc_id for d in docs), dtype=np.uint64, count=len(docs))
+        return cls(ids, tokens, first, cumsum)
+
+
+def _target_lengths(pool: _Pool, pass_index: int, config: DatagenConfig) -> np.ndarray:
+    max_num_tokens = config.max_seq_length - 3
+    keys = doc_pass_keys(config.random_seed, "target_length", pool.doc_ids, pass_index)
+    short = _uniform(u64_for_keys(keys, np.ones_like(keys))) < config.short_seq_prob
+    short_len = _randint(u64_for_keys(keys, np.full_like(keys, 2)), 2, max_num_tokens)
+    return np.where(short, short_len, max_num_tokens).astype(np.int64)
+
+
+def _walk_draws(pool: _Pool, seed: int, purpose: str, pass_index: int) -> list[int]:
+    """Draw ``k + 1`` of each document's stream for k < its sentence count, flat in global sentence order."""
+    counts = np.diff(pool.first_sentence)
+    keys = np.repeat(doc_pass_keys(seed, purpose, pool.doc_ids, pass_index), counts)
+    ordinal = np.arange(keys.shape[0], dtype=np.int64) - np.repeat(pool.first_sentence[:-1], counts)
+    return u64_for_keys(keys, (ordinal + 1).astype(np.uint64)).tolist()
+
+
+def _walk(pool: _Pool, targets: np.ndarray, pass_index: int, config: DatagenConfig) -> dict[str, np.ndarray]:
+    """The chunk walk of every document: which sentences make A (and B when IsNext).
+
+    Sentence indices are global (into the flattened pool): A is ``[a_lo, a_hi)``,
+    an IsNext B is ``[a_hi, b_hi)``, and the chunk was ``[a_lo, b_hi)``.
+    """
+    seed = config.random_seed
+    a_draws = _walk_draws(pool, seed, "a_end", pass_index)
+    coin_draws = _walk_draws(pool, seed, "is_random_next", pass_index)
+    half = 1 << 63  # uniform < 0.5 <=> top bit clear
+    cumsum = pool.token_cumsum.tolist()
+    first = pool.first_sentence.tolist()
+    targets_l = targets.tolist()
+    rows: list[tuple[int, int, int, bool]] = []
+    append = rows.append
+    per_doc = []
+    for d in range(len(first) - 1):
+        start, end, target = first[d], first[d + 1], targets_l[d]
+        i, k = start, 0
+        while i < end:
+            # The chunk ends at the first sentence that brings it to the target, or the document's end.
+            j = min(bisect_left(cumsum, cumsum[i] + target, i + 1, end + 1), end) - 1
+            m = j - i + 1
+            draw = start + k  # instance k never exceeds the sentence count
+            a_end = 1 if m == 1 else 1 + a_draws[draw] % (m - 1)
+            is_random = m == 1 or coin_draws[draw] < half
+            append((i, i + a_end, j + 1, is_random))
+            # NotNext puts the chunk's unused sentences back: the walk resumes after A.
+            i = i + a_end if is_random else j + 1
+            k += 1
+        per_doc.append(k)
+    table = np.array(rows, dtype=np.int64).reshape(-1, 4)
+    counts = np.asarray(per_doc, dtype=np.int64)
+    return {
+        "doc": np.repeat(np.arange(counts.shape[0]), counts),
+        "ordinal": np.arange(table.shape[0]) - np.repeat(np.cumsum(counts) - counts, counts),
+        "a_lo": table[:, 0],
+        "a_hi": table[:, 1],
+        "b_hi": table[:, 2],
+        "random_next": table[:, 3].astype(bool),
+    }
+
+
+def _partners(pool: _Pool, walk: dict[str, np.ndarray], pass_index: int, config: DatagenConfig) -> tuple[np.ndarray, np.ndarray]:
+    """(partner document, tries exhausted) of each NotNext instance."""
+    which = np.nonzero(walk["random_next"])[0]
+    doc = walk["doc"][which]
+    tries = config.max_notnext_tries
+    keys = doc_pass_keys(config.random_seed, "partner", pool.doc_ids[doc], pass_index)
+    counters = (walk["ordinal"][which][:, None] * tries + np.arange(1, tries + 1)[None, :]).astype(np.uint64)
+    candidates = (u64_for_keys(keys[:, None], counters) % np.uint64(len(pool.doc_ids))).astype(np.int64)
+    other = candidates != doc[:, None]
+    found = other.any(axis=1)
+    pick = np.where(found, np.argmax(other, axis=1), tries - 1)
+    return candidates[np.arange(which.shape[0]), pick], ~found
+
+
+def _b_ranges(pool: _Pool, walk: dict[str, np.ndarray], targets: np.ndarray, pass_index: int,
+              config: DatagenConfig) -> tuple[np.ndarray, np.ndarray, dict[str, int]]:
+    """Global token range ``[lo, hi)`` of every instance's B."""
+    cum = pool.token_cumsum
+    b_lo = cum[walk["a_hi"]].copy()
+    b_hi = cum[walk["b_hi"]].copy()
+    which = np.nonzero(walk["random_next"])[0]
+    partner, same_doc = _partners(pool, walk, pass_index, config)
+    keys = doc_pass_keys(config.random_seed, "b_start", pool.doc_ids[walk["doc"][which]], pass_index)
+    p_first, p_end = pool.first_sentence[partner], pool.first_sentence[partner + 1]
+    start = p_first + _randint(u64_for_keys(keys, (walk["ordinal"][which] + 1).astype(np.uint64)), 0, p_end - p_first - 1)
+    len_a = cum[walk["a_hi"][which]] - cum[walk["a_lo"][which]]
+    target_b = targets[walk["doc"][which]] - len_a
+    # B takes sentences from ``start`` until it reaches target_b (at least one).
+    stop = np.maximum(np.searchsorted(cum, cum[start] + target_b, side="left"), start + 1)
+    stop = np.minimum(stop, p_end)
+    b_lo[which] = cum[start]
+    b_hi[which] = cum[stop]
+    return b_lo, b_hi, {"notnext_same_document": int(same_doc.sum())}
+
+
+def _truncate(len_a: np.ndarray, len_b: np.ndarray, keys: np.ndarray, max_num_tokens: int) -> tuple[np.ndarray, ...]:
+    """Tokens cut from the front and back of A and B, one coin per removed token.
+
+    The original removes one token at a time from the longer side (B when
+    equal): first the longer side alone until both are equal, then B, A, B, ...
+    Only the front/back coin is random, so the counts follow in closed form
+    from the coins of each side's removals (removal ``r`` uses draw ``r + 1``
+    of the instance's truncation key; front when the top bit is clear).
+    """
+    excess = np.maximum(len_a + len_b - max_num_tokens, 0)
+    diff = np.abs(len_a - len_b)
+    phase1 = np.minimum(diff, excess)
+    n = len_a.shape[0]
+    zeros = np.zeros(n, dtype=np.int64)
+    if not excess.any():
+        return zeros, zeros, zeros, zeros
+    inst = np.repeat(np.arange(n), excess)
+    removal = np.arange(inst.shape[0], dtype=np.int64) - np.repeat(np.cumsum(excess) - excess, excess)
+    in_phase1 = removal < phase1[inst]
+    a_longer = (len_a > len_b)[inst]
+    from_a = np.where(in_phase1, a_longer, (removal - phase1[inst]) % 2 == 1)
+    front = (u64_for_keys(keys[inst], (removal + 1).astype(np.uint64)) >> _TOP_BIT) == 0
+    a_front = np.bincount(inst, weights=from_a & front, minlength=n).astype(np.int64)
+    a_total = np.bincount(inst, weights=from_a, minlength=n).astype(np.int64)
+    b_front = np.bincount(inst, weights=~from_a & front, minlength=n).astype(np.int64)
+    b_total = excess - a_total
+    return a_front, a_total - a_front, b_front, b_total - b_front
+
+
+def _layout(tokens: np.ndarray, a_lo: np.ndarray, len_a: np.ndarray, b_lo: np.ndarray, len_b: np.ndarray,
+            seq: int, vocab: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``[CLS] A [SEP] B [SEP]`` rows padded to ``seq``: ids, lengths, segment ids."""
+    n = a_lo.shape[0]
+    pos = np.arange(seq, dtype=np.int64)
+    sep_a = len_a + 1
+    lengths = len_a + len_b + 3
+    after_a = pos[None, :] > sep_a[:, None]
+    # Position p reads token a_lo + p - 1 inside A and b_lo + p - sep_a - 1 inside B.
+    source = np.where(after_a, (b_lo - sep_a - 1)[:, None], (a_lo - 1)[:, None])
+    source += pos
+    np.clip(source, 0, tokens.shape[0] - 1, out=source)
+    ids = tokens[source]
+    ids[pos[None, :] >= (lengths - 1)[:, None]] = vocab.pad_id
+    rows = np.arange(n)
+    ids[:, 0] = vocab.cls_id
+    ids[rows, sep_a] = vocab.sep_id
+    ids[rows, lengths - 1] = vocab.sep_id
+    segments = (after_a & (pos[None, :] < lengths[:, None])).astype(np.int32)
+    return ids, lengths, segments
+
+
+ROWS_PER_BLOCK = 4096  # rows laid out and masked together: temporaries stay in cache
+
+
+def _masked_rows(tokens: np.ndarray, a_lo: np.ndarray, len_a: np.ndarray, b_lo: np.ndarray, len_b: np.ndarray,
+                 mask_keys: np.ndarray, labels: np.ndarray, config: DatagenConfig, vocab: Any) -> InstanceBatch:
+    n, seq, npred = a_lo.shape[0], config.max_seq_length, config.max_predictions_per_seq
+    out = InstanceBatch(
+        input_ids=np.empty((n, seq), np.int32), input_mask=np.empty((n, seq), np.int32),
+        segment_ids=np.empty((n, seq), np.int32), masked_lm_positions=np.empty((n, npred), np.int32),
+        masked_lm_ids=np.empty((n, npred), np.int32), masked_lm_weights=np.empty((n, npred), np.float32),
+        next_sentence_labels=labels,
+    )
+    pos = np.arange(seq)
+    for lo in range(0, n, ROWS_PER_BLOCK):
+        block = slice(lo, min(n, lo + ROWS_PER_BLOCK))
+        ids, lengths, segments = _layout(tokens, a_lo[block], len_a[block], b_lo[block], len_b[block], seq, vocab)
+        masked = mask_batch(ids, lengths, mask_keys[block], config, vocab)
+        out.input_ids[block] = masked.input_ids
+        out.input_mask[block] = pos[None, :] < lengths[:, None]
+        out.segment_ids[block] = segments
+        out.masked_lm_positions[block] = masked.masked_lm_positions
+        out.masked_lm_ids[block] = masked.masked_lm_ids
+        out.masked_lm_weights[block] = masked.masked_lm_weights
+    return out
+
+
+def empty_batch(config: DatagenConfig) -> InstanceBatch:
+    s, p = config.max_seq_length, config.max_predictions_per_seq
+    return InstanceBatch(
+        input_ids=np.zeros((0, s), np.int32), input_mask=np.zeros((0, s), np.int32),
+        segment_ids=np.zeros((0, s), np.int32), masked_lm_positions=np.zeros((0, p), np.int32),
+        masked_lm_ids=np.zeros((0, p), np.int32), masked_lm_weights=np.zeros((0, p), np.float32),
+        next_sentence_labels=np.zeros((0,), np.int32),
+    )
+
+
+def build_pool_instances(pool: Sequence[TokenizedDocument], pass_index: int, config: DatagenConfig,
+                         vocab: Any) -> PoolPass:
+    """Masked instances of every document of ``pool`` for one pass; NotNext partners come from ``pool``."""
+    docs = sorted((d for d in pool if d.num_sentences), key=lambda d: d.doc_id)
+    if not docs:
+        return PoolPass(empty_batch(config), np.zeros(0, np.uint64), {"instances": 0})
+    flat = _Pool.of(docs)
+    max_num_tokens = config.max_seq_length - 3
+    targets = _target_lengths(flat, pass_index, config)
+    walk = _walk(flat, targets, pass_index, config)
+    doc_ids = flat.doc_ids[walk["doc"]]
+    ordinal = (walk["ordinal"] + 1).astype(np.uint64)
+    seed = config.random_seed
+
+    a_lo = flat.token_cumsum[walk["a_lo"]]
+    len_a = flat.token_cumsum[walk["a_hi"]] - a_lo
+    b_lo, b_hi, stats = _b_ranges(flat, walk, targets, pass_index, config)
+    len_b = b_hi - b_lo
+    trunc_keys = u64_for_keys(doc_pass_keys(seed, "truncate", doc_ids, pass_index), ordinal)
+    a_front, a_back, b_front, b_back = _truncate(len_a, len_b, trunc_keys, max_num_tokens)
+    a_lo, len_a = a_lo + a_front, len_a - a_front - a_back
+    b_lo, len_b = b_lo + b_front, len_b - b_front - b_back
+
+    mask_keys = u64_for_keys(doc_pass_keys(seed, "mask", doc_ids, pass_index), ordinal)
+    labels = walk["random_next"].astype(np.int32)
+    batch = _masked_rows(flat.tokens, a_lo, len_a, b_lo, len_b, mask_keys, labels, config, vocab)
+    keys = u64_for_keys(doc_pass_keys(seed, "instance", doc_ids, pass_index), ordinal)
+    m_len = walk["b_hi"] - walk["a_lo"]
+    stats.update(
+        instances=len(batch),
+        notnext=int(labels.sum()),
+        notnext_forced=int((m_len == 1).sum()),
+        masked_tokens=int(batch.masked_lm_weights.sum()),
+        truncated_instances=int(((a_front + a_back + b_front + b_back) > 0).sum()),
+        truncated_tokens=int((a_front + a_back + b_front + b_back).sum()),
+        short_target_documents=int((targets < max_num_tokens).sum()),
+    )
+    return PoolPass(batch, keys, stats)

@@ -1,0 +1,154 @@
+"""Static masked-LM masking (RECIPE.md section 3), vectorized over a batch of instances.
+
+Per instance, as in the original:
+
+* candidates are all positions but ``[CLS]`` and ``[SEP]``; with whole-word
+  masking a ``##`` piece joins the candidate group before it (even across the
+  ``[SEP]`` between A and B, as the original does);
+* ``num_to_predict = min(max_predictions_per_seq, max(1, round(len * masked_lm_prob)))``
+  with Python's round-half-to-even;
+* groups are visited in a random order; a group that would take the count past
+  ``num_to_predict`` is skipped, later smaller ones may still fit;
+* each chosen position becomes ``[MASK]``, keeps its token, or becomes a token
+  drawn uniformly from the whole vocabulary, with ``mask_ratios``; the label is
+  the original token; positions are stored sorted, padded with 0 (weight 0.0).
+
+Randomness: instance ``r`` has a key ``keys[r]``; position ``p`` draws its
+group-order key at counter ``p + 1``, its mask/keep/random choice at
+``S + p + 1`` and its random token at ``2S + p + 1`` (``S = max_seq_length``),
+all through ``datagen.rng.u64_for_keys``.  The random order of groups is the
+order of the keys drawn at their first positions (``argsort``, stable).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from datagen.config import DatagenConfig
+from datagen.rng import u64_for_keys
+
+_U53 = np.float64(1.0 / (1 << 53))
+_NEVER = np.uint64(np.iinfo(np.uint64).max)  # order key of a non-candidate
+
+
+@dataclass
+class MaskedBatch:
+    input_ids: np.ndarray  # (n, S) int32, with masks applied
+    masked_lm_positions: np.ndarray  # (n, P) int32
+    masked_lm_ids: np.ndarray  # (n, P) int32
+    masked_lm_weights: np.ndarray  # (n, P) float32
+
+
+def num_to_predict(lengths: np.ndarray, config: DatagenConfig) -> np.ndarray:
+    """Masked positions per instance of ``lengths`` real tokens (round half to even, like Python)."""
+    wanted = np.round(np.asarray(lengths, dtype=np.float64) * config.masked_lm_prob).astype(np.int64)
+    return np.minimum(config.max_predictions_per_seq, np.maximum(1, wanted))
+
+
+def _uniform(draws: np.ndarray) -> np.ndarray:
+    return (draws >> np.uint64(11)).astype(np.float64) * _U53
+
+
+def candidate_groups(ids: np.ndarray, lengths: np.ndarray, vocab: Any, whole_word: bool) -> tuple[np.ndarray, np.ndarray | None]:
+    """(candidate mask, group index of each candidate position or None without whole words)."""
+    n, seq = ids.shape
+    pos = np.arange(seq)
+    real = pos[None, :] < lengths[:, None]
+    cand = real & (ids != vocab.cls_id) & (ids != vocab.sep_id)
+    starts = cand.copy()
+    if whole_word:
+        cont = np.asarray(vocab.is_continuation, dtype=bool)[ids] & cand
+        # A "##" piece joins the previous candidate group when there is one.
+        seen_before = np.cumsum(cand, axis=1) - cand > 0
+        starts &= ~(cont & seen_before)
+    group = np.cumsum(starts, axis=1) - 1 if whole_word else None
+    return cand, group
+
+
+def mask_batch(ids: np.ndarray, lengths: np.ndarray, keys: np.ndarray, config: DatagenConfig, vocab: Any) -> MaskedBatch:
+    """Apply static masking to every row of ``ids`` (``lengths`` real tokens each)."""
+    ids = np.asarray(ids)
+    n, seq = ids.shape
+    npred = config.max_predictions_per_seq
+    lengths = np.asarray(lengths, dtype=np.int64)
+    keys = np.asarray(keys, dtype=np.uint64)
+    cand, group = candidate_groups(ids, lengths, vocab, config.whole_word_mask)
+    target = num_to_predict(lengths, config)
+    counters = np.arange(1, seq + 1, dtype=np.uint64)
+
+    if config.whole_word_mask:
+        chosen = _choose_whole_words(cand, group, keys, counters, target)
+    else:
+        chosen = _choose_positions(cand, keys, counters, target)
+
+    rows, cols = np.nonzero(chosen)  # row-major, so positions come out sorted
+    labels = ids[rows, cols]
+    choice = _uniform(u64_for_keys(keys[rows], counters[cols] + np.uint64(seq)))
+    mask_p, keep_p, _ = config.mask_ratios
+    to_mask = choice < mask_p
+    to_random = choice >= mask_p + keep_p
+    random_ids = u64_for_keys(keys[rows], counters[cols] + np.uint64(2 * seq)) % np.uint64(vocab.size)
+    new_ids = np.where(to_mask, vocab.mask_id, np.where(to_random, random_ids.astype(np.int64), labels))
+    out_ids = ids.astype(np.int32, copy=True)
+    out_ids[rows, cols] = new_ids
+
+    per_row = np.bincount(rows, minlength=n)
+    slot = np.arange(rows.shape[0]) - np.repeat(np.cumsum(per_row) - per_row, per_row)
+    positions = np.zeros((n, npred), dtype=np.int32)
+    label_ids = np.zeros((n, npred), dtype=np.int32)
+    weights = np.zeros((n, npred), dtype=np.float32)
+    positions[rows, slot] = cols
+    label_ids[rows, slot] = labels
+    weights[rows, slot] = 1.0
+    return MaskedBatch(out_ids, positions, label_ids, weights)
+
+
+def _choose_positions(cand: np.ndarray, keys: np.ndarray, counters: np.ndarray, target: np.ndarray) -> np.ndarray:
+    """Every group is one position: the ``target`` candidates with the smallest keys are chosen."""
+    n, seq = cand.shape
+    order_key = u64_for_keys(keys[:, None], counters[None, :])
+    order_key[~cand] = _NEVER
+    # Only the target-th smallest key of each row matters: partition, then sort that prefix.
+    most = int(min(seq, target.max())) if n else 0
+    smallest = np.partition(order_key, most - 1, axis=1)[:, :most] if most < seq else order_key.copy()
+    smallest.sort(axis=1)
+    threshold = smallest[np.arange(n), np.minimum(target, seq) - 1]
+    return cand & (order_key <= threshold[:, None])
+
+
+def _choose_whole_words(
+    cand: np.ndarray, group: np.ndarray, keys: np.ndarray, counters: np.ndarray, target: np.ndarray
+) -> np.ndarray:
+    n, seq = cand.shape
+    rows, cols = np.nonzero(cand)
+    gid = group[rows, cols]
+    sizes = np.zeros((n, seq), dtype=np.int64)
+    np.add.at(sizes, (rows, gid), 1)
+    # A group's order key is the draw at its first position.  Groups are not
+    # always contiguous (a "##" after [SEP] joins A's last word), so a start is
+    # the first appearance of each (row, group) in row-major order.
+    _, first_idx = np.unique(rows * seq + gid, return_index=True)
+    first = np.zeros(rows.shape[0], dtype=bool)
+    first[first_idx] = True
+    seen = np.zeros((n, seq), dtype=bool)
+    seen[rows[first], gid[first]] = True
+    group_key = np.full((n, seq), _NEVER, dtype=np.uint64)
+    group_key[rows[first], gid[first]] = u64_for_keys(keys[rows[first]], counters[cols[first]])
+    order = np.argsort(group_key, axis=1, kind="stable")
+    ordered_sizes = np.take_along_axis(sizes, order, axis=1)
+    taken_sorted = np.zeros((n, seq), dtype=bool)
+    total = np.zeros(n, dtype=np.int64)
+    max_groups = int(seen.sum(axis=1).max()) if n else 0
+    for r in range(max_groups):
+        size = ordered_sizes[:, r]
+        take = (size > 0) & (total + size <= target)
+        taken_sorted[:, r] = take
+        total += np.where(take, size, 0)
+    taken = np.zeros((n, seq), dtype=bool)
+    np.put_along_axis(taken, order, taken_sorted, axis=1)
+    chosen = np.zeros((n, seq), dtype=bool)
+    chosen[rows, cols] = taken[rows, gid]
+    return chosen
