@@ -123,6 +123,12 @@ def test_no_checkpoint_is_a_clear_error(tmp_path):
         convert.read_tf1_checkpoint(tmp_path / "nothing.ckpt", convert.expected_tf1_shapes(TINY))
     with pytest.raises(convert.CheckpointFormatError, match=r"no \*\.index"):
         convert.read_checkpoint_arrays(tmp_path, convert.expected_tf1_shapes(TINY))
+    convert.write_tf1_checkpoint(tmp_path / "bert_model.ckpt", random_arrays(TINY))
+    with pytest.raises(convert.CheckpointFormatError, match="no --bert-config given and no bert_config.json"):
+        convert.init_checkpoint_config(tmp_path / "bert_model.ckpt")
+    (tmp_path / "bert_config.json").write_text("[1, 2]")
+    with pytest.raises(convert.CheckpointFormatError, match="bert_config.json: cannot read"):
+        convert.init_checkpoint_config(tmp_path)
 
 
 def test_hf_export_loads_in_transformers_and_round_trips(tmp_path, vocab_file, monkeypatch):

@@ -145,24 +145,28 @@ def check_arrays(arrays: Mapping[str, tuple[int, ...] | np.ndarray],
 
 
 def resolve_tf1_prefix(path: str | os.PathLike) -> str:
-    """The checkpoint prefix for `path`: a prefix itself, or a directory holding one checkpoint."""
+    """The checkpoint prefix for `path`: a prefix itself, or a directory holding one checkpoint.
+
+    Goes through tf.io.gfile, so gs:// paths work like local ones.
+    """
     import tensorflow as tf
 
     path = str(path)
-    if os.path.isdir(path):
+    gfile = tf.io.gfile
+    if gfile.isdir(path):
         latest = tf.train.latest_checkpoint(path)
         if latest:
             return latest
-        indexes = sorted(p.name[: -len(".index")] for p in Path(path).glob("*.index"))
+        indexes = sorted(os.path.basename(p)[: -len(".index")] for p in gfile.glob(path.rstrip("/") + "/*.index"))
         if len(indexes) == 1:
-            return os.path.join(path, indexes[0])
+            return path.rstrip("/") + "/" + indexes[0]
         if not indexes:
             raise CheckpointFormatError(f"{path}: directory holds no TF checkpoint (no *.index file)")
         raise CheckpointFormatError(f"{path}: directory holds several checkpoints ({', '.join(indexes)}); "
-                         "pass the prefix, e.g. DIR/bert_model.ckpt")
-    if os.path.exists(path + ".index"):
+                                    "pass the prefix, e.g. DIR/bert_model.ckpt")
+    if gfile.exists(path + ".index"):
         return path
-    if path.endswith(".index") and os.path.exists(path):
+    if path.endswith(".index") and gfile.exists(path):
         return path[: -len(".index")]
     raise CheckpointFormatError(f"{path}: no TF checkpoint here (expected {path}.index and its data files)")
 
@@ -562,26 +566,36 @@ def init_checkpoint_config(path: str | os.PathLike, bert_config_path: str | os.P
     TF1: `--bert-config`, else bert_config.json beside the checkpoint. Hugging Face: its config.json;
     a `--bert-config` given as well must agree with it on the model's shape.
     """
-    path = Path(path)
-    given = _read_bert_config(bert_config_path) if bert_config_path else None
+    given = _read_bert_config(str(bert_config_path)) if bert_config_path else None
     if checkpoint_format(path) == "hf":
-        config = bert_config_from_hf_config(read_hf_config(path), str(path / "config.json"))
+        hf_config = str(Path(path) / "config.json")
+        config = bert_config_from_hf_config(read_hf_config(path), hf_config)
         if given is not None:
-            _check_same_shape(given, config, str(bert_config_path), str(path / "config.json"))
+            _check_same_shape(given, config, str(bert_config_path), hf_config)
         return config
     if given is not None:
         return given
-    beside = Path(resolve_tf1_prefix(path)).parent / "bert_config.json"
-    if not beside.is_file():
-        raise CheckpointFormatError(f"{path}: no --bert-config given and no bert_config.json beside the checkpoint")
-    return _read_bert_config(beside)
+    beside = os.path.dirname(resolve_tf1_prefix(path)) + "/bert_config.json"
+    return _read_bert_config(beside, missing_hint=f"{path}: no --bert-config given and no bert_config.json "
+                                                  "beside the checkpoint")
 
 
-def _read_bert_config(path: str | os.PathLike) -> dict:
-    """A bert_config.json with the original defaults filled in (only vocab_size is required)."""
+def _read_bert_config(path: str, missing_hint: str | None = None) -> dict:
+    """A bert_config.json (local or gs://) with the original defaults filled in; only vocab_size is required."""
+    import tensorflow as tf
+
     from trainer.config import BertConfig
 
-    return BertConfig.from_json_file(path).to_dict()
+    if not tf.io.gfile.exists(path):
+        raise CheckpointFormatError(missing_hint or f"{path}: no such bert_config.json")
+    try:
+        with tf.io.gfile.GFile(path, "r") as f:
+            data = json.loads(f.read())
+        if not isinstance(data, dict):
+            raise ValueError("not a JSON object")
+        return BertConfig.from_dict(data).to_dict()
+    except (tf.errors.OpError, ValueError, TypeError) as e:
+        raise CheckpointFormatError(f"{path}: cannot read bert_config.json: {e}") from e
 
 
 def _check_same_shape(a: Mapping, b: Mapping, name_a: str, name_b: str) -> None:
