@@ -1102,8 +1102,22 @@ def _shown(entry: dict) -> str:
     return f"{{random {m['shown']}:{m['label']}}}"
 
 
-def format_record(view: dict, shard_name: str) -> str:
-    """Human-readable text of a record_view."""
+def _segment_text(tokens: list[dict], words: bool) -> str:
+    if not words:
+        return " ".join(_shown(t) for t in tokens)
+    # Join WordPiece continuations to the word before them; a masked piece keeps its marker.
+    out: list[str] = []
+    for t in tokens:
+        shown = _shown(t)
+        if t["token"].startswith("##") and out:
+            out[-1] += shown if "masked" in t else shown[2:]
+        else:
+            out.append(shown)
+    return " ".join(out)
+
+
+def format_record(view: dict, shard_name: str, words: bool = False) -> str:
+    """Human-readable text of a record_view (``words``: ## pieces joined into words)."""
     tokens = view["tokens"]
     a_end = 1 + len(view["a"])
     nsp = view["next_sentence_label"]
@@ -1111,8 +1125,8 @@ def format_record(view: dict, shard_name: str) -> str:
     lines = [
         f"{shard_name} record {view['index']}: {view['length']} tokens, {len(view['masked'])} masked, "
         f"NSP label {nsp} = {view['relation']}" + (f" ({why})" if why else ""),
-        "  A: " + " ".join(_shown(t) for t in tokens[1:a_end]),
-        "  B: " + " ".join(_shown(t) for t in tokens[a_end + 1:view["length"] - 1]),
+        "  A: " + _segment_text(tokens[1:a_end], words),
+        "  B: " + _segment_text(tokens[a_end + 1:view["length"] - 1], words),
         "  masked: " + ", ".join(
             f"{m['position']} {'[MASK]' if m['kind'] == 'mask' else m['kind']}"
             + (f" ({m['shown']})" if m["kind"] == "random" else "") + f" -> {m['label']}"

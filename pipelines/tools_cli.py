@@ -96,9 +96,10 @@ def verify_command(target, max_seq_length, max_predictions_per_seq, vocab_path, 
               help="First record (0-based, within the shard).")
 @click.option("-n", "count", type=click.IntRange(min=1), default=5, show_default=True, help="Records to show.")
 @_legacy_options
+@click.option("--words", is_flag=True, help="Join ## word pieces into words (masked pieces keep their marker).")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per record.")
 def inspect_command(target, split, shard, index, count, max_seq_length, max_predictions_per_seq, vocab_path,
-                    as_json) -> None:
+                    words, as_json) -> None:
     """Decode records back to text.
 
     Shows segment A and B, each masked position as {MASK:label}, {kept:label} or
@@ -113,7 +114,7 @@ def inspect_command(target, split, shard, index, count, max_seq_length, max_pred
         raise click.ClickException(f"{ref.name}: no record at index {index}")
     for v in views:
         click.echo(json.dumps({"shard": ref.name, **v}, ensure_ascii=False) if as_json
-                   else tools.format_record(v, ref.name) + "\n")
+                   else tools.format_record(v, ref.name, words=words) + "\n")
     for p in problems:
         click.echo(f"problem: {p}", err=True)
     if problems:

@@ -304,3 +304,22 @@ def test_inspect_of_a_damaged_record_exits_non_zero(datasets, tmp_path: Path) ->
     assert result.exit_code == 1
     assert "record 0 at byte 0: payload CRC mismatch" in result.output
     assert "record 1: " in result.output  # the readable record is still shown
+
+
+def test_inspect_words_joins_pieces(datasets) -> None:
+    result = _run(inspect_command, [datasets["a"], "-n", 20, "--words"])
+    assert result.exit_code == 0, result.output
+    batch, original = fixture_instances(12345, 0, 20, SEQ, PREDS, len(VOCAB))
+    joined_any = False
+    for r, block in enumerate(result.output.strip().split("\n\n")):
+        a_line = block.split("\n")[1][len("  A: "):]
+        sep1 = int(np.nonzero(batch.segment_ids[r])[0][0]) - 1
+        expected: list[str] = []
+        for tok in (VOCAB[i] for i in original[r, 1:sep1]):
+            if tok.startswith("##") and expected:
+                expected[-1] += tok[2:]
+                joined_any = True
+            else:
+                expected.append(tok)
+        assert [w.replace("##", "") for w in _unmark(a_line)] == [w.replace("##", "") for w in expected]
+    assert joined_any
