@@ -76,13 +76,46 @@ class _Tables:
                         | np.isin(cps, (0, 0xFFFD)))
         punct = _runs((np.char.startswith(cats, "P")) | ascii_punct)
         nonspacing = _runs(cats == "Mn")
-        self.removed = re.compile(f"[{ranges_to_class(removed)}]+")
-        self.nonspacing = re.compile(f"[{ranges_to_class(nonspacing)}]+")
-        punct_class = ranges_to_class(punct)
+        self.removed = re.compile(f"{char_in(removed)}+")
+        self.nonspacing = re.compile(f"{char_in(nonspacing)}+")
         # A word is a run of anything but punctuation and the joining space; punctuation stands alone.
-        self.words = re.compile(f"[{punct_class}]|[^{punct_class} ]+")
-        self.cjk = re.compile(f"[{ranges_to_class(list(CJK_RANGES))}]")
-        self.surrogate = re.compile(f"[{ranges_to_class([SURROGATES])}]")
+        self.words = re.compile(f"{char_in(punct)}|{chars_not_in(punct, ' ')}")
+        self.cjk = re.compile(char_in(list(CJK_RANGES)))
+        self.surrogate = re.compile(char_in([SURROGATES]))
+
+
+_ASTRAL = (0x10000, sys.maxunicode)
+
+
+def _split_bmp(ranges: list[tuple[int, int]]) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
+    bmp = [(lo, min(hi, 0xFFFF)) for lo, hi in ranges if lo <= 0xFFFF]
+    astral = [(max(lo, 0x10000), hi) for lo, hi in ranges if hi >= 0x10000]
+    return bmp, astral
+
+
+def char_in(ranges: list[tuple[int, int]]) -> str:
+    """Regex for one character in the ranges, fast on Python's `re`.
+
+    `re` tests BMP members with a bitmap but walks non-BMP ranges one by one for every
+    character; a lookahead on the whole non-BMP plane keeps that walk off BMP text.
+    """
+    bmp, astral = _split_bmp(ranges)
+    parts = []
+    if bmp:
+        parts.append(f"[{ranges_to_class(bmp)}]")
+    if astral:
+        parts.append(f"(?=[{ranges_to_class([_ASTRAL])}])[{ranges_to_class(astral)}]")
+    return "(?:" + "|".join(parts) + ")" if parts else "(?!)"
+
+
+def chars_not_in(ranges: list[tuple[int, int]], also: str = "") -> str:
+    """Regex for a run of characters outside the ranges and not in `also` (BMP characters)."""
+    bmp, astral = _split_bmp(ranges)
+    plane = ranges_to_class([_ASTRAL])
+    excluded = ranges_to_class(bmp) + re.escape(also) + plane
+    outside_astral = f"(?![{ranges_to_class(astral)}])" if astral else ""
+    # `[^...]+` runs at C speed; a non-BMP character is checked on its own.
+    return f"(?:[^{excluded}]+|{outside_astral}[{plane}])+"
 
 
 def _runs(flags: np.ndarray) -> list[tuple[int, int]]:

@@ -76,18 +76,23 @@ def _batches(texts: Iterable[str], size: int) -> Iterator[list[str]]:
 
 
 def count_words(texts: Iterable[str], do_lower_case: bool) -> Counter[str]:
-    """How often each word (BertTokenizer's basic tokenization) occurs in the texts."""
-    from vocab.basic import tables
-    from vocab.tokenizer import BasicTokenizer
+    """How often each word of BertTokenizer's basic tokenization occurs in the texts.
 
-    basic = BasicTokenizer(do_lower_case)
+    Uses the exact Python path (the original's rules) on batches of texts joined by newlines: a
+    word never spans whitespace, so the words are those of each text, and this is faster than one
+    Rust call per text.
+    """
+    from vocab.basic import basic_tokenize, tables
+
+    surrogate = tables().surrogate
     counts: Counter[str] = Counter()
     for batch in _batches(texts, _BATCH):
-        for text, words in zip(batch, basic.words_batch(batch), strict=True):
-            if not text.isascii() and basic.needs_exact_path(text):
-                # A word holding a lone surrogate is [UNK] whatever the vocabulary: nothing to learn.
-                words = [w for w in words if not tables().surrogate.search(w)]
-            counts.update(words)
+        joined = "\n".join(batch)
+        words = basic_tokenize(joined, do_lower_case)
+        if not joined.isascii() and surrogate.search(joined):
+            # A word holding a lone surrogate is [UNK] whatever the vocabulary: nothing to learn.
+            words = [w for w in words if not surrogate.search(w)]
+        counts.update(words)
     return counts
 
 
