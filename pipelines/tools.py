@@ -459,19 +459,26 @@ def _walk(buf: np.ndarray, start: np.ndarray, end: np.ndarray, bad: np.ndarray, 
     return _Fields(*(c[order] for c in cols))
 
 
-def _single(fields: _Fields, n_owners: int, number: int, wire: int, bad: np.ndarray,
-            owner_rec: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(start, end) of each owner's only field; an owner with other or repeated fields is bad."""
-    counts = np.bincount(fields.owner, minlength=n_owners)
-    right = (fields.number == number) & (fields.wire == wire)
-    wrong_owner = fields.owner[~right]
-    bad[owner_rec[wrong_owner]] = True
-    bad[owner_rec[counts != 1]] = True
-    start = np.zeros(n_owners, np.int64)
-    end = np.zeros(n_owners, np.int64)
-    start[fields.owner[right]] = fields.start[right]
-    end[fields.owner[right]] = fields.end[right]
-    return start, end
+def _ld_at(buf: np.ndarray, pos: np.ndarray, limit: np.ndarray, tag: int | np.ndarray
+           ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The length-delimited field that must start at each position with this tag byte:
+    (content start, content end, ok)."""
+    last = max(len(buf) - 1, 0)
+    ok = (limit - pos >= 2) & (buf[np.minimum(pos, last)] == tag)
+    length, c_start, ok_len = _read_varints(buf, pos + 1, limit)
+    c_end = c_start + np.minimum(length, np.uint64(1 << 40)).astype(np.int64)
+    ok &= ok_len & (c_end <= limit)
+    return c_start, c_end, ok
+
+
+def _expect_ld(buf: np.ndarray, start: np.ndarray, end: np.ndarray, tag: int | np.ndarray, bad: np.ndarray,
+               owner_rec: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Content of messages that hold exactly one length-delimited field with this tag byte, as every
+    protobuf writer emits them here; anything else marks the owning record for the exact decoder."""
+    c_start, c_end, ok = _ld_at(buf, start, end, tag)
+    ok &= c_end == end
+    bad[owner_rec[~ok]] = True
+    return np.where(ok, c_start, 0), np.where(ok, c_end, 0)
 
 
 def _gather_ranges(buf: np.ndarray, start: np.ndarray, end: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -542,6 +549,22 @@ def _decode_packed_varints(data: np.ndarray, offsets: np.ndarray, count: int,
     return out
 
 
+def _name_tables() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    lengths = [len(name) for name in FEATURE_NAMES]
+    assert len(set(lengths)) == len(lengths), "feature names must have distinct lengths"
+    by_length = np.full(max(lengths) + 2, -1, np.int64)
+    table = np.zeros((len(FEATURE_NAMES), max(lengths)), np.uint8)
+    for j, name in enumerate(FEATURE_NAMES):
+        by_length[len(name)] = j
+        table[j, :len(name)] = np.frombuffer(name.encode(), np.uint8)
+    # Feature's tag byte: float_list is field 2, int64_list field 3 (both length-delimited).
+    tags = np.array([0x12 if name in FLOAT_FEATURES else 0x1A for name in FEATURE_NAMES], np.uint8)
+    return by_length, table, tags
+
+
+_NAME_BY_LENGTH, _NAME_TABLE, _FEATURE_TAGS = _name_tables()
+
+
 @dataclass
 class Batch:
     """Decoded records of a batch; ``index`` are the record indices in the shard."""
@@ -574,56 +597,44 @@ def decode_raw(raw: RawBatch, shape: RecordShape) -> tuple[Batch, list[tuple[int
     bad = np.zeros(n, bool)
     rec_ids = np.arange(n)
 
-    top = _walk(buf, rec_start, rec_start + lengths, bad, rec_ids)
-    f_start, f_end = _single(top, n, 1, 2, bad, rec_ids)
+    # Example{features: Features{feature: map entries, in any order}}
+    f_start, f_end = _expect_ld(buf, rec_start, rec_start + lengths, 0x0A, bad, rec_ids)
     entries = _walk(buf, f_start, f_end, bad, rec_ids)
     ent_rec = entries.owner
     bad[ent_rec[(entries.number != 1) | (entries.wire != 2)]] = True
-    ne = len(ent_rec)
-    kv = _walk(buf, entries.start, entries.end, bad, ent_rec)
-    key_rows = (kv.number == 1) & (kv.wire == 2)
-    val_rows = (kv.number == 2) & (kv.wire == 2)
-    bad[ent_rec[kv.owner[~(key_rows | val_rows)]]] = True
-    for rows in (key_rows, val_rows):
-        bad[ent_rec[np.bincount(kv.owner[rows], minlength=ne) != 1]] = True
-    key_s = np.zeros(ne, np.int64)
-    key_e = np.zeros(ne, np.int64)
-    val_s = np.zeros(ne, np.int64)
-    val_e = np.zeros(ne, np.int64)
-    key_s[kv.owner[key_rows]] = kv.start[key_rows]
-    key_e[kv.owner[key_rows]] = kv.end[key_rows]
-    val_s[kv.owner[val_rows]] = kv.start[val_rows]
-    val_e[kv.owner[val_rows]] = kv.end[val_rows]
+    # Map entry: key (field 1) then value (field 2), the order every writer uses.
+    key_s, key_e, ok_k = _ld_at(buf, entries.start, entries.end, 0x0A)
+    val_s, val_e, ok_v = _ld_at(buf, key_e, entries.end, 0x12)
+    ok_entry = ok_k & ok_v & (val_e == entries.end)
+    bad[ent_rec[~ok_entry]] = True
 
-    # Which feature each entry is: compare its key bytes with each expected name.
-    name_of = np.full(ne, -1, np.int64)
+    # Which feature each entry is: the names have distinct lengths; then compare the bytes.
     key_len = key_e - key_s
-    for j, name in enumerate(FEATURE_NAMES):
-        key = np.frombuffer(name.encode(), np.uint8)
-        cand = np.nonzero(key_len == len(key))[0]
-        if len(cand):
-            got = buf[np.minimum(key_s[cand, None] + np.arange(len(key)), max(len(buf) - 1, 0))]
-            name_of[cand[(got == key).all(axis=1)]] = j
+    guess = _NAME_BY_LENGTH[np.clip(key_len, 0, len(_NAME_BY_LENGTH) - 1)]
+    width = _NAME_TABLE.shape[1]
+    got = buf[np.minimum(key_s[:, None] + np.arange(width), max(len(buf) - 1, 0))]
+    same = (got == _NAME_TABLE[np.maximum(guess, 0)]) | (np.arange(width) >= key_len[:, None])
+    name_of = np.where((guess >= 0) & same.all(axis=1) & ok_entry, guess, -1)
     bad[ent_rec[name_of < 0]] = True
     known = name_of >= 0
     per_name = np.bincount(ent_rec[known] * len(FEATURE_NAMES) + name_of[known],
                            minlength=n * len(FEATURE_NAMES)).reshape(n, len(FEATURE_NAMES))
     bad |= (per_name != 1).any(axis=1)
 
+    # Feature{int64_list (3) | float_list (2)} -> List{value (1), packed}
+    use = np.nonzero(known & ~bad[ent_rec])[0]
+    tags = _FEATURE_TAGS[name_of[use]]
+    l_s, l_e = _expect_ld(buf, val_s[use], val_e[use], tags, bad, ent_rec[use])
+    d_s_all, d_e_all = _expect_ld(buf, l_s, l_e, 0x0A, bad, ent_rec[use])
+
     features: dict[str, np.ndarray] = {}
     for j, name in enumerate(FEATURE_NAMES):
-        sel = np.nonzero(name_of == j)[0]
-        sel = sel[~bad[ent_rec[sel]]]
-        recs = ent_rec[sel]
-        dtype, count = spec[name]
-        kind = 2 if dtype == "float32" else 3
-        feat = _walk(buf, val_s[sel], val_e[sel], bad, recs)
-        l_s, l_e = _single(feat, len(sel), kind, 2, bad, recs)
-        lst = _walk(buf, l_s, l_e, bad, recs)
-        d_s, d_e = _single(lst, len(sel), 1, 2, bad, recs)
+        sel = np.nonzero(name_of[use] == j)[0]
+        recs = ent_rec[use[sel]]
         ok = ~bad[recs]
-        recs, d_s, d_e = recs[ok], d_s[ok], d_e[ok]
-        if kind == 2:
+        recs, d_s, d_e = recs[ok], d_s_all[sel][ok], d_e_all[sel][ok]
+        dtype, count = spec[name]
+        if dtype == "float32":
             values = np.zeros((n, count), np.float32)
             right = (d_e - d_s) == 4 * count
             bad[recs[~right]] = True
