@@ -400,3 +400,30 @@ def test_spawned_workers_give_the_same_report(ds_dir: Path, monkeypatch) -> None
     monkeypatch.setattr(tools, "pool_start_method", lambda tasks: "spawn")
     spawned = _verify(ds_dir, workers=2)
     assert spawned.problems == forked.problems and spawned.problem_count == forked.problem_count > 0
+
+
+def test_unusual_but_valid_encodings_take_the_exact_path() -> None:
+    """Value-before-key map entries and unpacked int lists are valid protobuf: same values, no problem."""
+    from datagen.records import decode_example
+    from pipelines.tools import RecordShape
+
+    batch, _ = fixture_instances(7, 0, 6, SEQ, PREDS, len(fixture_vocab()))
+    payloads = encode_batch(batch)
+    rewritten = []
+    for i, p in enumerate(payloads):
+        entries = []
+        for e in _entries(p):
+            (_, _, key), (_, _, value) = list(_fields(e))
+            if key == b"next_sentence_labels" and i % 2:
+                label = int(batch.next_sentence_labels[i])
+                value = _ld(3, bytes([0x08, label]))  # int64_list with its one value unpacked
+            entries.append(_ld(2, value) + _ld(1, key) if i % 3 == 0 else _ld(1, key) + _ld(2, value))
+        rewritten.append(_ld(1, b"".join(_ld(1, e) for e in entries)))
+    assert rewritten != payloads
+    shape = RecordShape(SEQ, PREDS, len(fixture_vocab()), CLS, SEP, MASK, 0, 6)
+    decoded, problems = decode_batch(rewritten, list(range(6)), shape)
+    assert problems == [] and len(decoded) == 6
+    for i in range(6):
+        for name, values in decode_example(rewritten[i]).items():
+            np.testing.assert_array_equal(decoded.features[name][i], values)
+        assert decoded.features["next_sentence_labels"][i, 0] == batch.next_sentence_labels[i]
