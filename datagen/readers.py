@@ -25,7 +25,7 @@ Layouts the ``text`` format recognises on its own, per file:
 * Anything else: documents are separated by blank lines.  Inside a document a
   line break is a paragraph break, unless the lines look hard-wrapped (the
   first word of the next line would not have fitted on the line, in a block
-  whose lines are at most 120 characters): then the lines are joined.
+  whose longest line has 40 to 120 characters): then the lines are joined.
 
 Document counts that matter to users: ``stats["empty_documents"]`` (documents
 with no text) is added to ``stats["dropped_documents"]`` as well.
@@ -68,6 +68,7 @@ class RawDocument:
 
 _SNIFF_BYTES = 1 << 16
 _MAX_NUL_FRACTION = 0.01
+_MIN_NUL_BINARY = 4
 _MAX_INVALID_FRACTION = 0.10
 _MIN_INVALID_BINARY = 32  # a short text with a few bad bytes is still text
 _ESCAPED = re.compile("[\udc80-\udcff]+")
@@ -102,7 +103,7 @@ def _replace_invalid(path: str, data: bytes, sniffed: int, stats: dict[str, int]
 def decode_text(path: str, data: bytes, strict: bool, stats: dict[str, int]) -> str:
     """Clean text of a file: BOM, NUL, CR/CRLF and invalid UTF-8 handled (see module doc)."""
     head = data[:_SNIFF_BYTES]
-    if head and head.count(0) > _MAX_NUL_FRACTION * len(head):
+    if head and head.count(0) > max(_MIN_NUL_BINARY, _MAX_NUL_FRACTION * len(head)):
         raise InputError(
             f"{path}: looks like a binary file ({head.count(0)} NUL bytes in the first {len(head)} bytes); "
             "expected UTF-8 text (UTF-16 is not supported)"
@@ -133,6 +134,7 @@ def decode_text(path: str, data: bytes, strict: bool, stats: dict[str, int]) -> 
 # ---------------------------------------------------------------- paragraphs
 
 _WRAP_WIDTH_LIMIT = 120
+_MIN_WRAP_WIDTH = 40  # nobody hard-wraps prose narrower; short lines are paragraphs (or list items)
 _SPACES = re.compile(r"\s+")
 
 
@@ -153,7 +155,7 @@ def block_paragraphs(lines: list[str]) -> list[str]:
     if not lines:
         return []
     raw_width = max(len(line) for line in lines)
-    if len(lines) == 1 or raw_width > _WRAP_WIDTH_LIMIT:
+    if len(lines) == 1 or not _MIN_WRAP_WIDTH <= raw_width <= _WRAP_WIDTH_LIMIT:
         return lines
     paragraphs: list[str] = []
     current = [lines[0]]
