@@ -216,8 +216,11 @@ class BertPretrainer(keras.Model):
         positions = tf.cast(positions, tf.int32)
         picked = tf.gather(sequence_output, positions, batch_dims=1)  # [B,P,H]
         h = self.mlm_norm(gelu(self.mlm_transform(picked)))
-        # Tied output matrix: the word embeddings, transposed.
-        logits = tf.matmul(h, self.embeddings.word_embeddings, transpose_b=True) + self.mlm_output_bias
+        # Tied output matrix: the word embeddings, transposed. Flattened to 2-D first: a [B,P,H] x
+        # [V,H] matmul would broadcast the matrix over B and build a [B,V,H] gradient.
+        flat = tf.reshape(h, [-1, self.config.hidden_size])
+        logits = tf.matmul(flat, self.embeddings.word_embeddings, transpose_b=True) + self.mlm_output_bias
+        logits = tf.reshape(logits, tf.concat([tf.shape(positions), [self.config.vocab_size]], axis=0))
         return tf.cast(logits, tf.float32)
 
 

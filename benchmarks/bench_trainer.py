@@ -1,0 +1,142 @@
+"""Trainer throughput: sequences/s, model FLOP utilisation, input-pipeline overhead.
+
+All ratios are taken in one run on this machine:
+- MFU = model FLOPs per second of training / dense float32 matmul FLOP/s measured just before.
+  Model FLOPs of a step = 3 x forward FLOPs (backward is about twice the forward), counting the
+  matmuls only (projections, attention scores and context, FFN, pooler, MLM transform and the
+  tied output matrix).
+- Input overhead = step rate reading the TFRecords through the real tf.data pipeline / step rate on
+  the same batches already in memory (target >= 0.97).
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+
+MODELS = {
+    # name: (size, vocab, seq, predictions, batch)  -- "small" is the naive-Keras reference point
+    # of MEASUREMENTS.md (4 layers, 512 wide, 30k vocab, 20 predictions, 32 x 128).
+    "small": ("small", 30522, 128, 20, 32),
+    "tiny": ("tiny", 30522, 128, 20, 32),
+}
+
+
+def matmul_flops_per_second(n: int = 1024, seconds: float = 3.0) -> float:
+    import tensorflow as tf
+
+    a = tf.random.normal((n, n), seed=1)
+    b = tf.random.normal((n, n), seed=2)
+
+    @tf.function
+    def chain(a, b):
+        x = a
+        for _ in range(8):
+            x = tf.matmul(x, b) * 1e-3
+        return x
+
+    chain(a, b).numpy()
+    runs, start = 0, time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        chain(a, b).numpy()
+        runs += 1
+    return runs * 8 * 2 * n**3 / (time.perf_counter() - start)
+
+
+def training_flops_per_sequence(bert, seq: int, predictions: int) -> float:
+    h, f, v, layers = bert.hidden_size, bert.intermediate_size, bert.vocab_size, bert.num_hidden_layers
+    per_layer = 2 * seq * (4 * h * h + 2 * h * f) + 2 * 2 * seq * seq * h
+    heads = 2 * h * h + 2 * predictions * (h * h + h * v)  # pooler, MLM transform + output
+    return 3.0 * (layers * per_layer + heads)
+
+
+def _make_run(workdir: str, size: str, vocab: int, seq: int, preds: int, batch: int):
+    from trainer.config import TrainConfig
+    from trainer.synthetic import write_synthetic_dataset
+    from trainer.train import Run
+
+    data = os.path.join(workdir, f"data-{vocab}-{seq}")
+    if not os.path.exists(os.path.join(data, "manifest.json")):
+        write_synthetic_dataset(data, seq_len=seq, max_pred=preds, vocab_size=vocab, train_shards=4,
+                                records_per_shard=256, eval_records=0)
+    cfg = TrainConfig(data=data, out=os.path.join(workdir, f"run-{size}"), model=size, batch_size=batch,
+                      steps=10**6, learning_rate=1e-4, warmup_steps=100, shuffle_buffer=1000)
+    return Run(cfg, log=lambda _: None)
+
+
+def _timed_steps(run, batches, step0: int) -> float:
+    """Seconds for len(batches) steps (or as many steps from the pipeline when batches is an int)."""
+    import tensorflow as tf
+
+    lr = tf.constant(1e-4)
+    start = time.perf_counter()
+    if isinstance(batches, int):
+        for i in range(batches):
+            sums = run.steps.train_step(run.next_batch(), lr, tf.constant(step0 + i, tf.int64))
+            float(sums["mlm_ce"])  # the real loop reads the loss every step
+    else:
+        for i, batch in enumerate(batches):
+            sums = run.steps.train_step(batch, lr, tf.constant(step0 + i, tf.int64))
+            float(sums["mlm_ce"])
+    return time.perf_counter() - start
+
+
+def bench_model(workdir: str, name: str, steps: int, rounds: int) -> dict:
+    size, vocab, seq, preds, batch = MODELS[name]
+    run = _make_run(workdir, size, vocab, seq, preds, batch)
+    _timed_steps(run, 2, 0)  # trace + warm up
+    cached = [run.next_batch() for _ in range(steps)]
+    _timed_steps(run, cached[:1], 0)
+    real_time = cached_time = 0.0
+    matmul_rates = []
+    # Rounds alternate matmul / real input / cached input (and swap the order of the two inputs),
+    # so that load from other processes on this shared machine hits every figure alike.
+    for r in range(rounds):
+        matmul_rates.append(matmul_flops_per_second(seconds=1.0))
+        if r % 2:
+            cached_time += _timed_steps(run, cached, 10 + r * steps)
+            real_time += _timed_steps(run, steps, 10 + r * steps)
+        else:
+            real_time += _timed_steps(run, steps, 10 + r * steps)
+            cached_time += _timed_steps(run, cached, 10 + r * steps)
+    matmul_rates.append(matmul_flops_per_second(seconds=1.0))
+    matmul_rate = sum(matmul_rates) / len(matmul_rates)
+    n = steps * rounds
+    seq_per_s = n * batch / cached_time
+    flops = training_flops_per_sequence(run.bert, seq, preds) * seq_per_s
+    return {
+        "model": f"{size} (L{run.bert.num_hidden_layers} H{run.bert.hidden_size}), vocab {vocab}, batch {batch}x{seq}, P {preds}",
+        "seconds_per_step": cached_time / n,
+        "sequences_per_second": seq_per_s,
+        "model_gflops_per_second": flops / 1e9,
+        "matmul_gflops_per_second": matmul_rate / 1e9,
+        "mfu_vs_matmul": flops / matmul_rate,
+        "input_ratio_real_over_cached": (n / real_time) / (n / cached_time),
+    }
+
+
+def main(quick: bool = False) -> dict:
+    import tensorflow as tf
+
+    from trainer.train import enable_determinism
+
+    enable_determinism(0)
+    results: dict = {"intra_op_threads": tf.config.threading.get_intra_op_parallelism_threads()}
+    with tempfile.TemporaryDirectory() as workdir:
+        results["tiny"] = bench_model(workdir, "tiny", steps=5 if quick else 10, rounds=2 if quick else 4)
+        results["small"] = bench_model(workdir, "small", steps=2 if quick else 3, rounds=2 if quick else 4)
+    print(f"{'model':<54} {'s/step':>7} {'seq/s':>7} {'GFLOP/s':>8} {'matmul':>7} {'MFU':>6} {'input':>6}")
+    for key in ("tiny", "small"):
+        r = results[key]
+        print(f"{r['model']:<54} {r['seconds_per_step']:>7.3f} {r['sequences_per_second']:>7.1f} "
+              f"{r['model_gflops_per_second']:>8.1f} {r['matmul_gflops_per_second']:>7.1f} "
+              f"{r['mfu_vs_matmul']:>6.1%} {r['input_ratio_real_over_cached']:>6.3f}")
+    print("GFLOP/s: model matmul FLOPs (3x forward) per second; matmul: dense float32 1024^2 matmul rate "
+          "measured between the timed blocks; MFU = their ratio; input: step rate with TFRecord input / "
+          "with the same batches in memory (target >= 0.97)")
+    return results
+
+
+if __name__ == "__main__":
+    main()
