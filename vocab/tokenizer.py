@@ -48,6 +48,20 @@ class BasicTokenizer:
         codes = np.frombuffer(text.encode("utf-32-le", "surrogatepass"), dtype=np.uint32)
         return bool(self._divergent[codes].any())
 
+    def exact_path_flags(self, texts: Sequence[str]) -> np.ndarray:
+        """`needs_exact_path` for a batch, with one lookup for all its non-ASCII texts."""
+        flags = np.zeros(len(texts), dtype=bool)
+        wide = [i for i, text in enumerate(texts) if not text.isascii()]
+        if not wide:
+            return flags
+        chunk = [texts[i] for i in wide]
+        lengths = np.fromiter(map(len, chunk), dtype=np.int64, count=len(chunk))
+        codes = np.frombuffer("".join(chunk).encode("utf-32-le", "surrogatepass"), dtype=np.uint32)
+        hits = np.concatenate(([0], np.cumsum(self._divergent[codes], dtype=np.int64)))
+        ends = np.cumsum(lengths)
+        flags[wide] = hits[ends] > hits[ends - lengths]
+        return flags
+
     def exact_words(self, text: str) -> list[str]:
         return basic.basic_tokenize(text, self.do_lower_case)
 
@@ -98,12 +112,13 @@ class BertTokenizer:
 
     def encode_batch_ids(self, texts: Sequence[str]) -> list[np.ndarray]:
         """WordPiece ids (int32) of each text."""
-        fast_idx, exact_idx = [], []
-        for i, text in enumerate(texts):
-            (exact_idx if self.needs_exact_path(text) else fast_idx).append(i)
+        exact = self.basic.exact_path_flags(texts)
+        exact_idx = np.flatnonzero(exact).tolist()
+        fast_idx = np.flatnonzero(~exact).tolist() if exact_idx else list(range(len(texts)))
         out: list[np.ndarray | None] = [None] * len(texts)
         if fast_idx:
-            encodings = self._full.encode_batch_fast([texts[i] for i in fast_idx], add_special_tokens=False)
+            batch = texts if not exact_idx else [texts[i] for i in fast_idx]
+            encodings = self._full.encode_batch_fast(list(batch), add_special_tokens=False)
             for i, enc in zip(fast_idx, encodings, strict=True):
                 out[i] = np.array(enc.ids, dtype=np.int32)
         if exact_idx:

@@ -1,0 +1,203 @@
+"""Tokenizer speed and the cost of exact parity, on ../shared/corpora/enwiki_extract_2015.
+
+In one run: MB/s of our BertTokenizer next to plain `tokenizers` (BertWordPieceTokenizer
+`encode_batch`, and the bare BertNormalizer + BertPreTokenizer + WordPiece pipeline with
+`encode_batch_fast`, i.e. ours without the parity fixes) on the same texts, with 1 and 2
+threads. `tokenizers` reads RAYON_NUM_THREADS once, when its thread pool starts, so each thread
+count runs in its own subprocess. Repetitions are interleaved and the best of each is kept.
+Also: vocabulary training time and bytes-identical output with 1 and 2 threads, how many tokens the
+stock tokenizer gets wrong, and that ours matches the independent reference on a sample.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+CORPUS = REPO.parent / "shared" / "corpora" / "enwiki_extract_2015"
+BATCH = 1024  # texts per encode call, as a pipeline stage would send them
+REPEATS = 2
+VOCAB_SIZE = 30522
+REFERENCE_SAMPLE_FILES = 2
+
+
+def corpus_files() -> list[Path]:
+    return sorted(CORPUS.glob("wiki_[0-9][0-9]"))
+
+
+def paragraphs(files: list[Path]) -> list[str]:
+    """WikiExtractor bodies, one paragraph per line; the <doc ...> and </doc> lines dropped."""
+    texts = []
+    for path in files:
+        for line in path.read_text(encoding="utf-8").split("\n"):
+            if line.strip() and not line.startswith("<doc ") and line.strip() != "</doc>":
+                texts.append(line)
+    return texts
+
+
+def _batches(texts: list[str]):
+    for i in range(0, len(texts), BATCH):
+        yield texts[i:i + BATCH]
+
+
+def worker(vocab_path: str, do_lower_case: bool) -> dict[str, float]:
+    """Runs in a subprocess whose RAYON_NUM_THREADS is already set."""
+    from tokenizers import BertWordPieceTokenizer, Tokenizer, models, normalizers, pre_tokenizers
+
+    from vocab.tokenizer import BertTokenizer
+    from vocab.vocab_file import load_vocab
+
+    texts = paragraphs(corpus_files())
+    mb = sum(len(t.encode("utf-8")) for t in texts) / 1e6
+    vocab = load_vocab(vocab_path)
+    ours = BertTokenizer(vocab, do_lower_case)
+    stock = BertWordPieceTokenizer(vocab.vocab_dict, lowercase=do_lower_case)
+    # The same Rust pipeline without any parity fix (no special tokens registered, though: those
+    # make `tokenizers` scan every text for them): what parity costs on top of plain `tokenizers`.
+    plain = Tokenizer(models.WordPiece(vocab.vocab_dict, unk_token="[UNK]"))
+    plain.normalizer = normalizers.BertNormalizer(lowercase=do_lower_case)
+    plain.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    contenders = {
+        "stock_encode_batch": lambda b: [e.ids for e in stock.encode_batch(b, add_special_tokens=False)],
+        "plain_encode_batch_fast": lambda b: [e.ids for e in plain.encode_batch_fast(b, add_special_tokens=False)],
+        "ours": ours.encode_batch_ids,
+    }
+    for fn in contenders.values():  # warm-up: thread pool, lazy tables
+        fn(texts[:BATCH])
+    best = {name: float("inf") for name in contenders}
+    for _ in range(REPEATS):
+        for name, fn in contenders.items():
+            start = time.perf_counter()
+            for batch in _batches(texts):
+                fn(batch)
+            best[name] = min(best[name], time.perf_counter() - start)
+    exact = sum(ours.needs_exact_path(t) for t in texts)
+    return {"mb": mb, "texts": len(texts), "exact_path_texts": exact,
+            **{f"{name}_mb_s": mb / seconds for name, seconds in best.items()}}
+
+
+def _run_worker(vocab_path: str, threads: int) -> dict[str, float]:
+    env = dict(os.environ, RAYON_NUM_THREADS=str(threads), TOKENIZERS_PARALLELISM="true")
+    out = subprocess.run([sys.executable, "-m", "benchmarks.bench_vocab", "--worker", vocab_path],
+                         cwd=REPO, env=env, capture_output=True, text=True, timeout=1800, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+_TRAIN = """
+import hashlib, json, sys, time
+sys.path.insert(0, {repo!r})
+from benchmarks.bench_vocab import corpus_files, paragraphs
+from vocab.train import train_vocab, write_vocab
+texts = paragraphs(corpus_files())
+start = time.perf_counter()
+tokens = train_vocab(texts, {size}, do_lower_case=True)
+seconds = time.perf_counter() - start
+write_vocab(tokens, sys.argv[1])
+print(json.dumps({{"seconds": seconds, "sha256": hashlib.sha256(("\\n".join(tokens) + "\\n").encode()).hexdigest()}}))
+"""
+
+
+def _train_in_subprocess(path: str, threads: int) -> dict[str, object]:
+    env = dict(os.environ, RAYON_NUM_THREADS=str(threads), TOKENIZERS_PARALLELISM="true")
+    code = _TRAIN.format(repo=str(REPO), size=VOCAB_SIZE)
+    out = subprocess.run([sys.executable, "-c", code, path], cwd=REPO, env=env, capture_output=True,
+                         text=True, timeout=1800, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def parity_figures(vocab_path: str) -> dict[str, int]:
+    """Tokens where stock `tokenizers` differs from us, and where we differ from the reference."""
+    sys.path.insert(0, str(REPO / "tests"))
+    from test_vocab_reference import ReferenceTokenizer
+    from tokenizers import BertWordPieceTokenizer
+
+    from vocab.tokenizer import BertTokenizer
+    from vocab.vocab_file import load_vocab
+
+    vocab = load_vocab(vocab_path)
+    figures: dict[str, int] = {}
+    texts = paragraphs(corpus_files()[:REFERENCE_SAMPLE_FILES])
+    for do_lower_case, mode in ((True, "uncased"), (False, "cased")):
+        ours = BertTokenizer(vocab, do_lower_case)
+        stock = BertWordPieceTokenizer(vocab.vocab_dict, lowercase=do_lower_case)
+        reference = ReferenceTokenizer(vocab.tokens, do_lower_case)
+        ids = ours.encode_batch_ids(texts)
+        stock_ids = [e.ids for e in stock.encode_batch(texts, add_special_tokens=False)]
+        figures[f"reference_tokens_{mode}"] = sum(len(a) for a in ids)
+        figures[f"mismatched_vs_reference_{mode}"] = sum(
+            _mismatched(a.tolist(), reference.encode(t)) for a, t in zip(ids, texts, strict=True))
+        figures[f"stock_mismatched_vs_ours_{mode}"] = sum(
+            _mismatched(a.tolist(), s) for a, s in zip(ids, stock_ids, strict=True))
+    return figures
+
+
+def _mismatched(a: list[int], b: list[int]) -> int:
+    """Tokens that differ (position by position, plus any length difference)."""
+    return sum(x != y for x, y in zip(a, b, strict=False)) + abs(len(a) - len(b))
+
+
+def main() -> dict[str, object]:
+    if not corpus_files():
+        print(f"skipped: {CORPUS} not found")
+        return {"skipped": f"{CORPUS} not found"}
+    results: dict[str, object] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        vocab_path = str(Path(tmp) / "vocab.txt")
+        trained = {t: _train_in_subprocess(str(Path(tmp) / f"vocab{t}.txt"), t) for t in (1, 2)}
+        os.replace(Path(tmp) / "vocab2.txt", vocab_path)
+        results["train_seconds_1_thread"] = trained[1]["seconds"]
+        results["train_seconds_2_threads"] = trained[2]["seconds"]
+        results["train_same_bytes_1_vs_2_threads"] = trained[1]["sha256"] == trained[2]["sha256"]
+        results["vocab_sha256"] = hashlib.sha256(Path(vocab_path).read_bytes()).hexdigest()
+        for threads in (1, 2):
+            figures = _run_worker(vocab_path, threads)
+            results["corpus_mb"] = round(figures["mb"], 2)
+            results["texts"] = figures["texts"]
+            results["exact_path_texts"] = figures["exact_path_texts"]
+            for key in ("stock_encode_batch_mb_s", "plain_encode_batch_fast_mb_s", "ours_mb_s"):
+                results[f"{key}_{threads}t"] = round(figures[key], 3)
+            # > 1: parity costs time; the target is at most 1.20 against plain encode_batch.
+            results[f"parity_cost_vs_encode_batch_{threads}t"] = round(
+                figures["stock_encode_batch_mb_s"] / figures["ours_mb_s"], 3)
+            results[f"parity_cost_vs_plain_pipeline_{threads}t"] = round(
+                figures["plain_encode_batch_fast_mb_s"] / figures["ours_mb_s"], 3)
+        results.update(parity_figures(vocab_path))
+    _print_table(results)
+    return results
+
+
+def _print_table(r: dict[str, object]) -> None:
+    print(f"enwiki_extract_2015: {r['corpus_mb']} MB, {r['texts']:,} paragraphs "
+          f"({r['exact_path_texts']:,} need the exact path), vocab {VOCAB_SIZE:,} trained here")
+    print("MB/s; cost = their MB/s / ours (1.20 = parity costs 20%)")
+    print(f"{'threads':>8} {'stock encode_batch':>19} {'plain pipeline fast':>20} {'ours':>8} "
+          f"{'cost vs stock':>14} {'cost vs plain':>14}")
+    for t in (1, 2):
+        print(f"{t:>8} {r[f'stock_encode_batch_mb_s_{t}t']:>19.2f} {r[f'plain_encode_batch_fast_mb_s_{t}t']:>20.2f} "
+              f"{r[f'ours_mb_s_{t}t']:>8.2f} {r[f'parity_cost_vs_encode_batch_{t}t']:>14.3f} "
+              f"{r[f'parity_cost_vs_plain_pipeline_{t}t']:>14.3f}")
+    print(f"training {VOCAB_SIZE:,}: {r['train_seconds_1_thread']:.1f} s (1 thread), "
+          f"{r['train_seconds_2_threads']:.1f} s (2 threads); same bytes: {r['train_same_bytes_1_vs_2_threads']}")
+    for mode in ("uncased", "cased"):
+        print(f"{mode}: {r[f'reference_tokens_{mode}']:,} tokens on {REFERENCE_SAMPLE_FILES} files: "
+              f"{r[f'mismatched_vs_reference_{mode}']} mismatched vs the reference; "
+              f"stock tokenizers differs from us on {r[f'stock_mismatched_vs_ours_{mode}']}")
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--worker", metavar="VOCAB")
+    parser.add_argument("--cased", action="store_true")
+    args = parser.parse_args()
+    if args.worker:
+        print(json.dumps(worker(args.worker, not args.cased)))
+    else:
+        main()
