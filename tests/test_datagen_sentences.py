@@ -48,21 +48,21 @@ def test_linear_time_on_adversarial_input(name):
     split = get_splitter(name)
     for unit in ADVERSARIAL:
         small, big = unit * (150_000 // len(unit)), unit * (600_000 // len(unit))
-        t0 = time.perf_counter()
+        t0 = time.process_time()
         split(small)
-        t1 = time.perf_counter()
+        t1 = time.process_time()
         sentences = split(big)
-        t2 = time.perf_counter()
-        assert t2 - t1 < 8 * (t1 - t0) + 0.3, f"{name} on {unit!r}: {t1 - t0:.2f}s for 150 kB, {t2 - t1:.2f}s for 600 kB"
+        t2 = time.process_time()
+        assert t2 - t1 < 8 * (t1 - t0) + 0.5, f"{name} on {unit!r}: {t1 - t0:.2f}s for 150 kB, {t2 - t1:.2f}s for 600 kB"
         assert t2 - t1 < 10, f"{name} on {unit!r}: {t2 - t1:.1f}s for 600 kB"
         assert max(len(s) for s in sentences) <= MAX_PIECE_CHARS
 
 
 def test_fifty_megabyte_line_without_punctuation():
     line = "lorem ipsum dolor sit amet consectetur " * (50_000_000 // 39)
-    t0 = time.perf_counter()
+    t0 = time.process_time()
     sentences = get_splitter("nupunkt")(line)
-    assert time.perf_counter() - t0 < 120
+    assert time.process_time() - t0 < 120
     assert sum(len(s) for s in sentences) >= len(line) * 0.97
 
 
