@@ -14,8 +14,8 @@ exactly, document by document:
 * truncation of the longer side (B when equal), one token at a time from the
   front or the back with probability 0.5; ``[CLS] A [SEP] B [SEP]``.
 
-The pool is sorted by ``doc_id`` here, so the result does not depend on the
-order documents arrive in.  Only the chunk walk is a Python loop (its steps
+The pool is sorted by ``doc_id`` here (duplicates dropped), so the result
+does not depend on the order documents arrive in.  Only the chunk walk is a Python loop (its steps
 depend on each other); partners, truncation, layout and masking are NumPy
 over the whole pool.
 
@@ -137,7 +137,8 @@ def _walk(pool: _Pool, targets: np.ndarray, pass_index: int, config: DatagenConf
         i, k = start, 0
         while i < end:
             # The chunk ends at the first sentence that brings it to the target, or the document's end.
-            j = min(bisect_left(cumsum, cumsum[i] + target, i + 1, end + 1), end) - 1
+            j = bisect_left(cumsum, cumsum[i] + target, i + 1, end + 1)
+            j = (j if j < end else end) - 1
             m = j - i + 1
             draw = start + k  # instance k never exceeds the sentence count
             a_end = 1 if m == 1 else 1 + a_draws[draw] % (m - 1)
@@ -281,10 +282,28 @@ def empty_batch(config: DatagenConfig) -> InstanceBatch:
     )
 
 
+def unique_documents(pool: Sequence[TokenizedDocument]) -> tuple[list[TokenizedDocument], int]:
+    """The pool sorted by ``doc_id``, one document per id, and how many duplicates were dropped.
+
+    Equal ids mean equal content (a 64-bit content hash), so which copy stays
+    does not matter; ties are still broken by the token bytes, so the result
+    never depends on the order of the pool even after a hash collision.
+    """
+    docs = sorted((d for d in pool if d.num_sentences), key=lambda d: d.doc_id)
+    unique: list[TokenizedDocument] = []
+    for doc in docs:
+        if unique and unique[-1].doc_id == doc.doc_id:
+            if doc.tokens.tobytes() < unique[-1].tokens.tobytes():
+                unique[-1] = doc
+            continue
+        unique.append(doc)
+    return unique, len(docs) - len(unique)
+
+
 def build_pool_instances(pool: Sequence[TokenizedDocument], pass_index: int, config: DatagenConfig,
                          vocab: Any) -> PoolPass:
     """Masked instances of every document of ``pool`` for one pass; NotNext partners come from ``pool``."""
-    docs = sorted((d for d in pool if d.num_sentences), key=lambda d: d.doc_id)
+    docs, duplicates = unique_documents(pool)
     if not docs:
         return PoolPass(empty_batch(config), np.zeros(0, np.uint64), {"instances": 0})
     flat = _Pool.of(docs)
@@ -310,6 +329,7 @@ def build_pool_instances(pool: Sequence[TokenizedDocument], pass_index: int, con
     keys = u64_for_keys(doc_pass_keys(seed, "instance", doc_ids, pass_index), ordinal)
     m_len = walk["b_hi"] - walk["a_lo"]
     stats.update(
+        duplicate_documents=duplicates,
         instances=len(batch),
         notnext=int(labels.sum()),
         notnext_forced=int((m_len == 1).sum()),

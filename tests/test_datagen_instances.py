@@ -182,6 +182,14 @@ def test_instance_keys_do_not_depend_on_the_rest_of_the_pool():
     assert set(part.keys.tolist()) & set(whole.keys.tolist())
 
 
+def test_duplicate_documents_are_built_once():
+    pool = synthetic_pool(6, seed=8)
+    once, _ = build(pool)
+    twice, _ = build(pool + pool[:3])
+    assert twice.stats["duplicate_documents"] == 3 and once.stats["duplicate_documents"] == 0
+    assert encode_batch(once.batch) == encode_batch(twice.batch)
+
+
 def test_empty_pool():
     result, config = build([])
     assert len(result.batch) == 0 and result.keys.shape == (0,)
@@ -241,3 +249,25 @@ def test_property_matches_reference_and_keeps_invariants(documents, cfg, pass_in
             assert label not in (VOCAB.cls_id, VOCAB.sep_id, VOCAB.pad_id)
             if config.mask_ratios == (1.0, 0.0, 0.0):
                 assert b.input_ids[r, p] == VOCAB.mask_id
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(texts=st.lists(st.text(max_size=300), min_size=1, max_size=6), cfg=configs,
+       fmt=st.sampled_from(["text", "sentences"]))
+def test_property_unicode_documents_end_to_end(texts, cfg, fmt):
+    from datagen.readers import InputError, read_documents
+
+    config = DatagenConfig(input_format=fmt, sentence_splitter="nupunkt", **cfg)
+    stats: dict[str, int] = {}
+    raws = []
+    for i, text in enumerate(texts):
+        try:
+            raws.extend(read_documents(f"doc{i}", text.encode("utf-8", "surrogatepass"), config, stats))
+        except InputError:
+            continue
+    docs = tokenize_documents(raws, FakeTokenizer(), config, stats)
+    assert all(d.num_sentences and d.num_tokens for d in docs)
+    for pass_index in range(2):
+        result = build_pool_instances(docs, pass_index, config, VOCAB)
+        check_layout(result, config)
+        assert len(encode_batch(result.batch)) == len(result.batch)
