@@ -135,11 +135,10 @@ def decode_text(path: str, data: bytes, strict: bool, stats: dict[str, int]) -> 
 
 _WRAP_WIDTH_LIMIT = 120
 _MIN_WRAP_WIDTH = 40  # nobody hard-wraps prose narrower; short lines are paragraphs (or list items)
-_SPACES = re.compile(r"\s+")
 
 
 def _squash(line: str) -> str:
-    return _SPACES.sub(" ", line).strip()
+    return " ".join(line.split())
 
 
 def _is_wrapped(line: str, next_line: str, width: int) -> bool:
