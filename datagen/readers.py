@@ -27,6 +27,11 @@ Layouts the ``text`` format recognises on its own, per file:
   first word of the next line would not have fitted on the line, in a block
   whose longest line has 40 to 120 characters): then the lines are joined.
 
+``config.extra["text_layout"]`` overrides the detection: ``plain`` (blank
+lines separate documents, nothing else recognised), ``book`` (the whole file
+is one document, blank-line blocks are paragraphs; Gutenberg boilerplate is
+still stripped), ``wikitext`` or ``auto`` (the default).
+
 Document counts that matter to users: ``stats["empty_documents"]`` (documents
 with no text) is added to ``stats["dropped_documents"]`` as well.
 """
@@ -221,7 +226,7 @@ def _wikitext_documents(lines: list[str], titles: list[int]) -> Iterator[list[st
         return _blank_at(lines, i)
 
     bounds = [*titles, len(lines)]
-    if titles and any(line.strip() for line in lines[: titles[0]]):
+    if not titles or any(line.strip() for line in lines[: titles[0]]):
         bounds = [0, *bounds]
     for start, end in zip(bounds, bounds[1:], strict=False):
         paragraphs = []
@@ -233,18 +238,35 @@ def _wikitext_documents(lines: list[str], titles: list[int]) -> Iterator[list[st
         yield paragraphs
 
 
-def _read_text(path: str, text: str) -> Iterator[list[str]]:
+TEXT_LAYOUTS = ("auto", "plain", "book", "wikitext")
+
+
+def text_layout(config: DatagenConfig) -> str:
+    """The ``text`` layout asked for in ``config.extra["text_layout"]`` (default ``auto``)."""
+    layout = str(config.extra.get("text_layout", "auto"))
+    if layout not in TEXT_LAYOUTS:
+        raise ValueError(f"text layout {layout!r} is not one of {', '.join(TEXT_LAYOUTS)}")
+    return layout
+
+
+def _book(lines: list[str]) -> list[str]:
+    # Book paragraphs are hard-wrapped and may hold verse or letters whose
+    # short lines would fool the wrap heuristic: a block is a paragraph.
+    return [" ".join(_squash(line) for line in block) for block in _blocks(lines)]
+
+
+def _read_text(path: str, text: str, layout: str = "auto") -> Iterator[list[str]]:
     lines = text.split("\n")
-    body = _gutenberg_body(lines)
-    if body is not None:
-        # Book paragraphs are hard-wrapped and may hold verse or letters whose
-        # short lines would fool the wrap heuristic: a block is a paragraph.
-        yield [" ".join(_squash(line) for line in block) for block in _blocks(body)]
-        return
-    titles = _wikitext_titles(lines)
-    if titles:
-        yield from _wikitext_documents(lines, titles)
-        return
+    if layout in ("auto", "book"):
+        body = _gutenberg_body(lines)
+        if body is not None or layout == "book":
+            yield _book(body if body is not None else lines)
+            return
+    if layout in ("auto", "wikitext"):
+        titles = _wikitext_titles(lines)
+        if titles or layout == "wikitext":
+            yield from _wikitext_documents(lines, titles)
+            return
     for block in _blocks(lines):
         yield block_paragraphs(block)
 
@@ -324,7 +346,7 @@ def read_documents(path: str, data: bytes, config: DatagenConfig, stats: dict[st
     text = decode_text(path, data, config.strict_utf8, stats)
     fmt = config.input_format
     if fmt == "text":
-        groups, as_sentences = _read_text(path, text), False
+        groups, as_sentences = _read_text(path, text, text_layout(config)), False
     elif fmt == "sentences":
         groups, as_sentences = _read_sentences(path, text), True
     elif fmt == "jsonl":
