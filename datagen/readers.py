@@ -146,6 +146,20 @@ def _squash(line: str) -> str:
     return " ".join(line.split())
 
 
+def join_wrapped(lines: list[str]) -> str:
+    """Lines of one paragraph joined with spaces, except after a hyphen or dash that ends a line
+    inside a word (``au-`` + ``dessus``, ``plane;—`` + ``wait``): typesetters break there."""
+    out = lines[0] if lines else ""
+    for line in lines[1:]:
+        if not line:
+            continue
+        if len(out) > 1 and out[-1] in "-—" and out[-2] not in " -" and line[0].isalpha():
+            out += line
+        else:
+            out += " " + line
+    return out
+
+
 def _is_wrapped(line: str, next_line: str, width: int) -> bool:
     # A typesetter breaks a line only when the next word does not fit; a break
     # before a word that would have fitted is the author's own.
@@ -167,9 +181,9 @@ def block_paragraphs(lines: list[str]) -> list[str]:
         if _is_wrapped(line, nxt, raw_width):
             current.append(nxt)
         else:
-            paragraphs.append(" ".join(current))
+            paragraphs.append(join_wrapped(current))
             current = [nxt]
-    paragraphs.append(" ".join(current))
+    paragraphs.append(join_wrapped(current))
     return paragraphs
 
 
@@ -252,7 +266,7 @@ def text_layout(config: DatagenConfig) -> str:
 def _book(lines: list[str]) -> list[str]:
     # Book paragraphs are hard-wrapped and may hold verse or letters whose
     # short lines would fool the wrap heuristic: a block is a paragraph.
-    return [" ".join(_squash(line) for line in block) for block in _blocks(lines)]
+    return [join_wrapped([_squash(line) for line in block]) for block in _blocks(lines)]
 
 
 def _read_text(path: str, text: str, layout: str = "auto") -> Iterator[list[str]]:

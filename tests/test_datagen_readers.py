@@ -214,6 +214,15 @@ def test_gutenberg_book_is_one_document_without_licence(shared_corpora, name):
 def test_gutenberg_french(shared_corpora):
     docs, _ = read_file(shared_corpora / "gutenberg_fr" / "Madame_Bovary_GustaveFlaubert.txt", "text")
     assert len(docs) == 1 and any("«" in p for p in docs[0].paragraphs)
+    # "au-" ends a line and "dessus" starts the next: the compound is rejoined without a space.
+    assert any("au-dessus même de sa dédicace" in p for p in docs[0].paragraphs)
+
+
+def test_join_wrapped_keeps_compounds_and_dashes_whole():
+    from datagen.readers import join_wrapped
+
+    assert join_wrapped(["a well-", "known fact and a plane;\u2014", "wait -", "no", "x -", "y"]) == \
+        "a well-known fact and a plane;\u2014wait - no x - y"
 
 
 # ---------------------------------------------------------------- properties
