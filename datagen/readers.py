@@ -27,10 +27,22 @@ Layouts the ``text`` format recognises on its own, per file:
   first word of the next line would not have fitted on the line, in a block
   whose longest line has 40 to 120 characters): then the lines are joined.
 
+Joined lines get a space between them, except after a hyphen or dash that
+ends a line right after a letter (``au-`` / ``dessus``, ``plane;—`` / ``wait``).
+
 ``config.extra["text_layout"]`` overrides the detection: ``plain`` (blank
 lines separate documents, nothing else recognised), ``book`` (the whole file
 is one document, blank-line blocks are paragraphs; Gutenberg boilerplate is
 still stripped), ``wikitext`` or ``auto`` (the default).
+
+Formats other than ``text``: ``sentences`` (one sentence per line, blank or
+whitespace-only lines between documents, as the original tool reads it);
+``jsonl`` (one JSON object a line, the text in ``config.text_field``, its
+blank-line blocks and lines turned into paragraphs as in ``text``; a missing
+field, non-string value or bad JSON is an error naming the line; ``null`` is an
+empty document); ``wikiextractor`` (``<doc ...>`` ... ``</doc>`` blocks, one
+paragraph per non-blank line, the first line dropped when it repeats the
+title; text outside a block or an unclosed block is an error).
 
 Document counts that matter to users: ``stats["empty_documents"]`` (documents
 with no text) is added to ``stats["dropped_documents"]`` as well.
