@@ -28,6 +28,7 @@ change a byte.
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import os
 import re
@@ -48,6 +49,7 @@ from pipelines.progress import Progress
 SPLITS = ("train", "eval")
 ERROR_TAG = "[bert-datagen error] "
 SUMMARY_PREFIX = ".run-summary-"
+STAGING_PREFIX = ".staging-"
 TOTAL_KEYS = ("documents", "sentences", "tokens", "instances", "notnext_fraction", "masked_tokens",
               "decode_errors", "dropped_documents", "duplicate_documents")
 DOCS_PER_TOKENIZE_BATCH = 256
@@ -325,6 +327,65 @@ def build_pool(element: tuple[tuple[str, int], Iterable[list[Any]]]) -> tuple[tu
     return key, unique, duplicates
 
 
+# ---------------------------------------------------------------- staging files
+# Bulk data (a pool's documents, a task's records for one shard) goes through files under
+# DIR/.staging-<run>/ and only paths and counts go through the runner's shuffle: Beam's local
+# runners hold every shuffled byte in the driver several times over, and a pool read by
+# `dupe_factor` tasks would otherwise be shuffled `dupe_factor` times.
+
+
+def _npz_bytes(**arrays: np.ndarray) -> bytes:
+    buf = io.BytesIO()
+    np.savez(buf, **arrays)
+    return buf.getvalue()
+
+
+def _npz_arrays(path: str) -> dict[str, np.ndarray]:
+    with np.load(io.BytesIO(fsio.read_bytes(path)), allow_pickle=False) as data:
+        return {k: data[k] for k in data.files}
+
+
+def pool_to_bytes(docs: list[Any]) -> bytes:
+    def cat(arrays: list[np.ndarray], dtype) -> np.ndarray:
+        return np.concatenate(arrays).astype(dtype, copy=False) if arrays else np.zeros(0, dtype)
+
+    return _npz_bytes(
+        doc_ids=np.fromiter((int(d.doc_id) for d in docs), dtype=np.uint64, count=len(docs)),
+        n_tokens=np.fromiter((len(d.tokens) for d in docs), dtype=np.int64, count=len(docs)),
+        n_sentences=np.fromiter((len(d.sentence_ends) for d in docs), dtype=np.int64, count=len(docs)),
+        tokens=cat([np.asarray(d.tokens) for d in docs], np.int32),
+        sentence_ends=cat([np.asarray(d.sentence_ends) for d in docs], np.int32),
+    )
+
+
+def pool_from_file(path: str) -> list[Any]:
+    from datagen.documents import TokenizedDocument
+
+    a = _npz_arrays(path)
+    tok_at = np.concatenate([[0], np.cumsum(a["n_tokens"])])
+    sent_at = np.concatenate([[0], np.cumsum(a["n_sentences"])])
+    return [TokenizedDocument(doc_id=int(a["doc_ids"][i]), tokens=a["tokens"][tok_at[i]:tok_at[i + 1]],
+                              sentence_ends=a["sentence_ends"][sent_at[i]:sent_at[i + 1]])
+            for i in range(len(a["doc_ids"]))]
+
+
+def records_to_bytes(records: EncodedRecords) -> bytes:
+    return _npz_bytes(keys=records.keys, lengths=records.lengths, blob=np.frombuffer(records.blob, np.uint8))
+
+
+def records_from_file(path: str) -> EncodedRecords:
+    a = _npz_arrays(path)
+    return EncodedRecords(a["keys"], a["lengths"], a["blob"].tobytes())
+
+
+def stage_pool(pool: tuple[tuple[str, int], list[Any], int], staging: str) -> dict[str, Any]:
+    """Write the pool's documents to a staging file; return its stats (with the path)."""
+    (split, index), docs, duplicates = pool
+    path = fsio.join(staging, "pools", f"{split}-{index:06d}.npz")
+    fsio.write_atomic(path, pool_to_bytes(docs))
+    return {**pool_stats(pool), "path": path, "split": split, "pool": index}
+
+
 def pool_stats(pool: tuple[tuple[str, int], list[Any], int]) -> dict[str, Any]:
     (split, _), docs, duplicates = pool
     return {
@@ -339,10 +400,11 @@ def pool_stats(pool: tuple[tuple[str, int], list[Any], int]) -> dict[str, Any]:
     }
 
 
-def fan_out_passes(pool: tuple[tuple[str, int], list[Any], int], dupe_factor: int):
-    (split, index), docs, _ = pool
+def fan_out_passes(staged: dict[str, Any], dupe_factor: int):
+    if staged["documents"] == 0:
+        return
     for pass_index in range(dupe_factor):
-        yield (split, index, pass_index), docs
+        yield (staged["split"], staged["pool"], pass_index), staged["path"]
 
 
 def part_stats(records: EncodedRecords, labels: np.ndarray, weights: np.ndarray, split: str) -> dict[str, int]:
@@ -351,24 +413,28 @@ def part_stats(records: EncodedRecords, labels: np.ndarray, weights: np.ndarray,
 
 
 class BuildInstances(beam.DoFn):
-    """(pool, pass) -> the pass's instances, encoded and framed, cut into one element per shard.
+    """(pool, pass) -> the pass's instances, encoded and framed, cut by shard into staging files.
 
-    Each element carries the stats of its records, so totals need no extra pass over the records.
+    Emits ((split, shard), (fragment path, stats of its records)): the runner shuffles no records.
+    A retried task rewrites the same fragments with the same bytes.
     """
 
-    def __init__(self, config: DatagenConfig, vocab: Any, show_progress: bool = False) -> None:
+    def __init__(self, config: DatagenConfig, vocab: Any, staging: str, show_progress: bool = False) -> None:
         self.config = config
         self.vocab = vocab
+        self.staging = staging
         self.show_progress = show_progress
 
     def setup(self) -> None:
         self._progress = Progress() if self.show_progress else None
 
-    def process(self, task: tuple[tuple[str, int, int], list[Any]], num_shards: dict[str, int]):
+    def process(self, task: tuple[tuple[str, int, int], str], num_shards: dict[str, int]):
         from datagen.instances import build_pool_instances
 
-        (split, pool, pass_index), docs = task
+        (split, pool, pass_index), pool_path = task
+        docs = pool_from_file(pool_path)
         result = build_pool_instances(docs, pass_index, self.config, self.vocab)
+        del docs
         records = encode_records(result.batch, result.keys)
         # Counts this DoFn takes from the records themselves are not taken twice from the builder.
         extra = {k: v for k, v in dict(result.stats or {}).items() if k not in TOTAL_KEYS and k != "notnext"}
@@ -376,7 +442,7 @@ class BuildInstances(beam.DoFn):
             self._progress.add(instances=len(records))
         if not len(records):
             if extra:
-                yield (split, 0), (EncodedRecords.empty(), extra)
+                yield (split, 0), (None, extra)
             return
         labels = np.asarray(result.batch.next_sentence_labels).reshape(-1)
         weights = np.asarray(result.batch.masked_lm_weights)
@@ -388,19 +454,23 @@ class BuildInstances(beam.DoFn):
             index = order[int(bounds[shard]):int(bounds[shard + 1])]
             if index.size:
                 part = records.take(index)
+                path = fsio.join(self.staging, "parts", f"{split}-{shard:05d}-{pool:06d}-{pass_index:04d}.npz")
+                fsio.write_atomic(path, records_to_bytes(part))
                 stats = part_stats(part, labels[index], weights[index], split)
                 if extra:  # the pass's own counters ride on its first part only
                     stats, extra = add_counts(stats, extra), {}
-                yield (split, shard), (part, stats)
+                yield (split, shard), (path, stats)
 
 
 def empty_shards(_: Any, num_shards: dict[str, int]):
     for split, n in sorted(num_shards.items()):
         for shard in range(n):
-            yield (split, shard), (EncodedRecords.empty(), {})
+            yield (split, shard), (None, {})
 
 
 class WriteShard(beam.DoFn):
+    """All fragments of one shard -> the shard file, records sorted by key, written atomically."""
+
     def __init__(self, output_dir: str, show_progress: bool = False) -> None:
         self.output_dir = output_dir
         self.show_progress = show_progress
@@ -408,11 +478,12 @@ class WriteShard(beam.DoFn):
     def setup(self) -> None:
         self._progress = Progress() if self.show_progress else None
 
-    def process(self, element: tuple[tuple[str, int], Iterable[EncodedRecords]], num_shards: dict[str, int]):
+    def process(self, element: tuple[tuple[str, int], Iterable[tuple[str | None, dict]]],
+                num_shards: dict[str, int]):
         (split, shard), parts = element
         name = shard_name(split, shard, num_shards[split])
-        parts = list(parts)
-        records = sorted_shard([records for records, _ in parts], name)
+        parts = sorted(parts, key=lambda part: part[0] or "")
+        records = sorted_shard([records_from_file(path) for path, _ in parts if path], name)
         stats = sum_all(stats for _, stats in parts)
         fsio.write_atomic(fsio.join(self.output_dir, *name.split("/")), records.blob)
         if self._progress:
@@ -483,6 +554,7 @@ class PipelinePlan:
     files: list[tuple[str, int]]
     output_dir: str
     summary_path: str
+    staging_dir: str = ""
     show_progress: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -503,7 +575,9 @@ def build_pipeline(p: beam.Pipeline, plan: PipelinePlan) -> None:
         | "GroupPools" >> beam.GroupByKey()
         | "BuildPools" >> beam.Map(build_pool)
     )
-    pool_info = pools | "PoolStats" >> beam.Map(pool_stats)
+    staged = pools | "StagePools" >> beam.Map(stage_pool, plan.staging_dir)
+    pool_info = staged | "PoolStats" >> beam.Map(lambda d: {k: v for k, v in d.items()
+                                                            if k not in ("path", "split", "pool")})
     pool_totals = _merged(pool_info | "PoolCounts" >> beam.Map(lambda d: {k: v for k, v in d.items()
                                                                        if k != "doc_ids"}), "CountPools")
     num_shards = pool_totals | "ShardCount" >> beam.Map(
@@ -511,10 +585,10 @@ def build_pipeline(p: beam.Pipeline, plan: PipelinePlan) -> None:
                                                                   int(t.get(f"tokens/{s}", 0)), config)
                                         for s in splits_of(config)}))
     parts = (
-        pools
+        staged
         | "FanOutPasses" >> beam.FlatMap(fan_out_passes, config.dupe_factor)
         | "SpreadTasks" >> beam.Reshuffle()
-        | "BuildInstances" >> beam.ParDo(BuildInstances(config, plan.vocab, plan.show_progress),
+        | "BuildInstances" >> beam.ParDo(BuildInstances(config, plan.vocab, plan.staging_dir, plan.show_progress),
                                          AsSingleton(num_shards))
     )
     placeholders = (
@@ -563,7 +637,8 @@ def stale_temp_files(output_dir: str) -> list[str]:
     found = []
     for pattern in (fsio.join(output_dir, f"{fsio.TMP_MARKER}*"),
                     *(fsio.join(output_dir, s, f"{fsio.TMP_MARKER}*") for s in SPLITS),
-                    fsio.join(output_dir, f"{SUMMARY_PREFIX}*")):
+                    fsio.join(output_dir, f"{SUMMARY_PREFIX}*"),
+                    *(fsio.join(output_dir, f"{STAGING_PREFIX}*", sub, "*") for sub in ("pools", "parts"))):
         try:
             found.extend(f.path for f in fsio.match_files([pattern]))
         except fsio.InputNotFoundError:
@@ -584,7 +659,8 @@ def prepare_output(output_dir: str, overwrite: bool) -> None:
 
     manifest = fsio.join(output_dir, MANIFEST_NAME)
     fsio.delete([p for p in existing if p == manifest])
-    fsio.delete([p for p in existing if p != manifest] + stale_temp_files(output_dir))
+    fsio.delete([p for p in existing if p != manifest])
+    remove_stale(output_dir)
     fsio.ensure_dir(output_dir)
 
 
@@ -655,9 +731,11 @@ def generate_dataset(
     check_vocab(vocab, vocab_path)
     prepare_output(output_dir, overwrite)
 
-    summary_path = fsio.join(output_dir, f"{SUMMARY_PREFIX}{uuid.uuid4().hex}.json")
+    run_id = uuid.uuid4().hex
+    summary_path = fsio.join(output_dir, f"{SUMMARY_PREFIX}{run_id}.json")
+    staging_dir = fsio.join(output_dir, f"{STAGING_PREFIX}{run_id}")
     plan = PipelinePlan(config=config, vocab=vocab, files=[(f.path, f.size) for f in files],
-                        output_dir=output_dir, summary_path=summary_path)
+                        output_dir=output_dir, summary_path=summary_path, staging_dir=staging_dir)
     with runner_setup(runner, beam_args, dask_scheduler=dask_scheduler, dask_workers=dask_workers,
                       parallel_elements=len(files)) as setup:
         plan.show_progress = show_progress and setup.local
@@ -676,7 +754,7 @@ def generate_dataset(
                 raise DatagenError(message) from e
             raise
     summary = json.loads(fsio.read_bytes(summary_path).decode())
-    fsio.delete([summary_path])
+    remove_stale(output_dir)
     totals = finalize_totals(summary["totals"])
     if totals["documents"] == 0:
         _remove_partial(output_dir)
@@ -709,6 +787,18 @@ def local_abspath(path: str) -> str:
     return path if "://" in path else os.path.abspath(os.path.expanduser(path))
 
 
+def remove_stale(output_dir: str) -> None:
+    """Temp files, summaries and staging files of this or an earlier (killed) run."""
+    fsio.delete(stale_temp_files(output_dir))
+    if "://" not in output_dir and os.path.isdir(output_dir):
+        import shutil
+
+        for name in os.listdir(output_dir):
+            if name.startswith(STAGING_PREFIX):
+                shutil.rmtree(os.path.join(output_dir, name), ignore_errors=True)
+
+
 def _remove_partial(output_dir: str) -> None:
     """After a failed run: no shard, summary or temp file may stay behind to look like output."""
-    fsio.delete(existing_dataset_files(output_dir) + stale_temp_files(output_dir))
+    fsio.delete(existing_dataset_files(output_dir))
+    remove_stale(output_dir)

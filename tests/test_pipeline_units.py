@@ -185,7 +185,8 @@ def _plan(tmp_path) -> R.PipelinePlan:
     vocab_path.write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "the", "cat"]) + "\n")
     cfg = DatagenConfig(eval_fraction=0.1)
     return R.PipelinePlan(config=cfg, vocab=load_vocab(str(vocab_path)), files=[("/x/a.txt", 3)],
-                          output_dir=str(tmp_path / "out"), summary_path=str(tmp_path / "s.json"))
+                          output_dir=str(tmp_path / "out"), summary_path=str(tmp_path / "s.json"),
+                          staging_dir=str(tmp_path / "out" / ".staging-x"))
 
 
 def test_pipeline_translates_to_a_portable_proto_whose_dofns_unpickle(tmp_path) -> None:
@@ -198,7 +199,8 @@ def test_pipeline_translates_to_a_portable_proto_whose_dofns_unpickle(tmp_path) 
     R.build_pipeline(p, _plan(tmp_path))
     proto = p.to_runner_api()
     names = {t.unique_name for t in proto.components.transforms.values()}
-    for label in ("ReadFiles", "AssignPools", "BuildInstances", "GroupShards", "WriteShards", "Summarize"):
+    for label in ("ReadFiles", "AssignPools", "StagePools", "BuildInstances", "GroupShards", "WriteShards",
+                  "Summarize"):
         assert label in names
     pardo_urn = common_urns.primitives.PAR_DO.urn
     seen = 0
@@ -222,7 +224,7 @@ def test_every_dofn_round_trips_through_beam_pickler_and_cloudpickle(tmp_path) -
 
     plan = _plan(tmp_path)
     fns = [R.ReadFiles(plan.config, plan.vocab, True), R.AssignPools(plan.config),
-           R.BuildInstances(plan.config, plan.vocab), R.WriteShard(plan.output_dir)]
+           R.BuildInstances(plan.config, plan.vocab, plan.staging_dir), R.WriteShard(plan.output_dir)]
     for fn in fns:
         for dumps, loads in ((pickler.dumps, pickler.loads), (cloudpickle.dumps, cloudpickle.loads)):
             back = loads(dumps(fn))
@@ -252,3 +254,21 @@ def test_beam_options_with_values_pass_and_stray_words_do_not() -> None:
     assert stray_arguments(["--project", "p", "--region=r", "--streaming", "--temp_location", "gs://t"]) == []
     assert stray_arguments(["--region=r", "oops"]) == ["oops"]
     assert stray_arguments(["oops", "--x"]) == ["oops"]
+
+
+def test_staging_files_round_trip(tmp_path) -> None:
+    docs = [Doc(7, np.arange(5, dtype=np.int32), np.array([2, 5], np.int32)),
+            Doc(2**63 + 1, np.arange(3, dtype=np.int32), np.array([3], np.int32))]
+    path = str(tmp_path / "pool.npz")
+    (tmp_path / "pool.npz").write_bytes(R.pool_to_bytes(docs))
+    back = R.pool_from_file(path)
+    assert [d.doc_id for d in back] == [7, 2**63 + 1]
+    assert [d.tokens.tolist() for d in back] == [[0, 1, 2, 3, 4], [0, 1, 2]]
+    assert [d.sentence_ends.tolist() for d in back] == [[2, 5], [3]]
+    (tmp_path / "empty.npz").write_bytes(R.pool_to_bytes([]))
+    assert R.pool_from_file(str(tmp_path / "empty.npz")) == []
+    records = _records([5, 1, 9])
+    (tmp_path / "r.npz").write_bytes(R.records_to_bytes(records))
+    again = R.records_from_file(str(tmp_path / "r.npz"))
+    assert again.keys.tolist() == [5, 1, 9] and again.blob == records.blob
+    assert again.lengths.tolist() == records.lengths.tolist()
