@@ -228,3 +228,25 @@ def test_cli_pretrain_then_eval(dataset, tmp_path):
     result = CliRunner().invoke(main, ["pretrain", "--data", str(tmp_path / "missing"), "--out", str(tmp_path / "o"),
                                        "--steps", "2"])
     assert result.exit_code != 0 and "missing: not a dataset directory with manifest.json" in result.output
+
+
+def test_mixed_precision_runs_close_to_float32(dataset, tmp_path):
+    ref = pretrain(config(dataset, tmp_path / "f32", steps=2), log=lambda _: None)
+    reference = final_weights(tmp_path / "f32")
+    for precision in ("mixed_bfloat16", "mixed_float16"):
+        res = pretrain(config(dataset, tmp_path / precision, steps=2, precision=precision), log=lambda _: None)
+        assert res["train"]["loss"] == pytest.approx(ref["train"]["loss"], rel=0.02), precision
+        weights = final_weights(tmp_path / precision)
+        assert all(w.dtype == np.float32 for w in weights.values())  # master weights stay float32
+        assert ("loss_scale" in final_slots(tmp_path / precision)) == (precision == "mixed_float16")
+        np.testing.assert_allclose(weights["bert/pooler/dense/kernel"], reference["bert/pooler/dense/kernel"],
+                                   atol=5e-3)
+
+
+@pytest.mark.integration
+def test_jit_compiled_step_matches_the_graph_step(dataset, tmp_path):
+    pretrain(config(dataset, tmp_path / "graph", steps=2), log=lambda _: None)
+    pretrain(config(dataset, tmp_path / "xla", steps=2, jit=True), log=lambda _: None)
+    a, b = final_weights(tmp_path / "graph"), final_weights(tmp_path / "xla")
+    for k in a:
+        np.testing.assert_allclose(b[k], a[k], atol=1e-5, err_msg=k)
