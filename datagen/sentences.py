@@ -56,11 +56,17 @@ def get_splitter(name: str) -> Splitter:
 
 _CLOSERS = "\"'”’»)\\]」』）》】〕"
 _CJK_END = re.compile(f"(?<![。！？])[。！？]++[{_CLOSERS}]*+")
-_SENTENCE_PUNCT = re.compile(r"[.!?…。！？]")
+_SENTENCE_MARKS = ".!?…。！？"
+
+
+def _punctuation_marks(text: str) -> int:
+    return sum(text.count(mark) for mark in _SENTENCE_MARKS)
 
 
 def _cjk_segments(text: str) -> list[tuple[int, int]]:
     """Spans of ``text`` cut after each run of CJK sentence-final punctuation."""
+    if "。" not in text and "！" not in text and "？" not in text:
+        return [(0, len(text))]  # the common case, without the regex scan
     spans, start = [], 0
     for match in _CJK_END.finditer(text):
         spans.append((start, match.end()))
@@ -95,6 +101,8 @@ def split_bounded(text: str, spans_of: Callable[[str], Spans], max_chars: int = 
     sentence is therefore only ever cut when it is longer than
     ``max_chars // 2`` characters (far beyond any ``max_seq_length``).
     """
+    if len(text) <= max_chars:
+        return list(spans_of(text))
     spans: Spans = []
     pos, n = 0, len(text)
     while pos < n:
@@ -172,8 +180,7 @@ def _make_nupunkt() -> Splitter:
     tokenizer = nupunkt.load("default")
 
     def punkt_spans(piece: str) -> Spans:
-        marks = len(_SENTENCE_PUNCT.findall(piece))
-        if len(piece) > 200 and marks > DENSE_PUNCT_FRACTION * len(piece):
+        if len(piece) > 200 and _punctuation_marks(piece) > DENSE_PUNCT_FRACTION * len(piece):
             return rules_spans(piece)  # no prose is this dense; Punkt would be quadratic on it
         return list(tokenizer.span_tokenize(piece))
 
