@@ -5,8 +5,9 @@ In one run: MB/s of our BertTokenizer next to plain `tokenizers` (BertWordPieceT
 `encode_batch_fast`, i.e. ours without the parity fixes) on the same texts, with 1 and 2
 threads. `tokenizers` reads RAYON_NUM_THREADS once, when its thread pool starts, so each thread
 count runs in its own subprocess. Repetitions are interleaved and the best of each is kept.
-Also: vocabulary training time and bytes-identical output with 1 and 2 threads, how many tokens the
-stock tokenizer gets wrong, and that ours matches the independent reference on a sample.
+Also: vocabulary training time and bytes-identical output with 1 and 2 threads, and parity: ours
+against the independent reference (tests/test_vocab_reference.py) on every corpus under
+../shared/corpora, cased and uncased; and how many tokens stock `tokenizers` gets wrong on part of enwiki.
 """
 
 from __future__ import annotations
@@ -139,6 +140,33 @@ def parity_figures(vocab_path: str) -> dict[str, int]:
     return figures
 
 
+def parity_full_corpora() -> dict[str, int]:
+    """Every byte of every corpus under ../shared/corpora, cased and uncased, against the reference
+    (each with a vocabulary built from its own text, as in tests/test_vocab_parity.py)."""
+    sys.path.insert(0, str(REPO / "tests"))
+    from test_vocab_parity import CORPUS_FILES, corpus_texts
+    from test_vocab_reference import ReferenceTokenizer, build_vocab
+
+    from vocab.tokenizer import BertTokenizer
+    from vocab.vocab_file import Vocab
+
+    figures: dict[str, int] = {}
+    for do_lower_case, mode in ((True, "uncased"), (False, "cased")):
+        tokens_total = mismatched = mb = 0
+        for corpus in sorted(CORPUS_FILES):
+            texts = corpus_texts(CORPUS.parent, corpus, None)
+            mb += sum(len(t.encode("utf-8", "surrogatepass")) for t in texts)
+            vocab = Vocab.from_tokens(build_vocab(texts[:4000], do_lower_case))
+            ids = BertTokenizer(vocab, do_lower_case).encode_batch_ids(texts)
+            reference = ReferenceTokenizer(vocab.tokens, do_lower_case)
+            tokens_total += sum(len(a) for a in ids)
+            mismatched += sum(_mismatched(a.tolist(), reference.encode(t)) for a, t in zip(ids, texts, strict=True))
+        figures[f"all_corpora_mb_{mode}"] = round(mb / 1e6, 2)
+        figures[f"all_corpora_tokens_{mode}"] = tokens_total
+        figures[f"all_corpora_mismatched_vs_reference_{mode}"] = mismatched
+    return figures
+
+
 def _mismatched(a: list[int], b: list[int]) -> int:
     """Tokens that differ (position by position, plus any length difference)."""
     return sum(x != y for x, y in zip(a, b, strict=False)) + abs(len(a) - len(b))
@@ -170,6 +198,7 @@ def main() -> dict[str, object]:
             results[f"parity_cost_vs_plain_pipeline_{threads}t"] = round(
                 figures["plain_encode_batch_fast_mb_s"] / figures["ours_mb_s"], 3)
         results.update(parity_figures(vocab_path))
+    results.update(parity_full_corpora())
     _print_table(results)
     return results
 
@@ -187,9 +216,11 @@ def _print_table(r: dict[str, object]) -> None:
     print(f"training {VOCAB_SIZE:,}: {r['train_seconds_1_thread']:.1f} s (1 thread), "
           f"{r['train_seconds_2_threads']:.1f} s (2 threads); same bytes: {r['train_same_bytes_1_vs_2_threads']}")
     for mode in ("uncased", "cased"):
-        print(f"{mode}: {r[f'reference_tokens_{mode}']:,} tokens on {REFERENCE_SAMPLE_FILES} files: "
+        print(f"{mode}, trained vocab, {REFERENCE_SAMPLE_FILES} enwiki files: {r[f'reference_tokens_{mode}']:,} tokens, "
               f"{r[f'mismatched_vs_reference_{mode}']} mismatched vs the reference; "
               f"stock tokenizers differs from us on {r[f'stock_mismatched_vs_ours_{mode}']}")
+        print(f"{mode}, all corpora ({r[f'all_corpora_mb_{mode}']} MB): {r[f'all_corpora_tokens_{mode}']:,} tokens, "
+              f"{r[f'all_corpora_mismatched_vs_reference_{mode}']} mismatched vs the reference")
 
 
 if __name__ == "__main__":

@@ -42,28 +42,31 @@ def is_cjk_ideograph(cp: int) -> bool:
     return False
 
 
-def clean(text: str) -> str:
-    out = []
-    for ch in text:
-        cp = ord(ch)
-        if cp == 0 or cp == 0xFFFD or is_control(ch):
-            continue
-        if is_whitespace(ch):
-            out.append(" ")
-        else:
-            out.append(ch)
-    return "".join(out)
+def clean_char(ch: str) -> str:
+    cp = ord(ch)
+    if cp == 0 or cp == 0xFFFD or is_control(ch):
+        return ""
+    if is_whitespace(ch):
+        return " "
+    if is_cjk_ideograph(cp):
+        return " " + ch + " "
+    return ch
 
 
-def space_cjk(text: str) -> str:
+_CHAR_MEMO: dict[str, str] = {}
+
+
+def clean_and_space_cjk(text: str) -> str:
+    """Drop NUL, U+FFFD and controls, whitespace to " ", spaces around CJK ideographs.
+
+    (The original does this in two passes; a removed or whitespace character is never a CJK
+    ideograph, so one pass per character gives the same text.)"""
     out = []
     for ch in text:
-        if is_cjk_ideograph(ord(ch)):
-            out.append(" ")
-            out.append(ch)
-            out.append(" ")
-        else:
-            out.append(ch)
+        done = _CHAR_MEMO.get(ch)
+        if done is None:
+            done = _CHAR_MEMO[ch] = clean_char(ch)
+        out.append(done)
     return "".join(out)
 
 
@@ -91,14 +94,23 @@ def split_punctuation(word: str) -> list[str]:
     return ["".join(p) for p in pieces]
 
 
-def basic_words(text: str, do_lower_case: bool) -> list[str]:
-    text = space_cjk(clean(text))
+def process_token(token: str, do_lower_case: bool) -> list[str]:
+    if do_lower_case:
+        token = token.lower()  # whole word at once: Greek final sigma depends on the neighbours
+        token = strip_accents(token)
+    return split_punctuation(token)
+
+
+def basic_words(text: str, do_lower_case: bool, memo: dict | None = None) -> list[str]:
+    text = clean_and_space_cjk(text)
     words = []
     for token in text.strip().split():
-        if do_lower_case:
-            token = token.lower()  # whole word at once: Greek final sigma depends on the neighbours
-            token = strip_accents(token)
-        words.extend(split_punctuation(token))
+        if memo is None:
+            words.extend(process_token(token, do_lower_case))
+        else:  # same result, remembered: real text repeats its words
+            if token not in memo:
+                memo[token] = process_token(token, do_lower_case)
+            words.extend(memo[token])
     return " ".join(words).split()
 
 
@@ -130,11 +142,15 @@ class ReferenceTokenizer:
     def __init__(self, tokens: list[str] | tuple[str, ...], do_lower_case: bool) -> None:
         self.vocab = {t: i for i, t in enumerate(tokens)}
         self.do_lower_case = do_lower_case
+        self._token_memo: dict[str, list[str]] = {}
+        self._piece_memo: dict[str, list[str]] = {}
 
     def tokenize(self, text: str) -> list[str]:
         out = []
-        for word in basic_words(text, self.do_lower_case):
-            out.extend(wordpiece(word, self.vocab))
+        for word in basic_words(text, self.do_lower_case, self._token_memo):
+            if word not in self._piece_memo:
+                self._piece_memo[word] = wordpiece(word, self.vocab)
+            out.extend(self._piece_memo[word])
         return out
 
     def encode(self, text: str) -> list[int]:
