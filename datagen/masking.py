@@ -52,20 +52,21 @@ def _uniform(draws: np.ndarray) -> np.ndarray:
     return (draws >> np.uint64(11)).astype(np.float64) * _U53
 
 
-def candidate_groups(ids: np.ndarray, lengths: np.ndarray, vocab: Any, whole_word: bool) -> tuple[np.ndarray, np.ndarray | None]:
-    """(candidate mask, group index of each candidate position or None without whole words)."""
+def candidate_groups(ids: np.ndarray, lengths: np.ndarray, vocab: Any,
+                     whole_word: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """(candidate mask, group-start mask, group index of each position or None without whole words)."""
     n, seq = ids.shape
     pos = np.arange(seq)
     real = pos[None, :] < lengths[:, None]
     cand = real & (ids != vocab.cls_id) & (ids != vocab.sep_id)
-    starts = cand.copy()
-    if whole_word:
-        cont = np.asarray(vocab.is_continuation, dtype=bool)[ids] & cand
-        # A "##" piece joins the previous candidate group when there is one.
-        seen_before = np.cumsum(cand, axis=1) - cand > 0
-        starts &= ~(cont & seen_before)
-    group = np.cumsum(starts, axis=1) - 1 if whole_word else None
-    return cand, group
+    if not whole_word:
+        return cand, cand, None
+    cont = np.asarray(vocab.is_continuation, dtype=bool)[ids] & cand
+    # A "##" piece joins the previous candidate group when there is one.
+    seen_before = np.cumsum(cand, axis=1) - cand > 0
+    starts = cand & ~(cont & seen_before)
+    group = np.cumsum(starts, axis=1) - 1
+    return cand, starts, group
 
 
 def mask_batch(ids: np.ndarray, lengths: np.ndarray, keys: np.ndarray, config: DatagenConfig, vocab: Any) -> MaskedBatch:
@@ -75,12 +76,12 @@ def mask_batch(ids: np.ndarray, lengths: np.ndarray, keys: np.ndarray, config: D
     npred = config.max_predictions_per_seq
     lengths = np.asarray(lengths, dtype=np.int64)
     keys = np.asarray(keys, dtype=np.uint64)
-    cand, group = candidate_groups(ids, lengths, vocab, config.whole_word_mask)
+    cand, starts, group = candidate_groups(ids, lengths, vocab, config.whole_word_mask)
     target = num_to_predict(lengths, config)
     counters = np.arange(1, seq + 1, dtype=np.uint64)
 
     if config.whole_word_mask:
-        chosen = _choose_whole_words(cand, group, keys, counters, target)
+        chosen = _choose_whole_words(cand, starts, group, keys, counters, target)
     else:
         chosen = _choose_positions(cand, keys, counters, target)
 
@@ -119,36 +120,32 @@ def _choose_positions(cand: np.ndarray, keys: np.ndarray, counters: np.ndarray, 
     return cand & (order_key <= threshold[:, None])
 
 
-def _choose_whole_words(
-    cand: np.ndarray, group: np.ndarray, keys: np.ndarray, counters: np.ndarray, target: np.ndarray
-) -> np.ndarray:
+def _choose_whole_words(cand: np.ndarray, starts: np.ndarray, group: np.ndarray, keys: np.ndarray,
+                        counters: np.ndarray, target: np.ndarray) -> np.ndarray:
+    """Groups in key order, each taken when it still fits under the row's target."""
     n, seq = cand.shape
     rows, cols = np.nonzero(cand)
     gid = group[rows, cols]
-    sizes = np.zeros((n, seq), dtype=np.int64)
-    np.add.at(sizes, (rows, gid), 1)
-    # A group's order key is the draw at its first position.  Groups are not
-    # always contiguous (a "##" after [SEP] joins A's last word), so a start is
-    # the first appearance of each (row, group) in row-major order.
-    _, first_idx = np.unique(rows * seq + gid, return_index=True)
-    first = np.zeros(rows.shape[0], dtype=bool)
-    first[first_idx] = True
-    seen = np.zeros((n, seq), dtype=bool)
-    seen[rows[first], gid[first]] = True
+    sizes = np.bincount(rows * seq + gid, minlength=n * seq).reshape(n, seq)
+    # A group's order key is the draw at its first position (groups need not
+    # be contiguous: a "##" after [SEP] joins A's last word).
+    s_rows, s_cols = np.nonzero(starts)
     group_key = np.full((n, seq), _NEVER, dtype=np.uint64)
-    group_key[rows[first], gid[first]] = u64_for_keys(keys[rows[first]], counters[cols[first]])
+    group_key[s_rows, group[s_rows, s_cols]] = u64_for_keys(keys[s_rows], counters[s_cols])
     order = np.argsort(group_key, axis=1, kind="stable")
-    ordered_sizes = np.take_along_axis(sizes, order, axis=1)
-    taken_sorted = np.zeros((n, seq), dtype=bool)
+    ordered_sizes = np.ascontiguousarray(np.take_along_axis(sizes, order, axis=1).T)
+    taken_sorted = np.zeros((seq, n), dtype=bool)
     total = np.zeros(n, dtype=np.int64)
-    max_groups = int(seen.sum(axis=1).max()) if n else 0
-    for r in range(max_groups):
-        size = ordered_sizes[:, r]
-        take = (size > 0) & (total + size <= target)
-        taken_sorted[:, r] = take
+    for r in range(seq):
+        size = ordered_sizes[r]
+        open_rows = total < target
+        if not (open_rows & (size > 0)).any():
+            break  # every row is full or out of groups
+        take = open_rows & (size > 0) & (total + size <= target)
+        taken_sorted[r] = take
         total += np.where(take, size, 0)
     taken = np.zeros((n, seq), dtype=bool)
-    np.put_along_axis(taken, order, taken_sorted, axis=1)
+    np.put_along_axis(taken, order, taken_sorted.T, axis=1)
     chosen = np.zeros((n, seq), dtype=bool)
     chosen[rows, cols] = taken[rows, gid]
     return chosen
