@@ -30,12 +30,17 @@ def test_common_cases(name):
     assert split("no punctuation at all") == ["no punctuation at all"]
 
 
-def test_registry():
+def test_registry(monkeypatch):
+    from datagen import sentences
+
     assert set(NAMES) <= set(available_splitters())
     with pytest.raises(ValueError, match="unknown sentence splitter 'nope'"):
         get_splitter("nope")
+    # Registered for this test only: other tests list the available splitters.
+    monkeypatch.setattr(sentences, "_SPLITTERS", dict(sentences._SPLITTERS))
     register_splitter("test-lines", lambda: lambda text: [s for s in text.split("|") if s])
     assert get_splitter("test-lines")("a|b") == ["a", "b"]
+    assert "test-lines" in available_splitters()
 
 
 ADVERSARIAL = ["word ", "?", "!?", "?;' ", ".?1([", "(?", "x", "Hello. ", ". ", "a.b.c. ", "\u3002", "Mr. "]
