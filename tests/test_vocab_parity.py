@@ -35,7 +35,7 @@ CORPUS_FILES = {
     "viwiki_sample": ["wiki_[0-9][0-9]"],
 }
 SAMPLE_BYTES = 240_000  # per corpus in the default tests
-INTEGRATION_BYTES = 2_500_000  # all of five corpora; benchmarks/bench_vocab.py compares every byte of all seven
+INTEGRATION_BYTES = 1_000_000  # all of three corpora; benchmarks/bench_vocab.py compares every byte of all seven
 
 STRESS = [
     # accents, case, and lowercasing that changes length or needs context
@@ -270,3 +270,25 @@ def test_shipped_divergence_table_matches_a_fresh_scan():
     shipped = divergence._table()
     for mode in ("uncased", "cased"):
         assert [list(r) for r in table[mode]] == [list(r) for r in shipped[mode]]
+
+
+def test_stale_divergence_table_is_recomputed_with_a_warning(monkeypatch, caplog):
+    fresh = {"uncased": [[0xE000, 0xE000]], "cased": []}
+    monkeypatch.setattr(divergence, "versions", lambda: {"tokenizers": "0.0.0", "unicodedata": "1.0"})
+    monkeypatch.setattr(divergence, "compute_table", lambda: fresh)
+    divergence._table.cache_clear()
+    try:
+        with caplog.at_level("WARNING", logger="vocab.divergence"):
+            assert divergence._table() is fresh
+        assert "rescanning every code point" in caplog.text
+    finally:
+        divergence._table.cache_clear()
+
+
+def test_batch_flags_equal_single_text_checks():
+    for do_lower_case in (True, False):
+        tokenizer = BertTokenizer(Vocab.from_tokens(stress_vocab(do_lower_case)), do_lower_case)
+        texts = stress_set()[:400]
+        flags = tokenizer.basic.exact_path_flags(texts)
+        assert flags.tolist() == [tokenizer.needs_exact_path(t) for t in texts]
+        assert flags.any() and not flags.all()

@@ -16,6 +16,7 @@ only on the `tokenizers` version and Python's Unicode version; it is shipped in
 from __future__ import annotations
 
 import json
+import logging
 import sys
 import unicodedata
 from functools import lru_cache
@@ -28,6 +29,7 @@ from tokenizers import normalizers, pre_tokenizers
 from vocab.basic import SURROGATES, basic_tokenize
 
 TABLE_PATH = Path(__file__).with_name("divergent_chars.json")
+log = logging.getLogger(__name__)
 CAPITAL_SIGMA = 0x03A3
 _SEPARATOR = "0"  # a word neither path changes: marks where one probe's words end
 _CHUNK = 2048
@@ -119,6 +121,11 @@ def _table() -> dict[str, object]:
         table = json.loads(TABLE_PATH.read_text())
         if all(table.get(k) == v for k, v in versions().items()):
             return table
+        shipped = {k: table.get(k) for k in versions()}
+    else:
+        shipped = None
+    log.warning("%s is for %s, this process has %s: rescanning every code point (about 30 s, once per "
+                "process); run `python -m vocab.divergence` to refresh it", TABLE_PATH.name, shipped, versions())
     return compute_table()
 
 
