@@ -32,6 +32,7 @@ from datagen.rng import u64_for_keys
 
 _U53 = np.float64(1.0 / (1 << 53))
 _NEVER = np.uint64(np.iinfo(np.uint64).max)  # order key of a non-candidate
+_HEAD_MARGIN = 8
 
 
 @dataclass
@@ -132,20 +133,41 @@ def _choose_whole_words(cand: np.ndarray, starts: np.ndarray, group: np.ndarray,
     s_rows, s_cols = np.nonzero(starts)
     group_key = np.full((n, seq), _NEVER, dtype=np.uint64)
     group_key[s_rows, group[s_rows, s_cols]] = u64_for_keys(keys[s_rows], counters[s_cols])
-    order = np.argsort(group_key, axis=1, kind="stable")
-    ordered_sizes = np.ascontiguousarray(np.take_along_axis(sizes, order, axis=1).T)
-    taken_sorted = np.zeros((seq, n), dtype=bool)
-    total = np.zeros(n, dtype=np.int64)
-    for r in range(seq):
-        size = ordered_sizes[r]
-        open_rows = total < target
-        if not (open_rows & (size > 0)).any():
-            break  # every row is full or out of groups
-        take = open_rows & (size > 0) & (total + size <= target)
-        taken_sorted[r] = take
-        total += np.where(take, size, 0)
     taken = np.zeros((n, seq), dtype=bool)
-    np.put_along_axis(taken, order, taken_sorted.T, axis=1)
+    # The greedy scan almost always fills a row within its first target + a few
+    # groups: order only those (partition + sort), then redo the rare rows
+    # that needed more with a full sort.  Keys are distinct, so both orders agree.
+    head = int(min(seq, (target.max() if n else 0) + _HEAD_MARGIN))
+    if head < seq:
+        part = np.argpartition(group_key, head - 1, axis=1)[:, :head]
+        order = np.take_along_axis(part, np.argsort(np.take_along_axis(group_key, part, axis=1), axis=1,
+                                                    kind="stable"), axis=1)
+        total = _greedy(taken, order, sizes, target)
+        redo = np.nonzero((total < target) & ((group_key != _NEVER).sum(axis=1) > head))[0]
+    else:
+        redo = np.arange(n)
+    if redo.size:
+        sub = np.zeros((redo.size, seq), dtype=bool)
+        order = np.argsort(group_key[redo], axis=1, kind="stable")
+        _greedy(sub, order, sizes[redo], target[redo])
+        taken[redo] = sub
     chosen = np.zeros((n, seq), dtype=bool)
     chosen[rows, cols] = taken[rows, gid]
     return chosen
+
+
+def _greedy(taken: np.ndarray, order: np.ndarray, sizes: np.ndarray, target: np.ndarray) -> np.ndarray:
+    """Mark in ``taken`` the groups that the original's scan keeps, visiting them in ``order``."""
+    ordered_sizes = np.ascontiguousarray(np.take_along_axis(sizes, order, axis=1).T)
+    taken_sorted = np.zeros(ordered_sizes.shape, dtype=bool)
+    total = np.zeros(sizes.shape[0], dtype=np.int64)
+    for r in range(ordered_sizes.shape[0]):
+        size = ordered_sizes[r]
+        open_rows = (total < target) & (size > 0)
+        if not open_rows.any():
+            break  # every row is full or out of groups
+        take = open_rows & (total + size <= target)
+        taken_sorted[r] = take
+        total += np.where(take, size, 0)
+    np.put_along_axis(taken, order, taken_sorted.T, axis=1)
+    return total

@@ -101,3 +101,26 @@ def test_whole_word_groups_are_masked_together():
     # Groups never push the count past num_to_predict; most rows still reach it exactly.
     full = (out.masked_lm_weights.sum(axis=1) == 12).mean()
     assert full > 0.9
+
+
+def test_whole_word_scan_reaches_groups_far_down_the_order():
+    # Two-piece words everywhere but two one-piece words at the end, and an odd num_to_predict
+    # (round(61 * 0.15) = 9): a row is filled only by a one-piece word, which is often far down
+    # the random order, past the first target + 8 groups that are ordered first.
+    config = DatagenConfig(max_seq_length=64, max_predictions_per_seq=20, whole_word_mask=True)
+    n = 200
+    draws = Stream(12).u64_array(n * 64).reshape(n, 64)
+    word = (5 + 2 * (draws % np.uint64(97))).astype(np.int32)
+    ids = np.zeros((n, 64), dtype=np.int32)
+    for p in range(1, 60):
+        starts_word = p % 2 == 1 if p < 11 else (p % 2 == 0 or p == 59)
+        ids[:, p] = word[:, p] if starts_word else word[:, p] + 1
+    ids[:, 0], ids[:, 11], ids[:, 60] = VOCAB.cls_id, VOCAB.sep_id, VOCAB.sep_id
+    keys = Stream(11).u64_array(n)
+    out = mask_batch(ids, np.full(n, 61), keys, config, VOCAB)
+    counts = out.masked_lm_weights.sum(axis=1)
+    assert set(counts.tolist()) == {8.0, 9.0}  # 8 when both one-piece words come early
+    for r in range(n):
+        ref = reference_mask(ids[r, :61].tolist(), int(keys[r]), config, VOCAB)
+        assert out.masked_lm_positions[r, : int(counts[r])].tolist() == ref["positions"]
+        assert out.input_ids[r, :61].tolist() == ref["input_ids"]
