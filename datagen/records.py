@@ -88,20 +88,26 @@ def _varint_rows(matrix: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     if values.ndim == 1:
         values = values[:, None]
     n = values.shape[0]
-    # Ten 7-bit groups cover 64 bits; group k exists when value >> 7k != 0. Only as many groups
-    # as the largest value needs are computed (token ids need 3, not 10).
-    top = int(values.max()) if values.size else 0
+    flat_values = values.ravel()
+    # A value takes one byte per started 7-bit group (at least one); only as many groups as the
+    # largest value needs are looked at (token ids need 3 of the 10).
+    top = int(flat_values.max()) if flat_values.size else 0
     n_groups = max(1, -(-top.bit_length() // 7))
-    groups = np.stack([(values >> np.uint64(7 * k)) for k in range(n_groups)], axis=-1)
-    present = groups != 0
-    present[..., 0] = True
-    nbytes = present.sum(axis=-1)
-    low7 = (groups & np.uint64(0x7F)).astype(np.uint8)
-    more = np.zeros_like(present)
-    more[..., :-1] = present[..., 1:]
-    encoded = low7 | (more.astype(np.uint8) << 7)
-    flat = encoded[present]  # row-major: rows, then values, then groups
-    row_len = nbytes.sum(axis=1)
+    nbytes = np.ones(flat_values.shape, dtype=np.int64)
+    for k in range(1, n_groups):
+        nbytes += flat_values >= np.uint64(1 << (7 * k))
+    starts = np.zeros(flat_values.size + 1, dtype=np.int64)
+    np.cumsum(nbytes, out=starts[1:])
+    flat = np.empty(int(starts[-1]), dtype=np.uint8)
+    for k in range(n_groups):
+        has = nbytes > k
+        group = ((flat_values >> np.uint64(7 * k)) & np.uint64(0x7F)).astype(np.uint8)
+        group |= (nbytes > k + 1).astype(np.uint8) << 7
+        if k == 0:
+            flat[starts[:-1]] = group
+        else:
+            flat[starts[:-1][has] + k] = group[has]
+    row_len = nbytes.reshape(n, -1).sum(axis=1) if n else np.zeros(0, dtype=np.int64)
     offsets = np.zeros(n + 1, dtype=np.int64)
     np.cumsum(row_len, out=offsets[1:])
     return flat, offsets
@@ -150,9 +156,16 @@ def encode_batch(batch: InstanceBatch) -> list[bytes]:
     Vectorized over the batch: every length prefix of every nesting level is computed for all rows
     at once and the pieces are interleaved with NumPy; equal to ``encode_batch_reference``.
     """
+    flat, offsets = encode_batch_flat(batch)
+    data = flat.tobytes()
+    return [data[offsets[i]:offsets[i + 1]] for i in range(len(batch))]
+
+
+def encode_batch_flat(batch: InstanceBatch) -> tuple[np.ndarray, np.ndarray]:
+    """Like ``encode_batch``, as all payloads concatenated (uint8) and their offsets (n + 1)."""
     n = len(batch)
     if n == 0:
-        return []
+        return np.zeros(0, dtype=np.uint8), np.zeros(1, dtype=np.int64)
     pieces: list[tuple[np.ndarray, np.ndarray] | bytes] = []
     entry_sizes = np.zeros(n, dtype=np.int64)
     for name in FEATURE_ORDER:
@@ -173,9 +186,7 @@ def encode_batch(batch: InstanceBatch) -> list[bytes]:
         el = _varints_1d(entry_len)  # Features map entry: 0x0a len Entry
         entry_sizes += 1 + np.diff(el[1]) + entry_len
         pieces += [b"\x0a", el, _KEY_BYTES[name] + b"\x12", fl, list_tag, ll, b"\x0a", vl, values]
-    flat, offsets = _ragged_interleave([b"\x0a", _varints_1d(entry_sizes), *pieces], n)
-    data = flat.tobytes()
-    return [data[offsets[i]:offsets[i + 1]] for i in range(n)]
+    return _ragged_interleave([b"\x0a", _varints_1d(entry_sizes), *pieces], n)
 
 
 def encode_batch_reference(batch: InstanceBatch) -> list[bytes]:
@@ -222,6 +233,29 @@ def frame_record(payload: bytes) -> bytes:
         + payload
         + struct.pack("<I", masked_crc32c(payload))
     )
+
+
+def frame_flat(flat: np.ndarray, offsets: np.ndarray) -> tuple[bytes, np.ndarray]:
+    """TFRecord framing of concatenated payloads: (framed bytes, framed offsets), equal to
+    ``frame_record`` applied to each payload. Headers and footers are built with NumPy (one CRC
+    per distinct length, one C call per payload); the bytes are joined by one ``bytes.join``."""
+    lengths = np.diff(offsets).astype(np.int64)
+    n = lengths.size
+    framed_offsets = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(lengths + 16, out=framed_offsets[1:])
+    unique, inverse = np.unique(lengths, return_inverse=True)
+    length_crcs = np.array([masked_crc32c(struct.pack("<Q", int(v))) for v in unique], dtype="<u4")
+    headers = np.empty((n, 12), dtype=np.uint8)
+    headers[:, :8] = lengths.astype("<u8").view(np.uint8).reshape(n, 8)
+    headers[:, 8:] = length_crcs[inverse].view(np.uint8).reshape(n, 4)
+    head = headers.tobytes()
+    data = np.ascontiguousarray(flat, dtype=np.uint8).tobytes()  # crc32c takes bytes, not memoryviews
+    bounds = offsets.tolist()
+    pieces: list[bytes] = []
+    for i in range(n):
+        payload = data[bounds[i]:bounds[i + 1]]
+        pieces += (head[12 * i:12 * i + 12], payload, struct.pack("<I", masked_crc32c(payload)))
+    return b"".join(pieces), framed_offsets
 
 
 def frame_records(payloads: list[bytes]) -> bytes:

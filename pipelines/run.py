@@ -194,6 +194,11 @@ class EncodedRecords:
     def __len__(self) -> int:
         return int(self.keys.shape[0])
 
+    def slice(self, lo: int, hi: int) -> EncodedRecords:
+        start = int(self.lengths[:lo].sum())
+        size = int(self.lengths[lo:hi].sum())
+        return EncodedRecords(self.keys[lo:hi], self.lengths[lo:hi], self.blob[start:start + size])
+
     def take(self, index: np.ndarray) -> EncodedRecords:
         offsets = np.zeros(len(self) + 1, dtype=np.int64)
         np.cumsum(self.lengths, out=offsets[1:])
@@ -213,19 +218,28 @@ class EncodedRecords:
 ENCODE_CHUNK_ROWS = 4096
 
 
-def encode_records(batch, keys: np.ndarray) -> EncodedRecords:
-    """Encode and frame a batch in row chunks, so the encoder's temporaries stay small."""
+def encode_records(batch, keys: np.ndarray) -> tuple[EncodedRecords, np.ndarray]:
+    """Encode and frame a batch in key order; returns the records and the row order used.
+
+    Sorting once here makes every shard (a range of keys) a contiguous slice of the result. Rows
+    go through the encoder in chunks, so its temporaries stay small.
+    """
     import dataclasses
 
-    from datagen.records import encode_batch, frame_record
+    from datagen.records import encode_batch_flat, frame_flat
 
-    framed: list[bytes] = []
-    for lo in range(0, len(batch), ENCODE_CHUNK_ROWS):
-        chunk = type(batch)(**{f.name: getattr(batch, f.name)[lo:lo + ENCODE_CHUNK_ROWS]
-                               for f in dataclasses.fields(batch)})
-        framed.extend(frame_record(p) for p in encode_batch(chunk))
-    lengths = np.fromiter((len(f) for f in framed), dtype=np.int64, count=len(framed))
-    return EncodedRecords(np.asarray(keys, dtype=np.uint64), lengths, b"".join(framed))
+    keys = np.asarray(keys, dtype=np.uint64)
+    order = np.argsort(keys, kind="stable")
+    blobs: list[bytes] = []
+    lengths: list[np.ndarray] = []
+    for lo in range(0, len(order), ENCODE_CHUNK_ROWS):
+        rows = order[lo:lo + ENCODE_CHUNK_ROWS]
+        chunk = type(batch)(**{f.name: np.asarray(getattr(batch, f.name))[rows] for f in dataclasses.fields(batch)})
+        framed, offsets = frame_flat(*encode_batch_flat(chunk))
+        blobs.append(framed)
+        lengths.append(np.diff(offsets))
+    all_lengths = np.concatenate(lengths) if lengths else np.zeros(0, dtype=np.int64)
+    return EncodedRecords(keys[order], all_lengths.astype(np.int64), b"".join(blobs)), order
 
 
 def sorted_shard(parts: list[EncodedRecords], where: str) -> EncodedRecords:
@@ -435,7 +449,7 @@ class BuildInstances(beam.DoFn):
         docs = pool_from_file(pool_path)
         result = build_pool_instances(docs, pass_index, self.config, self.vocab)
         del docs
-        records = encode_records(result.batch, result.keys)
+        records, order = encode_records(result.batch, result.keys)
         # Counts this DoFn takes from the records themselves are not taken twice from the builder.
         extra = {k: v for k, v in dict(result.stats or {}).items() if k not in TOTAL_KEYS and k != "notnext"}
         if self._progress:
@@ -444,19 +458,18 @@ class BuildInstances(beam.DoFn):
             if extra:
                 yield (split, 0), (None, extra)
             return
-        labels = np.asarray(result.batch.next_sentence_labels).reshape(-1)
-        weights = np.asarray(result.batch.masked_lm_weights)
-        n = num_shards[split]
-        shards = shard_of_keys(records.keys, n)
-        order = np.argsort(shards, kind="stable")
-        bounds = np.searchsorted(shards[order], np.arange(n + 1))
-        for shard in range(n):
-            index = order[int(bounds[shard]):int(bounds[shard + 1])]
-            if index.size:
-                part = records.take(index)
+        labels = np.asarray(result.batch.next_sentence_labels).reshape(-1)[order]
+        weights = np.asarray(result.batch.masked_lm_weights)[order]
+        # Keys are sorted, so each shard's records are one contiguous run.
+        shards = shard_of_keys(records.keys, num_shards[split])
+        bounds = np.searchsorted(shards, np.arange(num_shards[split] + 1))
+        for shard in range(num_shards[split]):
+            lo, hi = int(bounds[shard]), int(bounds[shard + 1])
+            if hi > lo:
+                part = records.slice(lo, hi)
                 path = fsio.join(self.staging, "parts", f"{split}-{shard:05d}-{pool:06d}-{pass_index:04d}.npz")
                 fsio.write_atomic(path, records_to_bytes(part))
-                stats = part_stats(part, labels[index], weights[index], split)
+                stats = part_stats(part, labels[lo:hi], weights[lo:hi], split)
                 if extra:  # the pass's own counters ride on its first part only
                     stats, extra = add_counts(stats, extra), {}
                 yield (split, shard), (path, stats)

@@ -24,3 +24,30 @@ def test_vectorized_encoder_equals_reference(n: int, seq: int, pred: int, seed: 
         next_sentence_labels=rng.integers(0, 2, n),
     )
     assert records.encode_batch(batch) == records.encode_batch_reference(batch)
+
+
+@given(st.lists(st.binary(max_size=300), max_size=30))
+@settings(max_examples=60, deadline=None)
+def test_vectorized_framing_equals_frame_record(payloads: list[bytes]) -> None:
+    flat = np.frombuffer(b"".join(payloads), dtype=np.uint8)
+    offsets = np.concatenate([[0], np.cumsum([len(p) for p in payloads])]).astype(np.int64)
+    framed, framed_offsets = records.frame_flat(flat, offsets)
+    assert framed == b"".join(records.frame_record(p) for p in payloads)
+    assert np.diff(framed_offsets).tolist() == [len(p) + 16 for p in payloads]
+
+
+def test_encode_records_sorts_by_key_and_slices_shards() -> None:
+    from pipelines.run import encode_records
+
+    rng = np.random.default_rng(3)
+    n = 50
+    batch = records.InstanceBatch(rng.integers(0, 999, (n, 8)), np.ones((n, 8), np.int64), np.zeros((n, 8), np.int64),
+                                  rng.integers(0, 8, (n, 2)), rng.integers(0, 999, (n, 2)),
+                                  np.ones((n, 2), np.float32), rng.integers(0, 2, n))
+    keys = rng.integers(0, 2**64 - 1, n, dtype=np.uint64)
+    encoded, order = encode_records(batch, keys)
+    assert (np.diff(encoded.keys.astype(object)) > 0).all() and (keys[order] == encoded.keys).all()
+    expected = [records.frame_record(p) for p in records.encode_batch_reference(batch)]
+    assert encoded.blob == b"".join(expected[i] for i in order)
+    part = encoded.slice(10, 20)
+    assert part.blob == b"".join(expected[i] for i in order[10:20]) and part.keys.tolist() == keys[order[10:20]].tolist()
