@@ -58,6 +58,7 @@ STRESS = [
     "unassigned \u0378 a\u0378b \U000e0080 \u2fff \U0002fffe",
     "surrogate \ud800 a\udc00b \udfff",
     "combining alone \u0301 \u0301\u0302 a\u0301\u0302\u0303 e\u20dd \u0e31 \u093e \u0dd9 \u0dda",
+    "中\u0301文 \u0301中 a\u0316中\u0301b Σ\u0301 \ue000\u0301 中\ue000 ΑΣ中 ΑΣ\u3000Β ΑΣ\u2028",
     # text that looks like special tokens is ordinary text in the original
     "[SEP] [MASK] [unused3] [CLS]x[PAD] [UNK] [unused993] [[SEP]] [sep] ##ing ## # [ ]",
     # punctuation: Unicode P* and ASCII symbols that are not P*
