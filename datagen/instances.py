@@ -108,12 +108,12 @@ def _target_lengths(pool: _Pool, pass_index: int, config: DatagenConfig) -> np.n
     return np.where(short, short_len, max_num_tokens).astype(np.int64)
 
 
-def _walk_draws(pool: _Pool, seed: int, purpose: str, pass_index: int) -> list[int]:
+def _walk_draws(pool: _Pool, seed: int, purpose: str, pass_index: int) -> np.ndarray:
     """Draw ``k + 1`` of each document's stream for k < its sentence count, flat in global sentence order."""
     counts = np.diff(pool.first_sentence)
     keys = np.repeat(doc_pass_keys(seed, purpose, pool.doc_ids, pass_index), counts)
     ordinal = np.arange(keys.shape[0], dtype=np.int64) - np.repeat(pool.first_sentence[:-1], counts)
-    return u64_for_keys(keys, (ordinal + 1).astype(np.uint64)).tolist()
+    return u64_for_keys(keys, (ordinal + 1).astype(np.uint64))
 
 
 def _walk(pool: _Pool, targets: np.ndarray, pass_index: int, config: DatagenConfig) -> dict[str, np.ndarray]:
@@ -124,9 +124,7 @@ def _walk(pool: _Pool, targets: np.ndarray, pass_index: int, config: DatagenConf
     """
     seed = config.random_seed
     a_draws = _walk_draws(pool, seed, "a_end", pass_index)
-    coin_draws = _walk_draws(pool, seed, "is_random_next", pass_index)
-    half = 1 << 63  # uniform < 0.5 <=> top bit clear
-    cumsum = pool.token_cumsum.tolist()
+    random_next = _walk_draws(pool, seed, "is_random_next", pass_index) < np.uint64(1 << 63)  # uniform < 0.5
     first = pool.first_sentence.tolist()
     targets_l = targets.tolist()
     rows: list[tuple[int, int, int, bool]] = []
@@ -134,16 +132,21 @@ def _walk(pool: _Pool, targets: np.ndarray, pass_index: int, config: DatagenConf
     per_doc = []
     for d in range(len(first) - 1):
         start, end, target = first[d], first[d + 1], targets_l[d]
-        i, k = start, 0
-        while i < end:
+        # Python lists of one document at a time: fast to index, and memory
+        # stays bounded by the largest document rather than the pool.
+        cumsum = pool.token_cumsum[start : end + 1].tolist()
+        draws = a_draws[start:end].tolist()
+        coins = random_next[start:end].tolist()
+        n = end - start
+        i, k = 0, 0
+        while i < n:
             # The chunk ends at the first sentence that brings it to the target, or the document's end.
-            j = bisect_left(cumsum, cumsum[i] + target, i + 1, end + 1)
-            j = (j if j < end else end) - 1
+            j = bisect_left(cumsum, cumsum[i] + target, i + 1, n + 1)
+            j = (j if j < n else n) - 1
             m = j - i + 1
-            draw = start + k  # instance k never exceeds the sentence count
-            a_end = 1 if m == 1 else 1 + a_draws[draw] % (m - 1)
-            is_random = m == 1 or coin_draws[draw] < half
-            append((i, i + a_end, j + 1, is_random))
+            a_end = 1 if m == 1 else 1 + draws[k] % (m - 1)  # instance k never exceeds the sentence count
+            is_random = m == 1 or coins[k]
+            append((start + i, start + i + a_end, start + j + 1, is_random))
             # NotNext puts the chunk's unused sentences back: the walk resumes after A.
             i = i + a_end if is_random else j + 1
             k += 1
