@@ -372,7 +372,11 @@ def read_documents(path: str, data: bytes, config: DatagenConfig, stats: dict[st
     text = decode_text(path, data, config.strict_utf8, stats)
     fmt = config.input_format
     if fmt == "text":
-        groups, as_sentences = _read_text(path, text, text_layout(config)), False
+        try:
+            layout = text_layout(config)
+        except ValueError as e:
+            raise InputError(f"{path}: {e}") from None
+        groups, as_sentences = _read_text(path, text, layout), False
     elif fmt == "sentences":
         groups, as_sentences = _read_sentences(path, text), True
     elif fmt == "jsonl":

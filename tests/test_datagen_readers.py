@@ -94,7 +94,7 @@ def test_text_layout_override():
     wiki = " = T = \n \n Body @-@ text 1 @,@ 000 .\n"
     assert [d.paragraphs for d in read(wiki, extra={"text_layout": "plain"})[0]] == [["= T ="], ["Body @-@ text 1 @,@ 000 ."]]
     assert [d.paragraphs for d in read(" Body @-@ text .\n", extra={"text_layout": "wikitext"})[0]] == [["Body-text ."]]
-    with pytest.raises(ValueError, match="text layout 'novel' is not one of"):
+    with pytest.raises(InputError, match=r"in\.txt: text layout 'novel' is not one of"):
         read(book, extra={"text_layout": "novel"})
 
 
