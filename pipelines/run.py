@@ -11,12 +11,13 @@ Stages (every element is coarse: a batch of documents, a pool, a pool's pass, a 
    layout nor the worker count can change a pool.
 4. ``ShardCount``: ``--num-shards``, or the target shard size applied to a deterministic estimate
    of the record bytes from the pools' document and token counts (known before any instance exists).
-5. ``FanOutPasses`` + ``Reshuffle``: one task per (pool, pass) so even a one-pool corpus keeps
-   several workers busy; ``BuildInstances`` calls ``build_pool_instances``, encodes the records and
-   cuts them by shard = ``(key * num_shards) >> 64`` (contiguous ranges of the 64-bit key space):
-   one coarse element per (task, shard), so no stage ever holds all records of the run.
-6. ``GroupByKey`` on (split, shard): ``WriteShard`` sorts a shard's records by key and writes it
-   atomically. Empty shards are written too.
+5. ``StagePools`` + ``FanOutPasses`` + ``Reshuffle``: each pool is written once to a staging file
+   and one small task per (pool, pass) names it, so even a one-pool corpus keeps several workers
+   busy; ``BuildInstances`` calls ``build_pool_instances``, encodes the records in key order and
+   cuts them by shard = ``(key * num_shards) >> 64`` (contiguous ranges of the 64-bit key space)
+   into staging fragments: only paths and counts go through the runner's shuffle.
+6. ``GroupByKey`` on (split, shard): ``WriteShard`` merges the shard's fragments by key and writes
+   it atomically. Empty shards are written too.
 7. ``Summarize``: totals, shard checksums and the input fingerprint go to a summary file that the
    driver reads to write ``vocab.txt``, the dataset card and, last, ``manifest.json``.
 
