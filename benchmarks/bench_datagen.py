@@ -92,7 +92,8 @@ def _tokenize_once(vocab: Path, files: list[Path]) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def tree_rss(proc: psutil.Process) -> int:
+def tree_sample(proc: psutil.Process, cpu_seen: dict[int, float]) -> int:
+    """RSS summed over the process tree now; records each process's latest CPU seconds."""
     total = 0
     try:
         procs = [proc, *proc.children(recursive=True)]
@@ -100,7 +101,10 @@ def tree_rss(proc: psutil.Process) -> int:
         return 0
     for p in procs:
         try:
-            total += p.memory_info().rss
+            with p.oneshot():
+                total += p.memory_info().rss
+                times = p.cpu_times()
+                cpu_seen[p.pid] = times.user + times.system + times.children_user + times.children_system
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             pass
     return total
@@ -115,20 +119,18 @@ def run_datagen(vocab: Path, out: Path, workers: int, dupe_factor: int, profile:
             "--max-predictions-per-seq", "20", "--dupe-factor", str(dupe_factor), "--overwrite", "--quiet"]
     if profile is None:  # the profiled run stays in one process (in-memory DirectRunner) so cProfile sees it
         cmd += [f"--direct_num_workers={workers}", "--direct_running_mode=multi_processing"]
-    import resource
-
-    cpu_before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
     ps = psutil.Process(proc.pid)
     peak = 0
+    cpu_seen: dict[int, float] = {}
     while proc.poll() is None:
-        peak = max(peak, tree_rss(ps))
+        peak = max(peak, tree_sample(ps, cpu_seen))
         time.sleep(0.1)
     wall = time.perf_counter() - start
     _, err = proc.communicate()
-    cpu_after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    cpu = (cpu_after.ru_utime + cpu_after.ru_stime) - (cpu_before.ru_utime + cpu_before.ru_stime)
+    # CPU of every process as last sampled (up to 0.1 s before it ended), summed over the tree.
+    cpu = sum(cpu_seen.values())
     if proc.returncode != 0:
         raise RuntimeError(f"bert-datagen run failed ({proc.returncode}):\n{err[-4000:]}")
     manifest = json.loads((out / "manifest.json").read_text())
