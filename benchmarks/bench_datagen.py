@@ -104,7 +104,7 @@ def tree_sample(proc: psutil.Process, cpu_seen: dict[int, float]) -> int:
             with p.oneshot():
                 total += p.memory_info().rss
                 times = p.cpu_times()
-                cpu_seen[p.pid] = times.user + times.system + times.children_user + times.children_system
+                cpu_seen[p.pid] = times.user + times.system
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             pass
     return total
