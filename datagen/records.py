@@ -93,6 +93,8 @@ def _varint_rows(matrix: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     # largest value needs are looked at (token ids need 3 of the 10).
     top = int(flat_values.max()) if flat_values.size else 0
     n_groups = max(1, -(-top.bit_length() // 7))
+    if n_groups == 1:  # every value is one byte (masks, segment ids, labels, small lengths)
+        return flat_values.astype(np.uint8), np.arange(n + 1, dtype=np.int64) * values.shape[1]
     nbytes = np.ones(flat_values.shape, dtype=np.int64)
     for k in range(1, n_groups):
         nbytes += flat_values >= np.uint64(1 << (7 * k))
