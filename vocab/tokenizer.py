@@ -120,12 +120,14 @@ class BertTokenizer:
     def encode_batch_ids(self, texts: Sequence[str]) -> list[np.ndarray]:
         """WordPiece ids (int32) of each text."""
         exact = self.basic.exact_path_flags(texts)
+        if not exact.any():  # the common case: one Rust call, nothing to reorder
+            encodings = self._full.encode_batch_fast(list(texts), add_special_tokens=False)
+            return [np.array(enc.ids, dtype=np.int32) for enc in encodings]
         exact_idx = np.flatnonzero(exact).tolist()
-        fast_idx = np.flatnonzero(~exact).tolist() if exact_idx else list(range(len(texts)))
+        fast_idx = np.flatnonzero(~exact).tolist()
         out: list[np.ndarray | None] = [None] * len(texts)
         if fast_idx:
-            batch = texts if not exact_idx else [texts[i] for i in fast_idx]
-            encodings = self._full.encode_batch_fast(list(batch), add_special_tokens=False)
+            encodings = self._full.encode_batch_fast([texts[i] for i in fast_idx], add_special_tokens=False)
             for i, enc in zip(fast_idx, encodings, strict=True):
                 out[i] = np.array(enc.ids, dtype=np.int32)
         if exact_idx:
