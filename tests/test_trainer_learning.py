@@ -42,7 +42,7 @@ def wiki_dataset(shared_corpora, tmp_path_factory) -> str:
     bert_datagen("vocab", "--input", pattern, "--input-format", "wikiextractor", "--output", str(out / "vocab.txt"),
                  "--vocab-size", "2000", "--num-unused", "0")
     bert_datagen("run", "--input", pattern, "--input-format", "wikiextractor", "--vocab", str(out / "vocab.txt"),
-                 "--output", str(out / "data"), "--max-seq-length", "32", "--max-predictions-per-seq", "5",
+                 "--output", str(out / "data"), "--max-seq-length", "64", "--max-predictions-per-seq", "10",
                  "--dupe-factor", "1", "--eval-fraction", "0.1", "--num-shards", "2", "--quiet")
     return str(out / "data")
 
@@ -59,11 +59,14 @@ def test_tiny_model_learns_from_real_text(wiki_dataset, tmp_path):
     info = open_dataset(wiki_dataset)
     top = most_frequent_masked_token(info)
     run = tmp_path / "run"
-    # Short sequences and small batches: the MLM plateau (guessing by unigram frequency) breaks after
-    # a few hundred updates; at 128 tokens and batch 32 it lasts well beyond this test's budget.
-    pretrain(TrainConfig(data=wiki_dataset, out=str(run), model="tiny", batch_size=8, steps=1500,
-                         learning_rate=1e-3, warmup_steps=150, seed=1, checkpoint_every=1500, log_every=250,
-                         eval_batches=1, shuffle_buffer=2000), log=print)
+    # The first 800 steps of a 2500-step schedule (stop_at: the trajectory is exactly that of the
+    # full run). A from-scratch MLM first sits on a plateau, guessing tokens by frequency; with
+    # batches of 8 at lr 1e-3 this run leaves it after ~400 updates. Measured on this data: runs
+    # whose learning rate decays sooner (1000-1500-step schedules) or with batches of 32 were still
+    # on the plateau after 1000+ steps, so the settings here are not arbitrary.
+    pretrain(TrainConfig(data=wiki_dataset, out=str(run), model="tiny", batch_size=8, steps=2500,
+                         learning_rate=1e-3, warmup_steps=250, seed=1, checkpoint_every=2500, log_every=200,
+                         eval_batches=1, shuffle_buffer=2000), log=print, stop_at=800)
 
     model, _, _ = restore_model(run)
     hits = weight = base_hits = 0.0
@@ -88,6 +91,6 @@ def test_tiny_model_learns_from_real_text(wiki_dataset, tmp_path):
           f"{nsp_accuracy:.4f} (majority class {majority:.4f}, balanced {balanced_nsp:.4f}, {per_class})")
     assert weight > 2000 and min(t for _, t in per_class.values()) > 50
     assert mlm_accuracy >= 2 * baseline
-    # At 32 tokens most pairs are NotNext (one-sentence chunks force it); a run this short learns
-    # that prior, not yet the pair itself (balanced accuracy stays near 0.5: see the report).
+    # Most pairs are NotNext (one-sentence chunks force it); a run this short learns that prior,
+    # not yet the pair itself (balanced accuracy stays near 0.5).
     assert nsp_accuracy > 0.5 and nsp_accuracy >= majority - 0.02
