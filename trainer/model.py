@@ -51,8 +51,10 @@ def dropout(x: tf.Tensor, rate: float, seed: tf.Tensor | None, site: int) -> tf.
     """Inverted dropout whose mask depends only on (seed, site)."""
     if seed is None or rate == 0.0:
         return x
-    site_seed = tf.random.experimental.stateless_fold_in(seed, site)
-    return tf.nn.experimental.stateless_dropout(x, rate=rate, seed=site_seed)
+    # Philox named explicitly: "auto_select" may pick another generator under XLA or on another
+    # device, and then --jit or a GPU would draw other masks than the plain CPU run.
+    site_seed = tf.random.experimental.stateless_fold_in(seed, site, alg="philox")
+    return tf.nn.experimental.stateless_dropout(x, rate=rate, seed=site_seed, rng_alg="philox")
 
 
 def truncated_normal(config: BertConfig, seed: int, name: str) -> keras.initializers.Initializer:

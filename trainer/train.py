@@ -117,14 +117,14 @@ def make_step_functions(model: BertPretrainer, optimizer: AdamWeightDecay, strat
         ctx = tf.distribute.get_replica_context()
         weight_total = ctx.all_reduce(SUM, tf.reduce_sum(batch["masked_lm_weights"]))
         scale = loss_scale.scale if loss_scale is not None else None
-        seed = tf.random.experimental.stateless_fold_in(base_seed, step)
-        seed = tf.random.experimental.stateless_fold_in(seed, ctx.replica_id_in_sync_group)
+        seed = tf.random.experimental.stateless_fold_in(base_seed, step, alg="philox")
+        seed = tf.random.experimental.stateless_fold_in(seed, ctx.replica_id_in_sync_group, alg="philox")
         local = tf.shape(batch["input_ids"])[0]
         micro = local // accum
         grads, totals = None, None
         for k in range(accum):  # unrolled: accumulation counts are small
             part = {name: value[k * micro:(k + 1) * micro] for name, value in batch.items()}
-            part_seed = tf.random.experimental.stateless_fold_in(seed, k)
+            part_seed = tf.random.experimental.stateless_fold_in(seed, k, alg="philox")
             g, sums = micro_grads_fn(part, weight_total, part_seed, scale)
             grads = g if grads is None else [a + b for a, b in zip(grads, g, strict=True)]
             totals = sums if totals is None else {n: totals[n] + sums[n] for n in totals}
