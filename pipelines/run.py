@@ -273,6 +273,10 @@ class ReadFiles(beam.DoFn):
         self._tokenizer = BertTokenizer(self.vocab, self.config.do_lower_case)
         self._progress = Progress() if self.show_progress else None
 
+    def teardown(self) -> None:
+        if getattr(self, "_progress", None) and self._progress.counts:
+            self._progress.emit()  # the final counts of this worker
+
     def process(self, file_info: tuple[str, int]) -> Iterator[dict[str, Any]]:
         from datagen.documents import tokenize_documents
         from datagen.readers import InputError, read_documents
@@ -443,6 +447,10 @@ class BuildInstances(beam.DoFn):
     def setup(self) -> None:
         self._progress = Progress() if self.show_progress else None
 
+    def teardown(self) -> None:
+        if getattr(self, "_progress", None) and self._progress.counts:
+            self._progress.emit()  # the final counts of this worker
+
     def process(self, task: tuple[tuple[str, int, int], str], num_shards: dict[str, int]):
         from datagen.instances import build_pool_instances
 
@@ -491,6 +499,10 @@ class WriteShard(beam.DoFn):
 
     def setup(self) -> None:
         self._progress = Progress() if self.show_progress else None
+
+    def teardown(self) -> None:
+        if getattr(self, "_progress", None) and self._progress.counts:
+            self._progress.emit()  # the final counts of this worker
 
     def process(self, element: tuple[tuple[str, int], Iterable[tuple[str | None, dict]]],
                 num_shards: dict[str, int]):
