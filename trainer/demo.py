@@ -29,8 +29,13 @@ def build_corpus(out: str) -> list[str]:
     from datagen.embedded import write_embedded_corpus
 
     corpus = os.path.join(out, "corpus")
-    done = sorted(glob.glob(os.path.join(corpus, "*.txt")))
-    return done or write_embedded_corpus(corpus)
+    marker = os.path.join(corpus, ".complete")  # an interrupted write leaves no marker
+    if os.path.exists(marker):
+        return sorted(glob.glob(os.path.join(corpus, "*.txt")))
+    files = write_embedded_corpus(corpus)
+    with open(marker, "w") as f:
+        f.write("\n".join(os.path.basename(p) for p in files) + "\n")
+    return files
 
 
 def build_vocab(out: str, corpus: str, vocab_size: int) -> str:
