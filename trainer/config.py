@@ -210,5 +210,5 @@ class TrainConfig:
     # Options that may change between invocations of the same run without changing what it
     # computes (how often it reports, which devices run it). `steps` is not one: it sets the
     # learning-rate decay.
-    RESUMABLE_CHANGES: ClassVar[frozenset[str]] = frozenset({"checkpoint_every", "keep_checkpoints", "eval_every",
+    RESUMABLE_CHANGES: ClassVar[frozenset[str]] = frozenset({"out", "checkpoint_every", "keep_checkpoints", "eval_every",
                                    "eval_batches", "log_every", "strategy", "jit", "tpu", "extra"})
