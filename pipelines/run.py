@@ -325,13 +325,35 @@ def read_counts(element: dict[str, Any]) -> dict[str, Any]:
     return counts
 
 
+def read_identities(element: dict[str, Any]) -> dict[str, np.ndarray]:
+    return {split: np.fromiter((int(d.doc_id) for d in docs), dtype=np.uint64, count=len(docs))
+            for split, docs in element["docs"].items()}
+
+
+def identity_census(element: tuple[int, Iterable[dict[str, np.ndarray]]]) -> dict[str, Any]:
+    """Distinct documents per split (they fix the pool count) and the input fingerprint.
+
+    Holds 8 bytes per document in one place: the price of a fingerprint over sorted identities and
+    of pool counts that duplicates cannot change.
+    """
+    _, parts = element
+    per_split: dict[str, list[np.ndarray]] = {}
+    for part in parts:
+        for split, ids in part.items():
+            per_split.setdefault(split, []).append(ids)
+    census: dict[str, Any] = {"fingerprint": fingerprint([a for arrays in per_split.values() for a in arrays])}
+    for split, arrays in per_split.items():
+        census[f"distinct_docs/{split}"] = int(np.unique(np.concatenate(arrays)).size)
+    return census
+
+
 class AssignPools(beam.DoFn):
     def __init__(self, config: DatagenConfig) -> None:
         self.config = config
 
     def process(self, element: dict[str, Any], counts: dict[str, Any]):
         for split, docs in element["docs"].items():
-            num_pools = num_pools_for(int(counts.get(f"read_docs/{split}", 0)), self.config)
+            num_pools = num_pools_for(int(counts.get(f"distinct_docs/{split}", 0)), self.config)
             pools: dict[int, list[Any]] = {}
             for doc in docs:
                 pools.setdefault(pool_of(doc.doc_id, num_pools, self.config), []).append(doc)
@@ -415,7 +437,6 @@ def pool_stats(pool: tuple[tuple[str, int], list[Any], int]) -> dict[str, Any]:
         "sentences": sum(len(d.sentence_ends) for d in docs),
         "tokens": (tokens := sum(int(np.asarray(d.tokens).shape[0]) for d in docs)),
         f"tokens/{split}": tokens,
-        "doc_ids": np.fromiter((int(d.doc_id) for d in docs), dtype=np.uint64, count=len(docs)),
     }
 
 
@@ -547,23 +568,23 @@ def _merged(pcoll, label: str):
 
 
 def summarize(element: tuple[int, Iterable[dict[str, Any]]], summary_path: str) -> str:
-    """Combine every stats/shard/pool element into the run summary and write it (JSON)."""
+    """Combine every stats/shard/census element into the run summary and write it (JSON)."""
     _, items = element
     totals: dict[str, Any] = {}
     shards: dict[str, list[tuple[int, dict]]] = {}
-    ids: list[np.ndarray] = []
+    digest = fingerprint([])
     for item in items:
         kind = item.get("kind")
         if kind == "shard":
             shards.setdefault(item["split"], []).append((item["index"], item["shard"]))
             add_counts(totals, item["stats"])
-            continue
-        if kind == "pool":
-            ids.append(item["doc_ids"])
-        add_counts(totals, {k: v for k, v in item.items() if k not in ("kind", "doc_ids")})
+        elif kind == "census":
+            digest = item["fingerprint"]
+        else:
+            add_counts(totals, {k: v for k, v in item.items() if k != "kind"})
     summary = {
         "totals": totals,
-        "fingerprint": fingerprint(ids),
+        "fingerprint": digest,
         "shards": {split: [s for _, s in sorted(entries, key=lambda e: e[0])]
                    for split, entries in sorted(shards.items())},
     }
@@ -595,17 +616,23 @@ def build_pipeline(p: beam.Pipeline, plan: PipelinePlan) -> None:
         | "ReadFiles" >> beam.ParDo(ReadFiles(config, plan.vocab, plan.show_progress))
     )
     read_totals = _merged(read | "ReadCounts" >> beam.Map(read_counts), "CountDocuments")
+    census = (
+        read
+        | "ReadIdentities" >> beam.Map(read_identities)
+        | "IdentitiesKey" >> beam.Map(lambda d: (0, d))
+        | "GroupIdentities" >> beam.GroupByKey()
+        | "IdentityCensus" >> beam.Map(identity_census)
+    )
     pools = (
         read
-        | "AssignPools" >> beam.ParDo(AssignPools(config), AsSingleton(read_totals))
+        | "AssignPools" >> beam.ParDo(AssignPools(config), AsSingleton(census))
         | "GroupPools" >> beam.GroupByKey()
         | "BuildPools" >> beam.Map(build_pool)
     )
     staged = pools | "StagePools" >> beam.Map(stage_pool, plan.staging_dir)
     pool_info = staged | "PoolStats" >> beam.Map(lambda d: {k: v for k, v in d.items()
                                                             if k not in ("path", "split", "pool")})
-    pool_totals = _merged(pool_info | "PoolCounts" >> beam.Map(lambda d: {k: v for k, v in d.items()
-                                                                       if k != "doc_ids"}), "CountPools")
+    pool_totals = _merged(pool_info, "CountPools")
     num_shards = pool_totals | "ShardCount" >> beam.Map(
         lambda t: shard_counts(config, {s: estimated_record_bytes(int(t.get(f"documents/{s}", 0)),
                                                                   int(t.get(f"tokens/{s}", 0)), config)
@@ -629,8 +656,9 @@ def build_pipeline(p: beam.Pipeline, plan: PipelinePlan) -> None:
         | "WriteShards" >> beam.ParDo(WriteShard(plan.output_dir, plan.show_progress), AsSingleton(num_shards))
     )
     read_info = read_totals | "ReadTotals" >> beam.Map(lambda d: {**d, "kind": "read"})
+    census_info = census | "CensusInfo" >> beam.Map(lambda d: {"kind": "census", "fingerprint": d["fingerprint"]})
     (
-        (read_info, pool_info, shard_info)
+        (read_info, census_info, pool_info, shard_info)
         | "AllResults" >> beam.Flatten()
         | "ResultsKey" >> beam.Map(lambda d: (0, d))
         | "GroupResults" >> beam.GroupByKey()

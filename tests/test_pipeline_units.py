@@ -116,10 +116,11 @@ def test_input_errors_survive_runner_wrapping() -> None:
 def test_summarize_combines_results_deterministically(tmp_path) -> None:
     items = [
         {"kind": "shard", "split": "train", "index": 1, "shard": {"path": "b"}, "stats": {"instances": 4}},
-        {"kind": "pool", "documents": 2, "doc_ids": np.array([2, 1], np.uint64)},
+        {"kind": "pool", "documents": 2},
         {"kind": "shard", "split": "train", "index": 0, "shard": {"path": "a"}, "stats": {"instances": 1}},
         {"kind": "read", "decode_errors": 3, "documents/train": 0},
-        {"kind": "pool", "documents": 1, "doc_ids": np.array([7], np.uint64)},
+        {"kind": "census", "fingerprint": "f" * 64},
+        {"kind": "pool", "documents": 1},
     ]
     out = tmp_path / "s.json"
     R.summarize((0, items), str(out))
@@ -129,8 +130,16 @@ def test_summarize_combines_results_deterministically(tmp_path) -> None:
     summary = json.loads(first)
     assert [s["path"] for s in summary["shards"]["train"]] == ["a", "b"]
     assert summary["totals"]["documents"] == 3 and summary["totals"]["decode_errors"] == 3
-    assert summary["totals"]["instances"] == 5
-    assert summary["fingerprint"] == R.fingerprint([np.array([1, 2, 7], np.uint64)])
+    assert summary["totals"]["instances"] == 5 and summary["fingerprint"] == "f" * 64
+
+
+def test_identity_census_counts_distinct_documents_per_split() -> None:
+    parts = [{"train": np.array([5, 1, 5], np.uint64)}, {"train": np.array([1, 9], np.uint64),
+                                                         "eval": np.array([4], np.uint64)}]
+    census = R.identity_census((0, parts))
+    assert census["distinct_docs/train"] == 3 and census["distinct_docs/eval"] == 1
+    assert census["fingerprint"] == R.fingerprint([np.array([1, 4, 5, 9], np.uint64)])
+    assert R.identity_census((0, list(reversed(parts)))) == census
 
 
 # ---------------------------------------------------------------- runner options
