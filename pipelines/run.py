@@ -4,8 +4,9 @@ Stages (every element is coarse: a batch of documents, a pool, a pool's pass, a 
 
 1. ``ReadFiles``: one element per input file (listed in the driver); the DoFn reads, decodes, splits
    and tokenizes it in batches and tags each document train/eval by a seeded hash of its identity.
-2. ``CountDocuments``: per-split document counts (a singleton side input) fix the number of NotNext
-   pools, ``max(1, n_docs // notnext_pool_size)``, from the corpus alone.
+2. ``IdentityCensus``: per-split counts of distinct document identities (a singleton side input)
+   fix the number of NotNext pools, ``max(1, n_docs // notnext_pool_size)``, from the corpus alone;
+   the same census gives the input fingerprint.
 3. ``AssignPools`` + ``GroupByKey``: each document goes to the pool a seeded hash of its ``doc_id``
    picks; a pool is its documents sorted by ``doc_id`` with duplicates collapsed. Neither the file
    layout nor the worker count can change a pool.
