@@ -672,24 +672,11 @@ def evaluate_external(path: str | os.PathLike, data: str, bert_config_path: str 
                       max_seq_length: int | None = None,
                       max_predictions_per_seq: int | None = None) -> dict[str, float]:
     """`bert-train eval --init-checkpoint`: MLM/NSP figures of a TF1 checkpoint or Hugging Face dir."""
-    import tensorflow as tf
+    from trainer.train import evaluate_restored
 
-    from trainer.data import DataError, check_fits, open_dataset
-    from trainer.objective import batch_sums
-    from trainer.train import evaluate_model
-
-    info = open_dataset(data, max_seq_length, max_predictions_per_seq)
     model, bert, report = restore_external_model(path, bert_config_path)
-    check_fits(info, bert)
-    files = info.eval_files if split == "eval" else info.train_files
-    if not files:
-        raise DataError(f"{data}: the {split} split has no shards")
-
-    @tf.function
-    def eval_step(batch):
-        return batch_sums(model(batch, training=False), batch)
-
-    result = evaluate_model(eval_step, tf.distribute.get_strategy(), info, batch_size, max_batches, files)
+    result = evaluate_restored(model, bert, data, batch_size, max_batches, split, max_seq_length,
+                               max_predictions_per_seq)
     result["checkpoint"] = report.source
     result["step"] = _checkpoint_step(report)
     result["load_report"] = report.summary()

@@ -420,23 +420,30 @@ def pretrain(cfg: TrainConfig, log: Callable[[str], None] = print, stop_at: int 
     return Run(cfg, log).pretrain(stop_at=stop_at)
 
 
-def evaluate_run(run: str, data: str, batch_size: int = 32, max_batches: int | None = None,
-                 split: str = "eval", max_seq_length: int | None = None,
-                 max_predictions_per_seq: int | None = None, precision: str = "float32") -> dict[str, float]:
-    """`bert-train eval`: the latest checkpoint of RUN on a dataset's eval (or train) split."""
+def evaluate_restored(model: BertPretrainer, bert: BertConfig, data: str, batch_size: int = 32, max_batches: int | None = None,
+                      split: str = "eval", max_seq_length: int | None = None,
+                      max_predictions_per_seq: int | None = None) -> dict[str, float]:
+    """MLM/NSP loss and accuracy of an already restored model on a dataset's eval (or train) split."""
     info = open_dataset(data, max_seq_length, max_predictions_per_seq)
-    model, bert, ckpt = restore_model(run, precision)
     check_fits(info, bert)
     files = info.eval_files if split == "eval" else info.train_files
     if not files:
         raise DataError(f"{data}: the {split} split has no shards")
-    strategy = tf.distribute.get_strategy()
 
     @tf.function
     def eval_step(batch):
         return batch_sums(model(batch, training=False), batch)
 
-    result = evaluate_model(eval_step, strategy, info, batch_size, max_batches, files)
+    return evaluate_model(eval_step, tf.distribute.get_strategy(), info, batch_size, max_batches, files)
+
+
+def evaluate_run(run: str, data: str, batch_size: int = 32, max_batches: int | None = None,
+                 split: str = "eval", max_seq_length: int | None = None,
+                 max_predictions_per_seq: int | None = None, precision: str = "float32") -> dict[str, float]:
+    """`bert-train eval`: the latest checkpoint of RUN on a dataset's eval (or train) split."""
+    model, bert, ckpt = restore_model(run, precision)
+    result = evaluate_restored(model, bert, data, batch_size, max_batches, split, max_seq_length,
+                               max_predictions_per_seq)
     result["checkpoint"] = str(ckpt)
     result["step"] = ckpt_lib.load_state(ckpt)["step"]
     return result
