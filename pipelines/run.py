@@ -260,7 +260,20 @@ def sorted_shard(parts: list[EncodedRecords], where: str) -> EncodedRecords:
 # ---------------------------------------------------------------- DoFns
 
 
-class ReadFiles(beam.DoFn):
+class _ReportingDoFn(beam.DoFn):
+    """A DoFn that reports its counts as progress lines when the run shows progress."""
+
+    show_progress: bool = False
+
+    def setup(self) -> None:
+        self._progress = Progress() if self.show_progress else None
+
+    def teardown(self) -> None:
+        if getattr(self, "_progress", None) and self._progress.counts:
+            self._progress.emit()  # the final counts of this worker
+
+
+class ReadFiles(_ReportingDoFn):
     """Input file -> batches of tokenized documents tagged train/eval, then the file's stats."""
 
     def __init__(self, config: DatagenConfig, vocab: Any, show_progress: bool = False) -> None:
@@ -272,11 +285,7 @@ class ReadFiles(beam.DoFn):
         from vocab.tokenizer import BertTokenizer
 
         self._tokenizer = BertTokenizer(self.vocab, self.config.do_lower_case)
-        self._progress = Progress() if self.show_progress else None
-
-    def teardown(self) -> None:
-        if getattr(self, "_progress", None) and self._progress.counts:
-            self._progress.emit()  # the final counts of this worker
+        super().setup()
 
     def process(self, file_info: tuple[str, int]) -> Iterator[dict[str, Any]]:
         from datagen.documents import tokenize_documents
@@ -453,7 +462,7 @@ def part_stats(records: EncodedRecords, labels: np.ndarray, weights: np.ndarray,
             "masked_tokens": int((weights > 0).sum())}
 
 
-class BuildInstances(beam.DoFn):
+class BuildInstances(_ReportingDoFn):
     """(pool, pass) -> the pass's instances, encoded and framed, cut by shard into staging files.
 
     Emits ((split, shard), (fragment path, stats of its records)): the runner shuffles no records.
@@ -465,13 +474,6 @@ class BuildInstances(beam.DoFn):
         self.vocab = vocab
         self.staging = staging
         self.show_progress = show_progress
-
-    def setup(self) -> None:
-        self._progress = Progress() if self.show_progress else None
-
-    def teardown(self) -> None:
-        if getattr(self, "_progress", None) and self._progress.counts:
-            self._progress.emit()  # the final counts of this worker
 
     def process(self, task: tuple[tuple[str, int, int], str], num_shards: dict[str, int]):
         from datagen.instances import build_pool_instances
@@ -512,19 +514,12 @@ def empty_shards(_: Any, num_shards: dict[str, int]):
             yield (split, shard), (None, {})
 
 
-class WriteShard(beam.DoFn):
+class WriteShard(_ReportingDoFn):
     """All fragments of one shard -> the shard file, records sorted by key, written atomically."""
 
     def __init__(self, output_dir: str, show_progress: bool = False) -> None:
         self.output_dir = output_dir
         self.show_progress = show_progress
-
-    def setup(self) -> None:
-        self._progress = Progress() if self.show_progress else None
-
-    def teardown(self) -> None:
-        if getattr(self, "_progress", None) and self._progress.counts:
-            self._progress.emit()  # the final counts of this worker
 
     def process(self, element: tuple[tuple[str, int], Iterable[tuple[str | None, dict]]],
                 num_shards: dict[str, int]):
