@@ -30,7 +30,6 @@ change a byte.
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 import os
 import re
@@ -187,7 +186,7 @@ class EncodedRecords:
 
     keys: np.ndarray  # uint64
     lengths: np.ndarray  # int64, framed bytes per record
-    blob: bytes
+    blob: bytes | np.ndarray  # framed records back to back; a uint8 view when read from a staging file
 
     @classmethod
     def empty(cls) -> EncodedRecords:
@@ -201,21 +200,6 @@ class EncodedRecords:
         size = int(self.lengths[lo:hi].sum())
         return EncodedRecords(self.keys[lo:hi], self.lengths[lo:hi], self.blob[start:start + size])
 
-    def take(self, index: np.ndarray) -> EncodedRecords:
-        offsets = np.zeros(len(self) + 1, dtype=np.int64)
-        np.cumsum(self.lengths, out=offsets[1:])
-        view = memoryview(self.blob)
-        blob = b"".join(view[offsets[i]:offsets[i + 1]] for i in index.tolist())
-        return EncodedRecords(self.keys[index], self.lengths[index], blob)
-
-    @classmethod
-    def concat(cls, parts: list[EncodedRecords]) -> EncodedRecords:
-        parts = [p for p in parts if len(p)]
-        if not parts:
-            return cls.empty()
-        return cls(np.concatenate([p.keys for p in parts]), np.concatenate([p.lengths for p in parts]),
-                   b"".join(p.blob for p in parts))
-
 
 ENCODE_CHUNK_ROWS = 4096
 
@@ -228,7 +212,7 @@ def encode_records(batch, keys: np.ndarray) -> tuple[EncodedRecords, np.ndarray]
     """
     import dataclasses
 
-    from datagen.records import encode_batch_flat, frame_flat
+    from datagen.records import encode_framed
 
     keys = np.asarray(keys, dtype=np.uint64)
     order = np.argsort(keys, kind="stable")
@@ -237,24 +221,37 @@ def encode_records(batch, keys: np.ndarray) -> tuple[EncodedRecords, np.ndarray]
     for lo in range(0, len(order), ENCODE_CHUNK_ROWS):
         rows = order[lo:lo + ENCODE_CHUNK_ROWS]
         chunk = type(batch)(**{f.name: np.asarray(getattr(batch, f.name))[rows] for f in dataclasses.fields(batch)})
-        framed, offsets = frame_flat(*encode_batch_flat(chunk))
+        framed, framed_lengths = encode_framed(chunk)
         blobs.append(framed)
-        lengths.append(np.diff(offsets))
+        lengths.append(framed_lengths)
     all_lengths = np.concatenate(lengths) if lengths else np.zeros(0, dtype=np.int64)
     return EncodedRecords(keys[order], all_lengths.astype(np.int64), b"".join(blobs)), order
 
 
 def sorted_shard(parts: list[EncodedRecords], where: str) -> EncodedRecords:
-    """A shard's records ordered by key; two records with one key is a bug, so it fails loudly."""
-    merged = EncodedRecords.concat(parts)
-    order = np.argsort(merged.keys, kind="stable")
-    result = merged.take(order)
-    if len(result) > 1:
-        dup = np.nonzero(result.keys[1:] == result.keys[:-1])[0]
+    """A shard's records ordered by key; two records with one key is a bug, so it fails loudly.
+
+    Records are gathered straight from the parts' buffers (one copy: the final join).
+    """
+    parts = [p for p in parts if len(p)]
+    if not parts:
+        return EncodedRecords.empty()
+    keys = np.concatenate([p.keys for p in parts])
+    lengths = np.concatenate([p.lengths for p in parts])
+    part_of = np.repeat(np.arange(len(parts)), [len(p) for p in parts])
+    starts = np.concatenate([np.cumsum(p.lengths) - p.lengths for p in parts])
+    order = np.argsort(keys, kind="stable")
+    keys = keys[order]
+    if keys.size > 1:
+        dup = np.nonzero(keys[1:] == keys[:-1])[0]
         if dup.size:
-            raise RuntimeError(f"{where}: two instances share the key {int(result.keys[dup[0]]):#018x}; "
+            raise RuntimeError(f"{where}: two instances share the key {int(keys[dup[0]]):#018x}; "
                                "instance keys must be unique")
-    return result
+    views = [memoryview(p.blob) for p in parts]
+    lengths = lengths[order]
+    spans = zip(part_of[order].tolist(), starts[order].tolist(), lengths.tolist(), strict=True)
+    blob = b"".join([views[i][lo:lo + n] for i, lo, n in spans])
+    return EncodedRecords(keys, lengths, blob)
 
 
 # ---------------------------------------------------------------- DoFns
@@ -276,15 +273,17 @@ class _ReportingDoFn(beam.DoFn):
 class ReadFiles(_ReportingDoFn):
     """Input file -> batches of tokenized documents tagged train/eval, then the file's stats."""
 
-    def __init__(self, config: DatagenConfig, vocab: Any, show_progress: bool = False) -> None:
+    def __init__(self, config: DatagenConfig, vocab: Any, show_progress: bool = False,
+                 single_thread_tokenizer: bool = True) -> None:
         self.config = config
         self.vocab = vocab
         self.show_progress = show_progress
+        self.single_thread_tokenizer = single_thread_tokenizer
 
     def setup(self) -> None:
         from vocab.tokenizer import BertTokenizer
 
-        self._tokenizer = BertTokenizer(self.vocab, self.config.do_lower_case)
+        self._tokenizer = BertTokenizer(self.vocab, self.config.do_lower_case, self.single_thread_tokenizer)
         super().setup()
 
     def process(self, file_info: tuple[str, int]) -> Iterator[dict[str, Any]]:
@@ -385,22 +384,49 @@ def build_pool(element: tuple[tuple[str, int], Iterable[list[Any]]]) -> tuple[tu
 # `dupe_factor` tasks would otherwise be shuffled `dupe_factor` times.
 
 
-def _npz_bytes(**arrays: np.ndarray) -> bytes:
-    buf = io.BytesIO()
-    np.savez(buf, **arrays)
-    return buf.getvalue()
+_STAGING_MAGIC = b"BDSTAGE1"
 
 
-def _npz_arrays(path: str) -> dict[str, np.ndarray]:
-    with np.load(io.BytesIO(fsio.read_bytes(path)), allow_pickle=False) as data:
-        return {k: data[k] for k in data.files}
+def _pack_arrays(**arrays: np.ndarray) -> bytes:
+    """Named arrays as one blob: magic, header length, a JSON header (dtype, shape, offset), raw bytes.
+
+    Not ``np.savez``: its zip container computes a CRC over every byte and copies the data twice,
+    which cost more than the encoding itself; these files live only for one run.
+    """
+    header, at = {}, 0
+    raw = []
+    for name, array in arrays.items():
+        array = np.ascontiguousarray(array)
+        header[name] = [array.dtype.str, list(array.shape), at]
+        raw.append(array.data.cast("B") if array.size else b"")
+        at += array.nbytes
+    head = json.dumps(header, sort_keys=True).encode()
+    return b"".join([_STAGING_MAGIC, len(head).to_bytes(4, "little"), head, *raw])
+
+
+def _unpack_arrays(data: bytes, path: str) -> dict[str, np.ndarray]:
+    if data[:len(_STAGING_MAGIC)] != _STAGING_MAGIC:
+        raise RuntimeError(f"{path}: not a staging file of this run (bad magic)")
+    at = len(_STAGING_MAGIC)
+    size = int.from_bytes(data[at:at + 4], "little")
+    header = json.loads(data[at + 4:at + 4 + size])
+    base = at + 4 + size
+    out = {}
+    for name, (dtype, shape, offset) in header.items():
+        count = int(np.prod(shape)) if shape else 1
+        out[name] = np.frombuffer(data, dtype=np.dtype(dtype), count=count, offset=base + offset).reshape(shape)
+    return out
+
+
+def _read_arrays(path: str) -> dict[str, np.ndarray]:
+    return _unpack_arrays(fsio.read_bytes(path), path)
 
 
 def pool_to_bytes(docs: list[Any]) -> bytes:
     def cat(arrays: list[np.ndarray], dtype) -> np.ndarray:
         return np.concatenate(arrays).astype(dtype, copy=False) if arrays else np.zeros(0, dtype)
 
-    return _npz_bytes(
+    return _pack_arrays(
         doc_ids=np.fromiter((int(d.doc_id) for d in docs), dtype=np.uint64, count=len(docs)),
         n_tokens=np.fromiter((len(d.tokens) for d in docs), dtype=np.int64, count=len(docs)),
         n_sentences=np.fromiter((len(d.sentence_ends) for d in docs), dtype=np.int64, count=len(docs)),
@@ -412,7 +438,7 @@ def pool_to_bytes(docs: list[Any]) -> bytes:
 def pool_from_file(path: str) -> list[Any]:
     from datagen.documents import TokenizedDocument
 
-    a = _npz_arrays(path)
+    a = _read_arrays(path)
     tok_at = np.concatenate([[0], np.cumsum(a["n_tokens"])])
     sent_at = np.concatenate([[0], np.cumsum(a["n_sentences"])])
     return [TokenizedDocument(doc_id=int(a["doc_ids"][i]), tokens=a["tokens"][tok_at[i]:tok_at[i + 1]],
@@ -421,18 +447,18 @@ def pool_from_file(path: str) -> list[Any]:
 
 
 def records_to_bytes(records: EncodedRecords) -> bytes:
-    return _npz_bytes(keys=records.keys, lengths=records.lengths, blob=np.frombuffer(records.blob, np.uint8))
+    return _pack_arrays(keys=records.keys, lengths=records.lengths, blob=np.frombuffer(records.blob, np.uint8))
 
 
 def records_from_file(path: str) -> EncodedRecords:
-    a = _npz_arrays(path)
-    return EncodedRecords(a["keys"], a["lengths"], a["blob"].tobytes())
+    a = _read_arrays(path)
+    return EncodedRecords(a["keys"], a["lengths"], a["blob"])  # a view of the file's bytes, not a copy
 
 
 def stage_pool(pool: tuple[tuple[str, int], list[Any], int], staging: str) -> dict[str, Any]:
     """Write the pool's documents to a staging file; return its stats (with the path)."""
     (split, index), docs, duplicates = pool
-    path = fsio.join(staging, "pools", f"{split}-{index:06d}.npz")
+    path = fsio.join(staging, "pools", f"{split}-{index:06d}.bin")
     fsio.write_atomic(path, pool_to_bytes(docs))
     return {**pool_stats(pool), "path": path, "split": split, "pool": index}
 
@@ -500,7 +526,7 @@ class BuildInstances(_ReportingDoFn):
             lo, hi = int(bounds[shard]), int(bounds[shard + 1])
             if hi > lo:
                 part = records.slice(lo, hi)
-                path = fsio.join(self.staging, "parts", f"{split}-{shard:05d}-{pool:06d}-{pass_index:04d}.npz")
+                path = fsio.join(self.staging, "parts", f"{split}-{shard:05d}-{pool:06d}-{pass_index:04d}.bin")
                 fsio.write_atomic(path, records_to_bytes(part))
                 stats = part_stats(part, labels[lo:hi], weights[lo:hi], split)
                 if extra:  # the pass's own counters ride on its first part only
@@ -599,6 +625,8 @@ class PipelinePlan:
     summary_path: str
     staging_dir: str = ""
     show_progress: bool = False
+    # A worker is one core: its tokenizer uses one thread, unless it is the only worker.
+    single_thread_tokenizer: bool = True
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -609,7 +637,7 @@ def build_pipeline(p: beam.Pipeline, plan: PipelinePlan) -> None:
     read = (
         p
         | "ListFiles" >> beam.Create(plan.files)
-        | "ReadFiles" >> beam.ParDo(ReadFiles(config, plan.vocab, plan.show_progress))
+        | "ReadFiles" >> beam.ParDo(ReadFiles(config, plan.vocab, plan.show_progress, plan.single_thread_tokenizer))
     )
     read_totals = _merged(read | "ReadCounts" >> beam.Map(read_counts), "CountDocuments")
     census = (
@@ -789,6 +817,9 @@ def generate_dataset(
     with runner_setup(runner, beam_args, dask_scheduler=dask_scheduler, dask_workers=dask_workers,
                       parallel_elements=len(files)) as setup:
         plan.show_progress = show_progress and setup.local
+        # The only worker of a local run may spread tokenizing over the idle cores; where there
+        # are several workers (or a cluster's), each is one core and tokenizes on one thread.
+        plan.single_thread_tokenizer = not (setup.runner == "DirectRunner" and setup.workers == 1)
         pipeline = beam.Pipeline(options=setup.options)
         build_pipeline(pipeline, plan)
         try:

@@ -88,6 +88,13 @@ def direct_args(beam_args: list[str]) -> tuple[list[str], int]:
         ]
     if workers > 1 and not _has_flag(args, "--direct_running_mode"):
         args.append("--direct_running_mode=multi_processing")
+    if not _has_flag(args, "--allow_unsafe_triggers"):
+        # Beam's DirectRunner otherwise first tries Prism, a Go runner it downloads at run time:
+        # offline that costs a failed download on every run, online it runs the job on another
+        # engine that ignores --direct_num_workers. This flag (which only relaxes checks on
+        # triggers, and this pipeline sets none) is the one switch that keeps the DirectRunner on
+        # its own FnApiRunner, the engine every reproducibility test here runs on.
+        args.append("--allow_unsafe_triggers")
     if not _has_flag(args, "--default_sdk_harness_log_level"):
         # Worker processes otherwise log every bundle at INFO onto the user's terminal.
         args.append("--default_sdk_harness_log_level=WARNING")

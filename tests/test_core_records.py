@@ -35,9 +35,9 @@ def test_encode_decode_round_trip() -> None:
 
 def test_varints_match_reference_encoder() -> None:
     values = np.array([[0, 1, 127, 128, 300, 16383, 16384, 2**21, 2**35, 2**63 - 1]], dtype=np.uint64)
-    flat, offsets = records._varint_rows(values)
+    (slots, keep), counts = records._varint_slots(values)
     expected = b"".join(records._varint(int(v)) for v in values[0])
-    assert flat.tobytes() == expected and offsets.tolist() == [0, len(expected)]
+    assert slots[keep].tobytes() == expected and counts.tolist() == [len(expected)]
 
 
 def test_known_bytes_of_a_minimal_record() -> None:

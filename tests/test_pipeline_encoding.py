@@ -26,14 +26,18 @@ def test_vectorized_encoder_equals_reference(n: int, seq: int, pred: int, seed: 
     assert records.encode_batch(batch) == records.encode_batch_reference(batch)
 
 
-@given(st.lists(st.binary(max_size=300), max_size=30))
-@settings(max_examples=60, deadline=None)
-def test_vectorized_framing_equals_frame_record(payloads: list[bytes]) -> None:
-    flat = np.frombuffer(b"".join(payloads), dtype=np.uint8)
-    offsets = np.concatenate([[0], np.cumsum([len(p) for p in payloads])]).astype(np.int64)
-    framed, framed_offsets = records.frame_flat(flat, offsets)
-    assert framed == b"".join(records.frame_record(p) for p in payloads)
-    assert np.diff(framed_offsets).tolist() == [len(p) + 16 for p in payloads]
+@given(st.integers(0, 30), st.integers(1, 40), st.integers(0, 2**32 - 1), st.sampled_from([2, 2**14, 30522, 2**63]))
+@settings(max_examples=40, deadline=None)
+def test_framed_encoder_equals_frame_record(n: int, seq: int, seed: int, high: int) -> None:
+    rng = np.random.default_rng(seed)
+    batch = records.InstanceBatch(rng.integers(0, high, (n, seq), dtype=np.int64), rng.integers(0, 2, (n, seq)),
+                                  rng.integers(0, 2, (n, seq)), rng.integers(0, seq, (n, 3)),
+                                  rng.integers(0, high, (n, 3), dtype=np.int64),
+                                  rng.random((n, 3)).astype(np.float32), rng.integers(0, 2, n))
+    framed, lengths = records.encode_framed(batch)
+    expected = [records.frame_record(p) for p in records.encode_batch_reference(batch)]
+    assert framed == b"".join(expected)
+    assert lengths.tolist() == [len(r) for r in expected]
 
 
 def test_encode_records_sorts_by_key_and_slices_shards() -> None:

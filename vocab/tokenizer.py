@@ -12,7 +12,10 @@ Two paths, chosen per text:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+import os
+import threading
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 from tokenizers import Tokenizer, models, pre_tokenizers
@@ -22,6 +25,25 @@ from vocab.vocab_file import Vocab
 
 MAX_INPUT_CHARS_PER_WORD = 200
 UNK_TOKEN = "[UNK]"
+_PARALLELISM_ENV = "TOKENIZERS_PARALLELISM"
+_env_lock = threading.Lock()
+
+
+@contextlib.contextmanager
+def _one_rust_thread() -> Iterator[None]:
+    """`tokenizers` spreads a batch over every core unless TOKENIZERS_PARALLELISM is false, an
+    environment variable it reads on each call (there is no per-call switch). Set only for the
+    call and restored after, so no other user of `tokenizers` in the process is affected."""
+    with _env_lock:
+        before = os.environ.get(_PARALLELISM_ENV)
+        os.environ[_PARALLELISM_ENV] = "false"
+        try:
+            yield
+        finally:
+            if before is None:
+                del os.environ[_PARALLELISM_ENV]
+            else:
+                os.environ[_PARALLELISM_ENV] = before
 
 
 def _wordpiece(vocab: Vocab) -> models.WordPiece:
@@ -78,9 +100,12 @@ class BasicTokenizer:
 class BertTokenizer:
     """Text -> WordPiece ids exactly as the original BERT tokenizer (no [CLS]/[SEP] added)."""
 
-    def __init__(self, vocab: Vocab, do_lower_case: bool = True) -> None:
+    def __init__(self, vocab: Vocab, do_lower_case: bool = True, single_thread: bool = False) -> None:
         self.vocab = vocab
         self.do_lower_case = bool(do_lower_case)
+        # One Rust thread per tokenizer: for a process that is one of several workers on a
+        # machine, where a thread pool per worker would only oversubscribe the cores.
+        self.single_thread = bool(single_thread)
         self._full = Tokenizer(_wordpiece(vocab))
         self._full.normalizer = divergence.rust_normalizer(self.do_lower_case)
         self._full.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
@@ -97,7 +122,7 @@ class BertTokenizer:
 
     # Beam pickles the tokenizer into every worker: ship the token list, rebuild the Rust side.
     def __reduce__(self):
-        return (BertTokenizer, (self.vocab, self.do_lower_case))
+        return (BertTokenizer, (self.vocab, self.do_lower_case, self.single_thread))
 
     def __repr__(self) -> str:
         return (f"BertTokenizer(vocab={self.vocab.path!r}, size={self.vocab.size}, "
@@ -119,6 +144,12 @@ class BertTokenizer:
 
     def encode_batch_ids(self, texts: Sequence[str]) -> list[np.ndarray]:
         """WordPiece ids (int32) of each text."""
+        if self.single_thread:
+            with _one_rust_thread():
+                return self._encode_batch_ids(texts)
+        return self._encode_batch_ids(texts)
+
+    def _encode_batch_ids(self, texts: Sequence[str]) -> list[np.ndarray]:
         exact = self.basic.exact_path_flags(texts)
         if not exact.any():  # the common case: one Rust call, nothing to reorder
             encodings = self._full.encode_batch_fast(list(texts), add_special_tokens=False)
