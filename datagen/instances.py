@@ -252,20 +252,45 @@ def _layout(tokens: np.ndarray, a_lo: np.ndarray, len_a: np.ndarray, b_lo: np.nd
 ROWS_PER_BLOCK = 4096  # rows laid out and masked together: temporaries stay in cache
 
 
-def _masked_rows(tokens: np.ndarray, a_lo: np.ndarray, len_a: np.ndarray, b_lo: np.ndarray, len_b: np.ndarray,
-                 mask_keys: np.ndarray, labels: np.ndarray, config: DatagenConfig, vocab: Any) -> InstanceBatch:
-    n, seq, npred = a_lo.shape[0], config.max_seq_length, config.max_predictions_per_seq
+@dataclass
+class PoolPlan:
+    """Everything about a pool's instances in one pass except their layout and masking: where A
+    and B lie in the pool's tokens, the NotNext labels, and the keys (identity and masking).
+
+    Rows can then be laid out and masked in any order and any blocks (``masked_rows``), e.g. in
+    key order, straight into the record encoder, without a full-size batch in between.
+    """
+
+    tokens: np.ndarray
+    a_lo: np.ndarray
+    len_a: np.ndarray
+    b_lo: np.ndarray
+    len_b: np.ndarray
+    mask_keys: np.ndarray
+    labels: np.ndarray  # int32, 1 = NotNext
+    keys: np.ndarray  # uint64 instance identity keys
+    stats: dict[str, int]
+
+    def __len__(self) -> int:
+        return int(self.keys.shape[0])
+
+
+def masked_rows(plan: PoolPlan, rows: np.ndarray, config: DatagenConfig, vocab: Any) -> InstanceBatch:
+    """The instances ``rows`` (indices into ``plan``), laid out and masked, in that order."""
+    n, seq, npred = rows.shape[0], config.max_seq_length, config.max_predictions_per_seq
     out = InstanceBatch(
         input_ids=np.empty((n, seq), np.int32), input_mask=np.empty((n, seq), np.int32),
         segment_ids=np.empty((n, seq), np.int32), masked_lm_positions=np.empty((n, npred), np.int32),
         masked_lm_ids=np.empty((n, npred), np.int32), masked_lm_weights=np.empty((n, npred), np.float32),
-        next_sentence_labels=labels,
+        next_sentence_labels=plan.labels[rows],
     )
     pos = np.arange(seq)
     for lo in range(0, n, ROWS_PER_BLOCK):
         block = slice(lo, min(n, lo + ROWS_PER_BLOCK))
-        ids, lengths, segments = _layout(tokens, a_lo[block], len_a[block], b_lo[block], len_b[block], seq, vocab)
-        masked = mask_batch(ids, lengths, mask_keys[block], config, vocab)
+        take = rows[block]
+        ids, lengths, segments = _layout(plan.tokens, plan.a_lo[take], plan.len_a[take], plan.b_lo[take],
+                                         plan.len_b[take], seq, vocab)
+        masked = mask_batch(ids, lengths, plan.mask_keys[take], config, vocab)
         out.input_ids[block] = masked.input_ids
         out.input_mask[block] = pos[None, :] < lengths[:, None]
         out.segment_ids[block] = segments
@@ -303,12 +328,11 @@ def unique_documents(pool: Sequence[TokenizedDocument]) -> tuple[list[TokenizedD
     return unique, len(docs) - len(unique)
 
 
-def build_pool_instances(pool: Sequence[TokenizedDocument], pass_index: int, config: DatagenConfig,
-                         vocab: Any) -> PoolPass:
-    """Masked instances of every document of ``pool`` for one pass; NotNext partners come from ``pool``."""
+def plan_pool_pass(pool: Sequence[TokenizedDocument], pass_index: int, config: DatagenConfig) -> PoolPlan | None:
+    """The plan of every instance of ``pool`` in one pass (None for a pool without sentences)."""
     docs, duplicates = unique_documents(pool)
     if not docs:
-        return PoolPass(empty_batch(config), np.zeros(0, np.uint64), {"instances": 0})
+        return None
     flat = _Pool.of(docs)
     max_num_tokens = config.max_seq_length - 3
     targets = _target_lengths(flat, pass_index, config)
@@ -328,17 +352,26 @@ def build_pool_instances(pool: Sequence[TokenizedDocument], pass_index: int, con
 
     mask_keys = u64_for_keys(doc_pass_keys(seed, "mask", doc_ids, pass_index), ordinal)
     labels = walk["random_next"].astype(np.int32)
-    batch = _masked_rows(flat.tokens, a_lo, len_a, b_lo, len_b, mask_keys, labels, config, vocab)
     keys = u64_for_keys(doc_pass_keys(seed, "instance", doc_ids, pass_index), ordinal)
     m_len = walk["b_hi"] - walk["a_lo"]
     stats.update(
         duplicate_documents=duplicates,
-        instances=len(batch),
+        instances=int(keys.shape[0]),
         notnext=int(labels.sum()),
         notnext_forced=int((m_len == 1).sum()),
-        masked_tokens=int(batch.masked_lm_weights.sum()),
         truncated_instances=int(((a_front + a_back + b_front + b_back) > 0).sum()),
         truncated_tokens=int((a_front + a_back + b_front + b_back).sum()),
         short_target_documents=int((targets < max_num_tokens).sum()),
     )
-    return PoolPass(batch, keys, stats)
+    return PoolPlan(flat.tokens, a_lo, len_a, b_lo, len_b, mask_keys, labels, keys, stats)
+
+
+def build_pool_instances(pool: Sequence[TokenizedDocument], pass_index: int, config: DatagenConfig,
+                         vocab: Any) -> PoolPass:
+    """Masked instances of every document of ``pool`` for one pass; NotNext partners come from ``pool``."""
+    plan = plan_pool_pass(pool, pass_index, config)
+    if plan is None:
+        return PoolPass(empty_batch(config), np.zeros(0, np.uint64), {"instances": 0})
+    batch = masked_rows(plan, np.arange(len(plan)), config, vocab)
+    stats = {**plan.stats, "masked_tokens": int(batch.masked_lm_weights.sum())}
+    return PoolPass(batch, plan.keys, stats)

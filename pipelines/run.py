@@ -204,28 +204,30 @@ class EncodedRecords:
 ENCODE_CHUNK_ROWS = 4096
 
 
-def encode_records(batch, keys: np.ndarray) -> tuple[EncodedRecords, np.ndarray]:
-    """Encode and frame a batch in key order; returns the records and the row order used.
+def encode_pool_pass(plan: Any, config: DatagenConfig, vocab: Any) -> tuple[EncodedRecords, np.ndarray, np.ndarray]:
+    """A pool pass's records, laid out, masked, encoded and framed in key order, a block at a time.
 
-    Sorting once here makes every shard (a range of keys) a contiguous slice of the result. Rows
-    go through the encoder in chunks, so its temporaries stay small.
+    Key order makes every shard (a range of keys) a contiguous slice of the result; blocks keep
+    every temporary small, and no full-size instance batch ever exists. Also returns each
+    record's NotNext label and masked-token count, in the same order.
     """
-    import dataclasses
-
+    from datagen.instances import masked_rows
     from datagen.records import encode_framed
 
-    keys = np.asarray(keys, dtype=np.uint64)
-    order = np.argsort(keys, kind="stable")
+    order = np.argsort(plan.keys, kind="stable")
     blobs: list[bytes] = []
     lengths: list[np.ndarray] = []
+    masked: list[np.ndarray] = []
     for lo in range(0, len(order), ENCODE_CHUNK_ROWS):
-        rows = order[lo:lo + ENCODE_CHUNK_ROWS]
-        chunk = type(batch)(**{f.name: np.asarray(getattr(batch, f.name))[rows] for f in dataclasses.fields(batch)})
-        framed, framed_lengths = encode_framed(chunk)
+        batch = masked_rows(plan, order[lo:lo + ENCODE_CHUNK_ROWS], config, vocab)
+        framed, framed_lengths = encode_framed(batch)
         blobs.append(framed)
         lengths.append(framed_lengths)
-    all_lengths = np.concatenate(lengths) if lengths else np.zeros(0, dtype=np.int64)
-    return EncodedRecords(keys[order], all_lengths.astype(np.int64), b"".join(blobs)), order
+        masked.append((batch.masked_lm_weights > 0).sum(axis=1))
+    if not blobs:
+        return EncodedRecords.empty(), np.zeros(0, np.int32), np.zeros(0, np.int64)
+    records = EncodedRecords(plan.keys[order], np.concatenate(lengths).astype(np.int64), b"".join(blobs))
+    return records, plan.labels[order], np.concatenate(masked)
 
 
 def sorted_shard(parts: list[EncodedRecords], where: str) -> EncodedRecords:
@@ -335,25 +337,39 @@ def read_counts(element: dict[str, Any]) -> dict[str, Any]:
 
 
 def read_identities(element: dict[str, Any]) -> dict[str, np.ndarray]:
-    return {split: np.fromiter((int(d.doc_id) for d in docs), dtype=np.uint64, count=len(docs))
+    """Per split: each document's identity and token count, as a (2, n) uint64 array."""
+    return {split: np.array([[int(d.doc_id) for d in docs], [int(d.num_tokens) for d in docs]], dtype=np.uint64)
+            .reshape(2, len(docs))
             for split, docs in element["docs"].items()}
 
 
 def identity_census(element: tuple[int, Iterable[dict[str, np.ndarray]]]) -> dict[str, Any]:
-    """Distinct documents per split (they fix the pool count) and the input fingerprint.
+    """Distinct documents and their tokens per split (they fix the pool and shard counts) and the
+    input fingerprint.
 
-    Holds 8 bytes per document in one place: the price of a fingerprint over sorted identities and
-    of pool counts that duplicates cannot change.
+    Holds 16 bytes per document in one place: the price of a fingerprint over sorted identities and
+    of pool and shard counts that duplicates cannot change. Equal identities are equal content, so
+    a duplicate's token count is the same as the first copy's.
     """
     _, parts = element
     per_split: dict[str, list[np.ndarray]] = {}
     for part in parts:
-        for split, ids in part.items():
-            per_split.setdefault(split, []).append(ids)
-    census: dict[str, Any] = {"fingerprint": fingerprint([a for arrays in per_split.values() for a in arrays])}
+        for split, arrays in part.items():
+            per_split.setdefault(split, []).append(np.asarray(arrays, dtype=np.uint64).reshape(2, -1))
+    census: dict[str, Any] = {"fingerprint": fingerprint([a[0] for arrays in per_split.values() for a in arrays])}
     for split, arrays in per_split.items():
-        census[f"distinct_docs/{split}"] = int(np.unique(np.concatenate(arrays)).size)
+        both = np.concatenate(arrays, axis=1)
+        ids, first = np.unique(both[0], return_index=True)
+        census[f"distinct_docs/{split}"] = int(ids.size)
+        census[f"distinct_tokens/{split}"] = int(both[1][first].sum())
     return census
+
+
+def shard_counts_of(census: dict[str, Any], config: DatagenConfig) -> dict[str, int]:
+    """Shards per split, from the distinct documents and tokens the census counted."""
+    return shard_counts(config, {s: estimated_record_bytes(int(census.get(f"distinct_docs/{s}", 0)),
+                                                           int(census.get(f"distinct_tokens/{s}", 0)), config)
+                                 for s in splits_of(config)})
 
 
 class AssignPools(beam.DoFn):
@@ -483,9 +499,9 @@ def fan_out_passes(staged: dict[str, Any], dupe_factor: int):
         yield (staged["split"], staged["pool"], pass_index), staged["path"]
 
 
-def part_stats(records: EncodedRecords, labels: np.ndarray, weights: np.ndarray, split: str) -> dict[str, int]:
+def part_stats(records: EncodedRecords, labels: np.ndarray, masked: np.ndarray, split: str) -> dict[str, int]:
     return {"instances": len(records), f"instances/{split}": len(records), "notnext": int(labels.sum()),
-            "masked_tokens": int((weights > 0).sum())}
+            "masked_tokens": int(masked.sum())}
 
 
 class BuildInstances(_ReportingDoFn):
@@ -502,23 +518,24 @@ class BuildInstances(_ReportingDoFn):
         self.show_progress = show_progress
 
     def process(self, task: tuple[tuple[str, int, int], str], num_shards: dict[str, int]):
-        from datagen.instances import build_pool_instances
+        from datagen.instances import plan_pool_pass
 
         (split, pool, pass_index), pool_path = task
         docs = pool_from_file(pool_path)
-        result = build_pool_instances(docs, pass_index, self.config, self.vocab)
+        plan = plan_pool_pass(docs, pass_index, self.config)
         del docs
-        records, order = encode_records(result.batch, result.keys)
-        # Counts this DoFn takes from the records themselves are not taken twice from the builder.
-        extra = {k: v for k, v in dict(result.stats or {}).items() if k not in TOTAL_KEYS and k != "notnext"}
+        if plan is None:
+            return
+        records, labels, masked = encode_pool_pass(plan, self.config, self.vocab)
+        # Counts this DoFn takes from the records themselves are not taken twice from the plan.
+        extra = {k: v for k, v in plan.stats.items() if k not in TOTAL_KEYS and k != "notnext"}
+        del plan
         if self._progress:
             self._progress.add(instances=len(records))
         if not len(records):
             if extra:
                 yield (split, 0), (None, extra)
             return
-        labels = np.asarray(result.batch.next_sentence_labels).reshape(-1)[order]
-        weights = np.asarray(result.batch.masked_lm_weights)[order]
         # Keys are sorted, so each shard's records are one contiguous run.
         shards = shard_of_keys(records.keys, num_shards[split])
         bounds = np.searchsorted(shards, np.arange(num_shards[split] + 1))
@@ -528,13 +545,13 @@ class BuildInstances(_ReportingDoFn):
                 part = records.slice(lo, hi)
                 path = fsio.join(self.staging, "parts", f"{split}-{shard:05d}-{pool:06d}-{pass_index:04d}.bin")
                 fsio.write_atomic(path, records_to_bytes(part))
-                stats = part_stats(part, labels[lo:hi], weights[lo:hi], split)
+                stats = part_stats(part, labels[lo:hi], masked[lo:hi], split)
                 if extra:  # the pass's own counters ride on its first part only
                     stats, extra = add_counts(stats, extra), {}
                 yield (split, shard), (path, stats)
 
 
-def empty_shards(_: Any, num_shards: dict[str, int]):
+def empty_shards(num_shards: dict[str, int]):
     for split, n in sorted(num_shards.items()):
         for shard in range(n):
             yield (split, shard), (None, {})
@@ -572,21 +589,6 @@ def sum_all(parts: Iterable[dict[str, Any]]) -> dict[str, Any]:
     for part in parts:
         add_counts(total, part)
     return total
-
-
-def _merged(pcoll, label: str):
-    """One dict summing every dict of ``pcoll`` (exactly one, even when ``pcoll`` is empty).
-
-    A GroupByKey on a constant key instead of CombineGlobally: Beam's Dask translation supports it.
-    """
-    seed = pcoll.pipeline | f"{label}Seed" >> beam.Create([{}])
-    return (
-        (pcoll, seed)
-        | f"{label}Flatten" >> beam.Flatten()
-        | f"{label}Key" >> beam.Map(lambda d: (0, d))
-        | f"{label}Group" >> beam.GroupByKey()
-        | f"{label}Sum" >> beam.Map(lambda kv: sum_all(kv[1]))
-    )
 
 
 def summarize(element: tuple[int, Iterable[dict[str, Any]]], summary_path: str) -> str:
@@ -639,7 +641,6 @@ def build_pipeline(p: beam.Pipeline, plan: PipelinePlan) -> None:
         | "ListFiles" >> beam.Create(plan.files)
         | "ReadFiles" >> beam.ParDo(ReadFiles(config, plan.vocab, plan.show_progress, plan.single_thread_tokenizer))
     )
-    read_totals = _merged(read | "ReadCounts" >> beam.Map(read_counts), "CountDocuments")
     census = (
         read
         | "ReadIdentities" >> beam.Map(read_identities)
@@ -647,6 +648,9 @@ def build_pipeline(p: beam.Pipeline, plan: PipelinePlan) -> None:
         | "GroupIdentities" >> beam.GroupByKey()
         | "IdentityCensus" >> beam.Map(identity_census)
     )
+    # The shard count comes from the census, so instances can be cut by shard as soon as they
+    # exist; every other total is summed once, at the end (fewer stages, each a barrier).
+    num_shards = census | "ShardCount" >> beam.Map(shard_counts_of, config)
     pools = (
         read
         | "AssignPools" >> beam.ParDo(AssignPools(config), AsSingleton(census))
@@ -656,11 +660,6 @@ def build_pipeline(p: beam.Pipeline, plan: PipelinePlan) -> None:
     staged = pools | "StagePools" >> beam.Map(stage_pool, plan.staging_dir)
     pool_info = staged | "PoolStats" >> beam.Map(lambda d: {k: v for k, v in d.items()
                                                             if k not in ("path", "split", "pool")})
-    pool_totals = _merged(pool_info, "CountPools")
-    num_shards = pool_totals | "ShardCount" >> beam.Map(
-        lambda t: shard_counts(config, {s: estimated_record_bytes(int(t.get(f"documents/{s}", 0)),
-                                                                  int(t.get(f"tokens/{s}", 0)), config)
-                                        for s in splits_of(config)}))
     parts = (
         staged
         | "FanOutPasses" >> beam.FlatMap(fan_out_passes, config.dupe_factor)
@@ -668,18 +667,14 @@ def build_pipeline(p: beam.Pipeline, plan: PipelinePlan) -> None:
         | "BuildInstances" >> beam.ParDo(BuildInstances(config, plan.vocab, plan.staging_dir, plan.show_progress),
                                          AsSingleton(num_shards))
     )
-    placeholders = (
-        p
-        | "ShardSeed" >> beam.Create([None])
-        | "EmptyShards" >> beam.FlatMap(empty_shards, AsSingleton(num_shards))
-    )
+    placeholders = num_shards | "EmptyShards" >> beam.FlatMap(empty_shards)
     shard_info = (
         (parts, placeholders)
         | "AllShardParts" >> beam.Flatten()
         | "GroupShards" >> beam.GroupByKey()
         | "WriteShards" >> beam.ParDo(WriteShard(plan.output_dir, plan.show_progress), AsSingleton(num_shards))
     )
-    read_info = read_totals | "ReadTotals" >> beam.Map(lambda d: {**d, "kind": "read"})
+    read_info = read | "ReadCounts" >> beam.Map(lambda element: {**read_counts(element), "kind": "read"})
     census_info = census | "CensusInfo" >> beam.Map(lambda d: {"kind": "census", "fingerprint": d["fingerprint"]})
     (
         (read_info, census_info, pool_info, shard_info)

@@ -40,18 +40,30 @@ def test_framed_encoder_equals_frame_record(n: int, seq: int, seed: int, high: i
     assert lengths.tolist() == [len(r) for r in expected]
 
 
-def test_encode_records_sorts_by_key_and_slices_shards() -> None:
-    from pipelines.run import encode_records
+def test_encode_pool_pass_writes_records_in_key_order_equal_to_the_batch(monkeypatch) -> None:
+    from datagen.config import DatagenConfig
+    from datagen.documents import TokenizedDocument
+    from datagen.instances import build_pool_instances, plan_pool_pass
+    from pipelines import run
+    from vocab.vocab_file import Vocab
 
+    vocab = Vocab(("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *[f"w{i}" for i in range(995)]), "v")
     rng = np.random.default_rng(3)
-    n = 50
-    batch = records.InstanceBatch(rng.integers(0, 999, (n, 8)), np.ones((n, 8), np.int64), np.zeros((n, 8), np.int64),
-                                  rng.integers(0, 8, (n, 2)), rng.integers(0, 999, (n, 2)),
-                                  np.ones((n, 2), np.float32), rng.integers(0, 2, n))
-    keys = rng.integers(0, 2**64 - 1, n, dtype=np.uint64)
-    encoded, order = encode_records(batch, keys)
-    assert (np.diff(encoded.keys.astype(object)) > 0).all() and (keys[order] == encoded.keys).all()
-    expected = [records.frame_record(p) for p in records.encode_batch_reference(batch)]
+    docs = []
+    for _ in range(40):
+        lengths = rng.integers(1, 30, rng.integers(1, 12))
+        docs.append(TokenizedDocument(doc_id=int(rng.integers(1, 2**63)), tokens=rng.integers(5, 1000, lengths.sum()),
+                                      sentence_ends=np.cumsum(lengths).astype(np.int32)))
+    config = DatagenConfig(max_seq_length=32, max_predictions_per_seq=5)
+    monkeypatch.setattr(run, "ENCODE_CHUNK_ROWS", 7)  # several blocks, and a ragged last one
+    encoded, labels, masked = run.encode_pool_pass(plan_pool_pass(docs, 1, config), config, vocab)
+    whole = build_pool_instances(docs, 1, config, vocab)  # the same instances, in plan order
+    order = np.argsort(whole.keys, kind="stable")
+    assert len(encoded) == len(order) > 7
+    assert (np.diff(encoded.keys.astype(object)) > 0).all() and (encoded.keys == whole.keys[order]).all()
+    expected = [records.frame_record(p) for p in records.encode_batch_reference(whole.batch)]
     assert encoded.blob == b"".join(expected[i] for i in order)
+    assert labels.tolist() == np.asarray(whole.batch.next_sentence_labels)[order].tolist()
+    assert masked.tolist() == (whole.batch.masked_lm_weights[order] > 0).sum(axis=1).tolist()
     part = encoded.slice(10, 20)
-    assert part.blob == b"".join(expected[i] for i in order[10:20]) and part.keys.tolist() == keys[order[10:20]].tolist()
+    assert part.blob == b"".join(expected[i] for i in order[10:20])

@@ -134,12 +134,16 @@ def test_summarize_combines_results_deterministically(tmp_path) -> None:
 
 
 def test_identity_census_counts_distinct_documents_per_split() -> None:
-    parts = [{"train": np.array([5, 1, 5], np.uint64)}, {"train": np.array([1, 9], np.uint64),
-                                                         "eval": np.array([4], np.uint64)}]
+    # rows: identities, token counts (a duplicate identity has the same content, so the same count)
+    parts = [{"train": np.array([[5, 1, 5], [50, 10, 50]], np.uint64)},
+             {"train": np.array([[1, 9], [10, 90]], np.uint64), "eval": np.array([[4], [40]], np.uint64)}]
     census = R.identity_census((0, parts))
     assert census["distinct_docs/train"] == 3 and census["distinct_docs/eval"] == 1
+    assert census["distinct_tokens/train"] == 150 and census["distinct_tokens/eval"] == 40
     assert census["fingerprint"] == R.fingerprint([np.array([1, 4, 5, 9], np.uint64)])
     assert R.identity_census((0, list(reversed(parts)))) == census
+    cfg = DatagenConfig(target_shard_mb=1.0)
+    assert R.shard_counts_of(census, cfg) == R.shard_counts(cfg, {"train": R.estimated_record_bytes(3, 150, cfg)})
 
 
 # ---------------------------------------------------------------- runner options

@@ -67,6 +67,9 @@ STRESS = [
     "a" * 99 + " " + "b" * 100 + " " + "c" * 101 + " " + "d" * 199 + " " + "e" * 200 + " " + "f" * 201,
     "the" * 66 + " " + "the" * 67 + " " + "un" + "want" * 49 + " " + "x" + "é" * 199 + " " + "ΟΔΟΣ" * 50,
     "Ab" * 100 + "." + "ab" * 101,
+    # ASCII only (the no-normalizer path), with and without the control characters it must not take
+    "Hello, World! It's U.S.A. e.g. ABC-def_ghi [SEP] x@y.com 3.14 MiXeD CaSe\tTab\r\nCRLF",
+    "vt\x0bff\x0cdel\x7fnul\x00soh\x01us\x1f Word\x0bWORD",
     # empty and whitespace-only texts
     "", " ", "\n", "\t \r\n", "\u3000\u00a0\u2028", "\x00\x01\u200b", "\ufffd",
 ]
@@ -243,6 +246,25 @@ def test_encode_batch_ids_shapes_and_dtype():
     assert out[0].size == 0 and out[1].size == 0
     assert tokenizer.vocab.cls_id not in out[2] and tokenizer.vocab.sep_id not in out[4]
     assert tokenizer.encode_batch_ids([]) == []
+
+
+def test_plain_ascii_text_skips_the_normalizer_and_controls_do_not(monkeypatch):
+    tokenizer = BertTokenizer(Vocab.from_tokens(stress_vocab(True)), True)
+    calls: list[list[str]] = []
+    real = tokenizer._full.encode_batch_fast
+
+    class Spy:
+        def __getattr__(self, name):
+            return getattr(tokenizer_full, name)
+
+        def encode_batch_fast(self, texts, **kw):
+            calls.append(list(texts))
+            return real(texts, **kw)
+
+    tokenizer_full = tokenizer._full
+    monkeypatch.setattr(tokenizer, "_full", Spy())
+    tokenizer.encode_batch_ids(["Plain ASCII, Mixed Case.", "del\x7fhere", "naïve"])
+    assert calls == [["del\x7fhere", "naïve"]]
 
 
 def test_basic_tokenize_matches_reference_words():
