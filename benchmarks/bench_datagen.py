@@ -134,13 +134,16 @@ RUNS: dict[str, tuple[list[str], dict[str, str]]] = {
 }
 
 
+WORKERS = {"1": 1, "1-core": 1, "1-mp": 1, "2": 2}
+
+
 def run_datagen(vocab: Path, out: Path, run: str, dupe_factor: int, profile: Path | None = None) -> dict:
     cmd = [sys.executable]
     if profile is not None:
         cmd += ["-m", "cProfile", "-o", str(profile)]
     cmd += ["-m", "pipelines.cli", "run", "--input", str(CORPUS / "wiki_[0-9][0-9]"), "--vocab", str(vocab),
             "--output", str(out), "--input-format", "wikiextractor", "--max-seq-length", "128",
-            "--max-predictions-per-seq", "20", "--dupe-factor", str(dupe_factor), "--overwrite", "--quiet"]
+            "--max-predictions-per-seq", "20", "--dupe-factor", str(dupe_factor), "--overwrite"]
     extra_args, extra_env = RUNS[run]
     if profile is None:  # the profiled run stays in one process (in-memory DirectRunner) so cProfile sees it
         cmd += extra_args
@@ -160,7 +163,17 @@ def run_datagen(vocab: Path, out: Path, run: str, dupe_factor: int, profile: Pat
     if proc.returncode != 0:
         raise RuntimeError(f"bert-datagen run failed ({proc.returncode}):\n{err[-4000:]}")
     manifest = json.loads((out / "manifest.json").read_text())
-    return {"wall_s": wall, "cpu_s": cpu, "peak_rss_mb": peak / 2**20, "manifest": manifest}
+    return {"wall_s": wall, "cpu_s": cpu, "peak_rss_mb": peak / 2**20, "manifest": manifest,
+            "task_cpu_s": task_cpu_seconds(err)}
+
+
+def task_cpu_seconds(stderr: str) -> dict[str, float]:
+    """The summary table's "CPU seconds in tasks" line: {read: s, build: s, write: s}."""
+    for line in stderr.splitlines():
+        if "CPU seconds in tasks" in line:
+            pairs = line.split("CPU seconds in tasks", 1)[1].split(",")
+            return {k: float(v.replace(",", "")) for k, v in (p.split() for p in pairs)}
+    return {}
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -206,6 +219,10 @@ def main(argv: list[str] | None = None) -> dict:
                 "ratio_to_floor": round(run["wall_s"] / floor["seconds"], 2),
                 "cpu_s": round(run["cpu_s"], 1),
                 "cpu_ratio_to_floor": round(run["cpu_s"] / floor["cpu_seconds"], 2),
+                "task_cpu_s": run["task_cpu_s"],
+                # Wall time the tasks' own CPU time does not explain, with the work split evenly over
+                # the workers: the runner's start-up, stage changes, shuffles and shutdown.
+                "outside_tasks_s": round(run["wall_s"] - sum(run["task_cpu_s"].values()) / WORKERS[name], 2),
                 "shards_sha256": [s["sha256"] for s in run["manifest"]["splits"]["train"]["shards"]],
             }
         if args.profile:
@@ -235,12 +252,14 @@ def print_table(results: dict) -> None:
     print("(x floor: wall time / floor wall time; cpu x floor: CPU seconds of all processes / floor CPU seconds,"
           " which a busy shared machine distorts less)")
     header = ("run", "documents", "tokens", "instances", "wall s", "MB/s", "inst/s", "peak RSS MB", "x floor",
-              "cpu s", "cpu x floor")
+              "cpu s", "cpu x floor", "task cpu s (read/build/write)", "wall outside tasks s")
     print(" | ".join(header))
     for name, r in results["runs"].items():
         print(" | ".join(str(x) for x in (name, r["documents"], r["tokens"], r["instances"], r["wall_s"],
                                          r["mb_per_s"], r["instances_per_s"], r["peak_rss_mb"], r["ratio_to_floor"],
-                                         r["cpu_s"], r["cpu_ratio_to_floor"])))
+                                         r["cpu_s"], r["cpu_ratio_to_floor"],
+                                         "/".join(f"{v:.1f}" for v in r["task_cpu_s"].values()),
+                                         r["outside_tasks_s"])))
     for key, value in results.items():
         if key.startswith("speedup_2_vs_"):
             print(f"2 workers vs {key.removeprefix('speedup_2_vs_')}: {value}x faster")

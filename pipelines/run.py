@@ -33,6 +33,7 @@ import hashlib
 import json
 import os
 import re
+import time
 import uuid
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -54,6 +55,9 @@ STAGING_PREFIX = ".staging-"
 TOTAL_KEYS = ("documents", "sentences", "tokens", "instances", "notnext_fraction", "masked_tokens",
               "decode_errors", "dropped_documents", "duplicate_documents")
 DOCS_PER_TOKENIZE_BATCH = 256
+# CPU seconds each kind of task took, summed over workers: where the time goes, and how well the
+# work spread (the summary table shows them; the manifest does not: they differ run to run).
+BUSY_PREFIX = "cpu_seconds/"
 _U64 = 1 << 64
 
 
@@ -293,6 +297,7 @@ class ReadFiles(_ReportingDoFn):
         from datagen.readers import InputError, read_documents
 
         path = file_info[0]
+        started = time.process_time()
         try:
             data = fsio.read_bytes(path)
         except Exception as e:
@@ -317,6 +322,7 @@ class ReadFiles(_ReportingDoFn):
             raise input_error(message if path in message else f"{path}: {message}") from e
         if self._progress:
             self._progress.add(files=1, documents=n_docs)
+        stats[f"{BUSY_PREFIX}read"] = time.process_time() - started
         yield {"docs": {}, "stats": stats}
 
     def _tagged(self, docs: list[Any]) -> dict[str, Any]:
@@ -521,6 +527,7 @@ class BuildInstances(_ReportingDoFn):
         from datagen.instances import plan_pool_pass
 
         (split, pool, pass_index), pool_path = task
+        started = time.process_time()
         docs = pool_from_file(pool_path)
         plan = plan_pool_pass(docs, pass_index, self.config)
         del docs
@@ -549,6 +556,7 @@ class BuildInstances(_ReportingDoFn):
                 if extra:  # the pass's own counters ride on its first part only
                     stats, extra = add_counts(stats, extra), {}
                 yield (split, shard), (path, stats)
+        yield (split, 0), (None, {f"{BUSY_PREFIX}build": time.process_time() - started})
 
 
 def empty_shards(num_shards: dict[str, int]):
@@ -567,11 +575,13 @@ class WriteShard(_ReportingDoFn):
     def process(self, element: tuple[tuple[str, int], Iterable[tuple[str | None, dict]]],
                 num_shards: dict[str, int]):
         (split, shard), parts = element
+        started = time.process_time()
         name = shard_name(split, shard, num_shards[split])
         parts = sorted(parts, key=lambda part: part[0] or "")
         records = sorted_shard([records_from_file(path) for path, _ in parts if path], name)
         stats = sum_all(stats for _, stats in parts)
         fsio.write_atomic(fsio.join(self.output_dir, *name.split("/")), records.blob)
+        stats[f"{BUSY_PREFIX}write"] = stats.get(f"{BUSY_PREFIX}write", 0.0) + time.process_time() - started
         if self._progress:
             self._progress.add(records_written=len(records), shards_written=1)
         yield {
@@ -763,6 +773,7 @@ class RunResult:
     output_dir: str
     manifest: dict[str, Any]
     wall_seconds: float
+    cpu_seconds: dict[str, float] = field(default_factory=dict)  # per kind of task, summed over workers
 
 
 def generate_dataset(
@@ -856,7 +867,9 @@ def generate_dataset(
     )
     write_card(output_dir, manifest)
     write_manifest(output_dir, manifest)
-    return RunResult(output_dir, manifest, time.monotonic() - start)
+    cpu = {k.removeprefix(BUSY_PREFIX): round(float(v), 3) for k, v in sorted(summary["totals"].items())
+           if k.startswith(BUSY_PREFIX)}
+    return RunResult(output_dir, manifest, time.monotonic() - start, cpu)
 
 
 def local_abspath(path: str) -> str:

@@ -34,7 +34,7 @@ def stray_arguments(args: list[str]) -> list[str]:
     return stray
 
 
-def summary_table(manifest: dict, wall_seconds: float) -> str:
+def summary_table(manifest: dict, wall_seconds: float, cpu_seconds: dict[str, float] | None = None) -> str:
     totals = manifest["totals"]
     rows = [
         ("input files", f"{manifest['input']['files']:,}"),
@@ -53,8 +53,10 @@ def summary_table(manifest: dict, wall_seconds: float) -> str:
         rows.append((f"{split} shards / records / MB",
                      f"{len(info['shards'])} / {info['records']:,} / {info['bytes'] / 1e6:,.2f}"))
     rate = totals["instances"] / wall_seconds if wall_seconds > 0 else 0.0
-    rows += [("wall seconds", f"{wall_seconds:,.1f}"), ("instances/s", f"{rate:,.0f}"),
-             ("input fingerprint", manifest["input"]["fingerprint"][:16] + "...")]
+    rows += [("wall seconds", f"{wall_seconds:,.1f}"), ("instances/s", f"{rate:,.0f}")]
+    if cpu_seconds:
+        rows.append(("CPU seconds in tasks", ", ".join(f"{k} {v:,.1f}" for k, v in cpu_seconds.items())))
+    rows.append(("input fingerprint", manifest["input"]["fingerprint"][:16] + "..."))
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"  {k.ljust(width)}  {v}" for k, v in rows)
 
@@ -160,5 +162,5 @@ def run_command(ctx: click.Context, inputs: tuple[str, ...], vocab_path: str, ou
         raise click.ClickException(str(e)) from e
     if not quiet:
         click.echo(f"bert-datagen run: wrote {result.output_dir}", err=True)
-        click.echo(summary_table(result.manifest, result.wall_seconds), err=True)
+        click.echo(summary_table(result.manifest, result.wall_seconds, result.cpu_seconds), err=True)
     sys.stderr.flush()

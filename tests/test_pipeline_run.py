@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import json
 from pathlib import Path
 
 import numpy as np
@@ -81,6 +82,10 @@ def test_run_writes_a_complete_dataset(dataset, corpus) -> None:
     assert 0.3 < totals["notnext_fraction"] < 0.8
     assert totals["tokens"] > totals["sentences"] > totals["documents"]
     assert "instances" in output and "input fingerprint" in output  # the summary table
+    # where the time went: CPU seconds of each kind of task, summed over workers (not in the manifest)
+    cpu_line = next(line for line in output.splitlines() if "CPU seconds in tasks" in line)
+    assert all(f"{kind} " in cpu_line for kind in ("read", "build", "write"))
+    assert "cpu_seconds" not in json.dumps(manifest)
 
 
 def test_eval_split_holds_whole_documents_apart(dataset) -> None:
