@@ -1,10 +1,23 @@
-"""A tiny model trained briefly on real text learns: MLM accuracy at least twice that of always
-predicting the most frequent masked token, NSP above 0.5 and at least the majority-class rate.
+"""A tiny model trained briefly on real text learns both objectives.
 
-Data comes from the real pipeline (`bert-datagen vocab` + `bert-datagen run`) on English Wikipedia
-text from ../shared/corpora. The generated pairs are mostly NotNext (single-sentence chunks force it),
-so plain NSP accuracy of a constant guess already exceeds 0.5: the test also prints the balanced
-accuracy (mean of per-class recalls), which a short run does not lift far above 0.5.
+Data comes from the real pipeline (`bert-datagen vocab` + `bert-datagen run`) on text from
+../shared/corpora. Two runs:
+
+- English Wikipedia, 64 tokens: MLM accuracy at least twice that of always predicting the most
+  frequent masked token.
+- Wikipedia in English, Chinese and Vietnamese plus two French novels, 128 tokens, mixed into one
+  corpus as multilingual BERT mixed Wikipedias: NSP balanced accuracy (mean of per-class recalls,
+  so a constant guess scores 0.5 whatever the class mix) clearly above 0.5, and MLM again at least
+  twice its baseline.
+
+Why two corpora (measured on this machine, tiny model, 128 tokens): on English-only Wikipedia
+NotNext differs from IsNext only by topic, a relation between the segments that a from-scratch
+tiny model had not picked up after 2,000 steps of 8 at learning rates 1e-3, 5e-4 or 3e-4 (NSP
+predictions constant), nor after 750 NSP-only steps of 32 at 1e-4 (balanced accuracy 0.54). When
+NotNext partners are often in another language, it picks the relation up within a few hundred
+steps, which is what a brief test can check: labels, pooler, NSP head, loss and gradients all
+work. The learning rate matters: at 1e-3 the [CLS] pathway collapses (pooled outputs nearly equal
+across examples; NSP stays at the class prior even on the mixed corpus), at 5e-4 it does not.
 """
 
 from __future__ import annotations
@@ -55,7 +68,7 @@ def most_frequent_masked_token(info) -> int:
     return counts.most_common(1)[0][0]
 
 
-def test_tiny_model_learns_from_real_text(wiki_dataset, tmp_path):
+def test_tiny_model_learns_masked_lm_from_english_text(wiki_dataset, tmp_path):
     info = open_dataset(wiki_dataset)
     top = most_frequent_masked_token(info)
     run = tmp_path / "run"
@@ -69,6 +82,52 @@ def test_tiny_model_learns_from_real_text(wiki_dataset, tmp_path):
                          eval_batches=1, shuffle_buffer=2000), log=print, stop_at=800)
 
     model, _, _ = restore_model(run)
+    r = evaluate(model, info, top)
+    print(f"eval: MLM accuracy {r['mlm_accuracy']:.4f} vs most-frequent-token {r['mlm_baseline']:.4f}; NSP "
+          f"accuracy {r['nsp_accuracy']:.4f} (majority class {r['nsp_majority']:.4f}, balanced "
+          f"{r['nsp_balanced']:.4f}, {r['per_class']})")
+    assert r["mlm_weight"] > 2000 and min(t for _, t in r["per_class"].values()) > 50
+    assert r["mlm_accuracy"] >= 2 * r["mlm_baseline"]
+    # Most pairs at 64 tokens are NotNext (one-sentence chunks force it); a run this short learns
+    # that prior, not the relation (see the module docstring and the next test).
+    assert r["nsp_accuracy"] > 0.5 and r["nsp_accuracy"] >= r["nsp_majority"] - 0.02
+
+
+# (format, files under ../shared/corpora): Wikipedia in three languages and two French novels.
+MULTILINGUAL = (("wikiextractor", "enwiki_extract_2015/wiki_00"), ("wikiextractor", "zhwiki_sample/wiki_00"),
+                ("wikiextractor", "viwiki_sample/wiki_00"), ("text", "gutenberg_fr/*.txt"))
+
+
+@pytest.fixture(scope="module")
+def multilingual_dataset(shared_corpora, tmp_path_factory) -> str:
+    """One jsonl corpus (a document a line) from several formats, read by the pipeline's own readers."""
+    import json
+
+    from datagen.config import DatagenConfig
+    from datagen.readers import read_documents
+
+    out = tmp_path_factory.mktemp("multilingual")
+    corpus = out / "corpus.jsonl"
+    with corpus.open("w", encoding="utf-8") as f:
+        for fmt, pattern in MULTILINGUAL:
+            paths = sorted(shared_corpora.glob(pattern))
+            if not paths:
+                pytest.skip(f"{shared_corpora / pattern} matches no file")
+            for path in paths:
+                for raw in read_documents(str(path), path.read_bytes(), DatagenConfig(input_format=fmt), {}):
+                    if raw.paragraphs:
+                        f.write(json.dumps({"text": "\n".join(raw.paragraphs)}, ensure_ascii=False) + "\n")
+    # 6,000 single characters in the initial alphabet: Chinese text needs them, or [UNK] becomes the
+    # most frequent masked token.
+    bert_datagen("vocab", "--input", str(corpus), "--input-format", "jsonl", "--output", str(out / "vocab.txt"),
+                 "--vocab-size", "12000", "--num-unused", "0", "--limit-alphabet", "6000")
+    bert_datagen("run", "--input", str(corpus), "--input-format", "jsonl", "--vocab", str(out / "vocab.txt"),
+                 "--output", str(out / "data"), "--max-seq-length", "128", "--max-predictions-per-seq", "20",
+                 "--dupe-factor", "2", "--eval-fraction", "0.1", "--num-shards", "2", "--quiet")
+    return str(out / "data")
+
+
+def evaluate(model, info, top: int) -> dict:
     hits = weight = base_hits = 0.0
     per_class = {0: [0, 0], 1: [0, 0]}  # label -> [correct, total]
     for batch in eval_dataset(info, 64):
@@ -83,14 +142,29 @@ def test_tiny_model_learns_from_real_text(wiki_dataset, tmp_path):
         for label in (0, 1):
             per_class[label][0] += int(((guess == label) & (labels == label)).sum())
             per_class[label][1] += int((labels == label).sum())
-    mlm_accuracy, baseline = hits / weight, base_hits / weight
-    nsp_accuracy = sum(c for c, _ in per_class.values()) / sum(t for _, t in per_class.values())
-    majority = max(t for _, t in per_class.values()) / sum(t for _, t in per_class.values())
-    balanced_nsp = np.mean([c / t for c, t in per_class.values()])
-    print(f"eval: MLM accuracy {mlm_accuracy:.4f} vs most-frequent-token {baseline:.4f}; NSP accuracy "
-          f"{nsp_accuracy:.4f} (majority class {majority:.4f}, balanced {balanced_nsp:.4f}, {per_class})")
-    assert weight > 2000 and min(t for _, t in per_class.values()) > 50
-    assert mlm_accuracy >= 2 * baseline
-    # Most pairs are NotNext (one-sentence chunks force it); a run this short learns that prior,
-    # not yet the pair itself (balanced accuracy stays near 0.5).
-    assert nsp_accuracy > 0.5 and nsp_accuracy >= majority - 0.02
+    total = sum(t for _, t in per_class.values())
+    return {"mlm_accuracy": hits / weight, "mlm_baseline": base_hits / weight, "mlm_weight": weight,
+            "nsp_accuracy": sum(c for c, _ in per_class.values()) / total,
+            "nsp_majority": max(t for _, t in per_class.values()) / total,
+            "nsp_balanced": float(np.mean([c / t for c, t in per_class.values()])), "per_class": per_class}
+
+
+def test_tiny_model_learns_next_sentence_prediction(multilingual_dataset, tmp_path):
+    info = open_dataset(multilingual_dataset)
+    top = most_frequent_masked_token(info)
+    run = tmp_path / "run"
+    # The first 600 steps of a 1000-step schedule. Measured on this data: NSP balanced accuracy
+    # 0.74 after 400 steps, 0.82 after 700; MLM about 4x its baseline.
+    pretrain(TrainConfig(data=multilingual_dataset, out=str(run), model="tiny", batch_size=16, steps=1000,
+                         learning_rate=5e-4, warmup_steps=100, seed=1, checkpoint_every=1000, log_every=200,
+                         eval_batches=1, shuffle_buffer=2000), log=print, stop_at=600)
+    model, _, _ = restore_model(run)
+    r = evaluate(model, info, top)
+    print(f"eval: MLM accuracy {r['mlm_accuracy']:.4f} vs most-frequent-token {r['mlm_baseline']:.4f}; NSP "
+          f"accuracy {r['nsp_accuracy']:.4f} (majority class {r['nsp_majority']:.4f}), balanced "
+          f"{r['nsp_balanced']:.4f}, {r['per_class']}")
+    assert r["mlm_weight"] > 2000 and min(t for _, t in r["per_class"].values()) > 200
+    assert r["nsp_balanced"] >= 0.65  # a constant guess scores 0.5
+    assert r["nsp_accuracy"] >= r["nsp_majority"] + 0.1
+    assert min(c / t for c, t in r["per_class"].values()) >= 0.5  # both classes recognised
+    assert r["mlm_accuracy"] >= 2 * r["mlm_baseline"]
