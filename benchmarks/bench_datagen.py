@@ -258,7 +258,7 @@ def print_table(results: dict) -> None:
         print(" | ".join(str(x) for x in (name, r["documents"], r["tokens"], r["instances"], r["wall_s"],
                                          r["mb_per_s"], r["instances_per_s"], r["peak_rss_mb"], r["ratio_to_floor"],
                                          r["cpu_s"], r["cpu_ratio_to_floor"],
-                                         "/".join(f"{v:.1f}" for v in r["task_cpu_s"].values()),
+                                         "/".join(f"{r['task_cpu_s'].get(k, 0.0):.1f}" for k in ("read", "build", "write")),
                                          r["outside_tasks_s"])))
     for key, value in results.items():
         if key.startswith("speedup_2_vs_"):
