@@ -69,23 +69,13 @@ def most_frequent_masked_token(info) -> int:
 
 
 def test_tiny_model_learns_masked_lm_from_english_text(wiki_dataset, tmp_path):
-    info = open_dataset(wiki_dataset)
-    top = most_frequent_masked_token(info)
-    run = tmp_path / "run"
     # The first 800 steps of a 2500-step schedule (stop_at: the trajectory is exactly that of the
     # full run). A from-scratch MLM first sits on a plateau, guessing tokens by frequency; with
     # batches of 8 at lr 1e-3 this run leaves it after ~400 updates. Measured on this data: runs
     # whose learning rate decays sooner (1000-1500-step schedules) or with batches of 32 were still
     # on the plateau after 1000+ steps, so the settings here are not arbitrary.
-    pretrain(TrainConfig(data=wiki_dataset, out=str(run), model="tiny", batch_size=8, steps=2500,
-                         learning_rate=1e-3, warmup_steps=250, seed=1, checkpoint_every=2500, log_every=200,
-                         eval_batches=1, shuffle_buffer=2000), log=print, stop_at=800)
-
-    model, _, _ = restore_model(run)
-    r = evaluate(model, info, top)
-    print(f"eval: MLM accuracy {r['mlm_accuracy']:.4f} vs most-frequent-token {r['mlm_baseline']:.4f}; NSP "
-          f"accuracy {r['nsp_accuracy']:.4f} (majority class {r['nsp_majority']:.4f}, balanced "
-          f"{r['nsp_balanced']:.4f}, {r['per_class']})")
+    r = train_briefly(wiki_dataset, tmp_path / "run", stop_at=800, batch_size=8, steps=2500,
+                      learning_rate=1e-3, warmup_steps=250)
     assert r["mlm_weight"] > 2000 and min(t for _, t in r["per_class"].values()) > 50
     assert r["mlm_accuracy"] >= 2 * r["mlm_baseline"]
     # Most pairs at 64 tokens are NotNext (one-sentence chunks force it); a run this short learns
@@ -127,6 +117,20 @@ def multilingual_dataset(shared_corpora, tmp_path_factory) -> str:
     return str(out / "data")
 
 
+def train_briefly(data: str, run, stop_at: int, **settings) -> dict:
+    """Train a tiny model for the first ``stop_at`` steps of a schedule; its eval figures."""
+    info = open_dataset(data)
+    top = most_frequent_masked_token(info)
+    pretrain(TrainConfig(data=data, out=str(run), model="tiny", seed=1, checkpoint_every=settings["steps"],
+                         log_every=200, eval_batches=1, shuffle_buffer=2000, **settings), log=print, stop_at=stop_at)
+    model, _, _ = restore_model(run)
+    r = evaluate(model, info, top)
+    print(f"eval: MLM accuracy {r['mlm_accuracy']:.4f} vs most-frequent-token {r['mlm_baseline']:.4f}; NSP "
+          f"accuracy {r['nsp_accuracy']:.4f} (majority class {r['nsp_majority']:.4f}), balanced "
+          f"{r['nsp_balanced']:.4f}, {r['per_class']}")
+    return r
+
+
 def evaluate(model, info, top: int) -> dict:
     hits = weight = base_hits = 0.0
     per_class = {0: [0, 0], 1: [0, 0]}  # label -> [correct, total]
@@ -150,19 +154,10 @@ def evaluate(model, info, top: int) -> dict:
 
 
 def test_tiny_model_learns_next_sentence_prediction(multilingual_dataset, tmp_path):
-    info = open_dataset(multilingual_dataset)
-    top = most_frequent_masked_token(info)
-    run = tmp_path / "run"
     # The first 600 steps of a 1000-step schedule. Measured on this data: NSP balanced accuracy
     # 0.74 after 400 steps, 0.82 after 700; MLM about 4x its baseline.
-    pretrain(TrainConfig(data=multilingual_dataset, out=str(run), model="tiny", batch_size=16, steps=1000,
-                         learning_rate=5e-4, warmup_steps=100, seed=1, checkpoint_every=1000, log_every=200,
-                         eval_batches=1, shuffle_buffer=2000), log=print, stop_at=600)
-    model, _, _ = restore_model(run)
-    r = evaluate(model, info, top)
-    print(f"eval: MLM accuracy {r['mlm_accuracy']:.4f} vs most-frequent-token {r['mlm_baseline']:.4f}; NSP "
-          f"accuracy {r['nsp_accuracy']:.4f} (majority class {r['nsp_majority']:.4f}), balanced "
-          f"{r['nsp_balanced']:.4f}, {r['per_class']}")
+    r = train_briefly(multilingual_dataset, tmp_path / "run", stop_at=600, batch_size=16, steps=1000,
+                      learning_rate=5e-4, warmup_steps=100)
     assert r["mlm_weight"] > 2000 and min(t for _, t in r["per_class"].values()) > 200
     assert r["nsp_balanced"] >= 0.65  # a constant guess scores 0.5
     assert r["nsp_accuracy"] >= r["nsp_majority"] + 0.1
