@@ -4,18 +4,18 @@ Stages (every element is coarse: a batch of documents, a pool, a pool's pass, a 
 
 1. ``ReadFiles``: one element per input file (listed in the driver); the DoFn reads, decodes, splits
    and tokenizes it in batches and tags each document train/eval by a seeded hash of its identity.
-2. ``IdentityCensus``: per-split counts of distinct document identities (a singleton side input)
-   fix the number of NotNext pools, ``max(1, n_docs // notnext_pool_size)``, from the corpus alone;
-   the same census gives the input fingerprint.
+2. ``IdentityCensus``: per-split counts of distinct document identities and their tokens (a
+   singleton side input) fix the number of NotNext pools, ``max(1, n_docs // notnext_pool_size)``,
+   and the shard count, from the corpus alone; the same census gives the input fingerprint.
 3. ``AssignPools`` + ``GroupByKey``: each document goes to the pool a seeded hash of its ``doc_id``
    picks; a pool is its documents sorted by ``doc_id`` with duplicates collapsed. Neither the file
    layout nor the worker count can change a pool.
 4. ``ShardCount``: ``--num-shards``, or the target shard size applied to a deterministic estimate
-   of the record bytes from the pools' document and token counts (known before any instance exists).
+   of the record bytes from the census's document and token counts (known before any instance exists).
 5. ``StagePools`` + ``FanOutPasses`` + ``Reshuffle``: each pool is written once to a staging file
    and one small task per (pool, pass) names it, so even a one-pool corpus keeps several workers
-   busy; ``BuildInstances`` calls ``build_pool_instances``, encodes the records in key order and
-   cuts them by shard = ``(key * num_shards) >> 64`` (contiguous ranges of the 64-bit key space)
+   busy; ``BuildInstances`` plans the pass (``plan_pool_pass``), lays out, masks and encodes its
+   records in key order a block at a time (``encode_pool_pass``) and cuts them by shard = ``(key * num_shards) >> 64`` (contiguous ranges of the 64-bit key space)
    into staging fragments: only paths and counts go through the runner's shuffle.
 6. ``GroupByKey`` on (split, shard): ``WriteShard`` merges the shard's fragments by key and writes
    it atomically. Empty shards are written too.
