@@ -87,15 +87,15 @@ _KEY_BYTES = {name: b"\x0a" + _varint(len(name)) + name.encode() for name in FEA
 # ---------------------------------------------------------------- slot encoding
 # A batch is encoded as one (rows x slots) byte matrix with a same-shaped "keep" mask: every row
 # has the same slots (a varint gets as many as the widest value of its column needs), and a
-# short varint leaves its spare slots unkept. ``matrix[keep]`` (row-major) is then every record,
-# back to back, with no per-record Python and no computed scatter indices.
+# short varint leaves its spare slots unkept. The kept slots in row-major order are then every
+# record, back to back, with no per-record Python and no computed scatter indices.
 
 # (bytes (n, k) uint8, keep (n, k) bool or None when every slot is kept)
 _Piece = tuple[np.ndarray, np.ndarray | None]
 
 
 def _varint_slots(values: np.ndarray) -> tuple[_Piece, np.ndarray]:
-    """The varints of a non-negative-or-any int64 matrix (n, L) as slots; and each row's byte count.
+    """The varints of an int matrix (n, L) as slots, and each row's byte count.
 
     Negative int64 values take 10 bytes (two's complement), as protobuf writes them.
     """
