@@ -32,7 +32,7 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from functools import cache
 from typing import Any
 
@@ -277,27 +277,30 @@ class PoolPlan:
 
 def masked_rows(plan: PoolPlan, rows: np.ndarray, config: DatagenConfig, vocab: Any) -> InstanceBatch:
     """The instances ``rows`` (indices into ``plan``), laid out and masked, in that order."""
-    n, seq, npred = rows.shape[0], config.max_seq_length, config.max_predictions_per_seq
-    out = InstanceBatch(
-        input_ids=np.empty((n, seq), np.int32), input_mask=np.empty((n, seq), np.int32),
-        segment_ids=np.empty((n, seq), np.int32), masked_lm_positions=np.empty((n, npred), np.int32),
-        masked_lm_ids=np.empty((n, npred), np.int32), masked_lm_weights=np.empty((n, npred), np.float32),
-        next_sentence_labels=plan.labels[rows],
+    blocks = [_masked_block(plan, rows[lo:lo + ROWS_PER_BLOCK], config, vocab)
+              for lo in range(0, rows.shape[0], ROWS_PER_BLOCK)]
+    if len(blocks) == 1:  # the pipeline's case: no copy into a second batch
+        return blocks[0]
+    if not blocks:
+        return empty_batch(config)
+    return InstanceBatch(**{f.name: np.concatenate([getattr(b, f.name) for b in blocks])
+                            for f in fields(InstanceBatch)})
+
+
+def _masked_block(plan: PoolPlan, take: np.ndarray, config: DatagenConfig, vocab: Any) -> InstanceBatch:
+    seq = config.max_seq_length
+    ids, lengths, segments = _layout(plan.tokens, plan.a_lo[take], plan.len_a[take], plan.b_lo[take],
+                                     plan.len_b[take], seq, vocab)
+    masked = mask_batch(ids, lengths, plan.mask_keys[take], config, vocab)
+    return InstanceBatch(
+        input_ids=masked.input_ids,
+        input_mask=(np.arange(seq)[None, :] < lengths[:, None]).astype(np.int32),
+        segment_ids=segments,
+        masked_lm_positions=masked.masked_lm_positions,
+        masked_lm_ids=masked.masked_lm_ids,
+        masked_lm_weights=masked.masked_lm_weights,
+        next_sentence_labels=plan.labels[take],
     )
-    pos = np.arange(seq)
-    for lo in range(0, n, ROWS_PER_BLOCK):
-        block = slice(lo, min(n, lo + ROWS_PER_BLOCK))
-        take = rows[block]
-        ids, lengths, segments = _layout(plan.tokens, plan.a_lo[take], plan.len_a[take], plan.b_lo[take],
-                                         plan.len_b[take], seq, vocab)
-        masked = mask_batch(ids, lengths, plan.mask_keys[take], config, vocab)
-        out.input_ids[block] = masked.input_ids
-        out.input_mask[block] = pos[None, :] < lengths[:, None]
-        out.segment_ids[block] = segments
-        out.masked_lm_positions[block] = masked.masked_lm_positions
-        out.masked_lm_ids[block] = masked.masked_lm_ids
-        out.masked_lm_weights[block] = masked.masked_lm_weights
-    return out
 
 
 def empty_batch(config: DatagenConfig) -> InstanceBatch:

@@ -166,25 +166,19 @@ class BertTokenizer:
                             count=len(texts))
         exact = self.basic.exact_path_flags(texts)  # never true for ASCII text
         out: list[np.ndarray | None] = [None] * len(texts)
-        plain_idx = np.flatnonzero(plain).tolist()
-        if plain_idx:
-            batch = [texts[i] for i in plain_idx]
-            if self.do_lower_case:
-                batch = [t.lower() for t in batch]
-            encodings = self._plain.encode_batch_fast(batch, add_special_tokens=False)
-            for i, enc in zip(plain_idx, encodings, strict=True):
-                out[i] = np.array(enc.ids, dtype=np.int32)
-        full_idx = np.flatnonzero(~plain & ~exact).tolist()
-        if full_idx:
-            encodings = self._full.encode_batch_fast([texts[i] for i in full_idx], add_special_tokens=False)
-            for i, enc in zip(full_idx, encodings, strict=True):
-                out[i] = np.array(enc.ids, dtype=np.int32)
-        exact_idx = np.flatnonzero(exact).tolist()
-        if exact_idx:
-            words = [self._exact_words(texts[i]) for i in exact_idx]
-            encodings = self._words.encode_batch_fast(words, is_pretokenized=True, add_special_tokens=False)
-            for i, enc in zip(exact_idx, encodings, strict=True):
-                out[i] = np.array(enc.ids, dtype=np.int32)
+
+        def encode(tokenizer: Tokenizer, idx: np.ndarray, inputs, **kwargs) -> None:
+            idx_list = idx.tolist()
+            if idx_list:
+                encodings = tokenizer.encode_batch_fast(inputs(idx_list), add_special_tokens=False, **kwargs)
+                for i, enc in zip(idx_list, encodings, strict=True):
+                    out[i] = np.array(enc.ids, dtype=np.int32)
+
+        lower = str.lower if self.do_lower_case else str
+        encode(self._plain, np.flatnonzero(plain), lambda idx: [lower(texts[i]) for i in idx])
+        encode(self._full, np.flatnonzero(~plain & ~exact), lambda idx: [texts[i] for i in idx])
+        encode(self._words, np.flatnonzero(exact), lambda idx: [self._exact_words(texts[i]) for i in idx],
+               is_pretokenized=True)
         return out  # type: ignore[return-value]
 
     def encode_ids(self, text: str) -> np.ndarray:
