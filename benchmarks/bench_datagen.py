@@ -18,6 +18,14 @@ one sitting on the same machine state):
   the engine that ``2`` uses (a separate SDK worker process).
 - ``2``: ``--direct_num_workers 2`` (multi_processing): two worker processes, one core each.
 
+The two-worker ceiling: the ``1-core`` run's wall time outside its tasks (start-up, stage changes,
+shutdown: ``wall outside tasks``) is serial, and its tasks' CPU seconds can at best be halved by two
+workers. ``outside + task CPU / 2`` is therefore the shortest wall time any two-worker run could
+have if running two workers cost nothing at all (no worker processes to start, no extra data
+movement, each worker on a core of its own); the bench prints the speed-up that bound allows next
+to the one measured. On a 2-core machine it lies below the issue's 1.7x target (see
+docs/pipeline.md).
+
 The machine may be shared (wall times of one run here vary by 10-20%), so every run is repeated
 ``--repeats`` times, the rounds interleaved (1, 1-core, 1-mp, 2, 1, 1-core, ...), and the fastest
 wall time of each is kept, as for the floor (its peak RSS is the largest seen).
@@ -233,16 +241,31 @@ def main(argv: list[str] | None = None) -> dict:
             stats = pstats.Stats(str(prof))
             stats.sort_stats("cumulative").print_stats(25)
     runs = results["runs"]
+    results["cpu_cores"] = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     if "2" in runs:
         for base in ("1", "1-core", "1-mp"):
             if base in runs:
                 results[f"speedup_2_vs_{base}"] = round(runs[base]["wall_s"] / runs["2"]["wall_s"], 2)
+    if "1-core" in runs:
+        results.update(two_worker_ceiling(runs))
     digests = {tuple(r["shards_sha256"]) for r in runs.values()}
     results["identical_shards_all_runs"] = len(digests) == 1
     for run in runs.values():
         run.pop("shards_sha256")
     print_table(results)
     return results
+
+
+def two_worker_ceiling(runs: dict) -> dict:
+    """The best two-worker wall time the ``1-core`` run allows (its serial part plus half its task
+    CPU), and the speed-up over each one-worker run that it would give."""
+    one = runs["1-core"]
+    bound = one["outside_tasks_s"] + sum(one["task_cpu_s"].values()) / 2
+    out = {"two_worker_bound_s": round(bound, 2)}
+    for base in ("1", "1-core", "1-mp"):
+        if base in runs:
+            out[f"ceiling_2_vs_{base}"] = round(runs[base]["wall_s"] / bound, 2)
+    return out
 
 
 def print_table(results: dict) -> None:
@@ -262,7 +285,13 @@ def print_table(results: dict) -> None:
                                          r["outside_tasks_s"])))
     for key, value in results.items():
         if key.startswith("speedup_2_vs_"):
-            print(f"2 workers vs {key.removeprefix('speedup_2_vs_')}: {value}x faster")
+            base = key.removeprefix("speedup_2_vs_")
+            ceiling = results.get(f"ceiling_2_vs_{base}")
+            allowed = f" (ceiling {ceiling}x, were two workers free)" if ceiling else ""
+            print(f"2 workers vs {base}: {value}x faster{allowed}")
+    if "two_worker_bound_s" in results:
+        print(f"two-worker bound on this {results['cpu_cores']}-core machine: {results['two_worker_bound_s']} s "
+              "(1-core run's wall outside tasks + half its task CPU)")
     print(f"identical shards in every run: {results['identical_shards_all_runs']}")
 
 

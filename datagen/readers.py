@@ -53,7 +53,7 @@ from __future__ import annotations
 import html
 import json
 import re
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 from datagen.config import DatagenConfig
@@ -117,9 +117,15 @@ def _replace_invalid(path: str, data: bytes, sniffed: int, stats: dict[str, int]
     return text
 
 
-def decode_text(path: str, data: bytes, strict: bool, stats: dict[str, int]) -> str:
-    """Clean text of a file: BOM, NUL, CR/CRLF and invalid UTF-8 handled (see module doc)."""
-    head = data[:_SNIFF_BYTES]
+def decode_text(path: str, data: bytes, strict: bool, stats: dict[str, int], *, offset: int = 0,
+                sniff: bool = True) -> str:
+    """Clean text of a file: BOM, NUL, CR/CRLF and invalid UTF-8 handled (see module doc).
+
+    ``data`` may be a piece of the file that starts at byte ``offset`` (just after a line break):
+    error messages then give file offsets, and the BOM and the binary check, which concern a
+    file's first bytes, apply only at offset 0 (the check also only with ``sniff``).
+    """
+    head = data[:_SNIFF_BYTES] if sniff and offset == 0 else b""
     if head and head.count(0) > max(_MIN_NUL_BINARY, _MAX_NUL_FRACTION * len(head)):
         raise InputError(
             f"{path}: looks like a binary file ({head.count(0)} NUL bytes in the first {len(head)} bytes); "
@@ -133,11 +139,11 @@ def decode_text(path: str, data: bytes, strict: bool, stats: dict[str, int]) -> 
     if bad_at >= 0:
         if strict:
             raise InputError(
-                f"{path}: invalid UTF-8 at byte offset {bad_at} ({data[bad_at:bad_at + 4]!r}); "
+                f"{path}: invalid UTF-8 at byte offset {offset + bad_at} ({data[bad_at:bad_at + 4]!r}); "
                 "--strict forbids replacing it"
             )
         text = _replace_invalid(path, data, len(head), stats)
-    if text.startswith("\ufeff"):
+    if offset == 0 and text.startswith("\ufeff"):
         text = text[1:]
     nuls = text.count("\x00")
     if nuls:
@@ -307,8 +313,8 @@ def _text_paragraphs(text: str) -> list[str]:
     return [p for block in _blocks(text.split("\n")) for p in block_paragraphs(block)]
 
 
-def _read_jsonl(path: str, text: str, field: str) -> Iterator[list[str]]:
-    for lineno, line in enumerate(text.split("\n"), start=1):
+def _read_jsonl(path: str, text: str, field: str, first_line: int = 1) -> Iterator[list[str]]:
+    for lineno, line in enumerate(text.split("\n"), start=first_line):
         if not line.strip():
             continue
         try:
@@ -331,11 +337,11 @@ _DOC_OPEN = re.compile(r"^<doc\b[^>]*>\s*$")
 _DOC_TITLE = re.compile(r"""\btitle=(?:"([^"]*)"|'([^']*)')""")
 
 
-def _read_wikiextractor(path: str, text: str) -> Iterator[list[str]]:
+def _read_wikiextractor(path: str, text: str, first_line: int = 1) -> Iterator[list[str]]:
     title: str | None = None
     body: list[str] = []
     opened_at = 0
-    for lineno, line in enumerate(text.split("\n"), start=1):
+    for lineno, line in enumerate(text.split("\n"), start=first_line):
         stripped = line.strip()
         if title is None:
             if _DOC_OPEN.match(stripped):
@@ -385,6 +391,12 @@ def read_documents(path: str, data: bytes, config: DatagenConfig, stats: dict[st
         groups, as_sentences = _read_wikiextractor(path, text), False
     else:  # DatagenConfig validates it; a hand-built config may not
         raise InputError(f"{path}: unknown input format {fmt!r}")
+    yield from raw_documents(path, groups, as_sentences, stats)
+
+
+def raw_documents(path: str, groups: Iterable[list[str]], as_sentences: bool,
+                  stats: dict[str, int]) -> Iterator[RawDocument]:
+    """``RawDocument``s of a format's groups of lines; empty ones dropped and counted."""
     for index, parts in enumerate(groups):
         parts = [p for p in parts if p]
         if not parts:

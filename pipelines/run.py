@@ -29,6 +29,7 @@ change a byte.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -292,21 +293,37 @@ class ReadFiles(_ReportingDoFn):
         self._tokenizer = BertTokenizer(self.vocab, self.config.do_lower_case, self.single_thread_tokenizer)
         super().setup()
 
-    def process(self, file_info: tuple[str, int]) -> Iterator[dict[str, Any]]:
-        from datagen.documents import tokenize_documents
+    def process(self, task: tuple[str, int, int, int | None]) -> Iterator[dict[str, Any]]:
+        from datagen.ranges import read_range_documents
         from datagen.readers import InputError, read_documents
 
-        path = file_info[0]
+        path, size, start, end = task
         started = time.process_time()
-        try:
-            data = fsio.read_bytes(path)
-        except Exception as e:
-            raise input_error(f"{path}: cannot read: {e}") from e
-        stats: dict[str, Any] = {"files": 1, "input_bytes": len(data)}
+        with contextlib.ExitStack() as stack:
+            try:
+                if end is None:
+                    data = fsio.read_bytes(path)
+                    stats: dict[str, Any] = {"files": 1, "input_bytes": len(data)}
+                    raws = read_documents(path, data, self.config, stats)
+                else:  # one byte range of a big file (see datagen.ranges)
+                    stream = stack.enter_context(fsio.open_read(path))
+                    stats = {"files": int(start == 0), "input_bytes": end - start}
+                    raws = read_range_documents(path, stream, size, start, end, self.config, stats)
+            except InputError:
+                raise
+            except Exception as e:
+                raise input_error(f"{path}: cannot read: {e}") from e
+            yield from self._tokenized(path, raws, stats, started)
+
+    def _tokenized(self, path: str, raws: Iterator[Any], stats: dict[str, Any],
+                   started: float) -> Iterator[dict[str, Any]]:
+        from datagen.documents import tokenize_documents
+        from datagen.readers import InputError
+
         batch: list[Any] = []
         n_docs = 0
         try:
-            for raw in read_documents(path, data, self.config, stats):
+            for raw in raws:
                 batch.append(raw)
                 if len(batch) >= DOCS_PER_TOKENIZE_BATCH:
                     docs = tokenize_documents(batch, self._tokenizer, self.config, stats)
@@ -320,8 +337,10 @@ class ReadFiles(_ReportingDoFn):
         except InputError as e:
             message = str(e)
             raise input_error(message if path in message else f"{path}: {message}") from e
+        except OSError as e:
+            raise input_error(f"{path}: cannot read: {e}") from e
         if self._progress:
-            self._progress.add(files=1, documents=n_docs)
+            self._progress.add(files=stats["files"], documents=n_docs)
         stats[f"{BUSY_PREFIX}read"] = time.process_time() - started
         yield {"docs": {}, "stats": stats}
 
@@ -626,13 +645,34 @@ def summarize(element: tuple[int, Iterable[dict[str, Any]]], summary_path: str) 
     return summary_path
 
 
+DEFAULT_READ_CHUNK_MB = 64.0
+
+
+def read_tasks(files: list[tuple[str, int]], input_format: str,
+               chunk_mb: float = DEFAULT_READ_CHUNK_MB) -> list[tuple[str, int, int, int | None]]:
+    """``(path, size, start, end)`` per read task: one per file (``end`` None: read it whole), or
+    one per byte range of ``chunk_mb`` of a bigger uncompressed file in a format whose documents
+    a range can find on its own (``datagen.ranges``), so one big file is read by many workers and
+    none holds more than a range of it."""
+    from datagen.ranges import byte_ranges, splittable
+
+    chunk = max(1, int(chunk_mb * 2**20))
+    tasks: list[tuple[str, int, int, int | None]] = []
+    for path, size in files:
+        if size > chunk and splittable(path, input_format):
+            tasks.extend((path, size, lo, hi) for lo, hi in byte_ranges(size, chunk))
+        else:
+            tasks.append((path, size, 0, None))
+    return tasks
+
+
 @dataclass
 class PipelinePlan:
     """What the driver hands to the pipeline builder."""
 
     config: DatagenConfig
     vocab: Any
-    files: list[tuple[str, int]]
+    files: list[tuple[str, int, int, int | None]]  # read tasks (``read_tasks``)
     output_dir: str
     summary_path: str
     staging_dir: str = ""
@@ -788,8 +828,13 @@ def generate_dataset(
     dask_scheduler: str | None = None,
     dask_workers: int = 2,
     show_progress: bool = False,
+    read_chunk_mb: float = DEFAULT_READ_CHUNK_MB,
 ) -> RunResult:
-    """Run the pipeline and write vocab.txt, the dataset card and, last, manifest.json."""
+    """Run the pipeline and write vocab.txt, the dataset card and, last, manifest.json.
+
+    ``read_chunk_mb`` is the largest piece of one file a read task takes (see ``read_tasks``);
+    like the runner options, it never changes a byte of the dataset.
+    """
     import platform
     import time
 
@@ -800,6 +845,8 @@ def generate_dataset(
     from vocab.vocab_file import load_vocab
 
     start = time.monotonic()
+    if not read_chunk_mb > 0:
+        raise DatagenError(f"--read-chunk-mb {read_chunk_mb} must be > 0")
     # Workers may run in another directory (Dask): local paths become absolute here.
     inputs = [local_abspath(p) for p in inputs]
     output_dir = local_abspath(output_dir).rstrip("/") or "/"
@@ -818,10 +865,11 @@ def generate_dataset(
     run_id = uuid.uuid4().hex
     summary_path = fsio.join(output_dir, f"{SUMMARY_PREFIX}{run_id}.json")
     staging_dir = fsio.join(output_dir, f"{STAGING_PREFIX}{run_id}")
-    plan = PipelinePlan(config=config, vocab=vocab, files=[(f.path, f.size) for f in files],
+    tasks = read_tasks([(f.path, f.size) for f in files], config.input_format, read_chunk_mb)
+    plan = PipelinePlan(config=config, vocab=vocab, files=tasks,
                         output_dir=output_dir, summary_path=summary_path, staging_dir=staging_dir)
     with runner_setup(runner, beam_args, dask_scheduler=dask_scheduler, dask_workers=dask_workers,
-                      parallel_elements=len(files)) as setup:
+                      parallel_elements=len(tasks)) as setup:
         plan.show_progress = show_progress and setup.local
         # The only worker of a local run may spread tokenizing over the idle cores; where there
         # are several workers (or a cluster's), each is one core and tokenizes on one thread.

@@ -100,6 +100,9 @@ def summary_table(manifest: dict, wall_seconds: float, cpu_seconds: dict[str, fl
               help="DaskRunner: address of a running dask.distributed scheduler (default: a local cluster).")
 @click.option("--dask-workers", type=int, default=2, show_default=True,
               help="DaskRunner without --dask-scheduler: worker processes of the local cluster.")
+@click.option("--read-chunk-mb", type=float, default=64.0, show_default=True,
+              help="Read bigger uncompressed jsonl, sentences and wikiextractor files as byte ranges of "
+                   "this size, one task each (never changes the output).")
 @click.option("--quiet", is_flag=True, default=False, help="No progress lines or summary table.")
 @click.pass_context
 def run_command(ctx: click.Context, inputs: tuple[str, ...], vocab_path: str, output_dir: str,
@@ -108,7 +111,7 @@ def run_command(ctx: click.Context, inputs: tuple[str, ...], vocab_path: str, ou
                 whole_word_mask: bool, do_lower_case: bool, mask_ratios: str, num_shards: int | None,
                 target_shard_mb: float, eval_fraction: float, notnext_pool_size: int,
                 sentence_splitter: str, strict: bool, overwrite: bool, runner: str,
-                dask_scheduler: str | None, dask_workers: int, quiet: bool) -> None:
+                dask_scheduler: str | None, dask_workers: int, read_chunk_mb: float, quiet: bool) -> None:
     """Generate BERT pre-training data (MLM + NSP TFRecords, manifest.json) from raw documents."""
     beam_args = list(ctx.args)
     bad = stray_arguments(beam_args)
@@ -157,6 +160,7 @@ def run_command(ctx: click.Context, inputs: tuple[str, ...], vocab_path: str, ou
             dask_scheduler=dask_scheduler,
             dask_workers=dask_workers,
             show_progress=not quiet,
+            read_chunk_mb=read_chunk_mb,
         )
     except (DatagenError, RunnerError, ConfigError) as e:
         raise click.ClickException(str(e)) from e

@@ -5,6 +5,7 @@ Also: a run killed midway leaves no manifest and no final-named partial shard.
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import os
 import signal
@@ -14,11 +15,18 @@ import time
 from pathlib import Path
 
 import pytest
-from pipeline_corpus import make_documents, manifest_of, shard_digests, write_text_files, write_vocab
+from pipeline_corpus import (
+    make_documents,
+    manifest_of,
+    shard_digests,
+    write_sentence_files,
+    write_text_files,
+    write_vocab,
+)
 
 from datagen.config import DatagenConfig
 from datagen.records import iter_tfrecords
-from pipelines.run import generate_dataset
+from pipelines.run import generate_dataset, read_tasks
 
 pytestmark = pytest.mark.integration
 
@@ -72,6 +80,22 @@ def test_dask_local_cluster_two_worker_processes(corpus, reference) -> None:
 def test_other_file_split_and_order(corpus, reference) -> None:
     out = generate(corpus, "resplit", inputs="b/zz-*.txt")
     assert shard_digests(out) == reference
+
+
+def test_one_big_file_read_by_byte_ranges(corpus) -> None:
+    """A file bigger than --read-chunk-mb is read as byte ranges by several tasks: same bytes."""
+    (path,) = write_sentence_files(corpus["root"] / "one", make_documents(90, seed=21), n_files=1)
+    config = dataclasses.replace(CONFIG, input_format="sentences")
+    outs = {}
+    for name, chunk_mb, args in (("whole", 64.0, []), ("ranges", 2048 / 2**20, ["--direct_num_workers=2"])):
+        outs[name] = corpus["root"] / f"one-{name}"
+        generate_dataset(config, inputs=[str(path)], vocab_path=corpus["vocab"], output_dir=str(outs[name]),
+                         beam_args=args, read_chunk_mb=chunk_mb)
+    assert len(read_tasks([(str(path), path.stat().st_size)], "sentences", 2048 / 2**20)) > 10
+    assert shard_digests(outs["ranges"]) == shard_digests(outs["whole"])
+    whole, ranges = manifest_of(outs["whole"]), manifest_of(outs["ranges"])
+    assert ranges["totals"] == whole["totals"] and whole["totals"]["documents"] == 90
+    assert ranges["input"] == whole["input"]
 
 
 def _cli(corpus: dict, out: Path, env_extra: dict[str, str], *extra: str) -> subprocess.Popen:

@@ -197,7 +197,7 @@ def _plan(tmp_path) -> R.PipelinePlan:
     vocab_path = tmp_path / "vocab.txt"
     vocab_path.write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "the", "cat"]) + "\n")
     cfg = DatagenConfig(eval_fraction=0.1)
-    return R.PipelinePlan(config=cfg, vocab=load_vocab(str(vocab_path)), files=[("/x/a.txt", 3)],
+    return R.PipelinePlan(config=cfg, vocab=load_vocab(str(vocab_path)), files=[("/x/a.txt", 3, 0, None)],
                           output_dir=str(tmp_path / "out"), summary_path=str(tmp_path / "s.json"),
                           staging_dir=str(tmp_path / "out" / ".staging-x"))
 
@@ -285,3 +285,24 @@ def test_staging_files_round_trip(tmp_path) -> None:
     again = R.records_from_file(str(tmp_path / "r.npz"))
     assert again.keys.tolist() == [5, 1, 9] and bytes(again.blob) == records.blob
     assert again.lengths.tolist() == records.lengths.tolist()
+
+
+def test_read_tasks_cut_big_splittable_files_only(tmp_path) -> None:
+    mb = 2**20
+    files = [("/c/big.jsonl", 5 * mb), ("/c/small.jsonl", mb), ("/c/big.jsonl.gz", 5 * mb)]
+    tasks = R.read_tasks(files, "jsonl", 2.0)
+    assert tasks[:3] == [("/c/big.jsonl", 5 * mb, 0, 2 * mb), ("/c/big.jsonl", 5 * mb, 2 * mb, 4 * mb),
+                         ("/c/big.jsonl", 5 * mb, 4 * mb, 5 * mb)]
+    assert tasks[3:] == [("/c/small.jsonl", mb, 0, None), ("/c/big.jsonl.gz", 5 * mb, 0, None)]
+    assert all(end is None for *_, end in R.read_tasks(files, "text", 2.0))  # layouts are per file
+    with pytest.raises(R.DatagenError, match="--read-chunk-mb"):
+        R.generate_dataset(DatagenConfig(), inputs=[str(tmp_path / "x")], vocab_path="v", output_dir=str(tmp_path),
+                           read_chunk_mb=0)
+
+
+def test_bench_two_worker_bound_is_serial_part_plus_half_the_task_cpu() -> None:
+    from benchmarks.bench_datagen import two_worker_ceiling
+
+    runs = {"1": {"wall_s": 15.0}, "1-core": {"wall_s": 18.0, "outside_tasks_s": 3.0,
+                                              "task_cpu_s": {"read": 8.0, "build": 5.0, "write": 2.0}}}
+    assert two_worker_ceiling(runs) == {"two_worker_bound_s": 10.5, "ceiling_2_vs_1": 1.43, "ceiling_2_vs_1-core": 1.71}
