@@ -2,8 +2,9 @@
 
 Stages (every element is coarse: a batch of documents, a pool, a pool's pass, a shard):
 
-1. ``ReadFiles``: one element per input file (listed in the driver); the DoFn reads, decodes, splits
-   and tokenizes it in batches and tags each document train/eval by a seeded hash of its identity.
+1. ``ReadFiles``: one element per input file (listed in the driver), or per byte range of a big one
+   (``read_tasks``); the DoFn reads, decodes, splits and tokenizes it in batches and tags each
+   document train/eval by a seeded hash of its identity.
 2. ``IdentityCensus``: per-split counts of distinct document identities and their tokens (a
    singleton side input) fix the number of NotNext pools, ``max(1, n_docs // notnext_pool_size)``,
    and the shard count, from the corpus alone; the same census gives the input fingerprint.
@@ -295,7 +296,7 @@ class ReadFiles(_ReportingDoFn):
 
     def process(self, task: tuple[str, int, int, int | None]) -> Iterator[dict[str, Any]]:
         from datagen.ranges import read_range_documents
-        from datagen.readers import InputError, read_documents
+        from datagen.readers import read_documents
 
         path, size, start, end = task
         started = time.process_time()
@@ -309,8 +310,6 @@ class ReadFiles(_ReportingDoFn):
                     stream = stack.enter_context(fsio.open_read(path))
                     stats = {"files": int(start == 0), "input_bytes": end - start}
                     raws = read_range_documents(path, stream, size, start, end, self.config, stats)
-            except InputError:
-                raise
             except Exception as e:
                 raise input_error(f"{path}: cannot read: {e}") from e
             yield from self._tokenized(path, raws, stats, started)
