@@ -133,15 +133,16 @@ def _line_start_at_or_after(f: BinaryIO, pos: int, size: int) -> int:
 
 
 def _previous_line_blank(path: str, f: BinaryIO, line_start: int) -> bool:
-    """Whether the line that ends just before ``line_start`` is blank once cleaned."""
+    """Whether the last line before ``line_start`` is blank once cleaned (a lone CR ends a line
+    too, so that line may be the tail of the previous raw line)."""
+    end = _crlf_start(f, line_start - 1)  # the previous line's \n, or the CR of its CRLF
     pieces: list[bytes] = []
-    at = line_start - 1  # the previous line's \n
-    piece_start = 0
+    at, piece_start = end, 0
     while at > 0:
         lo = max(0, at - _SCAN_BYTES)
         f.seek(lo)
         block = f.read(at - lo)
-        found = block.rfind(b"\n")
+        found = max(block.rfind(b"\n"), block.rfind(b"\r"))
         piece = block[found + 1:] if found >= 0 else block
         # Any visible ASCII byte settles it; other bytes may be Unicode spaces and need decoding.
         if piece.translate(None, _MAYBE_BLANK_BYTES):
@@ -152,7 +153,21 @@ def _previous_line_blank(path: str, f: BinaryIO, line_start: int) -> bool:
             break
         at = lo
     raw = b"".join(reversed(pieces))
-    return not any(line.strip() for line in _clean_lines(path, raw, piece_start, strict=False))
+    return not decode_text(path, raw, False, {}, offset=piece_start, sniff=False).strip()
+
+
+def _crlf_start(f: BinaryIO, newline_at: int) -> int:
+    """Where the line break at ``newline_at`` (a \\n) starts: at the CR of a CRLF (NULs between them
+    are removed before CRLF pairs are found, so they do not part them), else at the \\n."""
+    at = newline_at
+    while at > 0:
+        lo = max(0, at - _SCAN_BYTES)
+        f.seek(lo)
+        block = f.read(at - lo).rstrip(b"\x00")
+        if block:
+            return lo + len(block) - 1 if block.endswith(b"\r") else newline_at
+        at = lo
+    return newline_at
 
 
 _MAYBE_BLANK_BYTES = b" \t\r\x00\x0b\x0c\x1c\x1d\x1e\x1f" + bytes(range(0x80, 0x100))
@@ -161,8 +176,10 @@ _MAYBE_BLANK_BYTES = b" \t\r\x00\x0b\x0c\x1c\x1d\x1e\x1f" + bytes(range(0x80, 0x
 def _clean_lines(path: str, raw: bytes, offset: int, strict: bool) -> list[str]:
     """One line's raw bytes (no ``\\n``), starting at byte ``offset``, cleaned as the whole file
     would be: a lone CR inside it still breaks it, the CR of a CRLF does not."""
-    if raw.endswith(b"\r"):
-        raw = raw[:-1]
+    # Cleaning removes NULs before it pairs CR with LF: a CR, then NULs, then the \n is one CRLF.
+    bare = raw.rstrip(b"\x00")
+    if bare.endswith(b"\r"):
+        raw = bare[:-1]
     return decode_text(path, raw, strict, {}, offset=offset, sniff=False).split("\n")
 
 
@@ -229,6 +246,9 @@ def _lines_before(f: BinaryIO, pos: int) -> int:
         if not block:
             break
         left -= len(block)
+        block = block.replace(b"\x00", b"")  # removed before CR and LF are paired
+        if not block:
+            continue
         count += block.count(b"\n") + block.count(b"\r") - block.count(b"\r\n")
         if last_cr and block[:1] == b"\n":
             count -= 1  # a CRLF cut by the block boundary was counted twice
