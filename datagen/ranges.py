@@ -80,7 +80,8 @@ def read_range_documents(path: str, f: BinaryIO, size: int, start: int, end: int
     if lines and lines[-1] == "" and stop < size:
         lines.pop()  # the piece ends with its last line's break
     if fmt == "jsonl":
-        groups = _lines_or_error(path, f, first, lines, 0, lambda ls, n: _read_jsonl(path, "\n".join(ls), config.text_field, n))
+        groups = _lines_or_error(f, first, lines, 0,
+                                 lambda ls, n: _read_jsonl(path, "\n".join(ls), config.text_field, n))
         yield from raw_documents(path, groups, False, stats)
     elif fmt == "sentences":
         continues = first > 0 and bool(lines) and bool(lines[0].strip()) and not _previous_line_blank(path, f, first)
@@ -97,12 +98,12 @@ def read_range_documents(path: str, f: BinaryIO, size: int, start: int, end: int
                 return
         if stop < size:
             lines.extend(_wikiextractor_tail(_lines_from(path, f, stop, config.strict_utf8), _doc_open_at_end(lines)))
-        groups = _lines_or_error(path, f, first, lines, skipped,
+        groups = _lines_or_error(f, first, lines, skipped,
                                  lambda ls, n: _read_wikiextractor(path, "\n".join(ls), n))
         yield from raw_documents(path, groups, False, stats)
 
 
-def _lines_or_error(path: str, f: BinaryIO, first: int, lines: list[str], skipped: int, parse) -> Iterator[list[str]]:
+def _lines_or_error(f: BinaryIO, first: int, lines: list[str], skipped: int, parse) -> Iterator[list[str]]:
     """The parser's groups; on an input error, the same error with the file's own line numbers
     (counted only then: it means reading the file up to the range)."""
     try:

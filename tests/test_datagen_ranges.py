@@ -45,6 +45,17 @@ def by_ranges(data: bytes, config: DatagenConfig, chunk: int) -> tuple[list, dic
     return docs, {k: stats.get(k, 0) for k in COUNTS}
 
 
+def range_errors(data: bytes, config: DatagenConfig, chunk: int) -> set[str]:
+    """The input errors the ranges of ``data`` raise, each range read on its own."""
+    errors = set()
+    for start, end in byte_ranges(len(data), chunk):
+        try:
+            list(read_range_documents("f.txt", io.BytesIO(data), len(data), start, end, config, {}))
+        except InputError as e:
+            errors.add(str(e))
+    return errors
+
+
 def assert_same_every_chunk(data: bytes, config: DatagenConfig) -> None:
     expected = whole(data, config)
     assert expected[0], "the sample must hold documents"
@@ -112,13 +123,7 @@ def test_errors_name_the_files_own_line(fmt: str, data: bytes, line: int) -> Non
         list(read_documents("f.txt", data, config, {}))
     assert f"line {line}" in str(whole_error.value)
     for chunk in (7, 64, 200):
-        messages = set()
-        for start, end in byte_ranges(len(data), chunk):
-            try:
-                list(read_range_documents("f.txt", io.BytesIO(data), len(data), start, end, config, {}))
-            except InputError as e:
-                messages.add(str(e))
-        assert messages == {str(whole_error.value)}, f"chunk {chunk}"
+        assert range_errors(data, config, chunk) == {str(whole_error.value)}, f"chunk {chunk}"
 
 
 def test_strict_utf8_error_gives_the_file_offset() -> None:
@@ -150,13 +155,7 @@ def same_outcome(data: bytes, config: DatagenConfig, chunk: int) -> None:
     try:
         expected = whole(data, config)
     except InputError as e:
-        errors = set()
-        for start, end in byte_ranges(len(data), chunk):
-            try:
-                list(read_range_documents("f.txt", io.BytesIO(data), len(data), start, end, config, {}))
-            except InputError as err:
-                errors.add(str(err))
-        assert str(e) in errors
+        assert str(e) in range_errors(data, config, chunk)
         return
     assert by_ranges(data, config, chunk) == expected
 
