@@ -1,7 +1,7 @@
 """`bert-datagen verify` throughput against plain sha256 of the same files, measured in one run.
 
 The dataset is synthetic (valid BERT records with the recipe's layout and masking, written through
-datagen.records and pipelines.manifest), so the benchmark needs no corpus and no pipeline run.
+datagen.records and contract.manifest), so the benchmark needs no corpus and no pipeline run.
 ``make_dataset`` is also the fixture writer of the tools tests.
 """
 
@@ -15,12 +15,12 @@ import time
 
 import numpy as np
 
+from contract.manifest import VOCAB_NAME, build_manifest, write_manifest
 from datagen import rng
 from datagen.config import DatagenConfig
 from datagen.records import InstanceBatch, encode_batch, feature_spec, frame_records
 from pipelines import fsio
 from pipelines.card import write_card
-from pipelines.manifest import VOCAB_NAME, build_manifest, write_manifest
 
 SPECIALS = ["[PAD]"] + [f"[unused{i}]" for i in range(5)] + ["[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 PAD, UNK, CLS, SEP, MASK = 0, 6, 7, 8, 9

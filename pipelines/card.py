@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import json
 
+from contract.manifest import CARD_NAME, MANIFEST_NAME, shape_from_manifest, split_names, validate_manifest
 from pipelines import fsio
-from pipelines.manifest import CARD_NAME, MANIFEST_NAME, shape_from_manifest, split_names, validate_manifest
 
 
 def _fmt_value(value) -> str:

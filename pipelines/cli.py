@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import click
 
+from contract.cliutil import LazyGroup
 from datagen import __version__
-from pipelines.lazy_group import LazyGroup
 
 COMMANDS = {
     "vocab": "vocab.cli:vocab_command",

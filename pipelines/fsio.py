@@ -9,13 +9,15 @@ from __future__ import annotations
 import bz2
 import gzip
 import os
-import uuid
 from dataclasses import dataclass
 
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
-TMP_MARKER = ".tmp-"
+from contract.fs import TMP_MARKER, temp_path_for
+
+__all__ = ["BEAM_FS", "TMP_MARKER", "BeamFS", "FileInfo", "InputNotFoundError", "delete", "ensure_dir", "exists",
+           "join", "listdir", "match_files", "open_read", "read_bytes", "temp_path_for", "write_atomic"]
 
 
 class InputNotFoundError(FileNotFoundError):
@@ -76,11 +78,6 @@ def exists(path: str) -> bool:
     return FileSystems.exists(path)
 
 
-def temp_path_for(path: str) -> str:
-    directory, name = os.path.split(path) if "://" not in path else path.rsplit("/", 1)
-    return f"{directory}/{TMP_MARKER}{uuid.uuid4().hex}-{name}"
-
-
 def write_atomic(path: str, data: bytes) -> None:
     """Write ``data`` to ``path``: temp sibling first, then rename over the final name."""
     ensure_dir(path.rsplit("/", 1)[0] if "/" in path else ".")
@@ -102,3 +99,32 @@ def delete(paths: list[str]) -> None:
     existing = [p for p in paths if FileSystems.exists(p)]
     if existing:
         FileSystems.delete(existing)
+
+
+def listdir(directory: str) -> list[str]:
+    """Full paths of what a directory holds (one level, as Beam's match lists it)."""
+    result = FileSystems.match([join(directory, "*")])[0]
+    return [m.path for m in result.metadata_list]
+
+
+class BeamFS:
+    """The contract's filesystem seam (contract.fs.FileSystem) through Beam's FileSystems."""
+
+    def read_bytes(self, path: str) -> bytes:
+        with _open_raw(path) as f:
+            return f.read()
+
+    def write_atomic(self, path: str, data: bytes) -> None:
+        write_atomic(path, data)
+
+    def exists(self, path: str) -> bool:
+        return exists(path)
+
+    def listdir(self, directory: str) -> list[str]:
+        return listdir(directory)
+
+    def join(self, base: str, *parts: str) -> str:
+        return join(base, *parts)
+
+
+BEAM_FS = BeamFS()

@@ -739,7 +739,7 @@ def build_pipeline(p: beam.Pipeline, plan: PipelinePlan) -> None:
 
 def existing_dataset_files(output_dir: str) -> list[str]:
     """Files that make ``output_dir`` look like a dataset (manifest, shards, card, vocab copy)."""
-    from pipelines.manifest import CARD_NAME, MANIFEST_NAME, VOCAB_NAME
+    from contract.manifest import CARD_NAME, MANIFEST_NAME, VOCAB_NAME
 
     found = []
     for name in (MANIFEST_NAME, CARD_NAME, VOCAB_NAME):
@@ -777,7 +777,7 @@ def prepare_output(output_dir: str, overwrite: bool) -> None:
             f"{output_dir}: already holds a dataset ({len(existing)} files, e.g. {existing[0]}); "
             "pass --overwrite to replace it or choose another --output"
         )
-    from pipelines.manifest import MANIFEST_NAME
+    from contract.manifest import MANIFEST_NAME
 
     manifest = fsio.join(output_dir, MANIFEST_NAME)
     fsio.delete([p for p in existing if p == manifest])
@@ -837,9 +837,9 @@ def generate_dataset(
     import platform
     import time
 
+    from contract.manifest import VOCAB_NAME, build_manifest, write_manifest
     from datagen.records import feature_spec
     from pipelines.card import write_card
-    from pipelines.manifest import VOCAB_NAME, build_manifest, write_manifest
     from pipelines.runners import runner_setup
     from vocab.vocab_file import load_vocab
 
@@ -913,7 +913,7 @@ def generate_dataset(
         created_by={"runner": setup.runner, "python": platform.python_version()},
     )
     write_card(output_dir, manifest)
-    write_manifest(output_dir, manifest)
+    write_manifest(output_dir, manifest, fsio.BEAM_FS)
     cpu = {k.removeprefix(BUSY_PREFIX): round(float(v), 3) for k, v in sorted(summary["totals"].items())
            if k.startswith(BUSY_PREFIX)}
     return RunResult(output_dir, manifest, time.monotonic() - start, cpu)

@@ -23,15 +23,7 @@ import google_crc32c
 import numpy as np
 from apache_beam.io.filesystems import FileSystems
 
-from datagen.records import (
-    FLOAT_FEATURES,
-    INT_FEATURES,
-    RecordError,
-    decode_example,
-    feature_spec,
-)
-from pipelines import fsio
-from pipelines.manifest import (
+from contract.manifest import (
     CARD_NAME,
     MANIFEST_NAME,
     VOCAB_NAME,
@@ -40,6 +32,14 @@ from pipelines.manifest import (
     shape_from_manifest,
     split_names,
 )
+from datagen.records import (
+    FLOAT_FEATURES,
+    INT_FEATURES,
+    RecordError,
+    decode_example,
+    feature_spec,
+)
+from pipelines import fsio
 
 CHUNK_BYTES = 4 << 20
 MAX_PROBLEMS_PER_SHARD = 20
@@ -165,7 +165,7 @@ def open_dataset(
                 f"{target} has a manifest; --max-seq-length/--max-predictions-per-seq are only for "
                 "data without one"
             )
-        manifest = load_manifest(target)
+        manifest = load_manifest(target, fsio.BEAM_FS)
         vocab = load_vocab_file(vocab_path or fsio.join(target, manifest["vocab"]["path"]))
         seq, preds = shape_from_manifest(manifest)
         shards = [ShardRef(split, s["path"], fsio.join(target, *s["path"].split("/")), s)

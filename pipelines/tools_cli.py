@@ -7,8 +7,8 @@ import sys
 
 import click
 
+from contract.manifest import ManifestError
 from pipelines import tools
-from pipelines.manifest import ManifestError
 
 
 def _legacy_options(f):

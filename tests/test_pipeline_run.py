@@ -51,7 +51,7 @@ def dataset(corpus, tmp_path_factory) -> tuple[Path, str]:
 
 
 def test_run_writes_a_complete_dataset(dataset, corpus) -> None:
-    from pipelines.manifest import load_manifest
+    from contract.manifest import load_manifest
 
     out, output = dataset
     manifest = load_manifest(str(out))

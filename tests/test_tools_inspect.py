@@ -14,9 +14,9 @@ from click.testing import CliRunner
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # benchmarks/ holds the fixture writer
 
 from benchmarks.bench_verify import MASK, fixture_instances, fixture_vocab, make_dataset  # noqa: E402
+from contract.manifest import ManifestError, build_manifest, load_manifest, write_manifest  # noqa: E402
 from datagen.records import encode_batch, frame_records  # noqa: E402
 from pipelines.card import render_card  # noqa: E402
-from pipelines.manifest import ManifestError, build_manifest, load_manifest, write_manifest  # noqa: E402
 from pipelines.tools_cli import diff_command, inspect_command, stats_command, verify_command  # noqa: E402
 
 SEQ, PREDS = 64, 10

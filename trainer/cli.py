@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from pipelines.lazy_group import LazyGroup
+from contract.cliutil import LazyGroup
 
 COMMANDS = {
     "pretrain": "trainer.train_cli:pretrain_command",

@@ -47,10 +47,11 @@ def open_dataset(data: str, max_seq_length: int | None = None, max_predictions_p
 
 
 def _from_manifest(directory: str) -> DatasetInfo:
-    from pipelines.manifest import ManifestError, load_manifest, shape_from_manifest
+    from contract.manifest import ManifestError, load_manifest, shape_from_manifest
+    from trainer.gfs import GFILE_FS
 
     try:
-        manifest = load_manifest(directory)
+        manifest = load_manifest(directory, GFILE_FS)
     except ManifestError as exc:
         raise DataError(str(exc)) from exc
     seq_len, max_pred = shape_from_manifest(manifest)

@@ -16,13 +16,12 @@ import time
 
 
 def _bert_datagen(args: list[str]) -> None:
-    from pipelines.cli import main
+    # A subprocess, not an import: the trainer never imports the data side (pipelines/, Beam).
+    import subprocess
 
-    try:
-        main(args, standalone_mode=False)
-    except SystemExit as exc:  # click's exit on --help or an error already printed
-        if exc.code:
-            raise RuntimeError(f"bert-datagen {' '.join(args[:1])} failed (exit {exc.code})") from exc
+    code = subprocess.call([sys.executable, "-m", "pipelines.cli", *args])
+    if code:
+        raise RuntimeError(f"bert-datagen {' '.join(args[:1])} failed (exit {code})")
 
 
 def build_corpus(out: str) -> list[str]:

@@ -47,12 +47,13 @@ def _read(path: str) -> bytes:
 
 def dataset_vocab(data: str) -> VocabSource | None:
     """The vocab a bert-datagen dataset was made with (checked against its manifest's sha256)."""
-    from pipelines.manifest import MANIFEST_NAME, ManifestError, load_manifest
+    from contract.manifest import MANIFEST_NAME, ManifestError, load_manifest
+    from trainer.gfs import GFILE_FS
 
     if "://" not in data and not os.path.exists(os.path.join(data, MANIFEST_NAME)):
         return None
     try:
-        vocab = load_manifest(data)["vocab"]
+        vocab = load_manifest(data, GFILE_FS)["vocab"]
     except (ManifestError, OSError, FileNotFoundError):
         return None
     path = os.path.join(data, vocab["path"])

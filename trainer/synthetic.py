@@ -1,6 +1,6 @@
 """Small synthetic datasets in the real format (records + manifest), for tests and benchmarks.
 
-Records are encoded by `datagen.records` and listed in a manifest written by `pipelines.manifest`,
+Records are encoded by `datagen.records` and listed in a manifest written by `contract.manifest`,
 so the trainer reads them through exactly the path it uses for generated data. Token streams are
 random but carry a learnable pattern (the masked token equals its left neighbour plus one), so a
 short run can show the loss falling.
@@ -46,7 +46,7 @@ def write_synthetic_dataset(directory: str, *, seq_len: int = 32, max_pred: int 
                             train_shards: int = 2, records_per_shard: int = 64, eval_records: int = 32,
                             seed: int = 0) -> str:
     """A complete dataset directory (train + eval shards, vocab.txt, manifest.json)."""
-    from pipelines.manifest import build_manifest, write_manifest
+    from contract.manifest import build_manifest, write_manifest
 
     os.makedirs(os.path.join(directory, "train"), exist_ok=True)
     os.makedirs(os.path.join(directory, "eval"), exist_ok=True)

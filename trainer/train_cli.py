@@ -15,7 +15,7 @@ def _user_errors() -> tuple[type[Exception], ...]:
     from trainer.train import TrainingError
 
     try:
-        from pipelines.manifest import ManifestError
+        from contract.manifest import ManifestError
     except ImportError:  # pragma: no cover
         ManifestError = ConfigError  # noqa: N806
     return (ConfigError, DataError, CheckpointError, TrainingError, ManifestError)

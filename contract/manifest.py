@@ -10,8 +10,9 @@ import json
 import platform
 from typing import Any
 
+from contract.features import DEFAULT_KIND, REQUIRED_FEATURES, REQUIRED_FEATURES_BY_KIND, REQUIRED_TOP_BY_KIND
+from contract.fs import LOCAL_FS, FileSystem
 from datagen import __version__
-from pipelines import fsio
 
 SCHEMA = "bert-datagen/manifest"
 SCHEMA_VERSION = 1
@@ -23,8 +24,9 @@ REQUIRED_TOP = ("schema", "schema_version", "tool", "config", "seed", "vocab", "
                 "splits", "totals")
 REQUIRED_VOCAB = ("path", "sha256", "size")
 REQUIRED_SHARD = ("path", "records", "bytes", "sha256")
-REQUIRED_FEATURES = ("input_ids", "input_mask", "segment_ids", "masked_lm_positions", "masked_lm_ids",
-                     "masked_lm_weights", "next_sentence_labels")
+__all__ = ["CARD_NAME", "MANIFEST_NAME", "REQUIRED_FEATURES", "SCHEMA", "SCHEMA_VERSION", "VOCAB_NAME",
+           "ManifestError", "build_manifest", "load_manifest", "manifest_bytes", "manifest_kind",
+           "shape_from_manifest", "split_names", "validate_manifest", "write_manifest"]
 
 
 class ManifestError(ValueError):
@@ -40,11 +42,15 @@ def build_manifest(
     splits: dict,
     totals: dict,
     created_by: dict | None = None,
+    kind: str | None = None,
+    extra: dict | None = None,
 ) -> dict:
     """A complete, validated manifest dict.
 
     Split-level ``records``/``bytes`` are summed from the shards when the caller leaves them out, so
-    they can never disagree with the shard list in a freshly built manifest.
+    they can never disagree with the shard list in a freshly built manifest. ``kind`` None writes no
+    "kind" field (a pre-training manifest, byte-identical to those written before kinds existed);
+    ``extra`` holds a kind's own top-level fields (e.g. "task").
     """
     norm_splits: dict[str, Any] = {}
     for name, split in splits.items():
@@ -68,6 +74,10 @@ def build_manifest(
         "splits": norm_splits,
         "totals": dict(totals),
     }
+    if kind is not None:
+        manifest["kind"] = kind
+    if extra:
+        manifest.update(extra)
     validate_manifest(manifest, "<new manifest>")
     return manifest
 
@@ -77,24 +87,24 @@ def manifest_bytes(manifest: dict) -> bytes:
     return (json.dumps(manifest, sort_keys=True, indent=2, ensure_ascii=False) + "\n").encode("utf-8")
 
 
-def write_manifest(dataset_dir: str, manifest: dict) -> str:
+def write_manifest(dataset_dir: str, manifest: dict, fs: FileSystem = LOCAL_FS) -> str:
     """Validate and write DIR/manifest.json atomically; returns its path. Write it LAST."""
-    path = fsio.join(dataset_dir, MANIFEST_NAME)
+    path = fs.join(dataset_dir, MANIFEST_NAME)
     validate_manifest(manifest, path)
-    fsio.write_atomic(path, manifest_bytes(manifest))
+    fs.write_atomic(path, manifest_bytes(manifest))
     return path
 
 
-def load_manifest(dataset_dir: str) -> dict:
+def load_manifest(dataset_dir: str, fs: FileSystem = LOCAL_FS) -> dict:
     """The validated manifest of a dataset directory (raises ManifestError naming file and field)."""
-    path = fsio.join(dataset_dir, MANIFEST_NAME)
-    if not fsio.exists(path):
+    path = fs.join(dataset_dir, MANIFEST_NAME)
+    if not fs.exists(path):
         raise ManifestError(
             f"{path}: no manifest: this is not a complete bert-datagen dataset (an interrupted run, or "
             "data from the original tool: pass --max-seq-length, --max-predictions-per-seq and --vocab)"
         )
     try:
-        manifest = json.loads(fsio.read_bytes(path).decode("utf-8"))
+        manifest = json.loads(fs.read_bytes(path).decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise ManifestError(f"{path}: not valid JSON: {e}") from e
     validate_manifest(manifest, path)
@@ -114,6 +124,21 @@ def _int_field(value: Any, where: str, source: str) -> None:
         raise ManifestError(f"{source}: field {where} must be a non-negative integer, got {value!r}")
 
 
+def manifest_kind(manifest: dict, source: str = MANIFEST_NAME) -> str:
+    """The dataset kind: "pretraining" (also when the field is absent) or "task"."""
+    kind = manifest.get("kind", DEFAULT_KIND)
+    if kind not in REQUIRED_FEATURES_BY_KIND:
+        known = ", ".join(sorted(REQUIRED_FEATURES_BY_KIND))
+        raise ManifestError(f"{source}: field kind is {kind!r}, expected one of {known}")
+    return kind
+
+
+def _feature_field(spec: Any, where: str, source: str) -> None:
+    if (not isinstance(spec, list | tuple) or len(spec) != 2 or spec[0] not in ("int64", "float32")
+            or not isinstance(spec[1], int) or spec[1] < 1):
+        raise ManifestError(f"{source}: field {where} must be [dtype, length], got {spec!r}")
+
+
 def validate_manifest(manifest: Any, source: str = MANIFEST_NAME) -> None:
     """Raise ManifestError unless the manifest has this schema's shape."""
     if not isinstance(manifest, dict):
@@ -128,15 +153,14 @@ def validate_manifest(manifest: Any, source: str = MANIFEST_NAME) -> None:
             f"{source}: schema_version {version} is newer than this tool knows ({SCHEMA_VERSION}); "
             "upgrade bert-datagen"
         )
-    _require(manifest, REQUIRED_TOP, "", source)
+    kind = manifest_kind(manifest, source)
+    _require(manifest, REQUIRED_TOP + REQUIRED_TOP_BY_KIND[kind], "", source)
     _require(manifest["vocab"], REQUIRED_VOCAB, "vocab", source)
     _int_field(manifest["vocab"]["size"], "vocab.size", source)
-    _require(manifest["features"], REQUIRED_FEATURES, "features", source)
-    for name in REQUIRED_FEATURES:
-        spec = manifest["features"][name]
-        if (not isinstance(spec, list | tuple) or len(spec) != 2 or spec[0] not in ("int64", "float32")
-                or not isinstance(spec[1], int) or spec[1] < 1):
-            raise ManifestError(f"{source}: field features.{name} must be [dtype, length], got {spec!r}")
+    required = REQUIRED_FEATURES_BY_KIND[kind]
+    _require(manifest["features"], required, "features", source)
+    for name in required:
+        _feature_field(manifest["features"][name], f"features.{name}", source)
     if not isinstance(manifest["splits"], dict):
         raise ManifestError(f"{source}: field splits must be an object")
     for split, info in manifest["splits"].items():

@@ -1,7 +1,8 @@
-"""A click group whose subcommands are imported only when used.
+"""CLI plumbing shared by `bert-datagen` and `bert-train`.
 
-`bert-datagen --help` stays fast, and a Dataflow worker that unpickles a DoFn
-never imports the CLI modules of other commands.
+LazyGroup: a click group whose subcommands are imported only when used, so `--help` stays fast, a
+Dataflow worker that unpickles a DoFn never imports the CLI modules of other commands, and
+`bert-train` never loads Beam.
 """
 
 from __future__ import annotations

@@ -1,0 +1,1 @@
+"""The Beam-free data contract: manifest schema, feature specs, dataset discovery, shared CLI plumbing."""
