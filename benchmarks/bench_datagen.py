@@ -61,13 +61,14 @@ def corpus_files() -> list[Path]:
 def train_vocab(files: list[Path], out: Path, size: int = 30522) -> tuple[Path, str]:
     """A WordPiece vocab of the corpus: the project's trainer when present, else `tokenizers` directly."""
     try:
+        from contract.fs import LOCAL_FS
+        from contract.vocab_io import write_vocab
         from vocab.train import train_vocab as project_trainer
-        from vocab.train import write_vocab
     except ImportError:
         project_trainer = None
     if project_trainer is not None:
         texts = (line for f in files for line in f.read_text(encoding="utf-8").split("\n") if line.strip())
-        write_vocab(project_trainer(texts, size, True), str(out))
+        write_vocab(project_trainer(texts, size, True), str(out), LOCAL_FS)
         return out, "vocab.train"
     from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, trainers
 

@@ -18,7 +18,8 @@ import numpy as np
 from contract.manifest import VOCAB_NAME, build_manifest, write_manifest
 from datagen import rng
 from datagen.config import DatagenConfig
-from datagen.records import InstanceBatch, encode_batch, feature_spec, frame_records
+from datagen.records import InstanceBatch, encode_batch, feature_spec
+from datagen.tfrecord import frame_records
 from pipelines import fsio
 from pipelines.card import write_card
 
@@ -133,7 +134,7 @@ def make_dataset(out_dir: str, *, seed: int = 12345, records: int = 200, shards:
         created_by={"writer": "benchmarks.bench_verify.make_dataset"},
     )
     write_card(out_dir, manifest)
-    write_manifest(out_dir, manifest)
+    write_manifest(out_dir, manifest, fsio.BEAM_FS)
     return manifest
 
 
@@ -160,7 +161,9 @@ def _peak_rss_mb(args: list[str]) -> float:
 
 
 def main(records: int = 60_000, shards: int = 4) -> dict:
-    from pipelines.tools import open_dataset, verify
+    from contract.dataset import open_dataset
+    from pipelines.fsio import BEAM_FS
+    from pipelines.verify import verify
 
     with tempfile.TemporaryDirectory(prefix="bench-verify-") as tmp:
         t0 = time.perf_counter()
@@ -170,7 +173,7 @@ def main(records: int = 60_000, shards: int = 4) -> dict:
         mb = sum(os.path.getsize(p) for p in paths) / 1e6
         sha_s = _sha256_files(paths)  # also warms the page cache for the runs below
         sha_s = min(sha_s, _sha256_files(paths))
-        ds = open_dataset(tmp)
+        ds = open_dataset(tmp, BEAM_FS)
         rows = []
         figures: dict[str, float] = {"dataset_mb": round(mb, 1), "records": records, "generate_s": round(gen_s, 2),
                                      "sha256_mb_s": round(mb / sha_s, 1)}

@@ -54,12 +54,13 @@ def worker(vocab_path: str, do_lower_case: bool) -> dict[str, float]:
     """Runs in a subprocess whose RAYON_NUM_THREADS is already set."""
     from tokenizers import BertWordPieceTokenizer, Tokenizer, models, normalizers, pre_tokenizers
 
+    from contract.fs import LOCAL_FS
+    from contract.vocab_io import load_vocab
     from vocab.tokenizer import BertTokenizer
-    from vocab.vocab_file import load_vocab
 
     texts = paragraphs(corpus_files()[:SPEED_FILES])
     mb = sum(len(t.encode("utf-8")) for t in texts) / 1e6
-    vocab = load_vocab(vocab_path)
+    vocab = load_vocab(vocab_path, LOCAL_FS)
     ours = BertTokenizer(vocab, do_lower_case)
     stock = BertWordPieceTokenizer(vocab.vocab_dict, lowercase=do_lower_case)
     # The same Rust pipeline without any parity fix (no special tokens registered, though: those
@@ -101,12 +102,14 @@ _TRAIN = """
 import hashlib, json, sys, time
 sys.path.insert(0, {repo!r})
 from benchmarks.bench_vocab import corpus_files, paragraphs
-from vocab.train import train_vocab, write_vocab
+from contract.fs import LOCAL_FS
+from contract.vocab_io import write_vocab
+from vocab.train import train_vocab
 texts = paragraphs(corpus_files())
 start = time.perf_counter()
 tokens = train_vocab(texts, {size}, do_lower_case=True)
 seconds = time.perf_counter() - start
-write_vocab(tokens, sys.argv[1])
+write_vocab(tokens, sys.argv[1], LOCAL_FS)
 print(json.dumps({{"seconds": seconds, "sha256": hashlib.sha256(("\\n".join(tokens) + "\\n").encode()).hexdigest()}}))
 """
 
@@ -125,10 +128,11 @@ def parity_figures(vocab_path: str) -> dict[str, int]:
     from test_vocab_reference import ReferenceTokenizer
     from tokenizers import BertWordPieceTokenizer
 
+    from contract.fs import LOCAL_FS
+    from contract.vocab_io import load_vocab
     from vocab.tokenizer import BertTokenizer
-    from vocab.vocab_file import load_vocab
 
-    vocab = load_vocab(vocab_path)
+    vocab = load_vocab(vocab_path, LOCAL_FS)
     figures: dict[str, int] = {}
     texts = paragraphs(corpus_files()[:REFERENCE_SAMPLE_FILES])
     for do_lower_case, mode in ((True, "uncased"), (False, "cased")):

@@ -7,6 +7,9 @@ tests and local tools `LOCAL_FS`.
 
 from __future__ import annotations
 
+import bz2
+import glob
+import gzip
 import os
 import uuid
 from typing import Protocol
@@ -15,7 +18,9 @@ TMP_MARKER = ".tmp-"
 
 
 class FileSystem(Protocol):
-    def read_bytes(self, path: str) -> bytes: ...
+    def read_bytes(self, path: str) -> bytes:
+        """The file's bytes, decompressed when its name ends in .gz or .bz2 (`decompress_by_name`)."""
+        ...
 
     def write_atomic(self, path: str, data: bytes) -> None: ...
 
@@ -24,6 +29,22 @@ class FileSystem(Protocol):
     def listdir(self, directory: str) -> list[str]: ...
 
     def join(self, base: str, *parts: str) -> str: ...
+
+    def glob(self, pattern: str) -> list[str]:
+        """Files matching the pattern, sorted (empty when none)."""
+        ...
+
+
+def decompress_by_name(path: str, raw: bytes) -> bytes:
+    """``raw`` decompressed when the name ends in .gz or .bz2; ValueError naming the file if it cannot be."""
+    try:
+        if path.endswith(".gz"):
+            return gzip.decompress(raw)
+        if path.endswith(".bz2"):
+            return bz2.decompress(raw)
+    except (OSError, EOFError, ValueError) as e:
+        raise ValueError(f"{path}: cannot decompress: {e}") from e
+    return raw
 
 
 def temp_path_for(path: str) -> str:
@@ -37,7 +58,7 @@ class LocalFS:
 
     def read_bytes(self, path: str) -> bytes:
         with open(path, "rb") as f:
-            return f.read()
+            return decompress_by_name(path, f.read())
 
     def write_atomic(self, path: str, data: bytes) -> None:
         directory = os.path.dirname(path)
@@ -56,6 +77,9 @@ class LocalFS:
 
     def join(self, base: str, *parts: str) -> str:
         return os.path.join(base, *parts)
+
+    def glob(self, pattern: str) -> list[str]:
+        return sorted(p for p in glob.glob(pattern) if os.path.isfile(p))
 
 
 LOCAL_FS = LocalFS()

@@ -11,7 +11,7 @@ import platform
 from typing import Any
 
 from contract.features import DEFAULT_KIND, REQUIRED_FEATURES, REQUIRED_FEATURES_BY_KIND, REQUIRED_TOP_BY_KIND
-from contract.fs import LOCAL_FS, FileSystem
+from contract.fs import FileSystem
 from datagen import __version__
 
 SCHEMA = "bert-datagen/manifest"
@@ -87,7 +87,7 @@ def manifest_bytes(manifest: dict) -> bytes:
     return (json.dumps(manifest, sort_keys=True, indent=2, ensure_ascii=False) + "\n").encode("utf-8")
 
 
-def write_manifest(dataset_dir: str, manifest: dict, fs: FileSystem = LOCAL_FS) -> str:
+def write_manifest(dataset_dir: str, manifest: dict, fs: FileSystem) -> str:
     """Validate and write DIR/manifest.json atomically; returns its path. Write it LAST."""
     path = fs.join(dataset_dir, MANIFEST_NAME)
     validate_manifest(manifest, path)
@@ -95,7 +95,7 @@ def write_manifest(dataset_dir: str, manifest: dict, fs: FileSystem = LOCAL_FS) 
     return path
 
 
-def load_manifest(dataset_dir: str, fs: FileSystem = LOCAL_FS) -> dict:
+def load_manifest(dataset_dir: str, fs: FileSystem) -> dict:
     """The validated manifest of a dataset directory (raises ManifestError naming file and field)."""
     path = fs.join(dataset_dir, MANIFEST_NAME)
     if not fs.exists(path):

@@ -2,8 +2,8 @@
 
 Each instance is a ``tf.train.Example`` (RECIPE.md section 4) serialized the
 way protobuf's *deterministic* serialization does it: map entries sorted by
-key, repeated numeric fields packed.  Records are framed as TFRecords
-(length, masked CRC32C of the length, payload, masked CRC32C of the payload).
+key, repeated numeric fields packed.  Records are framed as TFRecords by
+`datagen.tfrecord`; `datagen.example_codec` decodes them.
 
 Encoding is vectorized over a batch of instances: the varints of every
 integer feature of the batch are computed with NumPy in one go.
@@ -11,13 +11,12 @@ integer feature of the batch are computed with NumPy in one go.
 
 from __future__ import annotations
 
-import struct
-from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import BinaryIO
 
 import google_crc32c
 import numpy as np
+
+from datagen.tfrecord import length_crcs, mask_crcs
 
 INT_FEATURES = (
     "input_ids",
@@ -206,7 +205,7 @@ def encode_framed(batch: InstanceBatch) -> tuple[bytes, np.ndarray]:
     pieces, lengths = _payload_pieces(batch)
     header = np.empty((n, 12), dtype=np.uint8)
     header[:, :8] = lengths.astype("<u8").view(np.uint8).reshape(n, 8)
-    header[:, 8:] = _length_crcs(lengths).view(np.uint8).reshape(n, 4)
+    header[:, 8:] = length_crcs(lengths).view(np.uint8).reshape(n, 4)
     footer = np.zeros((n, 4), dtype=np.uint8)
     flat = _compact([(header, None), *pieces, (footer, None)], n)
     framed = lengths + 16
@@ -214,7 +213,7 @@ def encode_framed(batch: InstanceBatch) -> tuple[bytes, np.ndarray]:
     data = flat.tobytes()
     spans = zip((ends - 4 - lengths).tolist(), (ends - 4).tolist(), strict=True)
     crcs = np.fromiter((google_crc32c.value(data[lo:hi]) for lo, hi in spans), dtype=np.uint64, count=n)
-    flat[(ends - 4)[:, None] + np.arange(4)] = _mask_crcs(crcs).view(np.uint8).reshape(n, 4)
+    flat[(ends - 4)[:, None] + np.arange(4)] = mask_crcs(crcs).view(np.uint8).reshape(n, 4)
     return flat.tobytes(), framed
 
 
@@ -242,159 +241,3 @@ def encode_batch_reference(batch: InstanceBatch) -> list[bytes]:
             entries.append(_length_delimited(1, entry))
         records.append(_length_delimited(1, b"".join(entries)))
     return records
-
-
-# ---------------------------------------------------------------- TFRecord framing
-
-
-def masked_crc32c(data: bytes) -> int:
-    crc = google_crc32c.value(data)
-    return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
-
-
-def frame_record(payload: bytes) -> bytes:
-    length = struct.pack("<Q", len(payload))
-    return (
-        length
-        + struct.pack("<I", masked_crc32c(length))
-        + payload
-        + struct.pack("<I", masked_crc32c(payload))
-    )
-
-
-def _mask_crcs(crcs: np.ndarray) -> np.ndarray:
-    """``masked_crc32c`` arithmetic on an array of raw CRC32C values (little-endian uint32 out)."""
-    c = crcs.astype(np.uint64)
-    return ((((c >> np.uint64(15)) | (c << np.uint64(17))) + np.uint64(0xA282EAD8)) & np.uint64(0xFFFFFFFF)).astype("<u4")
-
-
-def _length_crcs(lengths: np.ndarray) -> np.ndarray:
-    """Masked CRC32C of every record's 8-byte length header: one C call per distinct length."""
-    unique, inverse = np.unique(lengths, return_inverse=True)
-    raw = np.fromiter((google_crc32c.value(struct.pack("<Q", int(v))) for v in unique.tolist()),
-                      dtype=np.uint64, count=unique.size)
-    return _mask_crcs(raw)[inverse]
-
-
-def frame_records(payloads: list[bytes]) -> bytes:
-    return b"".join(frame_record(p) for p in payloads)
-
-
-class RecordError(ValueError):
-    """A TFRecord file or record that does not parse; says where."""
-
-
-def iter_tfrecords(stream: BinaryIO, name: str = "<stream>", check_crc: bool = True) -> Iterator[bytes]:
-    """Payloads of a TFRecord stream, checking framing and CRCs."""
-    index = 0
-    offset = 0
-    while True:
-        header = stream.read(12)
-        if not header:
-            return
-        if len(header) < 12:
-            raise RecordError(f"{name}: record {index} at byte {offset}: truncated length header")
-        (length,) = struct.unpack("<Q", header[:8])
-        (length_crc,) = struct.unpack("<I", header[8:])
-        if check_crc and masked_crc32c(header[:8]) != length_crc:
-            raise RecordError(f"{name}: record {index} at byte {offset}: length CRC mismatch")
-        payload = stream.read(length)
-        footer = stream.read(4)
-        if len(payload) < length or len(footer) < 4:
-            raise RecordError(f"{name}: record {index} at byte {offset}: truncated payload")
-        if check_crc and masked_crc32c(payload) != struct.unpack("<I", footer)[0]:
-            raise RecordError(f"{name}: record {index} at byte {offset}: payload CRC mismatch")
-        yield payload
-        index += 1
-        offset += 16 + length
-
-
-# ---------------------------------------------------------------- decoding
-
-
-def _read_varint(buf: bytes, pos: int) -> tuple[int, int]:
-    result = 0
-    shift = 0
-    while True:
-        if pos >= len(buf):
-            raise RecordError("truncated varint")
-        b = buf[pos]
-        pos += 1
-        result |= (b & 0x7F) << shift
-        if b < 0x80:
-            return result, pos
-        shift += 7
-        if shift >= 70:
-            raise RecordError("varint too long")
-
-
-def _fields(buf: bytes) -> Iterator[tuple[int, int, int | bytes]]:
-    """(field number, wire type, value) of a protobuf message."""
-    pos = 0
-    while pos < len(buf):
-        key, pos = _read_varint(buf, pos)
-        field, wire = key >> 3, key & 7
-        if wire == 0:
-            value, pos = _read_varint(buf, pos)
-        elif wire == 2:
-            size, pos = _read_varint(buf, pos)
-            if pos + size > len(buf):
-                raise RecordError("truncated length-delimited field")
-            value, pos = buf[pos : pos + size], pos + size
-        elif wire == 5:
-            value, pos = buf[pos : pos + 4], pos + 4
-        elif wire == 1:
-            value, pos = buf[pos : pos + 8], pos + 8
-        else:
-            raise RecordError(f"unsupported wire type {wire}")
-        yield field, wire, value
-
-
-def _decode_varints(data: bytes) -> list[int]:
-    out, pos = [], 0
-    while pos < len(data):
-        v, pos = _read_varint(data, pos)
-        out.append(v - (1 << 64) if v >= 1 << 63 else v)
-    return out
-
-
-def decode_example(payload: bytes) -> dict[str, np.ndarray]:
-    """Features of a serialized ``tf.train.Example`` (any field order, packed or not)."""
-    features: dict[str, np.ndarray] = {}
-    for field, _, features_msg in _fields(payload):
-        if field != 1:
-            continue
-        for f2, _, entry in _fields(features_msg):  # type: ignore[arg-type]
-            if f2 != 1:
-                continue
-            key, value = None, b""
-            for f3, _, v in _fields(entry):  # type: ignore[arg-type]
-                if f3 == 1:
-                    key = v.decode("utf-8")  # type: ignore[union-attr]
-                elif f3 == 2:
-                    value = v
-            if key is None:
-                raise RecordError("feature map entry without a key")
-            features[key] = _decode_feature(value)  # type: ignore[arg-type]
-    return features
-
-
-def _decode_feature(feature: bytes) -> np.ndarray:
-    for kind, _, lst in _fields(feature):
-        ints: list[int] = []
-        floats: list[float] = []
-        for f, wire, v in _fields(lst):  # type: ignore[arg-type]
-            if f != 1:
-                continue
-            if kind == 3:
-                ints.extend(_decode_varints(v) if wire == 2 else [v])  # type: ignore[list-item,arg-type]
-            elif kind == 2:
-                raw = v if wire == 2 else v
-                floats.extend(np.frombuffer(raw, dtype="<f4").tolist())  # type: ignore[arg-type]
-            elif kind == 1:
-                raise RecordError("bytes features are not part of the BERT format")
-        if kind == 3:
-            return np.asarray(ints, dtype=np.int64)
-        if kind == 2:
-            return np.asarray(floats, dtype=np.float32)
-    return np.zeros(0, dtype=np.int64)

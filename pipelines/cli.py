@@ -8,7 +8,7 @@ from contract.cliutil import LazyGroup
 from datagen import __version__
 
 COMMANDS = {
-    "vocab": "vocab.cli:vocab_command",
+    "vocab": "pipelines.vocab_cli:vocab_command",
     "run": "pipelines.run_cli:run_command",
     "verify": "pipelines.tools_cli:verify_command",
     "inspect": "pipelines.tools_cli:inspect_command",

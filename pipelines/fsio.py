@@ -6,15 +6,13 @@ never sees a partly written file under its final name.
 
 from __future__ import annotations
 
-import bz2
-import gzip
 import os
 from dataclasses import dataclass
 
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
-from contract.fs import TMP_MARKER, temp_path_for
+from contract.fs import TMP_MARKER, decompress_by_name, temp_path_for
 
 __all__ = ["BEAM_FS", "TMP_MARKER", "BeamFS", "FileInfo", "InputNotFoundError", "delete", "ensure_dir", "exists",
            "join", "listdir", "match_files", "open_read", "read_bytes", "temp_path_for", "write_atomic"]
@@ -54,15 +52,7 @@ def _open_raw(path: str):
 def read_bytes(path: str) -> bytes:
     """The file's bytes, decompressed when its name ends in .gz or .bz2."""
     with _open_raw(path) as f:
-        raw = f.read()
-    try:
-        if path.endswith(".gz"):
-            return gzip.decompress(raw)
-        if path.endswith(".bz2"):
-            return bz2.decompress(raw)
-    except (OSError, EOFError, ValueError) as e:
-        raise ValueError(f"{path}: cannot decompress: {e}") from e
-    return raw
+        return decompress_by_name(path, f.read())
 
 
 def open_read(path: str):
@@ -111,8 +101,7 @@ class BeamFS:
     """The contract's filesystem seam (contract.fs.FileSystem) through Beam's FileSystems."""
 
     def read_bytes(self, path: str) -> bytes:
-        with _open_raw(path) as f:
-            return f.read()
+        return read_bytes(path)
 
     def write_atomic(self, path: str, data: bytes) -> None:
         write_atomic(path, data)
@@ -125,6 +114,12 @@ class BeamFS:
 
     def join(self, base: str, *parts: str) -> str:
         return join(base, *parts)
+
+    def glob(self, pattern: str) -> list[str]:
+        try:
+            return [f.path for f in match_files([pattern])]
+        except InputNotFoundError:
+            return []
 
 
 BEAM_FS = BeamFS()

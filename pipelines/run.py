@@ -788,7 +788,9 @@ def prepare_output(output_dir: str, overwrite: bool) -> None:
 
 def check_vocab(vocab: Any, vocab_path: str) -> None:
     tokens = set(vocab.tokens)
-    missing = [t for t in ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]") if t not in tokens]
+    from vocab.vocab_file import SPECIAL_TOKENS
+
+    missing = [t for t in SPECIAL_TOKENS if t not in tokens]
     if missing:
         raise DatagenError(f"{vocab_path}: the vocab has no {', '.join(missing)} token; "
                            "BERT data needs [PAD], [UNK], [CLS], [SEP] and [MASK]")
@@ -838,10 +840,10 @@ def generate_dataset(
     import time
 
     from contract.manifest import VOCAB_NAME, build_manifest, write_manifest
+    from contract.vocab_io import load_vocab
     from datagen.records import feature_spec
     from pipelines.card import write_card
     from pipelines.runners import runner_setup
-    from vocab.vocab_file import load_vocab
 
     start = time.monotonic()
     if not read_chunk_mb > 0:
@@ -854,7 +856,7 @@ def generate_dataset(
     except fsio.InputNotFoundError as e:
         raise DatagenError(str(e)) from e
     try:
-        vocab = load_vocab(vocab_path)
+        vocab = load_vocab(vocab_path, fsio.BEAM_FS)
     except (OSError, ValueError) as e:
         message = str(e)
         raise DatagenError(message if vocab_path in message else f"{vocab_path}: {message}") from e

@@ -7,8 +7,14 @@ import sys
 
 import click
 
+from contract.dataset import Dataset, DatasetError, open_dataset
 from contract.manifest import ManifestError
-from pipelines import tools
+from datagen.record_rules import MAX_PROBLEMS_PER_SHARD
+from pipelines import fsio
+from pipelines.diff import diff_datasets, format_diff
+from pipelines.inspection import format_record, inspect_records
+from pipelines.stats import compute_stats, format_stats, plot_stats
+from pipelines.verify import verify
 
 
 def _legacy_options(f):
@@ -23,11 +29,11 @@ def _legacy_options(f):
     return f
 
 
-def _open(target: str, max_seq_length, max_predictions_per_seq, vocab_path) -> tools.Dataset:
+def _open(target: str, max_seq_length, max_predictions_per_seq, vocab_path) -> Dataset:
     try:
-        return tools.open_dataset(target, max_seq_length=max_seq_length,
-                                  max_predictions_per_seq=max_predictions_per_seq, vocab_path=vocab_path)
-    except (tools.ToolError, ManifestError) as e:
+        return open_dataset(target, fsio.BEAM_FS, max_seq_length=max_seq_length,
+                            max_predictions_per_seq=max_predictions_per_seq, vocab_path=vocab_path)
+    except (DatasetError, ManifestError) as e:
         raise click.ClickException(str(e)) from e
 
 
@@ -39,7 +45,7 @@ _workers = click.option("--workers", type=click.IntRange(min=1), default=None,
 @click.argument("target")
 @_legacy_options
 @_workers
-@click.option("--max-problems", type=click.IntRange(min=1), default=tools.MAX_PROBLEMS_PER_SHARD,
+@click.option("--max-problems", type=click.IntRange(min=1), default=MAX_PROBLEMS_PER_SHARD,
               show_default=True, help="Problems listed per shard (all are counted).")
 @click.option("--checksums-only", is_flag=True,
               help="Check sha256, sizes, framing, CRCs and record counts, but do not parse the records "
@@ -57,7 +63,7 @@ def verify_command(target, max_seq_length, max_predictions_per_seq, vocab_path, 
     --max-predictions-per-seq and --vocab, a glob of TFRecord files without a manifest.
     """
     ds = _open(target, max_seq_length, max_predictions_per_seq, vocab_path)
-    report = tools.verify(ds, workers=workers, max_problems=max_problems, check_records=not checksums_only)
+    report = verify(ds, workers=workers, max_problems=max_problems, check_records=not checksums_only)
     mb = report.bytes / 1e6
     if as_json:
         click.echo(json.dumps({
@@ -107,14 +113,14 @@ def inspect_command(target, split, shard, index, count, max_seq_length, max_pred
     """
     ds = _open(target, max_seq_length, max_predictions_per_seq, vocab_path)
     try:
-        ref, views, problems = tools.inspect_records(ds, split=split, shard=shard, index=index, count=count)
-    except tools.ToolError as e:
+        ref, views, problems = inspect_records(ds, split=split, shard=shard, index=index, count=count)
+    except DatasetError as e:
         raise click.ClickException(str(e)) from e
     if not views and not problems:
         raise click.ClickException(f"{ref.name}: no record at index {index}")
     for v in views:
         click.echo(json.dumps({"shard": ref.name, **v}, ensure_ascii=False) if as_json
-                   else tools.format_record(v, ref.name, words=words) + "\n")
+                   else format_record(v, ref.name, words=words) + "\n")
     for p in problems:
         click.echo(f"problem: {p}", err=True)
     if problems:
@@ -136,15 +142,15 @@ def stats_command(target, split, as_json, plot_path, top, max_seq_length, max_pr
     """Lengths, masking, NotNext share, padding, [UNK] rate and most frequent tokens of a dataset."""
     ds = _open(target, max_seq_length, max_predictions_per_seq, vocab_path)
     try:
-        st = tools.compute_stats(ds, split=split, workers=workers, top=top)
+        st = compute_stats(ds, split=split, workers=workers, top=top)
         if plot_path:
-            tools.plot_stats(st, plot_path)
-    except tools.ToolError as e:
+            plot_stats(st, plot_path)
+    except DatasetError as e:
         raise click.ClickException(str(e)) from e
     if as_json:
         click.echo(json.dumps(st, indent=2, ensure_ascii=False))
     else:
-        click.echo(tools.format_stats(st))
+        click.echo(format_stats(st))
         if plot_path:
             click.echo(f"histograms written to {plot_path}")
     for p in st["problems"]:
@@ -166,8 +172,8 @@ def diff_command(a, b, no_records) -> None:
     """
     da, db = _open(a, None, None, None), _open(b, None, None, None)
     try:
-        report = tools.diff_datasets(da, db, records=not no_records)
-    except tools.ToolError as e:
+        report = diff_datasets(da, db, records=not no_records)
+    except DatasetError as e:
         raise click.ClickException(str(e)) from e
-    click.echo(tools.format_diff(report, a, b))
+    click.echo(format_diff(report, a, b))
     sys.exit(0 if report.identical else 1)

@@ -8,7 +8,7 @@ import struct
 import numpy as np
 import pytest
 
-from datagen import records
+from datagen import example_codec, records, tfrecord
 
 
 def _batch(n: int = 4, seq: int = 16, preds: int = 3, seed: int = 0) -> records.InstanceBatch:
@@ -27,7 +27,7 @@ def _batch(n: int = 4, seq: int = 16, preds: int = 3, seed: int = 0) -> records.
 def test_encode_decode_round_trip() -> None:
     batch = _batch()
     for i, payload in enumerate(records.encode_batch(batch)):
-        decoded = records.decode_example(payload)
+        decoded = example_codec.decode_example(payload)
         assert list(decoded) == list(records.FEATURE_ORDER)
         for name, expected in batch.row(i).items():
             assert np.array_equal(decoded[name], expected.astype(decoded[name].dtype)), name
@@ -56,16 +56,16 @@ def test_known_bytes_of_a_minimal_record() -> None:
 
 def test_framing_and_crc_checks() -> None:
     payloads = records.encode_batch(_batch())
-    data = records.frame_records(payloads)
-    assert list(records.iter_tfrecords(io.BytesIO(data), "x")) == payloads
+    data = tfrecord.frame_records(payloads)
+    assert list(tfrecord.iter_tfrecords(io.BytesIO(data), "x")) == payloads
     # Known value of the masked CRC32C of empty data (TFRecord spec arithmetic).
-    assert records.masked_crc32c(b"") == 0xA282EAD8
+    assert tfrecord.masked_crc32c(b"") == 0xA282EAD8
     corrupted = bytearray(data)
     corrupted[20] ^= 0xFF
-    with pytest.raises(records.RecordError, match="shard.tfrecord: record 0 .* payload CRC"):
-        list(records.iter_tfrecords(io.BytesIO(bytes(corrupted)), "shard.tfrecord"))
-    with pytest.raises(records.RecordError, match="truncated"):
-        list(records.iter_tfrecords(io.BytesIO(data[:-3]), "shard.tfrecord"))
+    with pytest.raises(tfrecord.RecordError, match="shard.tfrecord: record 0 .* payload CRC"):
+        list(tfrecord.iter_tfrecords(io.BytesIO(bytes(corrupted)), "shard.tfrecord"))
+    with pytest.raises(tfrecord.RecordError, match="truncated"):
+        list(tfrecord.iter_tfrecords(io.BytesIO(data[:-3]), "shard.tfrecord"))
     length = struct.unpack("<Q", data[:8])[0]
     assert length == len(payloads[0])
 

@@ -12,7 +12,7 @@ import pytest
 from pipeline_corpus import make_documents, manifest_of, write_text_files, write_vocab
 
 from datagen.config import DatagenConfig
-from datagen.records import decode_example
+from datagen.example_codec import decode_example
 from pipelines.run import generate_dataset
 
 tf = pytest.importorskip("tensorflow")

@@ -6,7 +6,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from datagen import records
+from datagen import records, tfrecord
 
 
 @given(st.integers(0, 40), st.integers(1, 70), st.integers(1, 12), st.integers(0, 2**32 - 1),
@@ -35,7 +35,7 @@ def test_framed_encoder_equals_frame_record(n: int, seq: int, seed: int, high: i
                                   rng.integers(0, high, (n, 3), dtype=np.int64),
                                   rng.random((n, 3)).astype(np.float32), rng.integers(0, 2, n))
     framed, lengths = records.encode_framed(batch)
-    expected = [records.frame_record(p) for p in records.encode_batch_reference(batch)]
+    expected = [tfrecord.frame_record(p) for p in records.encode_batch_reference(batch)]
     assert framed == b"".join(expected)
     assert lengths.tolist() == [len(r) for r in expected]
 
@@ -61,7 +61,7 @@ def test_encode_pool_pass_writes_records_in_key_order_equal_to_the_batch(monkeyp
     order = np.argsort(whole.keys, kind="stable")
     assert len(encoded) == len(order) > 7
     assert (np.diff(encoded.keys.astype(object)) > 0).all() and (encoded.keys == whole.keys[order]).all()
-    expected = [records.frame_record(p) for p in records.encode_batch_reference(whole.batch)]
+    expected = [tfrecord.frame_record(p) for p in records.encode_batch_reference(whole.batch)]
     assert encoded.blob == b"".join(expected[i] for i in order)
     assert labels.tolist() == np.asarray(whole.batch.next_sentence_labels)[order].tolist()
     assert masked.tolist() == (whole.batch.masked_lm_weights[order] > 0).sum(axis=1).tolist()

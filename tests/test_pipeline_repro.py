@@ -25,7 +25,7 @@ from pipeline_corpus import (
 )
 
 from datagen.config import DatagenConfig
-from datagen.records import iter_tfrecords
+from datagen.tfrecord import iter_tfrecords
 from pipelines.run import generate_dataset, read_tasks
 
 pytestmark = pytest.mark.integration

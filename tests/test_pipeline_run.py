@@ -18,7 +18,8 @@ from pipeline_corpus import (
     write_vocab,
 )
 
-from datagen.records import decode_example, iter_tfrecords
+from datagen.example_codec import decode_example
+from datagen.tfrecord import iter_tfrecords
 from pipelines.cli import main
 
 
@@ -51,10 +52,11 @@ def dataset(corpus, tmp_path_factory) -> tuple[Path, str]:
 
 
 def test_run_writes_a_complete_dataset(dataset, corpus) -> None:
+    from contract.fs import LOCAL_FS
     from contract.manifest import load_manifest
 
     out, output = dataset
-    manifest = load_manifest(str(out))
+    manifest = load_manifest(str(out), LOCAL_FS)
     assert (out / "README.md").is_file()
     assert (out / "vocab.txt").read_bytes() == corpus["vocab"].read_bytes()
     assert manifest["vocab"]["sha256"] == hashlib.sha256(corpus["vocab"].read_bytes()).hexdigest()

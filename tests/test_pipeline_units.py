@@ -192,12 +192,13 @@ def test_dataflow_needs_project_and_ships_the_package(tmp_path) -> None:
 
 
 def _plan(tmp_path) -> R.PipelinePlan:
-    from vocab.vocab_file import load_vocab
+    from contract.fs import LOCAL_FS
+    from contract.vocab_io import load_vocab
 
     vocab_path = tmp_path / "vocab.txt"
     vocab_path.write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "the", "cat"]) + "\n")
     cfg = DatagenConfig(eval_fraction=0.1)
-    return R.PipelinePlan(config=cfg, vocab=load_vocab(str(vocab_path)), files=[("/x/a.txt", 3, 0, None)],
+    return R.PipelinePlan(config=cfg, vocab=load_vocab(str(vocab_path), LOCAL_FS), files=[("/x/a.txt", 3, 0, None)],
                           output_dir=str(tmp_path / "out"), summary_path=str(tmp_path / "s.json"),
                           staging_dir=str(tmp_path / "out" / ".staging-x"))
 

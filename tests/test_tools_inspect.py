@@ -14,8 +14,10 @@ from click.testing import CliRunner
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # benchmarks/ holds the fixture writer
 
 from benchmarks.bench_verify import MASK, fixture_instances, fixture_vocab, make_dataset  # noqa: E402
+from contract.fs import LOCAL_FS  # noqa: E402
 from contract.manifest import ManifestError, build_manifest, load_manifest, write_manifest  # noqa: E402
-from datagen.records import encode_batch, frame_records  # noqa: E402
+from datagen.records import encode_batch  # noqa: E402
+from datagen.tfrecord import frame_records  # noqa: E402
 from pipelines.card import render_card  # noqa: E402
 from pipelines.tools_cli import diff_command, inspect_command, stats_command, verify_command  # noqa: E402
 
@@ -176,13 +178,13 @@ def test_diff_finds_one_changed_record_across_shards(datasets, tmp_path: Path) -
     make_dataset(str(d), records=160, shards=2, eval_records=20, max_seq_length=SEQ, max_predictions=PREDS)
     batch, _ = fixture_instances(12345, 80, 80, SEQ, PREDS, len(VOCAB))
     batch.next_sentence_labels[13] = 1 - batch.next_sentence_labels[13]
-    m = load_manifest(str(d))
+    m = load_manifest(str(d), LOCAL_FS)
     data = frame_records(encode_batch(batch))
     (d / "train" / "part-00001-of-00002.tfrecord").write_bytes(data)
     import hashlib
 
     m["splits"]["train"]["shards"][1]["sha256"] = hashlib.sha256(data).hexdigest()
-    write_manifest(str(d), m)
+    write_manifest(str(d), m, LOCAL_FS)
     result = _run(diff_command, [datasets["a"], d])
     assert result.exit_code == 1
     assert "record 93 of the split" in result.output
@@ -211,10 +213,10 @@ def test_manifest_round_trip_and_canonical_bytes(tmp_path: Path) -> None:
     m = _minimal()
     assert m["splits"]["train"]["records"] == 3 and m["splits"]["train"]["bytes"] == 100
     assert m["seed"] == 12345 and m["tool"]["name"] == "bert-datagen"
-    path = write_manifest(str(tmp_path), m)
+    path = write_manifest(str(tmp_path), m, LOCAL_FS)
     raw = Path(path).read_text()
     assert raw.endswith("}\n") and raw == json.dumps(m, sort_keys=True, indent=2, ensure_ascii=False) + "\n"
-    assert load_manifest(str(tmp_path)) == json.loads(raw)
+    assert load_manifest(str(tmp_path), LOCAL_FS) == json.loads(raw)
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".tmp-")]
 
 
@@ -236,22 +238,22 @@ def test_load_manifest_rejects_with_file_and_field(tmp_path: Path, edit, message
     edit(m)
     (tmp_path / "manifest.json").write_text(json.dumps(m))
     with pytest.raises(ManifestError) as e:
-        load_manifest(str(tmp_path))
+        load_manifest(str(tmp_path), LOCAL_FS)
     assert str(tmp_path / "manifest.json") in str(e.value) and message in str(e.value)
 
 
 def test_load_manifest_missing_or_not_json(tmp_path: Path) -> None:
     with pytest.raises(ManifestError, match="no manifest"):
-        load_manifest(str(tmp_path))
+        load_manifest(str(tmp_path), LOCAL_FS)
     (tmp_path / "manifest.json").write_text("{not json")
     with pytest.raises(ManifestError, match="not valid JSON"):
-        load_manifest(str(tmp_path))
+        load_manifest(str(tmp_path), LOCAL_FS)
 
 
 def test_card_lists_provenance_counts_checksums_and_commands(datasets) -> None:
     d = datasets["a"]
     card = (d / "README.md").read_text()
-    m = load_manifest(str(d))
+    m = load_manifest(str(d), LOCAL_FS)
     assert card == render_card(str(d), m)
     assert f"bert-datagen verify {d}" in card and f"bert-train pretrain --data {d}" in card
     assert m["vocab"]["sha256"] in card and "Seed: `12345`" in card
@@ -277,16 +279,16 @@ def test_diff_ignores_how_and_where_but_not_what(datasets, tmp_path: Path) -> No
 
     d = tmp_path / "moved"
     shutil.copytree(datasets["a"], d)
-    m = load_manifest(str(d))
+    m = load_manifest(str(d), LOCAL_FS)
     m["created_by"] = {"runner": "DataflowRunner"}
     m["tool"]["version"] = "9.9.9"
     m["input"]["patterns"] = ["gs://other/place/*.txt"]
-    write_manifest(str(d), m)
+    write_manifest(str(d), m, LOCAL_FS)
     result = _run(diff_command, [datasets["a"], d])
     assert result.exit_code == 0, result.output
     assert "(informational) tool.version: '0.1.0' -> '9.9.9'" in result.output
     m["input"]["fingerprint"] = "0" * 64
-    write_manifest(str(d), m)
+    write_manifest(str(d), m, LOCAL_FS)
     result = _run(diff_command, [datasets["a"], d])
     assert result.exit_code == 1 and "input.fingerprint" in result.output
 

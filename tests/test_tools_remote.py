@@ -113,9 +113,12 @@ def test_dataset_written_and_verified_through_the_object_store(store) -> None:
 
 
 def test_remote_shards_are_read_by_spawned_workers(store) -> None:
-    from pipelines.tools import ShardTask, open_dataset, pool_start_method
+    from contract.dataset import open_dataset
+    from pipelines.fsio import BEAM_FS
+    from pipelines.shards import pool_start_method
+    from pipelines.verify import ShardTask
 
-    ds = open_dataset(store["a"])
+    ds = open_dataset(store["a"], BEAM_FS)
     assert pool_start_method([ShardTask(r, ds.shape) for r in ds.shards]) == "spawn"
 
 

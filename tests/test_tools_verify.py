@@ -15,9 +15,13 @@ from click.testing import CliRunner
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # benchmarks/ holds the fixture writer
 
 from benchmarks.bench_verify import CLS, MASK, SEP, fixture_instances, fixture_vocab, make_dataset  # noqa: E402
-from datagen.records import _fields, encode_batch, frame_records  # noqa: E402
-from pipelines.tools import decode_batch, open_dataset, verify  # noqa: E402
+from contract.dataset import open_dataset  # noqa: E402
+from datagen.example_codec import _fields, decode_batch  # noqa: E402
+from datagen.records import encode_batch  # noqa: E402
+from datagen.tfrecord import frame_records  # noqa: E402
+from pipelines.fsio import BEAM_FS  # noqa: E402
 from pipelines.tools_cli import verify_command  # noqa: E402
+from pipelines.verify import verify  # noqa: E402
 
 SEQ, PREDS = 64, 10
 SHARD0 = "train/part-00000-of-00002.tfrecord"
@@ -43,7 +47,7 @@ def ds_dir(pristine: Path, tmp_path: Path) -> Path:
 
 
 def _verify(d: Path, workers: int = 1):
-    return verify(open_dataset(str(d)), workers=workers)
+    return verify(open_dataset(str(d), BEAM_FS), workers=workers)
 
 
 def _problems(d: Path) -> str:
@@ -296,7 +300,7 @@ def _ld(field: int, body: bytes) -> bytes:
 
 
 def test_parser_accepts_any_map_order_and_matches_the_exact_decoder() -> None:
-    from datagen.records import decode_example
+    from datagen.example_codec import decode_example
 
     batch, _ = fixture_instances(99, 0, 50, SEQ, PREDS, len(fixture_vocab()))
     payloads = encode_batch(batch)
@@ -304,7 +308,7 @@ def test_parser_accepts_any_map_order_and_matches_the_exact_decoder() -> None:
     shuffled = [_ld(1, b"".join(_ld(1, e) for e in reversed(_entries(p)))) if i % 2 else p
                 for i, p in enumerate(payloads)]
     assert shuffled[1] != payloads[1]
-    from pipelines.tools import RecordShape
+    from datagen.record_rules import RecordShape
 
     shape = RecordShape(SEQ, PREDS, len(fixture_vocab()), CLS, SEP, MASK, 0, 6)
     decoded, problems = decode_batch(shuffled, list(range(50)), shape)
@@ -334,7 +338,7 @@ def test_checksums_only_skips_record_checks_but_not_hashes(ds_dir: Path) -> None
 def _frames(data: bytes, chunk: int):
     import tempfile
 
-    from pipelines.tools import ShardStream
+    from datagen.tfrecord import ShardStream
 
     with tempfile.NamedTemporaryFile(suffix=".tfrecord", delete=False) as f:
         f.write(data)
@@ -348,7 +352,7 @@ def _frames(data: bytes, chunk: int):
 def test_framing_across_chunk_boundaries_matches_the_reference_reader(chunk: int) -> None:
     import io
 
-    from datagen.records import iter_tfrecords
+    from datagen.tfrecord import iter_tfrecords
 
     payloads = [bytes([i % 251]) * (i * 37 % 300) for i in range(60)]  # includes empty payloads
     data = frame_records(payloads)
@@ -382,30 +386,30 @@ def test_huge_corrupt_length_does_not_wait_for_the_data() -> None:
 def test_vectorized_crc32c_matches_google_crc32c() -> None:
     import google_crc32c
 
-    from pipelines.tools import _crc32c_rows
+    from datagen.tfrecord import crc32c_rows
 
     rows = np.random.default_rng(0).integers(0, 256, size=(500, 8), dtype=np.uint8)
     expected = [google_crc32c.value(bytes(r)) for r in rows]
-    assert _crc32c_rows(rows).tolist() == expected
+    assert crc32c_rows(rows).tolist() == expected
 
 
 def test_spawned_workers_give_the_same_report(ds_dir: Path, monkeypatch) -> None:
     """Remote datasets use 'spawn' pools: tasks and results must survive pickling into fresh processes."""
-    import pipelines.tools as tools
+    import pipelines.shards as shards
 
     data = bytearray((ds_dir / SHARD0).read_bytes())
     data[700] ^= 0x04
     (ds_dir / SHARD0).write_bytes(bytes(data))
     forked = _verify(ds_dir, workers=2)
-    monkeypatch.setattr(tools, "pool_start_method", lambda tasks: "spawn")
+    monkeypatch.setattr(shards, "pool_start_method", lambda tasks: "spawn")
     spawned = _verify(ds_dir, workers=2)
     assert spawned.problems == forked.problems and spawned.problem_count == forked.problem_count > 0
 
 
 def test_unusual_but_valid_encodings_take_the_exact_path() -> None:
     """Value-before-key map entries and unpacked int lists are valid protobuf: same values, no problem."""
-    from datagen.records import decode_example
-    from pipelines.tools import RecordShape
+    from datagen.example_codec import decode_example
+    from datagen.record_rules import RecordShape
 
     batch, _ = fixture_instances(7, 0, 6, SEQ, PREDS, len(fixture_vocab()))
     payloads = encode_batch(batch)

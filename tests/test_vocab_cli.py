@@ -6,11 +6,12 @@ import json
 
 from click.testing import CliRunner
 
+from contract.fs import LOCAL_FS
+from contract.vocab_io import load_vocab
 from datagen.config import DatagenConfig
 from datagen.readers import read_documents
 from pipelines.cli import main
 from vocab.train import train_vocab
-from vocab.vocab_file import load_vocab
 
 DOCS = [
     ["The quick brown fox jumps over the lazy dog.", "Foxes are running and jumping."],
@@ -34,7 +35,7 @@ def test_trains_google_layout_from_sentences(tmp_path):
     result = invoke("--input", str(corpus), "--output", str(out), "--vocab-size", "2100",
                     "--input-format", "sentences", "--min-frequency", "1")
     assert result.exit_code == 0, result.output
-    vocab = load_vocab(str(out))
+    vocab = load_vocab(str(out), LOCAL_FS)
     assert vocab.tokens[0] == "[PAD]" and vocab.unk_id == 100 and vocab.mask_id == 103
     assert vocab.tokens[104] == "[unused99]" and vocab.tokens[998] == "[unused993]"
     assert "ς" in vocab and "fox" in vocab or "##ox" in vocab
@@ -54,7 +55,7 @@ def test_uses_the_run_commands_readers(tmp_path):
     config = DatagenConfig(input_format="wikiextractor", do_lower_case=False)
     texts = [p for doc in read_documents(str(wiki), wiki.read_bytes(), config, {}) for p in doc.paragraphs]
     expected = train_vocab(texts, 300, do_lower_case=False, min_frequency=1)
-    assert load_vocab(str(out)).tokens == tuple(expected)
+    assert load_vocab(str(out), LOCAL_FS).tokens == tuple(expected)
     assert "Fox" in expected  # cased, and titles repeated as the first line were dropped by the reader
     assert "<" not in expected  # the <doc> markup never reached the trainer
 
@@ -66,7 +67,7 @@ def test_jsonl_and_text_field(tmp_path):
     result = invoke("--input", str(path), "--output", str(out), "--vocab-size", "300",
                     "--input-format", "jsonl", "--text-field", "body", "--min-frequency", "1")
     assert result.exit_code == 0, result.output
-    assert load_vocab(str(out)).tokens[:5] == ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
+    assert load_vocab(str(out), LOCAL_FS).tokens[:5] == ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 
 
 def test_same_options_same_bytes(tmp_path):

@@ -9,8 +9,10 @@ import numpy as np
 import pytest
 from test_vocab_reference import ReferenceTokenizer, google_reserved
 
+from contract.fs import LOCAL_FS
+from contract.vocab_io import load_vocab
 from vocab.tokenizer import BertTokenizer
-from vocab.vocab_file import Vocab, VocabError, load_vocab
+from vocab.vocab_file import Vocab, VocabError
 
 LETTERS = "abcdefghijklmnopqrstuvwxyz"
 
@@ -63,7 +65,7 @@ def test_load_shapes_and_tokenize_like_the_reference(tmp_path, shape):
     build, do_lower_case = SHAPES[shape]
     tokens = build()
     path = write(tmp_path, tokens)
-    vocab = load_vocab(path)
+    vocab = load_vocab(path, LOCAL_FS)
     assert vocab.tokens == tuple(tokens) and vocab.size == len(tokens) and vocab.path == path
     assert vocab.sha256 == hashlib.sha256((tmp_path / "vocab.txt").read_bytes()).hexdigest()
     assert (vocab.pad_id, vocab.cls_id, vocab.sep_id, vocab.mask_id) == (
@@ -98,17 +100,17 @@ def test_is_continuation_mask_and_lookups():
 
 def test_crlf_no_trailing_newline_and_bom_keep_ids(tmp_path):
     tokens = english_uncased()
-    plain = load_vocab(write(tmp_path, tokens, "a.txt"))
-    crlf = load_vocab(write(tmp_path, tokens, "b.txt", newline="\r\n", trailing=False))
+    plain = load_vocab(write(tmp_path, tokens, "a.txt"), LOCAL_FS)
+    crlf = load_vocab(write(tmp_path, tokens, "b.txt", newline="\r\n", trailing=False), LOCAL_FS)
     (tmp_path / "c.txt").write_bytes(b"\xef\xbb\xbf" + (tmp_path / "a.txt").read_bytes())
-    bom = load_vocab(str(tmp_path / "c.txt"))
+    bom = load_vocab(str(tmp_path / "c.txt"), LOCAL_FS)
     assert plain.tokens == crlf.tokens == bom.tokens
     assert len({plain.sha256, crlf.sha256, bom.sha256}) == 3  # the checksum is of the bytes as stored
 
 
 def test_in_memory_vocab_sha_is_of_its_file_bytes(tmp_path):
     tokens = english_uncased()
-    assert Vocab.from_tokens(tokens).sha256 == load_vocab(write(tmp_path, tokens)).sha256
+    assert Vocab.from_tokens(tokens).sha256 == load_vocab(write(tmp_path, tokens), LOCAL_FS).sha256
 
 
 def test_gzip_vocab_reads_through_fsio(tmp_path):
@@ -117,7 +119,7 @@ def test_gzip_vocab_reads_through_fsio(tmp_path):
     tokens = english_uncased()
     path = tmp_path / "vocab.txt.gz"
     path.write_bytes(gzip.compress(("\n".join(tokens) + "\n").encode()))
-    assert load_vocab(str(path)).tokens == tuple(tokens)
+    assert load_vocab(str(path), LOCAL_FS).tokens == tuple(tokens)
 
 
 def test_vocab_pickles_small():
@@ -136,7 +138,7 @@ def test_vocab_pickles_small():
 def test_missing_required_token(tmp_path, missing):
     path = write(tmp_path, [t for t in english_uncased() if t != missing])
     with pytest.raises(VocabError, match=rf"vocab\.txt: required token\(s\) \[{missing[1:-1]}\] missing"):
-        load_vocab(path)
+        load_vocab(path, LOCAL_FS)
 
 
 def test_duplicate_token_names_both_lines(tmp_path):
@@ -145,17 +147,17 @@ def test_duplicate_token_names_both_lines(tmp_path):
     tokens.insert(first + 5, "the")
     path = write(tmp_path, tokens)
     with pytest.raises(VocabError, match=rf"vocab\.txt: line {first + 6}: duplicate token 'the' \(first on line {first}\)"):
-        load_vocab(path)
+        load_vocab(path, LOCAL_FS)
 
 
 def test_empty_line(tmp_path):
     tokens = english_uncased()
     tokens[500] = ""
     with pytest.raises(VocabError, match=r"vocab\.txt: line 501: empty line"):
-        load_vocab(write(tmp_path, tokens))
+        load_vocab(write(tmp_path, tokens), LOCAL_FS)
     tokens[500] = "  \t"
     with pytest.raises(VocabError, match=r"line 501: empty line"):
-        load_vocab(write(tmp_path, tokens))
+        load_vocab(write(tmp_path, tokens), LOCAL_FS)
 
 
 def test_bad_utf8(tmp_path):
@@ -164,15 +166,15 @@ def test_bad_utf8(tmp_path):
     path.write_bytes(data)
     line = english_uncased().index("the") + 1
     with pytest.raises(VocabError, match=rf"vocab\.txt: line {line}: not valid UTF-8"):
-        load_vocab(str(path))
+        load_vocab(str(path), LOCAL_FS)
 
 
 def test_empty_and_missing_files(tmp_path):
     (tmp_path / "empty.txt").write_bytes(b"")
     with pytest.raises(VocabError, match="empty.txt: the vocabulary file is empty"):
-        load_vocab(str(tmp_path / "empty.txt"))
+        load_vocab(str(tmp_path / "empty.txt"), LOCAL_FS)
     with pytest.raises(VocabError, match="nothere.txt: cannot read"):
-        load_vocab(str(tmp_path / "nothere.txt"))
+        load_vocab(str(tmp_path / "nothere.txt"), LOCAL_FS)
 
 
 def test_in_memory_errors():

@@ -11,9 +11,11 @@ import sys
 import pytest
 from test_vocab_reference import ReferenceTokenizer, basic_words, google_reserved
 
+from contract.fs import LOCAL_FS
+from contract.vocab_io import load_vocab, write_vocab
 from vocab.tokenizer import BertTokenizer
-from vocab.train import reserved_tokens, resolve_layout, train_vocab, write_vocab
-from vocab.vocab_file import Vocab, VocabError, load_vocab
+from vocab.train import reserved_tokens, resolve_layout, train_vocab
+from vocab.vocab_file import Vocab, VocabError
 
 TEXTS = [
     "The quick brown fox jumps over the lazy dog. Dogs and foxes are running, jumping and playing.",
@@ -83,8 +85,8 @@ def test_limit_alphabet_keeps_most_frequent_chars_and_ties_by_code_point():
 def test_write_vocab_atomic_and_loadable(tmp_path):
     tokens = train_vocab(TEXTS, vocab_size=300, do_lower_case=True, min_frequency=1)
     path = str(tmp_path / "out" / "vocab.txt")
-    vocab = write_vocab(tokens, path)
-    loaded = load_vocab(path)
+    vocab = write_vocab(tokens, path, LOCAL_FS)
+    loaded = load_vocab(path, LOCAL_FS)
     assert loaded.tokens == tuple(tokens) and loaded.sha256 == vocab.sha256
     assert [p.name for p in (tmp_path / "out").iterdir()] == ["vocab.txt"]  # no temp file left behind
 

@@ -13,7 +13,9 @@ from dataclasses import dataclass, field
 
 import tensorflow as tf
 
-from datagen.records import RecordError, decode_example, feature_spec, iter_tfrecords
+from datagen.example_codec import decode_example
+from datagen.records import feature_spec
+from datagen.tfrecord import RecordError, iter_tfrecords
 from trainer.config import BertConfig
 
 
@@ -47,14 +49,17 @@ def open_dataset(data: str, max_seq_length: int | None = None, max_predictions_p
 
 
 def _from_manifest(directory: str) -> DatasetInfo:
-    from contract.manifest import ManifestError, load_manifest, shape_from_manifest
+    from contract import dataset as contract_dataset
+    from contract.manifest import ManifestError
     from trainer.gfs import GFILE_FS
 
     try:
-        manifest = load_manifest(directory, GFILE_FS)
-    except ManifestError as exc:
+        ds = contract_dataset.open_dataset(directory, GFILE_FS, need_vocab=False)
+    except (ManifestError, contract_dataset.DatasetError) as exc:
         raise DataError(str(exc)) from exc
-    seq_len, max_pred = shape_from_manifest(manifest)
+    manifest = ds.manifest
+    assert manifest is not None
+    seq_len, max_pred = ds.max_seq_length, ds.max_predictions
     expected = feature_spec(seq_len, max_pred)
     got = {k: (v[0], int(v[1])) for k, v in manifest["features"].items()}
     for name, spec in expected.items():
@@ -62,8 +67,8 @@ def _from_manifest(directory: str) -> DatasetInfo:
             raise DataError(f"{directory}/manifest.json: feature {name} is {got.get(name)}, expected {spec}")
 
     def split_files(split: str) -> tuple[list[str], int]:
-        info = manifest["splits"].get(split, {"shards": [], "records": 0})
-        return [os.path.join(directory, s["path"]) for s in info["shards"]], int(info["records"])
+        records = int(manifest["splits"].get(split, {"records": 0})["records"])
+        return [ref.path for ref in ds.split_shards(split)], records
 
     train, n_train = split_files("train")
     evals, n_eval = split_files("eval")

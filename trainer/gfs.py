@@ -6,13 +6,13 @@ import os
 
 import tensorflow as tf
 
-from contract.fs import temp_path_for
+from contract.fs import decompress_by_name, temp_path_for
 
 
 class GFileFS:
     def read_bytes(self, path: str) -> bytes:
         with tf.io.gfile.GFile(path, "rb") as f:
-            return f.read()
+            return decompress_by_name(path, f.read())
 
     def write_atomic(self, path: str, data: bytes) -> None:
         tmp = temp_path_for(path)
@@ -29,6 +29,9 @@ class GFileFS:
 
     def join(self, base: str, *parts: str) -> str:
         return os.path.join(base, *parts)
+
+    def glob(self, pattern: str) -> list[str]:
+        return sorted(tf.io.gfile.glob(pattern))
 
 
 GFILE_FS = GFileFS()

@@ -13,8 +13,9 @@ import os
 
 import numpy as np
 
-from datagen.records import InstanceBatch, encode_batch, feature_spec, frame_records
+from datagen.records import InstanceBatch, encode_batch, feature_spec
 from datagen.rng import derive_key
+from datagen.tfrecord import frame_records
 
 
 def synthetic_batch(n: int, seq_len: int, max_pred: int, vocab_size: int, seed: int) -> InstanceBatch:
@@ -46,6 +47,7 @@ def write_synthetic_dataset(directory: str, *, seq_len: int = 32, max_pred: int 
                             train_shards: int = 2, records_per_shard: int = 64, eval_records: int = 32,
                             seed: int = 0) -> str:
     """A complete dataset directory (train + eval shards, vocab.txt, manifest.json)."""
+    from contract.fs import LOCAL_FS
     from contract.manifest import build_manifest, write_manifest
 
     os.makedirs(os.path.join(directory, "train"), exist_ok=True)
@@ -73,5 +75,5 @@ def write_synthetic_dataset(directory: str, *, seq_len: int = 32, max_pred: int 
         splits={"train": {"shards": train}, "eval": {"shards": evals}},
         totals={"instances": train_shards * records_per_shard + eval_records},
     )
-    write_manifest(directory, manifest)
+    write_manifest(directory, manifest, LOCAL_FS)
     return directory

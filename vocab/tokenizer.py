@@ -124,13 +124,6 @@ class BertTokenizer:
         self._words = Tokenizer(_wordpiece(vocab))
         self.basic = BasicTokenizer(self.do_lower_case)
 
-    @classmethod
-    def from_file(cls, path: str, do_lower_case: bool = True) -> BertTokenizer:
-        """Load and validate a vocab.txt (any path Beam's FileSystems reads) and build the tokenizer."""
-        from vocab.vocab_file import load_vocab
-
-        return cls(load_vocab(path), do_lower_case)
-
     # Beam pickles the tokenizer into every worker: ship the token list, rebuild the Rust side.
     def __reduce__(self):
         return (BertTokenizer, (self.vocab, self.do_lower_case, self.single_thread))

@@ -31,7 +31,7 @@ from collections.abc import Iterable, Iterator
 
 from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 
-from vocab.vocab_file import Vocab, VocabError
+from vocab.vocab_file import SPECIAL_TOKENS, Vocab, VocabError
 
 LAYOUTS = ("auto", "google", "compact")
 GOOGLE_UNUSED_BEFORE_UNK = 99
@@ -48,9 +48,9 @@ def reserved_tokens(layout: str, num_unused: int) -> list[str]:
             raise VocabError(f"the google layout needs at least {GOOGLE_UNUSED_BEFORE_UNK} unused slots "
                              f"([UNK] is id 100), got {num_unused}")
         head = unused[:GOOGLE_UNUSED_BEFORE_UNK]
-        return ["[PAD]", *head, "[UNK]", "[CLS]", "[SEP]", "[MASK]", *unused[GOOGLE_UNUSED_BEFORE_UNK:]]
+        return [SPECIAL_TOKENS[0], *head, *SPECIAL_TOKENS[1:], *unused[GOOGLE_UNUSED_BEFORE_UNK:]]
     if layout == "compact":
-        return ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *unused]
+        return [*SPECIAL_TOKENS, *unused]
     raise VocabError(f"unknown vocabulary layout {layout!r} (one of {', '.join(LAYOUTS)})")
 
 
@@ -190,11 +190,3 @@ def train_vocab(
     Vocab.from_tokens(tokens)  # validates: no duplicates, required tokens present
     return tokens
 
-
-def write_vocab(tokens: list[str], path: str) -> Vocab:
-    """Write a vocab.txt atomically; returns the Vocab (with the file's sha256)."""
-    from pipelines import fsio
-
-    vocab = Vocab(tuple(tokens), path)
-    fsio.write_atomic(path, vocab.to_bytes())
-    return vocab

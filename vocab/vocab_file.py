@@ -14,7 +14,9 @@ from functools import cached_property
 
 import numpy as np
 
-REQUIRED_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
+# The five special tokens every BERT vocabulary holds, in the order of the compact layout.
+SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
+REQUIRED_TOKENS = SPECIAL_TOKENS
 CONTINUATION_PREFIX = "##"
 _BOM = "\ufeff"
 
@@ -86,6 +88,10 @@ class Vocab:
 
     def id_to_token(self, token_id: int) -> str:
         return self.tokens[token_id]
+
+    def display_token(self, token_id: int) -> str:
+        """The token for a report: ``<id N>`` for an id outside the vocabulary (corrupt data)."""
+        return self.tokens[token_id] if 0 <= token_id < len(self.tokens) else f"<id {token_id}>"
 
     def id_of(self, name: str) -> int:
         """Id of a special token by name: "pad", "unk", "cls", "sep", "mask" or the literal token."""
@@ -187,15 +193,8 @@ def parse_vocab_bytes(data: bytes, path: str) -> tuple[str, ...]:
     return tuple(tokens)
 
 
-def load_vocab(path: str) -> Vocab:
-    """Read and validate a vocab.txt (local path or anything Beam's FileSystems reads, e.g. gs://)."""
-    from pipelines import fsio  # Beam's filesystems: imported lazily, only when a file is read
-
-    try:
-        data = fsio.read_bytes(path)
-    except (OSError, ValueError) as e:
-        raise VocabError(f"{path}: cannot read the vocabulary file: {e}") from e
-    except Exception as e:  # Beam raises its own error types for missing files
-        raise VocabError(f"{path}: cannot read the vocabulary file: {e}") from e
-    tokens = parse_vocab_bytes(data, path)
-    return Vocab(tokens, path, hashlib.sha256(data).hexdigest())
+def parse_vocab(data: bytes, source: str) -> Vocab:
+    """The validated Vocab of a vocab.txt's bytes; ``source`` (the path) names it in errors and the
+    manifest. Reading the file is the caller's (contract.vocab_io.load_vocab)."""
+    tokens = parse_vocab_bytes(data, source)
+    return Vocab(tokens, source, hashlib.sha256(data).hexdigest())

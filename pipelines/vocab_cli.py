@@ -7,14 +7,15 @@ from collections.abc import Iterator
 
 import click
 
-from vocab.train import LAYOUTS, train_vocab, write_vocab
+from contract.vocab_io import write_vocab
+from pipelines import fsio
+from vocab.train import LAYOUTS, train_vocab
 from vocab.vocab_file import VocabError
 
 
 def iter_corpus_texts(patterns: list[str], config, stats: dict[str, int]) -> Iterator[str]:
     """Paragraphs (or given sentences) of every document, read exactly as `bert-datagen run` reads them."""
     from datagen.readers import read_documents
-    from pipelines import fsio
 
     for info in fsio.match_files(patterns):
         data = fsio.read_bytes(info.path)
@@ -51,7 +52,6 @@ def vocab_command(inputs, output, vocab_size, do_lower_case, input_format, text_
     """Train a WordPiece vocabulary in Google's vocab.txt layout."""
     from datagen.config import ConfigError, DatagenConfig
     from datagen.readers import InputError
-    from pipelines.fsio import InputNotFoundError
 
     try:
         config = DatagenConfig(input_format=input_format, text_field=text_field,
@@ -66,8 +66,8 @@ def vocab_command(inputs, output, vocab_size, do_lower_case, input_format, text_
                              limit_alphabet=limit_alphabet)
         if stats.get("documents", 0) == 0:
             raise click.ClickException(f"no documents found in {', '.join(inputs)} (format {input_format})")
-        vocab = write_vocab(tokens, output)
-    except (InputError, InputNotFoundError, VocabError) as e:
+        vocab = write_vocab(tokens, output, fsio.BEAM_FS)
+    except (InputError, fsio.InputNotFoundError, VocabError) as e:
         raise click.ClickException(str(e)) from e
     seconds = time.perf_counter() - start
     click.echo(f"wrote {output}: {vocab.size:,} tokens (requested {vocab_size:,}), sha256 {vocab.sha256}")

@@ -1,0 +1,131 @@
+"""Dataset discovery: what a dataset directory (or a glob of TFRecords without a manifest) holds.
+
+One implementation for the data tools and the trainer: shards in split order with their manifest
+entries, the vocab, and the record shape. Datasets without a manifest (made by the original tool)
+work too: the caller gives the record shape (and, when it needs one, the vocab); the checks that need
+a manifest (checksums, counts) are then the caller's to skip.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from contract.fs import FileSystem
+from contract.manifest import MANIFEST_NAME, ManifestError, load_manifest, shape_from_manifest, split_names
+from contract.vocab_io import load_vocab
+from datagen.record_rules import RecordShape
+from vocab.vocab_file import Vocab, VocabError
+
+
+class DatasetError(ValueError):
+    """A dataset that cannot be opened (bad target, missing options, unreadable vocab); says why."""
+
+
+@dataclass(frozen=True)
+class ShardRef:
+    split: str
+    name: str  # as the manifest lists it (relative), or the file path for data without a manifest
+    path: str  # full path to open
+    expected: dict | None = None  # the manifest's entry
+
+
+@dataclass
+class Dataset:
+    root: str | None  # None for a glob of files without a manifest
+    manifest: dict | None
+    shards: list[ShardRef]
+    vocab: Vocab | None  # None only when the caller asked for no vocab (need_vocab=False)
+    shape: RecordShape | None  # None exactly when vocab is None
+    max_seq_length: int
+    max_predictions: int
+
+    @property
+    def splits(self) -> list[str]:
+        return list(dict.fromkeys(s.split for s in self.shards))
+
+    def split_shards(self, split: str) -> list[ShardRef]:
+        return [s for s in self.shards if s.split == split]
+
+
+def read_vocab(path: str, fs: FileSystem) -> Vocab:
+    """The vocab through vocab.vocab_file (same parsing and validation as the generator uses)."""
+    if not fs.exists(path):
+        raise DatasetError(f"{path}: vocab file not found")
+    try:
+        return load_vocab(path, fs)
+    except VocabError as e:
+        raise DatasetError(str(e)) from e
+
+
+def record_shape(vocab: Vocab, max_seq_length: int, max_predictions: int, config: dict | None = None
+                 ) -> RecordShape:
+    """What a record must look like, with this vocab's special ids and the config's masking settings."""
+    prob = (config or {}).get("masked_lm_prob")
+    return RecordShape(max_seq_length, max_predictions, len(vocab), vocab.cls_id, vocab.sep_id,
+                       vocab.mask_id, vocab.pad_id, vocab.unk_id,
+                       float(prob) if prob is not None else None,
+                       bool((config or {}).get("whole_word_mask", False)))
+
+
+def is_dataset_dir(path: str, fs: FileSystem) -> bool:
+    """A local directory, or a remote prefix holding a manifest (object stores have no directories)."""
+    if "://" in path:
+        return fs.exists(fs.join(path, MANIFEST_NAME))
+    return os.path.isdir(path)
+
+
+def open_dataset(
+    target: str,
+    fs: FileSystem,
+    *,
+    max_seq_length: int | None = None,
+    max_predictions_per_seq: int | None = None,
+    vocab_path: str | None = None,
+    need_vocab: bool = True,
+) -> Dataset:
+    """A dataset directory with a manifest, or (given the record shape and vocab) TFRecords without one.
+
+    Without a manifest, ``target`` is a file glob, or a directory whose files are all shards.
+    ``need_vocab=False`` (the trainer) neither reads the vocab nor asks for one.
+    """
+    legacy_opts = (max_seq_length, max_predictions_per_seq, vocab_path if need_vocab else 0)
+    has_manifest = fs.exists(fs.join(target, MANIFEST_NAME)) if is_dataset_dir(target, fs) else False
+    if has_manifest:
+        if any(v is not None for v in legacy_opts[:2]):
+            raise DatasetError(
+                f"{target} has a manifest; --max-seq-length/--max-predictions-per-seq are only for "
+                "data without one"
+            )
+        manifest = load_manifest(target, fs)
+        seq, preds = shape_from_manifest(manifest)
+        shards = [ShardRef(split, s["path"], fs.join(target, *s["path"].split("/")), s)
+                  for split in split_names(manifest) for s in manifest["splits"][split]["shards"]]
+        if not need_vocab:
+            return Dataset(target, manifest, shards, None, None, seq, preds)
+        vocab = read_vocab(vocab_path or fs.join(target, manifest["vocab"]["path"]), fs)
+        return Dataset(target, manifest, shards, vocab, record_shape(vocab, seq, preds, manifest["config"]),
+                       seq, preds)
+    options = "--max-seq-length, --max-predictions-per-seq" + (" and --vocab" if need_vocab else "")
+    if any(v is None for v in legacy_opts):
+        if is_dataset_dir(target, fs):
+            raise ManifestError(
+                f"{fs.join(target, MANIFEST_NAME)}: no manifest: not a complete bert-datagen dataset. "
+                f"For data made by the original tool pass {options}"
+            )
+        raise DatasetError(f"{target}: not a dataset directory; for TFRecords without a manifest pass {options}")
+    pattern = fs.join(target, "*") if is_dataset_dir(target, fs) else target
+    files = fs.glob(pattern)
+    if not files:
+        raise DatasetError(f"{pattern}: no input file matches this pattern")
+    vocab = read_vocab(vocab_path, fs) if need_vocab else None  # type: ignore[arg-type]
+    shards = [ShardRef("files", f, f) for f in files if not _is_hidden(f)]
+    if not shards:
+        raise DatasetError(f"{target}: no record files")
+    seq, preds = int(max_seq_length), int(max_predictions_per_seq)  # type: ignore[arg-type]
+    shape = record_shape(vocab, seq, preds) if vocab is not None else None
+    return Dataset(None, None, shards, vocab, shape, seq, preds)
+
+
+def _is_hidden(path: str) -> bool:
+    return path.rstrip("/").rsplit("/", 1)[-1].startswith(".")

@@ -1,0 +1,157 @@
+"""The BERT record rules: what a pre-training record must look like, checked for a batch at once.
+
+[CLS] A [SEP] B [SEP], 1s-then-0s masks, segment ids, masked positions and weights, the recipe's
+masked count: every check is a NumPy expression over the batch, and names the record it fails on.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from datagen.example_codec import Batch
+
+MAX_PROBLEMS_PER_SHARD = 20
+
+
+@dataclass(frozen=True)
+class RecordShape:
+    """What a record must look like; small and picklable for the worker processes."""
+
+    max_seq_length: int
+    max_predictions: int
+    vocab_size: int
+    cls_id: int
+    sep_id: int
+    mask_id: int | None
+    pad_id: int | None
+    unk_id: int | None
+    # From the manifest's config; None for data without one (the masked-count check is skipped).
+    masked_lm_prob: float | None = None
+    whole_word_mask: bool = False
+
+
+@dataclass
+class Layout:
+    """Per-record quantities derived from a batch (original tokens restored at masked positions)."""
+
+    length: np.ndarray  # real tokens (sum of input_mask)
+    first_sep: np.ndarray
+    n_masked: np.ndarray
+    original: np.ndarray  # input_ids with labels put back at masked positions
+
+
+def derive(batch: Batch, shape: RecordShape) -> Layout:
+    f = batch.features
+    ids = f["input_ids"]
+    n, s = ids.shape
+    length = f["input_mask"].sum(axis=1)
+    w = f["masked_lm_weights"]
+    n_masked = (w == 1).sum(axis=1)
+    pos = f["masked_lm_positions"]
+    original = ids.copy()
+    active = (w == 1) & (pos >= 0) & (pos < s)
+    rows, cols = np.nonzero(active)
+    original[rows, pos[rows, cols]] = f["masked_lm_ids"][rows, cols]
+    inside = np.arange(s) < length[:, None]
+    is_sep = (original == shape.sep_id) & inside
+    first_sep = np.where(is_sep.any(axis=1), np.argmax(is_sep, axis=1), -1)
+    return Layout(length, first_sep, n_masked, original)
+
+
+def check_batch(batch: Batch, shape: RecordShape, layout: Layout | None = None,
+                limit: int = MAX_PROBLEMS_PER_SHARD) -> tuple[list[tuple[int, str]], int]:
+    """Broken invariants as (record index, message), at most ``limit`` per check, and their total count.
+
+    A record gets at most one message per check; checks that depend on the layout are skipped for
+    records whose layout is already wrong.
+    """
+    if len(batch) == 0:
+        return [], 0
+    lay = layout or derive(batch, shape)
+    f = batch.features
+    ids, mask, seg = f["input_ids"], f["input_mask"], f["segment_ids"]
+    pos, mids, w = f["masked_lm_positions"], f["masked_lm_ids"], f["masked_lm_weights"]
+    nsp = f["next_sentence_labels"][:, 0]
+    n, s = ids.shape
+    p = pos.shape[1]
+    v = shape.vocab_size
+    ar = np.arange(s)
+    arp = np.arange(p)
+    length = lay.length
+    inside = ar < length[:, None]
+    orig = lay.original
+    sep1 = lay.first_sep
+    rows = np.arange(n)
+    checks: list[tuple[np.ndarray, Callable[[int], str]]] = []
+
+    def first(m: np.ndarray, r: int) -> int:
+        return int(np.argmax(m[r]))
+
+    bad_ids = (ids < 0) | (ids >= v)
+    checks.append((bad_ids.any(1), lambda r: f"input_ids[{first(bad_ids, r)}]={ids[r, first(bad_ids, r)]} "
+                   f"is not below the vocab size {v}"))
+    bad_mask = mask != inside
+    checks.append((bad_mask.any(1), lambda r: f"input_mask is not 1s then 0s (position {first(bad_mask, r)})"))
+    bad_pad = ~inside & ((ids != 0) | (seg != 0))
+    checks.append((bad_pad.any(1), lambda r: f"padding position {first(bad_pad, r)} has a non-zero "
+                   "input_id or segment_id"))
+    n_sep = ((orig == shape.sep_id) & inside).sum(1)
+    n_cls = ((orig == shape.cls_id) & inside).sum(1)
+    last = orig[rows, np.clip(length - 1, 0, s - 1)]
+    layout_ok = ((length >= 5) & (orig[:, 0] == shape.cls_id) & (n_cls == 1) & (n_sep == 2)
+                 & (last == shape.sep_id) & (sep1 >= 2) & (sep1 <= length - 3))
+    checks.append((~layout_ok, lambda r: (
+        f"not [CLS] A [SEP] B [SEP]: {int(length[r])} tokens, first token "
+        f"{'[CLS]' if orig[r, 0] == shape.cls_id else orig[r, 0]}, {int(n_cls[r])} [CLS], "
+        f"{int(n_sep[r])} [SEP] (first at {int(sep1[r])}), last token id {int(last[r])}")))
+    special = [t for t in (shape.pad_id, shape.mask_id) if t is not None]
+    stray = np.isin(orig, special) & inside
+    checks.append((stray.any(1) & layout_ok, lambda r: f"special token id {orig[r, first(stray, r)]} inside "
+                   f"the text at position {first(stray, r)}"))
+    want_seg = (ar > sep1[:, None]) & inside
+    bad_seg = seg != want_seg
+    checks.append((bad_seg.any(1) & layout_ok, lambda r: (
+        f"segment_ids wrong at position {first(bad_seg, r)} (expected 0 through the first [SEP] at "
+        f"{int(sep1[r])}, 1 up to the second at {int(length[r]) - 1}, 0 padding)")))
+    k = lay.n_masked
+    w_ok = ((w == 0) | (w == 1)) & (w == (arp < k[:, None]))
+    checks.append((~w_ok.all(1), lambda r: "masked_lm_weights are not 1s then 0s: "
+                   f"{w[r].tolist()}"))
+    act = arp < k[:, None]
+    out_seq = act & ((pos < 1) | (pos >= length[:, None]))
+    checks.append((out_seq.any(1), lambda r: f"masked position {pos[r, first(out_seq, r)]} is not strictly "
+                   f"inside the sequence (1..{int(length[r]) - 1})"))
+    on_sep = act & ((pos == sep1[:, None]) | (pos == (length - 1)[:, None]))
+    checks.append((on_sep.any(1) & layout_ok, lambda r: f"masked position {pos[r, first(on_sep, r)]} is on [SEP]"))
+    unsorted = act[:, 1:] & (pos[:, 1:] <= pos[:, :-1])
+    checks.append((unsorted.any(1), lambda r: f"masked_lm_positions not strictly increasing: "
+                   f"{pos[r, :int(k[r])].tolist()}"))
+    bad_label = act & ((mids < 0) | (mids >= v))
+    checks.append((bad_label.any(1), lambda r: f"masked_lm_ids[{first(bad_label, r)}]="
+                   f"{mids[r, first(bad_label, r)]} is not below the vocab size {v}"))
+    bad_tail = ~act & ((pos != 0) | (mids != 0))
+    checks.append((bad_tail.any(1), lambda r: f"masked_lm_positions/ids entry {first(bad_tail, r)} has weight 0 "
+                   "but is not 0"))
+    checks.append(((nsp != 0) & (nsp != 1), lambda r: f"next_sentence_labels is {nsp[r]} (must be 0 or 1)"))
+    if shape.masked_lm_prob is not None:
+        # The recipe: min(max_predictions, max(1, round(len * masked_lm_prob))) positions (round half to
+        # even, as Python and np.round do), fewer only when there are fewer candidates; whole-word
+        # masking may take fewer because it skips words that would overshoot.
+        want = np.minimum(np.minimum(p, np.maximum(1, np.round(length * shape.masked_lm_prob).astype(np.int64))),
+                          length - 3)
+        wrong_k = (k > want) if shape.whole_word_mask else (k != want)
+        checks.append((wrong_k & layout_ok, lambda r: (
+            f"masks {int(k[r])} positions; the recipe gives {'at most ' if shape.whole_word_mask else ''}"
+            f"{int(want[r])} for {int(length[r])} tokens at masked_lm_prob {shape.masked_lm_prob}")))
+
+    problems = []
+    total = 0
+    for failed, message in checks:
+        rows_failed = np.nonzero(failed)[0]
+        total += len(rows_failed)
+        for r in rows_failed[:limit]:
+            problems.append((int(batch.index[r]), message(int(r))))
+    return problems, total
