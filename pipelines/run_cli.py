@@ -6,7 +6,7 @@ import sys
 
 import click
 
-from datagen.config import ConfigError, DatagenConfig
+from datagen.config import INPUT_FORMATS, ConfigError, DatagenConfig
 
 RUNNER_CHOICES = ("DirectRunner", "DaskRunner", "DataflowRunner")
 
@@ -71,7 +71,7 @@ def summary_table(manifest: dict, wall_seconds: float, cpu_seconds: dict[str, fl
               help="Input file or glob (local or any Beam filesystem, e.g. gs://); repeatable. .gz/.bz2 by extension.")
 @click.option("--vocab", "vocab_path", required=True, help="WordPiece vocab file (one token per line).")
 @click.option("--output", "output_dir", required=True, help="Dataset directory to write.")
-@click.option("--input-format", type=click.Choice(["text", "sentences", "jsonl", "wikiextractor"]),
+@click.option("--input-format", type=click.Choice(INPUT_FORMATS),
               default="text", show_default=True)
 @click.option("--text-field", default="text", show_default=True, help="JSON field holding the text (jsonl).")
 @click.option("--max-seq-length", type=int, default=128, show_default=True)

@@ -8,6 +8,7 @@ from collections.abc import Iterator
 import click
 
 from contract.vocab_io import write_vocab
+from datagen.config import INPUT_FORMATS
 from pipelines import fsio
 from vocab.train import LAYOUTS, train_vocab
 from vocab.vocab_file import VocabError
@@ -34,7 +35,7 @@ def iter_corpus_texts(patterns: list[str], config, stats: dict[str, int]) -> Ite
               help="Total ids, reserved tokens included (Google's English vocab: 30522).")
 @click.option("--uncased/--cased", "do_lower_case", default=True, show_default=True,
               help="Lowercase and strip accents (uncased) or keep case and accents (cased).")
-@click.option("--input-format", type=click.Choice(["text", "sentences", "jsonl", "wikiextractor"]),
+@click.option("--input-format", type=click.Choice(INPUT_FORMATS),
               default="text", show_default=True)
 @click.option("--text-field", default="text", show_default=True, help="JSON field holding the text (jsonl).")
 @click.option("--num-unused", type=click.IntRange(min=0), default=994, show_default=True,
