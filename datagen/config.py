@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 INPUT_FORMATS = ("text", "sentences", "jsonl", "wikiextractor")
@@ -27,6 +27,7 @@ class DatagenConfig:
     do_lower_case: bool = True
     mask_ratios: tuple[float, float, float] = (0.8, 0.1, 0.1)  # [MASK], keep, random
     input_format: str = "text"
+    text_layout: str = "auto"  # input_format text: auto-detected, or plain, book, wikitext (datagen.readers)
     text_field: str = "text"
     sentence_splitter: str = "nupunkt"
     strict_utf8: bool = False
@@ -35,7 +36,6 @@ class DatagenConfig:
     eval_fraction: float = 0.0
     notnext_pool_size: int = 10000  # documents per NotNext pool
     max_notnext_tries: int = 10
-    extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.validate()
@@ -70,14 +70,14 @@ class DatagenConfig:
             raise ConfigError(f"--notnext-pool-size {self.notnext_pool_size} must be >= 2")
 
     def to_dict(self) -> dict[str, Any]:
+        """The config as a manifest records it.
+
+        ``text_layout`` is written as ``extra: {"text_layout": ...}`` (and the default as
+        ``extra: {}``), the form manifests have always had, so the same run keeps giving the same
+        manifest bytes.
+        """
         d = dataclasses.asdict(self)
         d["mask_ratios"] = list(self.mask_ratios)
+        layout = d.pop("text_layout")
+        d["extra"] = {} if layout == "auto" else {"text_layout": layout}
         return d
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> DatagenConfig:
-        known = {f.name for f in dataclasses.fields(cls)}
-        kwargs = {k: v for k, v in d.items() if k in known}
-        if "mask_ratios" in kwargs:
-            kwargs["mask_ratios"] = tuple(kwargs["mask_ratios"])
-        return cls(**kwargs)

@@ -94,3 +94,21 @@ def tokenize_documents(
         _bump(stats, "sentences", doc.num_sentences)
         _bump(stats, "tokens", doc.num_tokens)
     return docs
+
+
+def unique_documents(pool: Sequence[TokenizedDocument]) -> tuple[list[TokenizedDocument], int]:
+    """The pool sorted by ``doc_id``, one document per id, and how many duplicates were dropped.
+
+    Equal ids mean equal content (a 64-bit content hash), so which copy stays
+    does not matter; ties are still broken by the token bytes, so the result
+    never depends on the order of the pool even after a hash collision.
+    """
+    docs = sorted((d for d in pool if len(d.sentence_ends)), key=lambda d: int(d.doc_id))
+    unique: list[TokenizedDocument] = []
+    for doc in docs:
+        if unique and int(unique[-1].doc_id) == int(doc.doc_id):
+            if doc.tokens.tobytes() < unique[-1].tokens.tobytes():
+                unique[-1] = doc
+            continue
+        unique.append(doc)
+    return unique, len(docs) - len(unique)

@@ -34,15 +34,18 @@ from bisect import bisect_left
 from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
 from functools import cache
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from datagen.config import DatagenConfig
-from datagen.documents import TokenizedDocument
+from datagen.documents import TokenizedDocument, unique_documents
 from datagen.masking import mask_batch
 from datagen.records import InstanceBatch
 from datagen.rng import GOLDEN, MASK64, derive_key, mix64_array, u64_for_keys
+
+if TYPE_CHECKING:
+    from vocab.vocab_file import Vocab
 
 _U53 = 1.0 / (1 << 53)
 _TOP_BIT = np.uint64(63)
@@ -228,7 +231,7 @@ def _truncate(len_a: np.ndarray, len_b: np.ndarray, keys: np.ndarray, max_num_to
 
 
 def _layout(tokens: np.ndarray, a_lo: np.ndarray, len_a: np.ndarray, b_lo: np.ndarray, len_b: np.ndarray,
-            seq: int, vocab: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+            seq: int, vocab: Vocab) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """``[CLS] A [SEP] B [SEP]`` rows padded to ``seq``: ids, lengths, segment ids."""
     n = a_lo.shape[0]
     pos = np.arange(seq, dtype=np.int64)
@@ -275,7 +278,7 @@ class PoolPlan:
         return int(self.keys.shape[0])
 
 
-def masked_rows(plan: PoolPlan, rows: np.ndarray, config: DatagenConfig, vocab: Any) -> InstanceBatch:
+def masked_rows(plan: PoolPlan, rows: np.ndarray, config: DatagenConfig, vocab: Vocab) -> InstanceBatch:
     """The instances ``rows`` (indices into ``plan``), laid out and masked, in that order."""
     blocks = [_masked_block(plan, rows[lo:lo + ROWS_PER_BLOCK], config, vocab)
               for lo in range(0, rows.shape[0], ROWS_PER_BLOCK)]
@@ -287,7 +290,7 @@ def masked_rows(plan: PoolPlan, rows: np.ndarray, config: DatagenConfig, vocab: 
                             for f in fields(InstanceBatch)})
 
 
-def _masked_block(plan: PoolPlan, take: np.ndarray, config: DatagenConfig, vocab: Any) -> InstanceBatch:
+def _masked_block(plan: PoolPlan, take: np.ndarray, config: DatagenConfig, vocab: Vocab) -> InstanceBatch:
     seq = config.max_seq_length
     ids, lengths, segments = _layout(plan.tokens, plan.a_lo[take], plan.len_a[take], plan.b_lo[take],
                                      plan.len_b[take], seq, vocab)
@@ -313,30 +316,15 @@ def empty_batch(config: DatagenConfig) -> InstanceBatch:
     )
 
 
-def unique_documents(pool: Sequence[TokenizedDocument]) -> tuple[list[TokenizedDocument], int]:
-    """The pool sorted by ``doc_id``, one document per id, and how many duplicates were dropped.
-
-    Equal ids mean equal content (a 64-bit content hash), so which copy stays
-    does not matter; ties are still broken by the token bytes, so the result
-    never depends on the order of the pool even after a hash collision.
-    """
-    docs = sorted((d for d in pool if d.num_sentences), key=lambda d: d.doc_id)
-    unique: list[TokenizedDocument] = []
-    for doc in docs:
-        if unique and unique[-1].doc_id == doc.doc_id:
-            if doc.tokens.tobytes() < unique[-1].tokens.tobytes():
-                unique[-1] = doc
-            continue
-        unique.append(doc)
-    return unique, len(docs) - len(unique)
-
-
 def plan_pool_pass(pool: Sequence[TokenizedDocument], pass_index: int, config: DatagenConfig) -> PoolPlan | None:
-    """The plan of every instance of ``pool`` in one pass (None for a pool without sentences)."""
-    docs, duplicates = unique_documents(pool)
-    if not docs:
+    """The plan of every instance of ``pool`` in one pass (None for a pool without documents).
+
+    ``pool`` is sorted by ``doc_id`` with one document per identity (``unique_documents``): the
+    pipeline dedupes each pool once, when it is built, not once per pass.
+    """
+    if not pool:
         return None
-    flat = _Pool.of(docs)
+    flat = _Pool.of(pool)
     max_num_tokens = config.max_seq_length - 3
     targets = _target_lengths(flat, pass_index, config)
     walk = _walk(flat, targets, pass_index, config)
@@ -358,7 +346,6 @@ def plan_pool_pass(pool: Sequence[TokenizedDocument], pass_index: int, config: D
     keys = u64_for_keys(doc_pass_keys(seed, "instance", doc_ids, pass_index), ordinal)
     m_len = walk["b_hi"] - walk["a_lo"]
     stats.update(
-        duplicate_documents=duplicates,
         instances=int(keys.shape[0]),
         notnext=int(labels.sum()),
         notnext_forced=int((m_len == 1).sum()),
@@ -370,11 +357,16 @@ def plan_pool_pass(pool: Sequence[TokenizedDocument], pass_index: int, config: D
 
 
 def build_pool_instances(pool: Sequence[TokenizedDocument], pass_index: int, config: DatagenConfig,
-                         vocab: Any) -> PoolPass:
-    """Masked instances of every document of ``pool`` for one pass; NotNext partners come from ``pool``."""
-    plan = plan_pool_pass(pool, pass_index, config)
+                         vocab: Vocab) -> PoolPass:
+    """Masked instances of every document of ``pool`` for one pass; NotNext partners come from ``pool``.
+
+    The whole pass as one batch, in plan order (the pipeline encodes it in key order, a block at a
+    time: ``datagen.framed.encode_pool_pass``); any order of ``pool`` and any duplicates give the same.
+    """
+    docs, duplicates = unique_documents(pool)
+    plan = plan_pool_pass(docs, pass_index, config)
     if plan is None:
         return PoolPass(empty_batch(config), np.zeros(0, np.uint64), {"instances": 0})
     batch = masked_rows(plan, np.arange(len(plan)), config, vocab)
-    stats = {**plan.stats, "masked_tokens": int(batch.masked_lm_weights.sum())}
+    stats = {**plan.stats, "duplicate_documents": duplicates, "masked_tokens": int(batch.masked_lm_weights.sum())}
     return PoolPass(batch, plan.keys, stats)

@@ -30,7 +30,7 @@ Layouts the ``text`` format recognises on its own, per file:
 Joined lines get a space between them, except after a hyphen or dash that
 ends a line right after a letter (``au-`` / ``dessus``, ``plane;—`` / ``wait``).
 
-``config.extra["text_layout"]`` overrides the detection: ``plain`` (blank
+``config.text_layout`` overrides the detection: ``plain`` (blank
 lines separate documents, nothing else recognised), ``book`` (the whole file
 is one document, blank-line blocks are paragraphs; Gutenberg boilerplate is
 still stripped), ``wikitext`` or ``auto`` (the default).
@@ -75,10 +75,6 @@ class RawDocument:
     def text(self) -> str:
         parts = self.sentences if self.sentences is not None else self.paragraphs
         return "\n".join(parts or [])
-
-    def is_empty(self) -> bool:
-        parts = self.sentences if self.sentences is not None else self.paragraphs
-        return not any(p.strip() for p in parts or [])
 
 
 # ---------------------------------------------------------------- cleaning
@@ -274,8 +270,8 @@ TEXT_LAYOUTS = ("auto", "plain", "book", "wikitext")
 
 
 def text_layout(config: DatagenConfig) -> str:
-    """The ``text`` layout asked for in ``config.extra["text_layout"]`` (default ``auto``)."""
-    layout = str(config.extra.get("text_layout", "auto"))
+    """The ``text`` layout asked for in ``config.text_layout`` (default ``auto``)."""
+    layout = str(config.text_layout)
     if layout not in TEXT_LAYOUTS:
         raise ValueError(f"text layout {layout!r} is not one of {', '.join(TEXT_LAYOUTS)}")
     return layout

@@ -7,8 +7,8 @@ import sys
 import click
 
 from datagen.config import INPUT_FORMATS, ConfigError, DatagenConfig
-
-RUNNER_CHOICES = ("DirectRunner", "DaskRunner", "DataflowRunner")
+from datagen.readers import TEXT_LAYOUTS
+from pipelines.runners import RUNNERS
 
 
 def parse_mask_ratios(text: str) -> tuple[float, float, float]:
@@ -71,8 +71,9 @@ def summary_table(manifest: dict, wall_seconds: float, cpu_seconds: dict[str, fl
               help="Input file or glob (local or any Beam filesystem, e.g. gs://); repeatable. .gz/.bz2 by extension.")
 @click.option("--vocab", "vocab_path", required=True, help="WordPiece vocab file (one token per line).")
 @click.option("--output", "output_dir", required=True, help="Dataset directory to write.")
-@click.option("--input-format", type=click.Choice(INPUT_FORMATS),
-              default="text", show_default=True)
+@click.option("--input-format", type=click.Choice(INPUT_FORMATS), default="text", show_default=True)
+@click.option("--text-layout", type=click.Choice(TEXT_LAYOUTS), default="auto", show_default=True,
+              help="--input-format text: auto-detect per file, or read every file as plain, book or wikitext.")
 @click.option("--text-field", default="text", show_default=True, help="JSON field holding the text (jsonl).")
 @click.option("--max-seq-length", type=int, default=128, show_default=True)
 @click.option("--max-predictions-per-seq", type=int, default=20, show_default=True)
@@ -94,7 +95,7 @@ def summary_table(manifest: dict, wall_seconds: float, cpu_seconds: dict[str, fl
 @click.option("--sentence-splitter", default="nupunkt", show_default=True)
 @click.option("--strict", is_flag=True, default=False, help="Fail on invalid UTF-8 instead of replacing it.")
 @click.option("--overwrite", is_flag=True, default=False, help="Replace an existing dataset in --output.")
-@click.option("--runner", type=click.Choice(RUNNER_CHOICES, case_sensitive=False), default="DirectRunner",
+@click.option("--runner", type=click.Choice(RUNNERS, case_sensitive=False), default="DirectRunner",
               show_default=True)
 @click.option("--dask-scheduler", default=None,
               help="DaskRunner: address of a running dask.distributed scheduler (default: a local cluster).")
@@ -106,7 +107,7 @@ def summary_table(manifest: dict, wall_seconds: float, cpu_seconds: dict[str, fl
 @click.option("--quiet", is_flag=True, default=False, help="No progress lines or summary table.")
 @click.pass_context
 def run_command(ctx: click.Context, inputs: tuple[str, ...], vocab_path: str, output_dir: str,
-                input_format: str, text_field: str, max_seq_length: int, max_predictions_per_seq: int,
+                input_format: str, text_layout: str, text_field: str, max_seq_length: int, max_predictions_per_seq: int,
                 masked_lm_prob: float, short_seq_prob: float, dupe_factor: int, random_seed: int,
                 whole_word_mask: bool, do_lower_case: bool, mask_ratios: str, num_shards: int | None,
                 target_shard_mb: float, eval_fraction: float, notnext_pool_size: int,
@@ -129,6 +130,7 @@ def run_command(ctx: click.Context, inputs: tuple[str, ...], vocab_path: str, ou
             do_lower_case=do_lower_case,
             mask_ratios=parse_mask_ratios(mask_ratios),
             input_format=input_format,
+            text_layout=text_layout,
             text_field=text_field,
             sentence_splitter=sentence_splitter,
             strict_utf8=strict,

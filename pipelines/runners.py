@@ -1,4 +1,4 @@
-"""Beam runner setup: DirectRunner (default), DaskRunner, DataflowRunner.
+"""Beam runner setup: DirectRunner (default), DaskRunner, DataflowRunner, PortableRunner.
 
 Runner options never change the bytes of a dataset; they only decide where the work runs.
 
@@ -11,6 +11,11 @@ Runner options never change the bytes of a dataset; they only decide where the w
 - DataflowRunner: this package must be installed on the workers. Unless the user passes
   ``--setup_file`` or ``--extra_package`` already, a wheel of this package is built into a temporary
   directory and shipped with ``--extra_package``.
+- PortableRunner: Beam's portable job API, the way Flink, Spark and Dataflow Runner v2 run Python
+  pipelines. Its options (``--job_endpoint``, ``--environment_type``, ``--environment_config``,
+  ...) pass through as given; the SDK workers must have this package installed.
+
+Beam itself is imported only when a runner is set up, so the CLI's ``--help`` stays fast.
 """
 
 from __future__ import annotations
@@ -22,14 +27,17 @@ import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from apache_beam.options.pipeline_options import PipelineOptions
+if TYPE_CHECKING:
+    from apache_beam.options.pipeline_options import PipelineOptions
 
-RUNNERS = ("DirectRunner", "DaskRunner", "DataflowRunner")
+RUNNERS = ("DirectRunner", "DaskRunner", "DataflowRunner", "PortableRunner")
 _ALIASES = {name.lower(): name for name in RUNNERS} | {
     "direct": "DirectRunner",
     "dask": "DaskRunner",
     "dataflow": "DataflowRunner",
+    "portable": "PortableRunner",
 }
 # Beam resolves only its built-in runners by short name; Dask needs the qualified class path.
 DASK_RUNNER_PATH = "apache_beam.runners.dask.dask_runner.DaskRunner"
@@ -124,6 +132,12 @@ def dataflow_args(beam_args: list[str], wheel_dir: str, wheel_builder=build_whee
     return args
 
 
+def portable_args(beam_args: list[str]) -> list[str]:
+    if not _has_flag(beam_args, "--job_endpoint"):
+        raise RunnerError("--runner PortableRunner needs --job_endpoint (a job service address, or embed)")
+    return list(beam_args)
+
+
 @contextlib.contextmanager
 def local_dask_cluster(workers: int) -> Iterator[str]:
     """A local dask.distributed cluster of worker processes; yields the scheduler address."""
@@ -175,11 +189,17 @@ def runner_setup(
             if not _has_flag(args, "--dask_npartitions", "--dask_partition_size"):
                 args.append(f"--dask_npartitions={max(1, min(parallel_elements, 4 * workers))}")
             local = dask_scheduler is None
-        else:
+        elif runner == "DataflowRunner":
             wheel_dir = stack.enter_context(tempfile.TemporaryDirectory(prefix="bert-datagen-wheel-"))
             args = dataflow_args(args, wheel_dir)
             workers = 0
             local = False
+        else:  # PortableRunner: the job service and the SDK workers are the user's (docs/pipeline.md)
+            args = portable_args(args)
+            workers = 0
+            local = False
+        from apache_beam.options.pipeline_options import PipelineOptions
+
         runner_arg = DASK_RUNNER_PATH if runner == "DaskRunner" else runner
         options = PipelineOptions([f"--runner={runner_arg}", *args])
         yield RunnerSetup(runner=runner, options=options, args=args, local=local, workers=workers)

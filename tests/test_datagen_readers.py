@@ -88,14 +88,14 @@ def test_text_layout_override():
     book = "Chapter one starts here and goes on for a while\ncontinues on this line.\n\nSecond paragraph.\n\nThird.\n"
     assert [d.paragraphs for d in read(book)[0]] == [["Chapter one starts here and goes on for a while continues on this line."],
                                                      ["Second paragraph."], ["Third."]]
-    as_book = read(book, extra={"text_layout": "book"})[0]
+    as_book = read(book, text_layout="book")[0]
     assert [d.paragraphs for d in as_book] == [["Chapter one starts here and goes on for a while continues on this line.",
                                                 "Second paragraph.", "Third."]]
     wiki = " = T = \n \n Body @-@ text 1 @,@ 000 .\n"
-    assert [d.paragraphs for d in read(wiki, extra={"text_layout": "plain"})[0]] == [["= T ="], ["Body @-@ text 1 @,@ 000 ."]]
-    assert [d.paragraphs for d in read(" Body @-@ text .\n", extra={"text_layout": "wikitext"})[0]] == [["Body-text ."]]
+    assert [d.paragraphs for d in read(wiki, text_layout="plain")[0]] == [["= T ="], ["Body @-@ text 1 @,@ 000 ."]]
+    assert [d.paragraphs for d in read(" Body @-@ text .\n", text_layout="wikitext")[0]] == [["Body-text ."]]
     with pytest.raises(InputError, match=r"in\.txt: text layout 'novel' is not one of"):
-        read(book, extra={"text_layout": "novel"})
+        read(book, text_layout="novel")
 
 
 # ---------------------------------------------------------------- sentences

@@ -41,10 +41,10 @@ def test_framed_encoder_equals_frame_record(n: int, seq: int, seed: int, high: i
 
 
 def test_encode_pool_pass_writes_records_in_key_order_equal_to_the_batch(monkeypatch) -> None:
+    from datagen import framed
     from datagen.config import DatagenConfig
-    from datagen.documents import TokenizedDocument
-    from datagen.instances import build_pool_instances, plan_pool_pass
-    from pipelines import run
+    from datagen.documents import TokenizedDocument, unique_documents
+    from datagen.instances import build_pool_instances
     from vocab.vocab_file import Vocab
 
     vocab = Vocab(("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *[f"w{i}" for i in range(995)]), "v")
@@ -55,8 +55,9 @@ def test_encode_pool_pass_writes_records_in_key_order_equal_to_the_batch(monkeyp
         docs.append(TokenizedDocument(doc_id=int(rng.integers(1, 2**63)), tokens=rng.integers(5, 1000, lengths.sum()),
                                       sentence_ends=np.cumsum(lengths).astype(np.int32)))
     config = DatagenConfig(max_seq_length=32, max_predictions_per_seq=5)
-    monkeypatch.setattr(run, "ENCODE_CHUNK_ROWS", 7)  # several blocks, and a ragged last one
-    encoded, labels, masked = run.encode_pool_pass(plan_pool_pass(docs, 1, config), config, vocab)
+    monkeypatch.setattr(framed, "ENCODE_CHUNK_ROWS", 7)  # several blocks, and a ragged last one
+    built = framed.encode_pool_pass(unique_documents(docs)[0], 1, config, vocab)
+    encoded, labels, masked = built.records, built.labels, built.masked
     whole = build_pool_instances(docs, 1, config, vocab)  # the same instances, in plan order
     order = np.argsort(whole.keys, kind="stable")
     assert len(encoded) == len(order) > 7

@@ -10,40 +10,45 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from datagen import framed as F
+from datagen import placement as P
+from datagen import staging as S
 from datagen.config import DatagenConfig
+from datagen.documents import unique_documents
 from pipelines import run as R
 from pipelines import runners
+from pipelines import transforms as T
 
 
 @given(st.lists(st.integers(0, 2**64 - 1), min_size=1, max_size=50), st.integers(1, 2**32 - 1))
 @settings(max_examples=200, deadline=None)
 def test_shard_of_keys_is_exact_128_bit_arithmetic(keys: list[int], n: int) -> None:
-    got = R.shard_of_keys(np.asarray(keys, dtype=np.uint64), n).tolist()
+    got = P.shard_of_keys(np.asarray(keys, dtype=np.uint64), n).tolist()
     assert got == [(k * n) >> 64 for k in keys]
 
 
 def test_shards_are_contiguous_ranges_of_the_hash_space() -> None:
     keys = np.sort(np.random.default_rng(0).integers(0, 2**64 - 1, 1000, dtype=np.uint64))
-    shards = R.shard_of_keys(keys, 7)
+    shards = P.shard_of_keys(keys, 7)
     assert (np.diff(shards) >= 0).all() and shards.min() == 0 and shards.max() == 6
 
 
 def test_pool_and_split_depend_on_identity_and_seed_only() -> None:
     cfg = DatagenConfig(eval_fraction=0.25, random_seed=7)
     ids = [int(x) for x in np.random.default_rng(1).integers(0, 2**63, 4000, dtype=np.uint64)]
-    splits = [R.split_of(i, cfg) for i in ids]
+    splits = [P.split_of(i, cfg) for i in ids]
     frac = splits.count("eval") / len(ids)
     assert 0.2 < frac < 0.3
-    assert splits == [R.split_of(i, DatagenConfig(eval_fraction=0.25, random_seed=7)) for i in ids]
-    assert splits != [R.split_of(i, DatagenConfig(eval_fraction=0.25, random_seed=8)) for i in ids]
-    pools = [R.pool_of(i, 5, cfg) for i in ids]
+    assert splits == [P.split_of(i, DatagenConfig(eval_fraction=0.25, random_seed=7)) for i in ids]
+    assert splits != [P.split_of(i, DatagenConfig(eval_fraction=0.25, random_seed=8)) for i in ids]
+    pools = [P.pool_of(i, 5, cfg) for i in ids]
     assert set(pools) == set(range(5))
-    assert all(R.split_of(i, DatagenConfig()) == "train" for i in ids[:50])
+    assert all(P.split_of(i, DatagenConfig()) == "train" for i in ids[:50])
 
 
 def test_num_pools_from_global_count() -> None:
     cfg = DatagenConfig(notnext_pool_size=100)
-    assert [R.num_pools_for(n, cfg) for n in (0, 1, 99, 100, 199, 200, 1000)] == [1, 1, 1, 1, 1, 2, 10]
+    assert [P.num_pools_for(n, cfg) for n in (0, 1, 99, 100, 199, 200, 1000)] == [1, 1, 1, 1, 1, 2, 10]
 
 
 @dataclass
@@ -55,62 +60,62 @@ class Doc:
 
 def test_dedupe_sorted_collapses_equal_identities_whatever_the_order() -> None:
     docs = [Doc(i, np.arange(i % 5 + 1, dtype=np.int32), np.array([1])) for i in (9, 3, 9, 1, 3, 3)]
-    unique, dupes = R.dedupe_sorted(docs)
+    unique, dupes = unique_documents(docs)
     assert [d.doc_id for d in unique] == [1, 3, 9] and dupes == 3
-    unique2, _ = R.dedupe_sorted(list(reversed(docs)))
+    unique2, _ = unique_documents(list(reversed(docs)))
     assert [d.doc_id for d in unique2] == [1, 3, 9]
 
 
-def _records(keys: list[int]) -> R.EncodedRecords:
+def _records(keys: list[int]) -> F.EncodedRecords:
     blobs = [f"rec{k}".encode() for k in keys]
-    return R.EncodedRecords(np.asarray(keys, np.uint64), np.asarray([len(b) for b in blobs], np.int64),
+    return F.EncodedRecords(np.asarray(keys, np.uint64), np.asarray([len(b) for b in blobs], np.int64),
                             b"".join(blobs))
 
 
 def test_sorted_shard_orders_by_key_across_parts() -> None:
-    shard = R.sorted_shard([_records([5, 1]), R.EncodedRecords.empty(), _records([3, 2**63])], "x")
+    shard = F.sorted_shard([_records([5, 1]), F.EncodedRecords.empty(), _records([3, 2**63])], "x")
     assert shard.keys.tolist() == [1, 3, 5, 2**63]
     assert shard.blob == b"rec1rec3rec5" + f"rec{2**63}".encode()
 
 
 def test_sorted_shard_fails_loudly_on_duplicate_keys() -> None:
     with pytest.raises(RuntimeError, match="share the key"):
-        R.sorted_shard([_records([5, 1]), _records([5])], "train/part-00000-of-00001.tfrecord")
+        F.sorted_shard([_records([5, 1]), _records([5])], "train/part-00000-of-00001.tfrecord")
 
 
 def test_fingerprint_ignores_order_and_duplicates() -> None:
-    a = R.fingerprint([np.array([3, 1], np.uint64), np.array([2], np.uint64)])
-    b = R.fingerprint([np.array([2, 3, 3], np.uint64), np.array([1], np.uint64)])
+    a = P.fingerprint([np.array([3, 1], np.uint64), np.array([2], np.uint64)])
+    b = P.fingerprint([np.array([2, 3, 3], np.uint64), np.array([1], np.uint64)])
     assert a == b
-    assert a != R.fingerprint([np.array([1, 2], np.uint64)])
+    assert a != P.fingerprint([np.array([1, 2], np.uint64)])
 
 
 def test_record_bytes_estimate_is_close_for_the_original_format() -> None:
     cfg = DatagenConfig(dupe_factor=10)
     # 764 bytes a record measured for 128/20 records (MEASUREMENTS.md); the estimate is within 15%.
-    per_record = R.estimated_record_bytes(1, 125, cfg) / 10
+    per_record = P.estimated_record_bytes(1, 125, cfg) / 10
     assert 764 <= per_record <= 1.15 * 764
-    assert R.estimated_record_bytes(0, 0, cfg) == 0
-    assert R.estimated_record_bytes(100, 10, cfg) == 10 * 100 * (4 * 128 + 8 * 20 + 180)
+    assert P.estimated_record_bytes(0, 0, cfg) == 0
+    assert P.estimated_record_bytes(100, 10, cfg) == 10 * 100 * (4 * 128 + 8 * 20 + 180)
 
 
 def test_shard_counts_from_size_target_or_fixed() -> None:
     cfg = DatagenConfig(target_shard_mb=1.0, eval_fraction=0.1)
-    assert R.shard_counts(cfg, {"train": 5 * 2**20 + 1, "eval": 10}) == {"train": 6, "eval": 1}
+    assert P.shard_counts(cfg, {"train": 5 * 2**20 + 1, "eval": 10}) == {"train": 6, "eval": 1}
     cfg = DatagenConfig(num_shards=3)
-    assert R.shard_counts(cfg, {"train": 0}) == {"train": 3}
-    assert R.shard_name("train", 2, 10) == "train/part-00002-of-00010.tfrecord"
+    assert P.shard_counts(cfg, {"train": 0}) == {"train": 3}
+    assert P.shard_name("train", 2, 10) == "train/part-00002-of-00010.tfrecord"
 
 
 def test_input_errors_survive_runner_wrapping() -> None:
-    inner = R.input_error("/data/x.txt: looks like a binary file")
+    inner = T.input_error("/data/x.txt: looks like a binary file")
     wrapped = RuntimeError(f"Traceback ...\n  {inner} [while running 'ReadFiles']\n more")
-    assert R.extract_input_error(wrapped) == "/data/x.txt: looks like a binary file"
+    assert T.extract_input_error(wrapped) == "/data/x.txt: looks like a binary file"
     try:
         raise ValueError("outer") from inner
     except ValueError as e:
-        assert R.extract_input_error(e) == "/data/x.txt: looks like a binary file"
-    assert R.extract_input_error(RuntimeError("something else")) is None
+        assert T.extract_input_error(e) == "/data/x.txt: looks like a binary file"
+    assert T.extract_input_error(RuntimeError("something else")) is None
 
 
 def test_summarize_combines_results_deterministically(tmp_path) -> None:
@@ -123,9 +128,9 @@ def test_summarize_combines_results_deterministically(tmp_path) -> None:
         {"kind": "pool", "documents": 1},
     ]
     out = tmp_path / "s.json"
-    R.summarize((0, items), str(out))
+    T.summarize((0, items), str(out))
     first = out.read_bytes()
-    R.summarize((0, list(reversed(items))), str(out))
+    T.summarize((0, list(reversed(items))), str(out))
     assert out.read_bytes() == first
     summary = json.loads(first)
     assert [s["path"] for s in summary["shards"]["train"]] == ["a", "b"]
@@ -137,13 +142,13 @@ def test_identity_census_counts_distinct_documents_per_split() -> None:
     # rows: identities, token counts (a duplicate identity has the same content, so the same count)
     parts = [{"train": np.array([[5, 1, 5], [50, 10, 50]], np.uint64)},
              {"train": np.array([[1, 9], [10, 90]], np.uint64), "eval": np.array([[4], [40]], np.uint64)}]
-    census = R.identity_census((0, parts))
+    census = P.identity_census((0, parts))
     assert census["distinct_docs/train"] == 3 and census["distinct_docs/eval"] == 1
     assert census["distinct_tokens/train"] == 150 and census["distinct_tokens/eval"] == 40
-    assert census["fingerprint"] == R.fingerprint([np.array([1, 4, 5, 9], np.uint64)])
-    assert R.identity_census((0, list(reversed(parts)))) == census
+    assert census["fingerprint"] == P.fingerprint([np.array([1, 4, 5, 9], np.uint64)])
+    assert P.identity_census((0, list(reversed(parts)))) == census
     cfg = DatagenConfig(target_shard_mb=1.0)
-    assert R.shard_counts_of(census, cfg) == R.shard_counts(cfg, {"train": R.estimated_record_bytes(3, 150, cfg)})
+    assert P.shard_counts_of(census, cfg) == P.shard_counts(cfg, {"train": P.estimated_record_bytes(3, 150, cfg)})
 
 
 # ---------------------------------------------------------------- runner options
@@ -237,8 +242,8 @@ def test_every_dofn_round_trips_through_beam_pickler_and_cloudpickle(tmp_path) -
     from apache_beam.internal import pickler
 
     plan = _plan(tmp_path)
-    fns = [R.ReadFiles(plan.config, plan.vocab, True), R.AssignPools(plan.config),
-           R.BuildInstances(plan.config, plan.vocab, plan.staging_dir), R.WriteShard(plan.output_dir)]
+    fns = [T.ReadFiles(plan.config, plan.vocab, True), T.AssignPools(plan.config),
+           T.BuildInstances(plan.config, plan.vocab, plan.staging_dir), T.WriteShard(plan.output_dir)]
     for fn in fns:
         for dumps, loads in ((pickler.dumps, pickler.loads), (cloudpickle.dumps, cloudpickle.loads)):
             back = loads(dumps(fn))
@@ -274,16 +279,16 @@ def test_staging_files_round_trip(tmp_path) -> None:
     docs = [Doc(7, np.arange(5, dtype=np.int32), np.array([2, 5], np.int32)),
             Doc(2**63 + 1, np.arange(3, dtype=np.int32), np.array([3], np.int32))]
     path = str(tmp_path / "pool.npz")
-    (tmp_path / "pool.npz").write_bytes(R.pool_to_bytes(docs))
-    back = R.pool_from_file(path)
+    (tmp_path / "pool.npz").write_bytes(S.pool_to_bytes(docs))
+    back = T.pool_from_file(path)
     assert [d.doc_id for d in back] == [7, 2**63 + 1]
     assert [d.tokens.tolist() for d in back] == [[0, 1, 2, 3, 4], [0, 1, 2]]
     assert [d.sentence_ends.tolist() for d in back] == [[2, 5], [3]]
-    (tmp_path / "empty.npz").write_bytes(R.pool_to_bytes([]))
-    assert R.pool_from_file(str(tmp_path / "empty.npz")) == []
+    (tmp_path / "empty.npz").write_bytes(S.pool_to_bytes([]))
+    assert T.pool_from_file(str(tmp_path / "empty.npz")) == []
     records = _records([5, 1, 9])
-    (tmp_path / "r.npz").write_bytes(R.records_to_bytes(records))
-    again = R.records_from_file(str(tmp_path / "r.npz"))
+    (tmp_path / "r.npz").write_bytes(S.records_to_bytes(records))
+    again = T.records_from_file(str(tmp_path / "r.npz"))
     assert again.keys.tolist() == [5, 1, 9] and bytes(again.blob) == records.blob
     assert again.lengths.tolist() == records.lengths.tolist()
 

@@ -1,0 +1,136 @@
+"""Where every document and record goes: the placement rules that make a dataset byte-reproducible.
+
+Each rule is a pure function of a content identity (a document's ``doc_id``, an instance's 64-bit
+key), the seed and the config, never of a file name, a worker, an arrival order or a bundle. That
+is why the bytes are the same whoever runs the pipeline, wherever, with however many workers:
+
+- ``split_of``: train or eval, by a seeded hash of the document's identity;
+- ``pool_of``: the NotNext pool of a document, by another seeded hash, onto ``num_pools_for``
+  pools, a count fixed by the census of distinct documents;
+- ``shard_of_keys``: the shard of an instance, ``(key * num_shards) >> 64``, so a shard is a
+  contiguous range of the key space and sorting a shard by key is the global shuffle;
+- ``shard_counts``: the number of shards, from ``--num-shards`` or from a deterministic estimate of
+  the record bytes (``estimated_record_bytes``), known before any instance exists;
+- ``identity_census`` and ``fingerprint``: distinct documents and tokens per split, and a sha256
+  over the sorted distinct identities (the manifest's input fingerprint).
+
+The random draws themselves come from ``datagen.rng``; the instance keys from ``datagen.instances``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable
+from typing import Any
+
+import numpy as np
+
+from datagen import rng
+from datagen.config import DatagenConfig
+
+SPLITS = ("train", "eval")
+_U64 = 1 << 64
+
+
+def split_of(doc_id: int, config: DatagenConfig) -> str:
+    """'eval' for a seeded-hash fraction ``eval_fraction`` of document identities, else 'train'."""
+    if config.eval_fraction <= 0.0:
+        return "train"
+    key = rng.derive_key(config.random_seed, "eval-split")
+    draw = rng.mix64(int(doc_id) ^ key)
+    return "eval" if draw < int(config.eval_fraction * _U64) else "train"
+
+
+def num_pools_for(n_docs: int, config: DatagenConfig) -> int:
+    return max(1, n_docs // config.notnext_pool_size)
+
+
+def pool_of(doc_id: int, num_pools: int, config: DatagenConfig) -> int:
+    """The NotNext pool of a document: a seeded hash of its identity mapped onto ``num_pools``."""
+    key = rng.derive_key(config.random_seed, "notnext-pool")
+    return (rng.mix64(int(doc_id) ^ key) * num_pools) >> 64
+
+
+def shard_of_keys(keys: np.ndarray, num_shards: int) -> np.ndarray:
+    """``(key * num_shards) >> 64`` for every uint64 key, exactly, without 128-bit integers."""
+    if not 1 <= num_shards < (1 << 32):
+        raise ValueError(f"num_shards {num_shards} out of range")
+    keys = np.asarray(keys, dtype=np.uint64)
+    n = np.uint64(num_shards)
+    hi = keys >> np.uint64(32)
+    lo = keys & np.uint64(0xFFFFFFFF)
+    return ((hi * n + ((lo * n) >> np.uint64(32))) >> np.uint64(32)).astype(np.int64)
+
+
+def shards_for_bytes(total_bytes: int, target_shard_mb: float) -> int:
+    return max(1, -(-int(total_bytes) // max(1, int(target_shard_mb * 2**20))))
+
+
+def estimated_record_bytes(documents: int, tokens: int, config: DatagenConfig) -> int:
+    """A deterministic estimate of a split's TFRecord bytes, from its document and token counts.
+
+    The shard count must be known before instances exist (each task cuts its records by shard
+    right away, so no stage holds all records): about one instance per ``max_seq_length - 3``
+    tokens (at least one per document) per pass, each about 4 bytes per position (ids, mask,
+    segments) plus 8 per prediction slot plus framing and feature names.
+    """
+    if documents <= 0:
+        return 0
+    s, p = config.max_seq_length, config.max_predictions_per_seq
+    instances = config.dupe_factor * max(documents, -(-tokens // (s - 3)))
+    return instances * (4 * s + 8 * p + 180)
+
+
+def shard_counts(config: DatagenConfig, split_bytes: dict[str, int]) -> dict[str, int]:
+    """Shards per split: ``--num-shards`` for train; eval (small) is sized by the target shard size."""
+    counts = {}
+    for split in splits_of(config):
+        if split == "train" and config.num_shards is not None:
+            counts[split] = config.num_shards
+        else:
+            counts[split] = shards_for_bytes(split_bytes.get(split, 0), config.target_shard_mb)
+    return counts
+
+
+def splits_of(config: DatagenConfig) -> tuple[str, ...]:
+    return SPLITS if config.eval_fraction > 0 else ("train",)
+
+
+def shard_name(split: str, index: int, count: int) -> str:
+    return f"{split}/part-{index:05d}-of-{count:05d}.tfrecord"
+
+
+def fingerprint(doc_ids: Iterable[np.ndarray]) -> str:
+    """sha256 over the sorted, distinct 64-bit document content hashes, each 8 bytes big-endian."""
+    arrays = [np.asarray(a, dtype=np.uint64) for a in doc_ids]
+    ids = np.unique(np.concatenate(arrays)) if arrays else np.zeros(0, dtype=np.uint64)
+    return hashlib.sha256(ids.astype(">u8").tobytes()).hexdigest()
+
+
+def identity_census(element: tuple[int, Iterable[dict[str, np.ndarray]]]) -> dict[str, Any]:
+    """Distinct documents and their tokens per split (they fix the pool and shard counts) and the
+    input fingerprint.
+
+    Holds 16 bytes per document in one place: the price of a fingerprint over sorted identities and
+    of pool and shard counts that duplicates cannot change. Equal identities are equal content, so
+    a duplicate's token count is the same as the first copy's.
+    """
+    _, parts = element
+    per_split: dict[str, list[np.ndarray]] = {}
+    for part in parts:
+        for split, arrays in part.items():
+            per_split.setdefault(split, []).append(np.asarray(arrays, dtype=np.uint64).reshape(2, -1))
+    census: dict[str, Any] = {"fingerprint": fingerprint([a[0] for arrays in per_split.values() for a in arrays])}
+    for split, arrays in per_split.items():
+        both = np.concatenate(arrays, axis=1)
+        ids, first = np.unique(both[0], return_index=True)
+        census[f"distinct_docs/{split}"] = int(ids.size)
+        census[f"distinct_tokens/{split}"] = int(both[1][first].sum())
+    return census
+
+
+def shard_counts_of(census: dict[str, Any], config: DatagenConfig) -> dict[str, int]:
+    """Shards per split, from the distinct documents and tokens the census counted."""
+    return shard_counts(config, {s: estimated_record_bytes(int(census.get(f"distinct_docs/{s}", 0)),
+                                                           int(census.get(f"distinct_tokens/{s}", 0)), config)
+                                 for s in splits_of(config)})
