@@ -181,6 +181,15 @@ def test_dask_runner_with_scheduler_address_starts_no_cluster() -> None:
         assert "--dask_npartitions=8" in s.args and not s.local
 
 
+def test_portable_runner_needs_a_job_endpoint() -> None:
+    with pytest.raises(runners.RunnerError, match="--job_endpoint"):
+        with runners.runner_setup("PortableRunner", ["--environment_type=EXTERNAL"]):
+            pass
+    with runners.runner_setup("portable", ["--job_endpoint=embed"]) as setup:
+        assert setup.runner == "PortableRunner" and not setup.local
+        assert setup.options.get_all_options()["job_endpoint"] == "embed"
+
+
 def test_dataflow_needs_project_and_ships_the_package(tmp_path) -> None:
     with pytest.raises(runners.RunnerError, match="--project"):
         runners.dataflow_args(["--region=us-central1"], str(tmp_path))
