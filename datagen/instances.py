@@ -1,7 +1,10 @@
 """Pre-training instances of one NotNext pool for one pass (RECIPE.md section 2), masked.
 
-``build_pool_instances(pool, pass_index, config, vocab)`` follows the original
-exactly, document by document:
+``plan_pool_pass(pool, pass_index, config)`` plans every instance of a pass (where A and B
+lie, labels, keys) and ``masked_rows(plan, rows, config, vocab)`` lays out and masks any rows of
+it; the pipeline calls both through ``datagen.framed.encode_pool_pass``, a block at a time in key
+order. ``build_pool_instances`` is the whole pass as one batch (tests compare against it). They
+follow the original exactly, document by document:
 
 * ``max_num_tokens = max_seq_length - 3``; the target length is drawn ONCE per
   document per pass (``short_seq_prob`` -> uniform in ``[2, max_num_tokens]``);
@@ -14,7 +17,8 @@ exactly, document by document:
 * truncation of the longer side (B when equal), one token at a time from the
   front or the back with probability 0.5; ``[CLS] A [SEP] B [SEP]``.
 
-The pool is sorted by ``doc_id`` here (duplicates dropped), so the result
+The pool is sorted by ``doc_id`` with duplicates dropped (``datagen.documents.unique_documents``:
+once per pool in the pipeline, by ``build_pool_instances`` here), so the result
 does not depend on the order documents arrive in.  Only the chunk walk is a Python loop (its steps
 depend on each other); partners, truncation, layout and masking are NumPy
 over the whole pool.

@@ -321,3 +321,26 @@ def test_bench_two_worker_bound_is_serial_part_plus_half_the_task_cpu() -> None:
     runs = {"1": {"wall_s": 15.0}, "1-core": {"wall_s": 18.0, "outside_tasks_s": 3.0,
                                               "task_cpu_s": {"read": 8.0, "build": 5.0, "write": 2.0}}}
     assert two_worker_ceiling(runs) == {"two_worker_bound_s": 10.5, "ceiling_2_vs_1": 1.43, "ceiling_2_vs_1-core": 1.71}
+
+
+def test_text_layout_option_reaches_the_config_and_keeps_the_manifest_form(monkeypatch, tmp_path) -> None:
+    from click.testing import CliRunner
+
+    from pipelines.run_cli import run_command
+
+    seen = []
+
+    def fake_generate(config, **kwargs):
+        seen.append(config)
+        raise R.DatagenError("stop here")
+
+    monkeypatch.setattr(R, "generate_dataset", fake_generate)
+    base = ["--input", "x", "--vocab", "v", "--output", str(tmp_path)]
+    for extra in ([], ["--text-layout", "book"]):
+        result = CliRunner().invoke(run_command, [*base, *extra])
+        assert result.exit_code == 1 and "stop here" in result.output
+    assert [c.text_layout for c in seen] == ["auto", "book"]
+    # Manifests have always recorded the layout as config.extra; the default as an empty dict.
+    assert seen[0].to_dict()["extra"] == {} and "text_layout" not in seen[0].to_dict()
+    assert seen[1].to_dict()["extra"] == {"text_layout": "book"}
+    assert CliRunner().invoke(run_command, [*base, "--text-layout", "novel"]).exit_code == 2
