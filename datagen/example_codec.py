@@ -9,15 +9,19 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import numpy as np
 
-from datagen.records import FLOAT_FEATURES, INT_FEATURES, feature_spec
+from datagen.records import FLOAT_FEATURES, INT_FEATURES
 from datagen.tfrecord import RawBatch, RecordError
 
-if TYPE_CHECKING:
-    from datagen.record_rules import RecordShape
+
+class RecordSpec(Protocol):
+    """What the batch decoder needs of a record shape (datagen.record_rules.RecordShape has it)."""
+
+    def spec(self) -> dict[str, tuple[str, int]]: ...
+
 
 FEATURE_NAMES = INT_FEATURES + FLOAT_FEATURES
 
@@ -307,7 +311,7 @@ class Batch:
         return len(self.index)
 
 
-def decode_batch(payloads: list[bytes], indices: list[int], shape: RecordShape
+def decode_batch(payloads: list[bytes], indices: list[int], shape: RecordSpec
                  ) -> tuple[Batch, list[tuple[int, str]]]:
     """Parse payloads against the feature spec; returns the good records and (index, problem) pairs."""
     lengths = [len(p) for p in payloads]
@@ -317,9 +321,9 @@ def decode_batch(payloads: list[bytes], indices: list[int], shape: RecordShape
     return decode_raw(RawBatch(list(indices), b"".join(payloads), starts.tolist(), lengths), shape)
 
 
-def decode_raw(raw: RawBatch, shape: RecordShape) -> tuple[Batch, list[tuple[int, str]]]:
+def decode_raw(raw: RawBatch, shape: RecordSpec) -> tuple[Batch, list[tuple[int, str]]]:
     """decode_batch on payloads that are ranges of one buffer (as ShardStream.raw_batches gives them)."""
-    spec = feature_spec(shape.max_seq_length, shape.max_predictions)
+    spec = shape.spec()
     indices = raw.indices
     n = len(indices)
     lengths = np.asarray(raw.lengths, np.int64)

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from datagen.example_codec import Batch
+from datagen.records import feature_spec
 
 MAX_PROBLEMS_PER_SHARD = 20
 
@@ -31,6 +32,10 @@ class RecordShape:
     # From the manifest's config; None for data without one (the masked-count check is skipped).
     masked_lm_prob: float | None = None
     whole_word_mask: bool = False
+
+    def spec(self) -> dict[str, tuple[str, int]]:
+        """The features these records carry (``datagen.records.feature_spec``)."""
+        return feature_spec(self.max_seq_length, self.max_predictions)
 
 
 @dataclass
