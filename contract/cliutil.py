@@ -3,13 +3,188 @@
 LazyGroup: a click group whose subcommands are imported only when used, so `--help` stays fast, a
 Dataflow worker that unpickles a DoFn never imports the CLI modules of other commands, and
 `bert-train` never loads Beam.
+
+`CleanErrorsGroup` turns every failure into one line on stderr (`Error: <path>: <reason>`), exit 1,
+or a usage error, exit 2; SIGINT prints "interrupted" and exits 130 (commands remove their staging
+and temp files on the way out, in `finally` blocks). A traceback is shown only with `--debug`
+(anywhere on the command line) or `BERT_DATAGEN_DEBUG=1`. Log records that tell a user nothing
+(Beam's "apitools not found") and library tracebacks logged before our own error line are hidden
+unless debugging. Beam-free: the filters match logger names and messages, they import nothing.
 """
 
 from __future__ import annotations
 
 import importlib
+import logging
+import math
+import os
+import re
+import sys
+import threading
+import traceback
+from collections.abc import Callable, Sequence
 
 import click
+
+DEBUG_FLAG = "--debug"
+DEBUG_ENV = "BERT_DATAGEN_DEBUG"
+DEBUG_HELP = (f"Show tracebacks and library logs (anywhere on the command line; or {DEBUG_ENV}=1).")
+EXIT_ERROR, EXIT_USAGE, EXIT_INTERRUPTED = 1, 2, 130
+# Messages logged by libraries that carry no information for a user of our commands.
+NOISE = ("apitools not found", "bigquery client libraries are not available",
+         "Discarding unparseable args", "Make sure that locally built Python SDK docker image")
+# Loggers whose records below CRITICAL are hidden by default: their errors reach the user as our
+# one-line message; with --debug everything is shown.
+QUIET_LOGGERS = ("apache_beam", "distributed", "tornado", "absl")
+
+
+class _NoiseFilter(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        return not any(text in message for text in NOISE)
+
+
+def quiet_logging(debug: bool) -> None:
+    """Keep library logs to what a user needs; call before importing Beam (it logs on import)."""
+    root = logging.getLogger()
+    if not root.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(levelname)s:%(name)s:%(message)s"))
+        root.addHandler(handler)
+    if debug:
+        return
+    for handler in root.handlers:
+        if not any(isinstance(f, _NoiseFilter) for f in handler.filters):
+            handler.addFilter(_NoiseFilter())
+    for name in QUIET_LOGGERS:
+        logging.getLogger(name).setLevel(logging.CRITICAL)
+
+
+# A log record as Python's default handler prints it ("WARNING:apache_beam.x:message"), or an
+# exception in a library's thread (threading.excepthook), then its traceback lines; our own lines
+# start with one of OUR_LINES.
+_RECORD = re.compile(rb"^((DEBUG|INFO|WARNING|ERROR|CRITICAL):[\w.<>-]*:|Exception in thread )")
+OUR_LINES = (b"bert-datagen", b"bert-train", b"Error:", b"warning:", b"interrupted", b"Usage:", b"Try '",
+             b"OK:", b"FAILED:", b"problem:")
+
+
+class ChildLogFilter:
+    """Drops log records (with their tracebacks) from a byte stream of stderr lines: worker processes
+    a runner starts (Beam's multi-process DirectRunner) log with their own handlers, which the
+    filters of this process do not reach; their errors reach the user as our one-line message."""
+
+    def __init__(self) -> None:
+        self.dropping = False
+
+    def keep(self, line: bytes) -> bool:
+        if _RECORD.match(line):
+            self.dropping = True
+        elif not self.dropping or line.startswith(OUR_LINES):
+            self.dropping = False
+            return True
+        return False
+
+
+def filter_process_stderr() -> Callable[[], None]:
+    """Route file descriptor 2, which child processes inherit, through ``ChildLogFilter``; returns
+    the function that restores it (call it before exiting)."""
+    original = os.dup(2)
+    read_end, write_end = os.pipe()
+    os.dup2(write_end, 2)
+    os.close(write_end)
+    records = ChildLogFilter()
+
+    def pump() -> None:
+        with os.fdopen(read_end, "rb", buffering=0) as source:
+            for line in iter(source.readline, b""):
+                if records.keep(line):
+                    os.write(original, line)
+
+    thread = threading.Thread(target=pump, name="stderr-filter", daemon=True)
+    thread.start()
+
+    def restore() -> None:
+        sys.stderr.flush()
+        os.dup2(original, 2)  # closes our write end: the pump ends once child processes exit too
+        thread.join(timeout=2.0)
+        os.close(original)
+
+    return restore
+
+
+def debug_requested(args: Sequence[str], environ: dict[str, str] | os._Environ = os.environ) -> bool:
+    return DEBUG_FLAG in args or environ.get(DEBUG_ENV, "") not in ("", "0")
+
+
+def os_error_message(e: OSError) -> str:
+    """``<path>: <reason>`` for an OSError, as short as the error allows."""
+    reason = e.strerror or str(e) or type(e).__name__
+    paths = [p for p in (e.filename, getattr(e, "filename2", None)) if p]
+    return f"{' -> '.join(str(p) for p in paths)}: {reason}" if paths else reason
+
+
+def was_interrupted(exc: BaseException) -> bool:
+    """True when ``exc`` is, or wraps, a KeyboardInterrupt (Beam re-raises one in a DoFn as a
+    RuntimeError whose message starts with "KeyboardInterrupt")."""
+    seen: list[BaseException] = []
+    while exc is not None and not any(exc is s for s in seen):
+        seen.append(exc)
+        if isinstance(exc, KeyboardInterrupt) or str(exc).startswith("KeyboardInterrupt"):
+            return True
+        exc = exc.__cause__ or exc.__context__  # type: ignore[assignment]
+    return False
+
+
+def _fail(message: str, code: int) -> None:
+    click.echo(f"Error: {message}", err=True)
+    sys.exit(code)
+
+
+class CleanErrorsGroup(click.Group):
+    """A click group whose ``main`` never lets a traceback through unless asked (see module doc)."""
+
+    def main(self, args: Sequence[str] | None = None, prog_name: str | None = None,  # type: ignore[override]
+             complete_var: str | None = None, standalone_mode: bool = True, **extra) -> None:
+        from_command_line = args is None
+        args = list(sys.argv[1:] if args is None else args)
+        debug = debug_requested(args)
+        args = [a for a in args if a != DEBUG_FLAG]
+        quiet_logging(debug)
+        restore = filter_process_stderr() if from_command_line and not debug else None
+        try:
+            self._main_clean(args, prog_name, complete_var, debug, **extra)
+        finally:
+            if restore is not None:
+                restore()
+
+    def _main_clean(self, args: list[str], prog_name: str | None, complete_var: str | None, debug: bool,
+                    **extra) -> None:
+        try:
+            code = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        except click.Abort:
+            click.echo("interrupted", err=True)
+            sys.exit(EXIT_INTERRUPTED)
+        except KeyboardInterrupt:
+            click.echo("interrupted", err=True)
+            sys.exit(EXIT_INTERRUPTED)
+        except click.ClickException as e:
+            if debug:
+                traceback.print_exc()
+            e.show()
+            sys.exit(e.exit_code)
+        except OSError as e:
+            if debug:
+                traceback.print_exc()
+            _fail(os_error_message(e), EXIT_ERROR)
+        except Exception as e:  # noqa: BLE001 - the last line of defence: one line, not a traceback
+            if was_interrupted(e):
+                click.echo("interrupted", err=True)
+                sys.exit(EXIT_INTERRUPTED)
+            if debug:
+                traceback.print_exc()
+                _fail(f"{type(e).__name__}: {e}", EXIT_ERROR)
+            _fail(f"{type(e).__name__}: {e} (unexpected; rerun with {DEBUG_FLAG} for the traceback)", EXIT_ERROR)
+        sys.exit(code if isinstance(code, int) else 0)
 
 
 class LazyGroup(click.Group):
@@ -25,3 +200,45 @@ class LazyGroup(click.Group):
             module_name, attr = self.lazy_commands[cmd_name].split(":")
             return getattr(importlib.import_module(module_name), attr)
         return super().get_command(ctx, cmd_name)
+
+
+class CommandGroup(CleanErrorsGroup, LazyGroup):
+    """The top-level group of `bert-datagen` and `bert-train`: lazy subcommands, clean errors."""
+
+
+class FiniteFloat(click.ParamType):
+    """A float option that rejects NaN and infinities (click's FloatRange lets NaN through), with
+    optional bounds; the message names the option and the range."""
+
+    name = "float"
+
+    def __init__(self, min: float | None = None, max: float | None = None, *, min_open: bool = False,
+                 max_open: bool = False) -> None:
+        self.min, self.max, self.min_open, self.max_open = min, max, min_open, max_open
+
+    def _range(self) -> str:
+        low = "-inf" if self.min is None else f"{self.min:g}"
+        high = "inf" if self.max is None else f"{self.max:g}"
+        return f"{'(' if self.min_open or self.min is None else '['}{low}, {high}{')' if self.max_open or self.max is None else ']'}"
+
+    def convert(self, value, param, ctx) -> float:
+        try:
+            number = float(value)
+        except (TypeError, ValueError):
+            self.fail(f"{value!r} is not a number", param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"{value!r} is not a finite number", param, ctx)
+        below = self.min is not None and (number <= self.min if self.min_open else number < self.min)
+        above = self.max is not None and (number >= self.max if self.max_open else number > self.max)
+        if below or above:
+            self.fail(f"{number:g} is not in the range {self._range()}", param, ctx)
+        return number
+
+
+def closest_option(name: str, known: Sequence[str]) -> str:
+    """`` (did you mean --x?)`` for the known option spelled most like ``name``, or ``""``."""
+    import difflib
+
+    normal = {k.replace("_", "-"): k for k in known}
+    match = difflib.get_close_matches(name.replace("_", "-"), list(normal), n=1, cutoff=0.6)
+    return f" (did you mean {normal[match[0]]}?)" if match else ""

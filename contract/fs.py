@@ -64,9 +64,14 @@ class LocalFS:
         directory = os.path.dirname(path)
         os.makedirs(directory or ".", exist_ok=True)
         tmp = temp_path_for(path)
-        with open(tmp, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
+        try:
+            with open(tmp, "wb") as f:
+                f.write(data)
+            os.replace(tmp, path)  # onto a directory: IsADirectoryError, the directory untouched
+        except BaseException:
+            if os.path.lexists(tmp):
+                os.remove(tmp)
+            raise
 
     def exists(self, path: str) -> bool:
         return os.path.exists(path)

@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from typing import Any
 
 INPUT_FORMATS = ("text", "sentences", "jsonl", "wikiextractor")
+# `text` files: how documents are found (datagen.readers); auto detects Gutenberg books and WikiText.
+TEXT_LAYOUTS = ("auto", "plain", "book", "wikitext")
+_SEED_RANGE = (-(2**63), 2**63 - 1)
 
 
 class ConfigError(ValueError):
@@ -41,6 +45,12 @@ class DatagenConfig:
         self.validate()
 
     def validate(self) -> None:
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, float) and not math.isfinite(value):
+                raise ConfigError(f"--{f.name.replace('_', '-')} {value} must be a finite number")
+        if any(not math.isfinite(r) for r in self.mask_ratios):
+            raise ConfigError(f"--mask-ratios {self.mask_ratios} must be finite numbers")
         if self.max_seq_length < 5:
             raise ConfigError(
                 f"--max-seq-length {self.max_seq_length} is too small: it must leave room for "
@@ -68,6 +78,14 @@ class DatagenConfig:
             raise ConfigError(f"--eval-fraction {self.eval_fraction} must be in [0, 1)")
         if self.notnext_pool_size < 2:
             raise ConfigError(f"--notnext-pool-size {self.notnext_pool_size} must be >= 2")
+        if not _SEED_RANGE[0] <= self.random_seed <= _SEED_RANGE[1]:
+            raise ConfigError(f"--random-seed {self.random_seed} must fit in 64 signed bits")
+        if self.text_layout not in TEXT_LAYOUTS:
+            raise ConfigError(f"--text-layout {self.text_layout!r} is not one of {', '.join(TEXT_LAYOUTS)}")
+        if self.input_format == "jsonl" and not self.text_field:
+            raise ConfigError("--text-field must not be empty")
+        if self.max_notnext_tries < 1:
+            raise ConfigError(f"max_notnext_tries {self.max_notnext_tries} must be >= 1")
 
     def to_dict(self) -> dict[str, Any]:
         """The config as a manifest records it.

@@ -30,7 +30,7 @@ Layouts the ``text`` format recognises on its own, per file:
 Joined lines get a space between them, except after a hyphen or dash that
 ends a line right after a letter (``au-`` / ``dessus``, ``plane;—`` / ``wait``).
 
-``config.text_layout`` overrides the detection: ``plain`` (blank
+``config.text_layout`` (``--text-layout``) overrides the detection: ``plain`` (blank
 lines separate documents, nothing else recognised), ``book`` (the whole file
 is one document, blank-line blocks are paragraphs; Gutenberg boilerplate is
 still stripped), ``wikitext`` or ``auto`` (the default).
@@ -266,17 +266,6 @@ def _wikitext_documents(lines: list[str], titles: list[int]) -> Iterator[list[st
         yield paragraphs
 
 
-TEXT_LAYOUTS = ("auto", "plain", "book", "wikitext")
-
-
-def text_layout(config: DatagenConfig) -> str:
-    """The ``text`` layout asked for in ``config.text_layout`` (default ``auto``)."""
-    layout = str(config.text_layout)
-    if layout not in TEXT_LAYOUTS:
-        raise ValueError(f"text layout {layout!r} is not one of {', '.join(TEXT_LAYOUTS)}")
-    return layout
-
-
 def _book(lines: list[str]) -> list[str]:
     # Book paragraphs are hard-wrapped and may hold verse or letters whose
     # short lines would fool the wrap heuristic: a block is a paragraph.
@@ -309,6 +298,12 @@ def _text_paragraphs(text: str) -> list[str]:
     return [p for block in _blocks(text.split("\n")) for p in block_paragraphs(block)]
 
 
+def json_error_text(err: json.JSONDecodeError) -> str:
+    """json's message with its column: some messages end in "starting at", which the column completes."""
+    where = f"column {err.colno}"
+    return f"{err.msg} {where}" if err.msg.endswith(" at") else f"{err.msg} at {where}"
+
+
 def _read_jsonl(path: str, text: str, field: str, first_line: int = 1) -> Iterator[list[str]]:
     for lineno, line in enumerate(text.split("\n"), start=first_line):
         if not line.strip():
@@ -316,7 +311,7 @@ def _read_jsonl(path: str, text: str, field: str, first_line: int = 1) -> Iterat
         try:
             obj = json.loads(line)
         except json.JSONDecodeError as err:
-            raise InputError(f"{path}: line {lineno}: not valid JSON ({err.msg} at column {err.colno})") from None
+            raise InputError(f"{path}: line {lineno}: not valid JSON ({json_error_text(err)})") from None
         if not isinstance(obj, dict):
             raise InputError(f"{path}: line {lineno}: expected a JSON object, got {type(obj).__name__}")
         if field not in obj:
@@ -374,11 +369,7 @@ def read_documents(path: str, data: bytes, config: DatagenConfig, stats: dict[st
     text = decode_text(path, data, config.strict_utf8, stats)
     fmt = config.input_format
     if fmt == "text":
-        try:
-            layout = text_layout(config)
-        except ValueError as e:
-            raise InputError(f"{path}: {e}") from None
-        groups, as_sentences = _read_text(path, text, layout), False
+        groups, as_sentences = _read_text(path, text, config.text_layout), False
     elif fmt == "sentences":
         groups, as_sentences = _read_sentences(path, text), True
     elif fmt == "jsonl":

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from contract.cliutil import LazyGroup
+from contract.cliutil import DEBUG_HELP, CommandGroup
 from datagen import __version__
 
 COMMANDS = {
@@ -17,8 +17,9 @@ COMMANDS = {
 }
 
 
-@click.group(cls=LazyGroup, lazy_commands=COMMANDS)
+@click.group(cls=CommandGroup, lazy_commands=COMMANDS)
 @click.version_option(__version__, prog_name="bert-datagen")
+@click.option("--debug", is_flag=True, expose_value=False, help=DEBUG_HELP)
 def main() -> None:
     """Reproducible BERT pre-training data: vocab, run, verify, inspect, stats, diff."""
 

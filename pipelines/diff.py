@@ -12,7 +12,9 @@ from pipelines.shards import iter_payloads
 
 # Manifest fields that say how or from where a dataset was made, not what it holds: two datasets that
 # differ only here are the same data (the input's content is pinned by input.fingerprint).
-INFORMATIONAL = ("created_by", "tool", "input.patterns")
+# Where the documents came from, not what they are: the same documents gzip-compressed, split into
+# other files or listed by other patterns give the same fingerprint and shards.
+INFORMATIONAL = ("created_by", "tool", "input.patterns", "input.files", "input.bytes")
 
 
 @dataclass
@@ -68,11 +70,19 @@ def _first_difference(a: Dataset, b: Dataset, splits: list[str]) -> dict | None:
     return None
 
 
+def _with_config_defaults(manifest: dict) -> dict:
+    """A config field added after a dataset was made has its default there (it made no difference)."""
+    from datagen.config import DatagenConfig
+
+    defaults = {k: v for k, v in DatagenConfig().to_dict().items() if k != "extra"}
+    return {**manifest, "config": {**defaults, **manifest.get("config", {})}}
+
+
 def diff_datasets(a: Dataset, b: Dataset, *, records: bool = True) -> DiffReport:
     if a.manifest is None or b.manifest is None:
         raise DatasetError("diff compares two datasets with manifests")
-    fa = {k: v for k, v in _flat(a.manifest).items() if ".shards" not in k}
-    fb = {k: v for k, v in _flat(b.manifest).items() if ".shards" not in k}
+    fa = {k: v for k, v in _flat(_with_config_defaults(a.manifest)).items() if ".shards" not in k}
+    fb = {k: v for k, v in _flat(_with_config_defaults(b.manifest)).items() if ".shards" not in k}
     differ = [(k, fa.get(k), fb.get(k)) for k in sorted(set(fa) | set(fb)) if fa.get(k) != fb.get(k)]
     info = [d for d in differ if any(d[0] == p or d[0].startswith(p + ".") for p in INFORMATIONAL)]
     fields = [d for d in differ if d not in info]

@@ -70,14 +70,25 @@ def exists(path: str) -> bool:
 
 def write_atomic(path: str, data: bytes) -> None:
     """Write ``data`` to ``path``: temp sibling first, then rename over the final name."""
+    if "://" not in path and os.path.isdir(path):
+        # FileSystems.delete would remove the directory and everything in it.
+        raise IsADirectoryError(21, "is a directory; refusing to replace it with a file", path)
     ensure_dir(path.rsplit("/", 1)[0] if "/" in path else ".")
     tmp = temp_path_for(path)
-    with FileSystems.create(tmp, mime_type="application/octet-stream",
-                            compression_type=CompressionTypes.UNCOMPRESSED) as f:
-        f.write(data)
-    if FileSystems.exists(path):
-        FileSystems.delete([path])
-    FileSystems.rename([tmp], [path])
+    try:
+        with FileSystems.create(tmp, mime_type="application/octet-stream",
+                                compression_type=CompressionTypes.UNCOMPRESSED) as f:
+            f.write(data)
+        if "://" not in path:
+            os.replace(tmp, path)  # atomic: the old file stays whole until the new one takes its name
+            return
+        if FileSystems.exists(path):
+            FileSystems.delete([path])
+        FileSystems.rename([tmp], [path])
+    except BaseException:
+        if "://" not in tmp and os.path.lexists(tmp):
+            os.remove(tmp)
+        raise
 
 
 def ensure_dir(directory: str) -> None:

@@ -72,7 +72,9 @@ def format_record(view: dict, shard_name: str, words: bool = False) -> str:
     tokens = view["tokens"]
     a_end = 1 + len(view["a"])
     nsp = view["next_sentence_label"]
-    why = {0: "B follows A in the document", 1: "B comes from another document"}.get(nsp, "")
+    why = {0: "B follows A in the document",
+           1: "B is a random segment, not the text after A: from another document, or from this one when "
+              "it is alone in its NotNext pool"}.get(nsp, "")
     lines = [
         f"{shard_name} record {view['index']}: {view['length']} tokens, {len(view['masked'])} masked, "
         f"NSP label {nsp} = {view['relation']}" + (f" ({why})" if why else ""),

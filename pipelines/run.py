@@ -27,6 +27,10 @@ Stages (every element is coarse: a batch of documents, a pool, a pool's pass, a 
 7. ``Summarize``: totals, shard checksums and the input fingerprint go to a summary file that the
    driver reads to write ``vocab.txt``, the dataset card and, last, ``manifest.json``.
 
+All of it is written inside the run's staging directory in the output directory; the driver swaps
+the complete dataset in at the end (``pipelines.outputs``: nothing the run did not create is ever
+replaced, and a failed or killed run leaves the old dataset as it was).
+
 Every result is a function of the set of documents and the config: groups are sorted before use and
 totals are sums, so the runner, the worker count, bundle boundaries and ``PYTHONHASHSEED`` cannot
 change a byte.
@@ -39,7 +43,6 @@ import json
 import os
 import platform
 import time
-import uuid
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -47,8 +50,9 @@ import apache_beam as beam
 from apache_beam.pvalue import AsSingleton
 
 from datagen.config import DatagenConfig
-from datagen.placement import SPLITS, identity_census, shard_counts_of, splits_of
-from pipelines import fsio
+from datagen.placement import identity_census, shard_counts_of, splits_of
+from pipelines import fsio, outputs
+from pipelines.split_checks import empty_split_error, run_warnings
 from pipelines.transforms import (
     BUSY_PREFIX,
     TOTAL_KEYS,
@@ -69,8 +73,6 @@ from pipelines.transforms import (
 if TYPE_CHECKING:
     from vocab.vocab_file import Vocab
 
-SUMMARY_PREFIX = ".run-summary-"
-STAGING_PREFIX = ".staging-"
 
 
 class DatagenError(RuntimeError):
@@ -169,55 +171,6 @@ def build_pipeline(p: beam.Pipeline, plan: PipelinePlan) -> None:
 # ---------------------------------------------------------------- the driver
 
 
-def existing_dataset_files(output_dir: str) -> list[str]:
-    """Files that make ``output_dir`` look like a dataset (manifest, shards, card, vocab copy)."""
-    from contract.manifest import CARD_NAME, MANIFEST_NAME, VOCAB_NAME
-
-    found = []
-    for name in (MANIFEST_NAME, CARD_NAME, VOCAB_NAME):
-        path = fsio.join(output_dir, name)
-        if fsio.exists(path):
-            found.append(path)
-    for split in SPLITS:
-        pattern = fsio.join(output_dir, split, "part-*.tfrecord")
-        try:
-            found.extend(f.path for f in fsio.match_files([pattern]))
-        except fsio.InputNotFoundError:
-            pass
-    return found
-
-
-def stale_temp_files(output_dir: str) -> list[str]:
-    found = []
-    for pattern in (fsio.join(output_dir, f"{fsio.TMP_MARKER}*"),
-                    *(fsio.join(output_dir, s, f"{fsio.TMP_MARKER}*") for s in SPLITS),
-                    fsio.join(output_dir, f"{SUMMARY_PREFIX}*"),
-                    *(fsio.join(output_dir, f"{STAGING_PREFIX}*", sub, "*") for sub in ("pools", "parts"))):
-        try:
-            found.extend(f.path for f in fsio.match_files([pattern]))
-        except fsio.InputNotFoundError:
-            pass
-    return found
-
-
-def prepare_output(output_dir: str, overwrite: bool) -> None:
-    """Refuse to overwrite a dataset unless asked; with ``overwrite`` remove it, manifest first (so
-    a crash while deleting leaves no manifest that points at missing shards)."""
-    existing = existing_dataset_files(output_dir)
-    if existing and not overwrite:
-        raise DatagenError(
-            f"{output_dir}: already holds a dataset ({len(existing)} files, e.g. {existing[0]}); "
-            "pass --overwrite to replace it or choose another --output"
-        )
-    from contract.manifest import MANIFEST_NAME
-
-    manifest = fsio.join(output_dir, MANIFEST_NAME)
-    fsio.delete([p for p in existing if p == manifest])
-    fsio.delete([p for p in existing if p != manifest])
-    remove_stale(output_dir)
-    fsio.ensure_dir(output_dir)
-
-
 # Further counters worth a line in the manifest, when the reader or the instance builder reports them.
 EXTRA_TOTALS = ("empty_documents", "nul_bytes", "notnext_forced", "notnext_same_document",
                 "truncated_instances", "truncated_tokens", "short_target_documents")
@@ -237,6 +190,7 @@ class RunResult:
     manifest: dict[str, Any]
     wall_seconds: float
     cpu_seconds: dict[str, float] = field(default_factory=dict)  # per kind of task, summed over workers
+    warnings: list[str] = field(default_factory=list)  # for the run summary (pipelines.split_checks)
 
 
 def generate_dataset(
@@ -258,11 +212,7 @@ def generate_dataset(
     ``read_chunk_mb`` is the largest piece of one file a read task takes (see ``read_tasks``);
     like the runner options, it never changes a byte of the dataset.
     """
-    from contract.manifest import VOCAB_NAME, build_manifest, write_manifest
     from contract.vocab_io import load_vocab
-    from datagen.records import feature_spec
-    from pipelines.card import write_card
-    from pipelines.runners import runner_setup
 
     start = time.monotonic()
     if not read_chunk_mb > 0:
@@ -279,14 +229,36 @@ def generate_dataset(
     except (OSError, ValueError) as e:
         message = str(e)
         raise DatagenError(message if vocab_path in message else f"{vocab_path}: {message}") from e
-    prepare_output(output_dir, overwrite)
+    vocab_path = local_abspath(vocab_path)
+    vocab_bytes = fsio.read_bytes(vocab_path)
+    # Nothing in DIR changes before this point; from here on the run writes only in its staging
+    # directory, and the old dataset is replaced only once the new one is complete (outputs.commit).
+    out = outputs.prepare_dataset_output(output_dir, overwrite, inputs=[vocab_path, *(f.path for f in files)])
+    try:
+        result = _generate_into(out, config, files, vocab, vocab_bytes, inputs, runner, beam_args,
+                                dask_scheduler, dask_workers, show_progress, read_chunk_mb, start)
+        outputs.commit(out)
+    except BaseException:
+        outputs.discard(out)
+        raise
+    return result
 
-    run_id = uuid.uuid4().hex
-    summary_path = fsio.join(output_dir, f"{SUMMARY_PREFIX}{run_id}.json")
-    staging_dir = fsio.join(output_dir, f"{STAGING_PREFIX}{run_id}")
+
+def _generate_into(out: outputs.DatasetOutput, config: DatagenConfig, files: list[fsio.FileInfo], vocab: Vocab,
+                   vocab_bytes: bytes, inputs: list[str], runner: str, beam_args: list[str] | None,
+                   dask_scheduler: str | None, dask_workers: int, show_progress: bool, read_chunk_mb: float,
+                   start: float) -> RunResult:
+    """Run the pipeline and write the complete dataset into ``out.staging``, manifest last."""
+    from contract.manifest import CARD_NAME, VOCAB_NAME, build_manifest, write_manifest
+    from datagen.records import feature_spec
+    from pipelines.card import render_card
+    from pipelines.runners import runner_setup
+
+    staging = out.staging
+    summary_path = fsio.join(staging, "work", "summary.json")
     tasks = read_tasks([(f.path, f.size) for f in files], config.input_format, read_chunk_mb)
-    plan = PipelinePlan(config=config, vocab=vocab, files=tasks,
-                        output_dir=output_dir, summary_path=summary_path, staging_dir=staging_dir)
+    plan = PipelinePlan(config=config, vocab=vocab, files=tasks, output_dir=staging, summary_path=summary_path,
+                        staging_dir=fsio.join(staging, "work"))
     with runner_setup(runner, beam_args, dask_scheduler=dask_scheduler, dask_workers=dask_workers,
                       parallel_elements=len(tasks)) as setup:
         plan.show_progress = show_progress and setup.local
@@ -304,22 +276,18 @@ def generate_dataset(
         except Exception as e:
             message = extract_input_error(e)
             if message is not None:
-                _remove_partial(output_dir)
                 raise DatagenError(message) from e
             raise
     summary = json.loads(fsio.read_bytes(summary_path).decode())
-    remove_stale(output_dir)
     totals = finalize_totals(summary["totals"])
     if totals["documents"] == 0:
-        _remove_partial(output_dir)
         names = ", ".join(f.path for f in files[:3]) + (" ..." if len(files) > 3 else "")
         raise DatagenError(
             f"no documents with any tokens in {len(files)} input file(s) ({names}): "
             f"{totals['dropped_documents']} empty document(s) dropped; check --input-format "
             f"({config.input_format}) and the files"
         )
-    vocab_bytes = fsio.read_bytes(vocab_path)
-    fsio.write_atomic(fsio.join(output_dir, VOCAB_NAME), vocab_bytes)
+    fsio.write_atomic(fsio.join(staging, VOCAB_NAME), vocab_bytes)
     splits = {split: {"shards": summary["shards"].get(split, [])} for split in splits_of(config)}
     manifest = build_manifest(
         config=config.to_dict(),
@@ -332,29 +300,16 @@ def generate_dataset(
         totals=totals,
         created_by={"runner": setup.runner, "python": platform.python_version()},
     )
-    write_card(output_dir, manifest)
-    write_manifest(output_dir, manifest, fsio.BEAM_FS)
+    problem = empty_split_error(manifest, config)
+    if problem:
+        raise DatagenError(problem)
+    fsio.write_atomic(fsio.join(staging, CARD_NAME), render_card(out.directory, manifest).encode("utf-8"))
+    write_manifest(staging, manifest, fsio.BEAM_FS)
     cpu = {k.removeprefix(BUSY_PREFIX): round(float(v), 3) for k, v in sorted(summary["totals"].items())
            if k.startswith(BUSY_PREFIX)}
-    return RunResult(output_dir, manifest, time.monotonic() - start, cpu)
+    return RunResult(out.directory, manifest, time.monotonic() - start, cpu,
+                     warnings=run_warnings(manifest, config, summary["totals"]))
 
 
 def local_abspath(path: str) -> str:
     return path if "://" in path else os.path.abspath(os.path.expanduser(path))
-
-
-def remove_stale(output_dir: str) -> None:
-    """Temp files, summaries and staging files of this or an earlier (killed) run."""
-    fsio.delete(stale_temp_files(output_dir))
-    if "://" not in output_dir and os.path.isdir(output_dir):
-        import shutil
-
-        for name in os.listdir(output_dir):
-            if name.startswith(STAGING_PREFIX):
-                shutil.rmtree(os.path.join(output_dir, name), ignore_errors=True)
-
-
-def _remove_partial(output_dir: str) -> None:
-    """After a failed run: no shard, summary or temp file may stay behind to look like output."""
-    fsio.delete(existing_dataset_files(output_dir))
-    remove_stale(output_dir)

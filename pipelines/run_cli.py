@@ -6,8 +6,8 @@ import sys
 
 import click
 
-from datagen.config import INPUT_FORMATS, ConfigError, DatagenConfig
-from datagen.readers import TEXT_LAYOUTS
+from contract.cliutil import FiniteFloat
+from datagen.config import INPUT_FORMATS, TEXT_LAYOUTS, ConfigError, DatagenConfig
 from pipelines.runners import RUNNERS
 
 
@@ -77,8 +77,8 @@ def summary_table(manifest: dict, wall_seconds: float, cpu_seconds: dict[str, fl
 @click.option("--text-field", default="text", show_default=True, help="JSON field holding the text (jsonl).")
 @click.option("--max-seq-length", type=int, default=128, show_default=True)
 @click.option("--max-predictions-per-seq", type=int, default=20, show_default=True)
-@click.option("--masked-lm-prob", type=float, default=0.15, show_default=True)
-@click.option("--short-seq-prob", type=float, default=0.1, show_default=True)
+@click.option("--masked-lm-prob", type=FiniteFloat(), default=0.15, show_default=True)
+@click.option("--short-seq-prob", type=FiniteFloat(), default=0.1, show_default=True)
 @click.option("--dupe-factor", type=int, default=10, show_default=True)
 @click.option("--random-seed", type=int, default=12345, show_default=True)
 @click.option("--whole-word-mask", is_flag=True, default=False, help="Mask whole words (## pieces together).")
@@ -86,9 +86,9 @@ def summary_table(manifest: dict, wall_seconds: float, cpu_seconds: dict[str, fl
 @click.option("--mask-ratios", default="0.8,0.1,0.1", show_default=True,
               help="Fractions of chosen positions that become [MASK], keep the token, get a random token.")
 @click.option("--num-shards", type=int, default=None, help="Train shards (default: from --target-shard-mb).")
-@click.option("--target-shard-mb", type=float, default=64.0, show_default=True,
+@click.option("--target-shard-mb", type=FiniteFloat(0, min_open=True), default=64.0, show_default=True,
               help="Shard size target in MiB when --num-shards is not given.")
-@click.option("--eval-fraction", type=float, default=0.0, show_default=True,
+@click.option("--eval-fraction", type=FiniteFloat(), default=0.0, show_default=True,
               help="Fraction of documents held out (by document identity) as the eval split.")
 @click.option("--notnext-pool-size", type=int, default=10000, show_default=True,
               help="Documents per NotNext pool (the whole corpus when smaller).")
@@ -99,9 +99,9 @@ def summary_table(manifest: dict, wall_seconds: float, cpu_seconds: dict[str, fl
               show_default=True)
 @click.option("--dask-scheduler", default=None,
               help="DaskRunner: address of a running dask.distributed scheduler (default: a local cluster).")
-@click.option("--dask-workers", type=int, default=2, show_default=True,
+@click.option("--dask-workers", type=click.IntRange(min=1), default=2, show_default=True,
               help="DaskRunner without --dask-scheduler: worker processes of the local cluster.")
-@click.option("--read-chunk-mb", type=float, default=64.0, show_default=True,
+@click.option("--read-chunk-mb", type=FiniteFloat(0, min_open=True), default=64.0, show_default=True,
               help="Read bigger uncompressed jsonl, sentences and wikiextractor files as byte ranges of "
                    "this size, one task each (never changes the output).")
 @click.option("--quiet", is_flag=True, default=False, help="No progress lines or summary table.")
@@ -115,6 +115,9 @@ def run_command(ctx: click.Context, inputs: tuple[str, ...], vocab_path: str, ou
                 dask_scheduler: str | None, dask_workers: int, read_chunk_mb: float, quiet: bool) -> None:
     """Generate BERT pre-training data (MLM + NSP TFRecords, manifest.json) from raw documents."""
     beam_args = list(ctx.args)
+    from pipelines.options import check_pass_through_options
+
+    check_pass_through_options(beam_args, [o for p in ctx.command.params for o in (*p.opts, *p.secondary_opts)])
     bad = stray_arguments(beam_args)
     if bad:
         raise click.UsageError(f"unexpected argument(s) {' '.join(bad)}; Beam options look like --name=value")
@@ -147,6 +150,7 @@ def run_command(ctx: click.Context, inputs: tuple[str, ...], vocab_path: str, ou
         raise click.UsageError(f"--sentence-splitter {sentence_splitter!r} is not one of "
                                f"{', '.join(available_splitters())}")
 
+    from pipelines.outputs import OutputError
     from pipelines.run import DatagenError, generate_dataset
     from pipelines.runners import RunnerError
 
@@ -164,9 +168,11 @@ def run_command(ctx: click.Context, inputs: tuple[str, ...], vocab_path: str, ou
             show_progress=not quiet,
             read_chunk_mb=read_chunk_mb,
         )
-    except (DatagenError, RunnerError, ConfigError) as e:
+    except (DatagenError, RunnerError, ConfigError, OutputError) as e:
         raise click.ClickException(str(e)) from e
     if not quiet:
         click.echo(f"bert-datagen run: wrote {result.output_dir}", err=True)
         click.echo(summary_table(result.manifest, result.wall_seconds, result.cpu_seconds), err=True)
+    for warning in result.warnings:  # even with --quiet: each says what to change
+        click.echo(f"warning: {warning}", err=True)
     sys.stderr.flush()

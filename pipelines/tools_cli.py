@@ -140,6 +140,13 @@ def inspect_command(target, split, shard, index, count, max_seq_length, max_pred
 def stats_command(target, split, as_json, plot_path, top, max_seq_length, max_predictions_per_seq, vocab_path,
                   workers) -> None:
     """Lengths, masking, NotNext share, padding, [UNK] rate and most frequent tokens of a dataset."""
+    if plot_path:
+        from pipelines.outputs import OutputError, check_file_output
+
+        try:
+            check_file_output(plot_path, "--plot", [target])
+        except OutputError as e:
+            raise click.ClickException(str(e)) from e
     ds = _open(target, max_seq_length, max_predictions_per_seq, vocab_path)
     try:
         st = compute_stats(ds, split=split, workers=workers, top=top)
@@ -155,6 +162,10 @@ def stats_command(target, split, as_json, plot_path, top, max_seq_length, max_pr
             click.echo(f"histograms written to {plot_path}")
     for p in st["problems"]:
         click.echo(f"problem: {p}", err=True)
+    if st["problems"]:
+        raise click.ClickException(f"{target}: {len(st['problems'])} problem(s) while reading the records "
+                                   "(listed above); the figures leave out what could not be read; run "
+                                   f"`bert-datagen verify {target}` for the full check")
 
 
 @click.command("diff")
@@ -166,9 +177,9 @@ def diff_command(a, b, no_records) -> None:
     """Are datasets A and B the same? Exit 0 when identical, 1 when different.
 
     Compares the manifests (config, vocab, input fingerprint, counts, shard checksums) and shows the
-    first differing record of both side by side. created_by, tool and input.patterns are listed but do
-    not make datasets different. diff trusts the manifests' checksums: run verify to prove the files
-    match them.
+    first differing record of both side by side. created_by, tool and input.patterns, .files and .bytes
+    (where the documents came from) are listed but do not make datasets different. diff trusts the
+    manifests' checksums: run verify to prove the files match them.
     """
     da, db = _open(a, None, None, None), _open(b, None, None, None)
     try:

@@ -93,6 +93,7 @@ class ReadFiles(_ReportingDoFn):
         from vocab.tokenizer import BertTokenizer
 
         self._tokenizer = BertTokenizer(self.vocab, self.config.do_lower_case, self.single_thread_tokenizer)
+        self._unk_id = self.vocab.unk_id
         super().setup()
 
     def process(self, task: tuple[str, int, int, int | None]) -> Iterator[dict[str, Any]]:
@@ -128,12 +129,12 @@ class ReadFiles(_ReportingDoFn):
                 if len(batch) >= DOCS_PER_TOKENIZE_BATCH:
                     docs = tokenize_documents(batch, self._tokenizer, self.config, stats)
                     n_docs += len(docs)
-                    yield self._tagged(docs)
+                    yield self._tagged(docs, stats)
                     batch = []
             if batch:
                 docs = tokenize_documents(batch, self._tokenizer, self.config, stats)
                 n_docs += len(docs)
-                yield self._tagged(docs)
+                yield self._tagged(docs, stats)
         except InputError as e:
             message = str(e)
             raise input_error(message if path in message else f"{path}: {message}") from e
@@ -144,7 +145,10 @@ class ReadFiles(_ReportingDoFn):
         stats[f"{BUSY_PREFIX}read"] = time.process_time() - started
         yield {"docs": {}, "stats": stats}
 
-    def _tagged(self, docs: list[TokenizedDocument]) -> dict[str, Any]:
+    def _tagged(self, docs: list[TokenizedDocument], stats: dict[str, Any]) -> dict[str, Any]:
+        # Unknown tokens, counted for the run summary's warning (a vocab that does not fit the corpus).
+        stats["unk_tokens"] = stats.get("unk_tokens", 0) + sum(
+            int(np.count_nonzero(doc.tokens == self._unk_id)) for doc in docs)
         by_split: dict[str, list[TokenizedDocument]] = {}
         for doc in docs:
             by_split.setdefault(split_of(doc.doc_id, self.config), []).append(doc)

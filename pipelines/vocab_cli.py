@@ -53,12 +53,18 @@ def vocab_command(inputs, output, vocab_size, do_lower_case, input_format, text_
     """Train a WordPiece vocabulary in Google's vocab.txt layout."""
     from datagen.config import ConfigError, DatagenConfig
     from datagen.readers import InputError
+    from pipelines.fsio import InputNotFoundError, match_files
+    from pipelines.outputs import OutputError, check_file_output
 
     try:
         config = DatagenConfig(input_format=input_format, text_field=text_field,
                                do_lower_case=do_lower_case, strict_utf8=strict)
     except ConfigError as e:
         raise click.UsageError(str(e)) from e
+    try:
+        check_file_output(output, "--output", [f.path for f in match_files(list(inputs))])
+    except (OutputError, InputNotFoundError) as e:
+        raise click.ClickException(str(e)) from e
     stats: dict[str, int] = {}
     start = time.perf_counter()
     try:

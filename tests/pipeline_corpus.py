@@ -104,3 +104,14 @@ def write_sentence_files(directory: Path, docs: list[list[str]], n_files: int) -
         path.write_text("\n".join(lines), encoding="utf-8")
         paths.append(path)
     return paths
+
+
+def tree_snapshot(root: Path) -> dict[str, str]:
+    """Every file under ``root`` (relative path -> sha256; directories as ``DIR/``): what a command
+    must leave unchanged outside its own outputs."""
+    root = Path(root)
+    out: dict[str, str] = {}
+    for path in sorted(root.rglob("*")):
+        rel = path.relative_to(root).as_posix()
+        out[rel + "/" if path.is_dir() else rel] = "" if path.is_dir() else hashlib.sha256(path.read_bytes()).hexdigest()
+    return out

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from datagen.config import DatagenConfig
+from datagen.config import ConfigError, DatagenConfig
 from datagen.readers import InputError, RawDocument, block_paragraphs, read_documents
 
 
@@ -94,7 +94,7 @@ def test_text_layout_override():
     wiki = " = T = \n \n Body @-@ text 1 @,@ 000 .\n"
     assert [d.paragraphs for d in read(wiki, text_layout="plain")[0]] == [["= T ="], ["Body @-@ text 1 @,@ 000 ."]]
     assert [d.paragraphs for d in read(" Body @-@ text .\n", text_layout="wikitext")[0]] == [["Body-text ."]]
-    with pytest.raises(InputError, match=r"in\.txt: text layout 'novel' is not one of"):
+    with pytest.raises(ConfigError, match=r"--text-layout 'novel' is not one of auto, plain, book, wikitext"):
         read(book, text_layout="novel")
 
 

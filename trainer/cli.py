@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from contract.cliutil import LazyGroup
+from contract.cliutil import DEBUG_HELP, CommandGroup
 
 COMMANDS = {
     "pretrain": "trainer.train_cli:pretrain_command",
@@ -13,7 +13,8 @@ COMMANDS = {
 }
 
 
-@click.group(cls=LazyGroup, lazy_commands=COMMANDS)
+@click.group(cls=CommandGroup, lazy_commands=COMMANDS)
+@click.option("--debug", is_flag=True, expose_value=False, help=DEBUG_HELP)
 def main() -> None:
     """Pre-train BERT (MLM + NSP) on bert-datagen datasets; evaluate; export checkpoints."""
 

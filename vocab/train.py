@@ -165,8 +165,8 @@ def train_vocab(
     symbols = sorted([*alphabet, *forms.values()])
     if len(reserved) + len(symbols) > vocab_size:
         raise VocabError(f"--vocab-size {vocab_size} is smaller than the {len(reserved)} reserved tokens plus "
-                         f"the {len(symbols)} single-character pieces (each character alone and as "##"); '
-                         "raise it or lower --limit-alphabet")
+                         f"the {len(symbols)} single-character pieces (each character alone and as '##' "
+                         "continuation); raise it or lower --limit-alphabet")
     tokenizer = Tokenizer(models.BPE())
     # Words arrive joined by single spaces and hold no space themselves: split there and only there.
     tokenizer.pre_tokenizer = pre_tokenizers.Split(" ", behavior="removed")

@@ -1,0 +1,52 @@
+"""Checks on a freshly generated dataset, made before it replaces anything: an empty train split is
+an error; what a user would want to know (a small eval split, many unknown tokens, more shards than
+records) becomes a warning in the run summary."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from datagen.config import DatagenConfig
+
+# Below this many records, eval metrics move by whole points from one record to the next.
+MIN_EVAL_RECORDS = 300
+MAX_UNK_RATE = 0.01
+
+
+def empty_split_error(manifest: dict[str, Any], config: DatagenConfig) -> str | None:
+    """Why this dataset cannot be trained on, or None."""
+    train = manifest["splits"].get("train", {"records": 0})
+    if train["records"] > 0:
+        return None
+    documents = manifest["totals"]["documents"]
+    eval_records = manifest["splits"].get("eval", {}).get("records", 0)
+    if config.eval_fraction > 0:
+        return (f"--eval-fraction {config.eval_fraction} put every one of the {documents:,} document(s) in the "
+                f"eval split ({eval_records:,} records): the train split would be empty; lower "
+                "--eval-fraction or add documents (documents are split whole, by their identity)")
+    return f"the train split would be empty ({documents:,} document(s) gave no instance)"
+
+
+def run_warnings(manifest: dict[str, Any], config: DatagenConfig, raw_totals: dict[str, Any]) -> list[str]:
+    """Warnings for the run summary (they do not change the dataset)."""
+    warnings = []
+    eval_split = manifest["splits"].get("eval")
+    if config.eval_fraction > 0 and eval_split is not None and eval_split["records"] < MIN_EVAL_RECORDS:
+        documents = raw_totals.get("read_docs/eval", 0)
+        warnings.append(
+            f"the eval split has only {eval_split['records']:,} records (from {documents:,} of "
+            f"{manifest['totals']['documents']:,} documents, --eval-fraction {config.eval_fraction}); "
+            f"eval metrics on fewer than {MIN_EVAL_RECORDS} records are mostly noise: raise --eval-fraction")
+    tokens, unk = int(raw_totals.get("read_tokens", 0)), int(raw_totals.get("unk_tokens", 0))
+    if tokens and unk / tokens > MAX_UNK_RATE:
+        casing = "uncased (lowercased)" if config.do_lower_case else "cased"
+        warnings.append(
+            f"{unk / tokens:.1%} of the {tokens:,} input tokens are [UNK] (above {MAX_UNK_RATE:.0%}): the vocab "
+            f"does not fit the corpus; check that it is {casing} like this run (--do-lower-case/--no-lower-case) "
+            "and of the corpus's language, or train one with `bert-datagen vocab`")
+    for split, info in manifest["splits"].items():
+        shards = len(info["shards"])
+        if split == "train" and shards > info["records"]:  # eval is sized by --target-shard-mb alone
+            warnings.append(f"{split}: {shards} shards for {info['records']:,} records, so "
+                            f"{shards - info['records']} or more are empty: lower --num-shards")
+    return warnings
