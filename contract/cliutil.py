@@ -19,6 +19,7 @@ import logging
 import math
 import os
 import re
+import signal
 import sys
 import threading
 import traceback
@@ -60,10 +61,11 @@ def quiet_logging(debug: bool) -> None:
         logging.getLogger(name).setLevel(logging.CRITICAL)
 
 
-# A log record as Python's default handler prints it ("WARNING:apache_beam.x:message"), or an
-# exception in a library's thread (threading.excepthook), then its traceback lines; our own lines
-# start with one of OUR_LINES.
-_RECORD = re.compile(rb"^((DEBUG|INFO|WARNING|ERROR|CRITICAL):[\w.<>-]*:|Exception in thread )")
+# A log record as Python's default handler prints it ("WARNING:apache_beam.x:message"), an
+# exception in a library's thread (threading.excepthook) or a child process's traceback (this
+# process prints none unless --debug), then its continuation lines; ours start with OUR_LINES.
+_RECORD = re.compile(rb"^((DEBUG|INFO|WARNING|ERROR|CRITICAL):[\w.<>-]*:|Exception in thread |"
+                     rb"Traceback \(most recent call last\):)")
 OUR_LINES = (b"bert-datagen", b"bert-train", b"Error:", b"warning:", b"interrupted", b"Usage:", b"Try '",
              b"OK:", b"FAILED:", b"problem:")
 
@@ -112,6 +114,36 @@ def filter_process_stderr() -> Callable[[], None]:
     return restore
 
 
+def _descendants(pid: int) -> list[int]:
+    """Child processes of ``pid``, recursively (Linux /proc; empty elsewhere)."""
+    found: list[int] = []
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return found
+    for task in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{task}/children") as f:
+                children = [int(c) for c in f.read().split()]
+        except OSError:
+            continue
+        for child in children:
+            found += [child, *_descendants(child)]
+    return found
+
+
+def _interrupt_with_children(signum, frame) -> None:
+    """SIGINT: pass it on to our child processes, then stop as Python does. Ctrl-C in a terminal
+    reaches the whole process group anyway; a `kill -INT` of this process alone would otherwise
+    leave a runner waiting forever for worker processes (Beam's multi-process DirectRunner)."""
+    for child in _descendants(os.getpid()):
+        try:
+            os.kill(child, signal.SIGINT)
+        except OSError:
+            pass
+    raise KeyboardInterrupt
+
+
 def debug_requested(args: Sequence[str], environ: dict[str, str] | os._Environ = os.environ) -> bool:
     return DEBUG_FLAG in args or environ.get(DEBUG_ENV, "") not in ("", "0")
 
@@ -151,6 +183,8 @@ class CleanErrorsGroup(click.Group):
         args = [a for a in args if a != DEBUG_FLAG]
         quiet_logging(debug)
         restore = filter_process_stderr() if from_command_line and not debug else None
+        if from_command_line and signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+            signal.signal(signal.SIGINT, _interrupt_with_children)
         try:
             self._main_clean(args, prog_name, complete_var, debug, **extra)
         finally:

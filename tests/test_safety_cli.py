@@ -100,16 +100,17 @@ POINTS = {  # where the signal lands, by what the run has written so far
 }
 
 
-def _interrupted_run(corpus, out: Path, pattern: str, sig: int, *extra: str) -> tuple[bool, int, str]:
+def _interrupted_run(corpus, out: Path, pattern: str, sig: int, *extra: str,
+                     group: bool = True) -> tuple[bool, int, str]:
     """Start `run --overwrite`, send ``sig`` once ``pattern`` exists under ``out``: SIGINT to the whole
-    process group, as Ctrl-C in a terminal does (Beam's worker processes get it too); SIGKILL to the
-    driver alone."""
+    process group, as Ctrl-C in a terminal does (Beam's worker processes get it too), or with
+    ``group=False`` to the driver alone (`kill -INT PID`); SIGKILL to the driver alone."""
     proc = subprocess.Popen([sys.executable, "-m", "pipelines.cli", *run_args(
         corpus, out, "--dupe-factor", "30", "--overwrite", "--num-shards", "3", *extra)], env=environment(),
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     reached = _wait_for(out, pattern, proc)
     if reached:
-        os.killpg(proc.pid, sig) if sig == signal.SIGINT else proc.send_signal(sig)
+        os.killpg(proc.pid, sig) if sig == signal.SIGINT and group else proc.send_signal(sig)
     try:
         _, stderr = proc.communicate(timeout=120)
     finally:
@@ -157,10 +158,12 @@ def test_ctrl_c_with_worker_processes(corpus, tmp_path) -> None:
     out = tmp_path / "ds"
     assert in_process(*run_args(corpus, out, "--dupe-factor", "1"))[0] == 0
     before = tree_snapshot(out)
-    reached, rc, stderr = _interrupted_run(corpus, out, POINTS["mid-run"], signal.SIGINT, "--direct_num_workers=2")
-    assert reached, stderr[-500:]
-    _check_interrupted(out, before, signal.SIGINT, rc, stderr, "mid-run, 2 workers")
-    assert "WARNING" not in stderr and "INFO" not in stderr
+    for group in (True, False):  # Ctrl-C; `kill -INT` of the driver alone (it passes it on)
+        reached, rc, stderr = _interrupted_run(corpus, out, POINTS["mid-run"], signal.SIGINT,
+                                               "--direct_num_workers=2", group=group)
+        assert reached, stderr[-500:]
+        _check_interrupted(out, before, signal.SIGINT, rc, stderr, f"mid-run, 2 workers, group {group}")
+        assert "WARNING" not in stderr and "INFO" not in stderr
 
 
 @pytest.mark.integration
@@ -179,6 +182,7 @@ def test_child_log_filter_drops_records_and_their_tracebacks() -> None:
              b"Traceback (most recent call last):\n", b'  File "x.py", line 1\n', b"RuntimeError: boom\n",
              b"\n", b"bert-datagen [pid 1, 0s]: 3 files\n", b"Exception in thread run_worker:\n",
              b"Traceback (most recent call last):\n", b"RuntimeError: exited -2\n", b"interrupted\n",
+             b"Traceback (most recent call last):\n", b"KeyboardInterrupt\n",
              b"Error: in.txt: cannot read\n", b"plain line of ours\n"]
     records = ChildLogFilter()
     assert [line for line in lines if records.keep(line)] == [
