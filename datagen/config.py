@@ -11,6 +11,7 @@ INPUT_FORMATS = ("text", "sentences", "jsonl", "wikiextractor")
 # `text` files: how documents are found (datagen.readers); auto detects Gutenberg books and WikiText.
 TEXT_LAYOUTS = ("auto", "plain", "book", "wikitext")
 _SEED_RANGE = (-(2**63), 2**63 - 1)
+MAX_SHARDS = 100_000  # shard names have five digits
 
 
 class ConfigError(ValueError):
@@ -72,6 +73,9 @@ class DatagenConfig:
             raise ConfigError(f"--input-format {self.input_format!r} is not one of {', '.join(INPUT_FORMATS)}")
         if self.num_shards is not None and self.num_shards < 1:
             raise ConfigError(f"--num-shards {self.num_shards} must be >= 1")
+        if self.num_shards is not None and self.num_shards > MAX_SHARDS:
+            raise ConfigError(f"--num-shards {self.num_shards} is more than {MAX_SHARDS:,}: every shard is a file, "
+                              "written even when empty")
         if self.target_shard_mb <= 0:
             raise ConfigError(f"--target-shard-mb {self.target_shard_mb} must be > 0")
         if not 0.0 <= self.eval_fraction < 1.0:

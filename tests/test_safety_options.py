@@ -75,6 +75,7 @@ def test_mask_ratios_reject_nan(corpus) -> None:
     ("--eval-fraction", "1", "--eval-fraction 1.0 must be in [0, 1)"),
     ("--short-seq-prob", "-0.5", "--short-seq-prob -0.5 must be in [0, 1]"),
     ("--text-layout", "novel", "--text-layout"),
+    ("--num-shards", "5000000000", "--num-shards 5000000000 is more than 100,000"),
 ])
 def test_number_ranges(corpus, option: str, value: str, message: str) -> None:
     code, output = run(corpus, option, value)
