@@ -97,10 +97,14 @@ def filter_process_stderr() -> Callable[[], None]:
     records = ChildLogFilter()
 
     def pump() -> None:
+        broken = False  # stderr closed (`2>&1 | head`): keep draining, so no writer ever blocks
         with os.fdopen(read_end, "rb", buffering=0) as source:
             for line in iter(source.readline, b""):
-                if records.keep(line):
-                    os.write(original, line)
+                if records.keep(line) and not broken:
+                    try:
+                        os.write(original, line)
+                    except OSError:
+                        broken = True
 
     thread = threading.Thread(target=pump, name="stderr-filter", daemon=True)
     thread.start()
