@@ -1,0 +1,142 @@
+"""The task-data config: parsed by the CLI, validated before any work, written into the manifest."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from datagen.config import ConfigError
+from datagen.readers import InputError
+
+GLUE_TASKS = ("cola", "sst2", "mrpc", "stsb", "qqp", "mnli", "qnli", "rte", "wnli")
+GENERIC_KINDS = ("tsv", "csv", "jsonl")
+SPAN_KINDS = ("squad", "squad2")
+TAGGING_KINDS = ("conll",)
+KINDS = tuple(f"glue/{t}" for t in GLUE_TASKS) + ("xnli",) + GENERIC_KINDS + SPAN_KINDS + TAGGING_KINDS
+SCHEMES = ("iob1", "iob2", "bioes")
+
+CLASSIFICATION, REGRESSION, SPAN, TAGGING = "classification", "regression", "span", "tagging"
+TRAIN_SPLIT = "train"
+
+
+class TaskInputError(InputError):
+    """A task file that cannot be read as its task; the message names the file, the line and why."""
+
+
+def split_is_training(name: str) -> bool:
+    """Only the split named `train` is written in training mode (shuffled; SQuAD answer labels)."""
+    return name == TRAIN_SPLIT
+
+
+def split_may_be_unlabelled(name: str) -> bool:
+    """GLUE test files carry no labels: a split whose name starts with `test` may lack them."""
+    return name.startswith("test")
+
+
+@dataclass(frozen=True)
+class TaskConfig:
+    """Everything that decides the bytes of a task dataset (runner options do not)."""
+
+    kind: str
+    max_seq_length: int | None = None  # None: 384 for span tasks, 128 otherwise
+    do_lower_case: bool = True
+    text_a: str | None = None
+    text_b: str | None = None
+    label: str | None = None
+    header: bool | None = None  # None: the kind's default (GLUE: the official layout; tsv/csv: True)
+    labels: tuple[str, ...] | None = None
+    regression: bool = False
+    doc_stride: int = 128
+    max_query_length: int = 64
+    token_column: int = 0
+    tag_column: int = -1
+    scheme: str = "iob2"
+    random_seed: int = 12345
+    num_shards: int | None = None  # None: derived from target_shard_mb
+    target_shard_mb: float = 64.0
+
+    def __post_init__(self) -> None:
+        if self.max_seq_length is None:
+            object.__setattr__(self, "max_seq_length", 384 if self.kind in SPAN_KINDS else 128)
+        if self.labels is not None:
+            object.__setattr__(self, "labels", tuple(self.labels))
+        self.validate()
+
+    @property
+    def task_type(self) -> str:
+        if self.kind in SPAN_KINDS:
+            return SPAN
+        if self.kind in TAGGING_KINDS:
+            return TAGGING
+        if self.kind == "glue/stsb" or self.regression:
+            return REGRESSION
+        return CLASSIFICATION
+
+    def validate(self) -> None:
+        if self.kind not in KINDS:
+            raise ConfigError(f"--task {self.kind!r} is not one of {', '.join(KINDS)}")
+        seq = self.max_seq_length
+        assert seq is not None
+        if not 5 <= seq <= 100_000:
+            raise ConfigError(f"--max-seq-length {seq} must be in [5, 100000]")
+        if self.kind in GENERIC_KINDS:
+            if self.text_a is None:
+                raise ConfigError(f"--task {self.kind} needs --text-a (a column name, 0-based index or field)")
+            if self.label is None and self.labels is None and not self.regression:
+                raise ConfigError(f"--task {self.kind} without --label needs --labels or --regression "
+                                  "(the label list of an unlabelled dataset)")
+        elif any(v is not None for v in (self.text_a, self.text_b, self.label, self.header)):
+            raise ConfigError(f"--text-a/--text-b/--label/--header are for --task tsv, csv or jsonl; "
+                              f"--task {self.kind} has a fixed layout")
+        if self.kind == "jsonl" and self.header is not None:
+            raise ConfigError("--header/--no-header do not apply to --task jsonl")
+        if self.regression and self.kind not in GENERIC_KINDS:
+            raise ConfigError("--regression is for --task tsv, csv or jsonl (glue/stsb is regression already)")
+        if self.labels is not None:
+            self._validate_labels()
+        if self.kind in SPAN_KINDS:
+            self._validate_span()
+        if self.kind in TAGGING_KINDS and self.scheme not in SCHEMES:
+            raise ConfigError(f"--scheme {self.scheme!r} is not one of {', '.join(SCHEMES)}")
+        if self.num_shards is not None and self.num_shards < 1:
+            raise ConfigError(f"--num-shards {self.num_shards} must be >= 1")
+        if not (math.isfinite(self.target_shard_mb) and self.target_shard_mb > 0):
+            raise ConfigError(f"--target-shard-mb {self.target_shard_mb} must be > 0")
+
+    def _validate_labels(self) -> None:
+        labels = self.labels or ()
+        if self.kind.startswith("glue/") or self.kind == "xnli":
+            raise ConfigError(f"--labels: --task {self.kind} uses its official label list")
+        if self.task_type == REGRESSION:
+            raise ConfigError("--labels does not apply to a regression task")
+        if not labels or any(not lab for lab in labels):
+            raise ConfigError(f"--labels {','.join(labels)!r} must be a non-empty list of non-empty labels")
+        if len(set(labels)) != len(labels):
+            raise ConfigError(f"--labels {','.join(labels)!r} lists a label twice")
+
+    def _validate_span(self) -> None:
+        seq = self.max_seq_length
+        assert seq is not None
+        if self.max_query_length < 1:
+            raise ConfigError(f"--max-query-length {self.max_query_length} must be >= 1")
+        if seq - self.max_query_length - 3 < 1:
+            raise ConfigError(f"--max-seq-length {seq} leaves no room for the document after a "
+                              f"{self.max_query_length}-token question and [CLS] [SEP] [SEP]")
+        if self.doc_stride < 1:
+            raise ConfigError(f"--doc-stride {self.doc_stride} must be >= 1")
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        if self.labels is not None:
+            d["labels"] = list(self.labels)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> TaskConfig:
+        known = {f.name for f in dataclasses.fields(cls)}
+        kwargs = {k: v for k, v in d.items() if k in known}
+        if kwargs.get("labels") is not None:
+            kwargs["labels"] = tuple(kwargs["labels"])
+        return cls(**kwargs)

