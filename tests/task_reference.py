@@ -10,7 +10,6 @@ reference. Slow and obviously equal to the original; the vectorized code is chec
 from __future__ import annotations
 
 import csv
-import io
 import json
 
 from test_vocab_reference import ReferenceTokenizer
@@ -323,7 +322,7 @@ def tagging_features(words: list[str], tag_ids: list[int], tokenizer, max_seq_le
 
 def read_conll_reference(path: str, token_column: int = 0, tag_column: int = -1) -> list[tuple[list[str], list[str]]]:
     sentences, words, tags = [], [], []
-    for line in io.open(path, encoding="utf-8"):
+    for line in open(path, encoding="utf-8"):
         fields = line.split()
         if not fields or fields[0] == "-DOCSTART-":
             if words:
