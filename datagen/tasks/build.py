@@ -10,6 +10,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
+
+from datagen import rng
 from datagen.tasks import conll, delimited, glue, squad_read
 from datagen.tasks.classify import classification_records
 from datagen.tasks.config import (
@@ -23,7 +26,7 @@ from datagen.tasks.config import (
     split_may_be_unlabelled,
 )
 from datagen.tasks.delimited import ColumnSpec, parse_column
-from datagen.tasks.features import TaskRecords
+from datagen.tasks.features import TaskRecords, combine
 from datagen.tasks.squad import squad_records
 from datagen.tasks.tagging import tagging_records
 
@@ -120,32 +123,74 @@ def split_labels(config: TaskConfig, first: SplitInput) -> list[str]:
     return sorted(seen)
 
 
-def split_records(config: TaskConfig, split: SplitInput, labels: Sequence[str], tokenizer,
-                  order: Sequence[int] | None = None) -> TaskRecords:
-    """The records of a split: its examples in `order` (indexes into file order; None: file order).
+@dataclass
+class Prepared:
+    """A split's examples ready for feature building: labels resolved to ids (checked against the
+    label list, so a message names the file and line), in the order records are to be written."""
 
-    Labels are checked against the label list first, in file order, so a message names the line."""
+    name: str
+    labelled: bool
+    examples: list
+    values: list | None  # label id / regression value / tag ids per example; None for span tasks
+    counts: dict[str, int] = field(default_factory=dict)  # reading's counts (on the first part only)
+
+    def __len__(self) -> int:
+        return len(self.examples)
+
+    def reordered(self, order: Sequence[int]) -> Prepared:
+        values = None if self.values is None else [self.values[i] for i in order]
+        return Prepared(self.name, self.labelled, [self.examples[i] for i in order], values, self.counts)
+
+    def parts(self, size: int) -> list[Prepared]:
+        """Consecutive parts of at most `size` examples (at least one part, maybe empty)."""
+        cuts = range(0, max(len(self.examples), 1), size)
+        return [Prepared(self.name, self.labelled, self.examples[lo:lo + size],
+                         None if self.values is None else self.values[lo:lo + size],
+                         self.counts if k == 0 else {}) for k, lo in enumerate(cuts)]
+
+
+def prepare_split(config: TaskConfig, split: SplitInput, labels: Sequence[str]) -> Prepared:
+    """The split's examples in file order with their label values."""
+    values: list | None
+    if config.task_type == SPAN:
+        values = None
+    elif config.task_type == TAGGING:
+        values = [t for path, sentences in split.files for t in conll.tag_ids(path, sentences, labels)]
+    elif config.task_type == CLASSIFICATION:
+        values = [v for path, exs in split.files for v in delimited.label_ids(path, exs, labels)]
+    else:
+        values = [v for path, exs in split.files for v in delimited.regression_values(path, exs)]
+    return Prepared(split.name, split.labelled, split.examples, values, dict(split.counts))
+
+
+def train_order(num_examples: int, seed: int) -> np.ndarray:
+    """The seeded order of a training split: examples sorted by a key drawn for their position in
+    file order, so any worker computes the same order from the seed alone."""
+    keys = rng.u64_for_keys(np.uint64(rng.derive_key(seed, "task-train-order")),
+                            np.arange(num_examples, dtype=np.uint64))
+    return np.argsort(keys, kind="stable")
+
+
+def part_records(config: TaskConfig, part: Prepared, tokenizer) -> TaskRecords:
+    """The records of one part of a split (numbered within the part; `combine` numbers the split)."""
     L = config.max_seq_length
     assert L is not None
-    training = split_is_training(split.name)
-    examples = split.examples
-
-    def ordered(values: list) -> list:
-        return values if order is None else [values[i] for i in order]
-
     if config.task_type == SPAN:
-        records = squad_records(tokenizer, ordered(examples), L, config.doc_stride, config.max_query_length,
-                                training, config.kind == "squad2", split.labelled)
+        records = squad_records(tokenizer, part.examples, L, config.doc_stride, config.max_query_length,
+                                split_is_training(part.name), config.kind == "squad2", part.labelled)
     elif config.task_type == TAGGING:
-        tags = [t for path, sentences in split.files for t in conll.tag_ids(path, sentences, labels)]
-        records = tagging_records(tokenizer, ordered(examples), ordered(tags), L, split.labelled)
+        records = tagging_records(tokenizer, part.examples, part.values or [], L, part.labelled)
     else:
-        if config.task_type == CLASSIFICATION:
-            values: list = [v for path, exs in split.files for v in delimited.label_ids(path, exs, labels)]
-        else:
-            values = [v for path, exs in split.files for v in delimited.regression_values(path, exs)]
-        examples, values = ordered(examples), ordered(values)
-        records = classification_records(tokenizer, [ex.text_a for ex in examples], [ex.text_b for ex in examples],
-                                         values, L, config.task_type)
-    records.counts.update(split.counts)
+        records = classification_records(tokenizer, [ex.text_a for ex in part.examples],
+                                         [ex.text_b for ex in part.examples], part.values or [], L, config.task_type)
+    records.counts.update(part.counts)
     return records
+
+
+def split_records(config: TaskConfig, split: SplitInput, labels: Sequence[str], tokenizer,
+                  order: Sequence[int] | None = None, part_size: int = 1 << 30) -> TaskRecords:
+    """The records of a whole split, its examples in `order` (None: file order), built in parts."""
+    prepared = prepare_split(config, split, labels)
+    if order is not None:
+        prepared = prepared.reordered(order)
+    return combine([part_records(config, part, tokenizer) for part in prepared.parts(part_size)])

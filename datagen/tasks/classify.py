@@ -51,7 +51,7 @@ def classification_records(tokenizer, texts_a: Sequence[str], texts_b: Sequence[
     keep_b = np.where(has_b, pair_b, 0)
     truncated = (keep_a < len_a) | (keep_b < len_b)
 
-    input_ids = np.zeros((n, L), dtype=np.int64)
+    input_ids = np.zeros((n, L), dtype=np.int32)
     input_ids[:, 0] = vocab.cls_id
     place(input_ids, flat_a, off_a[:-1], keep_a, np.ones(n, dtype=np.int64))
     rows = np.arange(n)
@@ -70,7 +70,7 @@ def classification_records(tokenizer, texts_a: Sequence[str], texts_b: Sequence[
         "input_mask": input_mask,
         "is_real_example": np.ones((n, 1), dtype=np.int64),
         "label_ids": label_ids,
-        "segment_ids": segment_ids.astype(np.int64),
+        "segment_ids": segment_ids,
     }
     counts = {"examples": n, "features": n, "truncated_examples": int(truncated.sum())}
     return TaskRecords(columns=columns, counts=counts)

@@ -12,15 +12,14 @@ is impossible. `unique_ids` count from 1000000000 in record order.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
+from json.encoder import encode_basestring  # the C encoder: json.dumps(s, ensure_ascii=False)
 
 import numpy as np
 
 from datagen.tasks.features import TaskRecords, place, ragged, sequence_mask
 from datagen.tasks.squad_read import SquadExample
 
-FIRST_UNIQUE_ID = 1000000000
 MAX_CONTEXT_WEIGHT = 0.01
 
 
@@ -64,6 +63,16 @@ def improve_answer_span(doc_ids: np.ndarray, start: int, end: int, answer_ids: n
     return start, end
 
 
+def word_pieces(tokenizer, words: list[str]) -> list[np.ndarray]:
+    """The pieces of each word, tokenized on its own; each distinct word once (text repeats its words)."""
+    if not words:
+        return []
+    index: dict[str, int] = {}
+    slots = [index.setdefault(w, len(index)) for w in words]
+    distinct = tokenizer.encode_batch_ids(list(index))
+    return [distinct[i] for i in slots]
+
+
 class _Documents:
     """Every distinct paragraph's pieces in one flat array, with word <-> piece maps."""
 
@@ -75,7 +84,7 @@ class _Documents:
                 self.index[id(ex.paragraph)] = len(paragraphs)
                 paragraphs.append(ex.paragraph)
         words = [w for p in paragraphs for w in p.words]
-        self.flat, word_offsets = ragged(tokenizer.encode_batch_ids(words) if words else [])
+        self.flat, word_offsets = ragged(word_pieces(tokenizer, words))
         word_counts = np.array([len(p.words) for p in paragraphs], dtype=np.int64)
         first_word = np.concatenate(([0], np.cumsum(word_counts)))
         self.piece_start = word_offsets[first_word]  # per paragraph, into flat
@@ -108,8 +117,8 @@ def _answer_pieces(docs: _Documents, ex: SquadExample, p: int, lo: int, n_tok: i
     return improve_answer_span(docs.flat[lo:lo + n_tok], start, end, answer_ids)
 
 
-def _dumps(value) -> str:
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+def _json_strings(values: Sequence[str]) -> str:
+    return "[" + ",".join(map(encode_basestring, values)) + "]"
 
 
 def squad_records(tokenizer, examples: Sequence[SquadExample], max_seq_length: int, doc_stride: int,
@@ -127,13 +136,15 @@ def squad_records(tokenizer, examples: Sequence[SquadExample], max_seq_length: i
                           strict=True):
             answers[i] = ids
 
-    token_json = np.array([_dumps(t) for t in vocab.tokens], dtype=object)
+    token_json = np.array([encode_basestring(t) for t in vocab.tokens], dtype=object)
     key_json = np.array([f'"{p}":' for p in range(L)], dtype=object)
     bool_json = np.array(["false", "true"], dtype=object)
+    most_words = max((len(ex.paragraph.words) for ex in examples), default=0)
+    int_json = np.array([str(i) for i in range(most_words)], dtype=object)
     windows: list[tuple[int, int, int, int]] = []  # example, q length, first doc piece in flat, length
     labels: list[tuple[int, int, int]] = []
     window_meta: list[tuple[int, int, np.ndarray, np.ndarray]] = []  # example, window, words, max-context
-    example_lines = []
+    example_tails = []
     histogram: dict[int, int] = {}
     for i, ex in enumerate(examples):
         p, lo, n_tok = docs.of(ex)
@@ -149,12 +160,12 @@ def squad_records(tokenizer, examples: Sequence[SquadExample], max_seq_length: i
             if training:
                 labels.append(_window_label(ex, tok_start if not ex.is_impossible else 0,
                                             tok_end if not ex.is_impossible else 0, start, length, lq))
-        example_lines.append(_example_line(ex, i, labelled, version2))
+        example_tails.append(_example_tail(ex, labelled, version2))
 
     n = len(windows)
     win = np.array(windows, dtype=np.int64).reshape(n, 4)
     ex_of, lq_w, doc_lo, doc_len = win[:, 0], win[:, 1], win[:, 2], win[:, 3]
-    input_ids = np.zeros((n, L), dtype=np.int64)
+    input_ids = np.zeros((n, L), dtype=np.int32)
     rows = np.arange(n)
     input_ids[:, 0] = vocab.cls_id
     place(input_ids, q_flat, q_off[:-1][ex_of], lq_w, np.ones(n, dtype=np.int64))
@@ -164,23 +175,23 @@ def squad_records(tokenizer, examples: Sequence[SquadExample], max_seq_length: i
     input_ids[rows, seq_len - 1] = vocab.sep_id
     input_mask = sequence_mask(seq_len, L)
     segment_ids = input_mask * (np.arange(L)[None, :] >= (2 + lq_w)[:, None])
-    unique_ids = FIRST_UNIQUE_ID + rows
-    columns = {"input_ids": input_ids, "input_mask": input_mask, "segment_ids": segment_ids.astype(np.int64),
-               "unique_ids": unique_ids.reshape(n, 1)}
+    # Record numbers within this part; `combine` makes them the split's unique ids.
+    columns = {"input_ids": input_ids, "input_mask": input_mask, "segment_ids": segment_ids,
+               "unique_ids": rows.reshape(n, 1)}
     if training:
         lab = np.array(labels, dtype=np.int64).reshape(n, 3)
         columns.update(start_positions=lab[:, :1], end_positions=lab[:, 1:2], is_impossible=lab[:, 2:])
 
-    window_lines = []
+    window_tails = []
     for r in range(n):
-        i, w, words, ctx = window_meta[r]
+        _, w, words, ctx = window_meta[r]
         offset = int(lq_w[r]) + 2
-        keys = key_json[offset:offset + len(words)].tolist()
-        window_lines.append(
-            f'{{"unique_id":{int(unique_ids[r])},"example_index":{i},"window_index":{w},'
-            f'"tokens":[{",".join(token_json[input_ids[r, :seq_len[r]]].tolist())}],'
-            f'"token_to_word":{{{",".join(map(str.__add__, keys, map(str, words.tolist())))}}},'
-            f'"max_context":{{{",".join(map(str.__add__, keys, bool_json[ctx.astype(np.int64)].tolist()))}}}}}')
+        keys = key_json[offset:offset + len(words)]
+        # Object-array additions concatenate the strings in one C loop per window.
+        window_tails.append(
+            f'"window_index":{w},"tokens":[{",".join(token_json[input_ids[r, :seq_len[r]]].tolist())}],'
+            f'"token_to_word":{{{",".join((keys + int_json[words]).tolist())}}},'
+            f'"max_context":{{{",".join((keys + bool_json[ctx.view(np.uint8)]).tolist())}}}}}')
     counts = {"examples": len(examples), "features": n,
               "truncated_examples": int((np.diff(q_off) > max_query_length).sum()),
               "multi_window_examples": sum(c for k, c in histogram.items() if k > 1),
@@ -188,8 +199,8 @@ def squad_records(tokenizer, examples: Sequence[SquadExample], max_seq_length: i
     if training:
         counts["windows_without_answer"] = int(((columns["start_positions"][:, 0] == 0)
                                                 & (columns["is_impossible"][:, 0] == 0)).sum())
-    return TaskRecords(columns=columns, counts=counts, example_lines=example_lines, window_lines=window_lines,
-                       histogram={str(k): histogram[k] for k in sorted(histogram)})
+    return TaskRecords(columns=columns, counts=counts, example_tails=example_tails, window_tails=window_tails,
+                       record_example=ex_of, histogram=histogram)
 
 
 def _window_label(ex: SquadExample, tok_start: int, tok_end: int, start: int, length: int,
@@ -202,11 +213,11 @@ def _window_label(ex: SquadExample, tok_start: int, tok_end: int, start: int, le
     return tok_start - start + offset, tok_end - start + offset, 0
 
 
-def _example_line(ex: SquadExample, index: int, labelled: bool, version2: bool) -> str:
-    parts = [f'{{"index":{index},"id":{_dumps(ex.qas_id)},"question":{_dumps(ex.question)},'
+def _example_tail(ex: SquadExample, labelled: bool, version2: bool) -> str:
+    parts = [f'"id":{encode_basestring(ex.qas_id)},"question":{encode_basestring(ex.question)},'
              f'"words":{ex.paragraph.words_json}']
     if labelled:
-        parts.append(f',"answers":{_dumps(ex.answers or [])}')
+        parts.append(f',"answers":{_json_strings(ex.answers or [])}')
     if version2:
         parts.append(f',"is_impossible":{"true" if ex.is_impossible else "false"}')
     parts.append("}")

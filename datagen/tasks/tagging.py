@@ -17,6 +17,7 @@ import numpy as np
 
 from datagen.tasks.conll import Sentence
 from datagen.tasks.features import TaskRecords, ragged, sequence_mask
+from datagen.tasks.squad import word_pieces
 
 
 def word_windows(piece_counts: Sequence[int], capacity: int) -> list[tuple[int, int]]:
@@ -43,7 +44,7 @@ def tagging_records(tokenizer, sentences: Sequence[Sentence], tags: Sequence[lis
     cap = L - 2
     vocab = tokenizer.vocab
     words = [w for s in sentences for w in s.words]
-    pieces = tokenizer.encode_batch_ids(words) if words else []
+    pieces = word_pieces(tokenizer, words)
     unk = np.array([vocab.unk_id], dtype=np.int32)
     pieces = [p if len(p) else unk for p in pieces]
     flat, offsets = ragged(pieces)
@@ -52,7 +53,7 @@ def tagging_records(tokenizer, sentences: Sequence[Sentence], tags: Sequence[lis
 
     # Per window: (sentence, window index, first global word, end global word).
     plan: list[tuple[int, int, int, int]] = []
-    example_lines = []
+    example_tails = []
     histogram: dict[int, int] = {}
     first_word = 0
     for i, s in enumerate(sentences):
@@ -60,14 +61,14 @@ def tagging_records(tokenizer, sentences: Sequence[Sentence], tags: Sequence[lis
         spans = word_windows(counts_all[first_word:first_word + n].tolist(), cap)
         histogram[len(spans)] = histogram.get(len(spans), 0) + 1
         plan += [(i, k, first_word + a, first_word + b) for k, (a, b) in enumerate(spans)]
-        line = {"index": i, "words": s.words}
+        line = {"words": s.words}
         if labelled:
             line["tags"] = s.tags
-        example_lines.append(json.dumps(line, ensure_ascii=False, separators=(",", ":")))
+        example_tails.append(json.dumps(line, ensure_ascii=False, separators=(",", ":"))[1:])
         first_word += n
 
     n_rec = len(plan)
-    input_ids = np.zeros((n_rec, L), dtype=np.int64)
+    input_ids = np.zeros((n_rec, L), dtype=np.int32)
     label_ids = np.full((n_rec, L), -1, dtype=np.int64)
     word_ids = np.full((n_rec, L), -1, dtype=np.int64)
     input_ids[:, 0] = vocab.cls_id
@@ -86,16 +87,15 @@ def tagging_records(tokenizer, sentences: Sequence[Sentence], tags: Sequence[lis
         lengths[r] = len(seq_pieces) + 2
     input_mask = sequence_mask(lengths, L)
     columns = {"input_ids": input_ids, "input_mask": input_mask, "label_ids": label_ids,
-               "segment_ids": np.zeros((n_rec, L), dtype=np.int64)}
-    window_lines = [f'{{"example_index":{i},"window_index":{k},"word_ids":{_dumps_ints(word_ids[r])}}}'
-                    for r, (i, k, _, _) in enumerate(plan)]
+               "segment_ids": np.zeros((n_rec, L), dtype=np.int32)}
+    window_tails = [f'"window_index":{k},"word_ids":{_dumps_ints(word_ids[r])}}}' for r, (_, k, _, _) in enumerate(plan)]
     counts = {"examples": len(sentences), "features": n_rec,
               "truncated_examples": _sentences_with_cut_words(sentences, np.diff(offsets), cap),
               "truncated_words": truncated_words,
               "multi_window_examples": sum(c for k, c in histogram.items() if k > 1),
               "max_windows_per_example": max(histogram, default=0)}
-    return TaskRecords(columns=columns, counts=counts, example_lines=example_lines, window_lines=window_lines,
-                       histogram={str(k): histogram[k] for k in sorted(histogram)})
+    return TaskRecords(columns=columns, counts=counts, example_tails=example_tails, window_tails=window_tails,
+                       record_example=np.array([i for i, _, _, _ in plan], dtype=np.int64), histogram=histogram)
 
 
 def _sentences_with_cut_words(sentences: Sequence[Sentence], pieces_per_word: np.ndarray, cap: int) -> int:
