@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import os
+import tempfile
 from functools import lru_cache
 from pathlib import Path
 
@@ -57,3 +59,23 @@ def build_split(config: TaskConfig, split: str, files: list[tuple[str, bytes]], 
 
 def build_file(config: TaskConfig, split: str, path: Path, tokenizer, labels=None):
     return build_split(config, split, [(str(path), path.read_bytes())], tokenizer, labels)
+
+
+def squad_slice(path: Path, n_questions: int) -> Path:
+    """A temporary SQuAD file with the first questions of a real one (whole articles' paragraphs)."""
+    data = json.loads(path.read_text(encoding="utf-8"))
+    kept, count = [], 0
+    for entry in data["data"]:
+        paragraphs = []
+        for p in entry["paragraphs"]:
+            if count >= n_questions:
+                break
+            qas = p["qas"][: n_questions - count]
+            count += len(qas)
+            paragraphs.append({"context": p["context"], "qas": qas})
+        if paragraphs:
+            kept.append({"title": entry["title"], "paragraphs": paragraphs})
+    out = tempfile.NamedTemporaryFile("w", suffix=".json", delete=False, encoding="utf-8")
+    json.dump({"data": kept, "version": "1.1"}, out)
+    out.close()
+    return Path(out.name)

@@ -6,7 +6,7 @@ import json
 
 import numpy as np
 import pytest
-from task_fixtures import build_file, minilm_tokenizer, task_file
+from task_fixtures import build_file, minilm_tokenizer, squad_slice, task_file
 from task_reference import Tok, convert_examples_to_features, read_squad_examples
 
 from datagen.tasks.config import TaskConfig, TaskInputError
@@ -43,7 +43,7 @@ def test_part_a_prediction_mode_every_window_as_the_original(L, stride, q):
     tok = minilm_tokenizer()
     config = TaskConfig(kind="squad", max_seq_length=L, doc_stride=stride, max_query_length=q)
     if L < 384:  # the small windows: a slice keeps the quadratic max-context reference quick
-        path = _slice_file(path, 300)
+        path = squad_slice(path, 300)
     records, labels = build_file(config, "dev", path, tok)
     assert labels == []
     examples = read_squad_examples(str(path), is_training=False)
@@ -58,35 +58,11 @@ def test_part_a_prediction_mode_every_window_as_the_original(L, stride, q):
         assert records.counts["multi_window_examples"] > 50
 
 
-def _slice_file(path, n_questions: int):
-    """A temporary SQuAD file with the first questions of a real one (whole paragraphs)."""
-    import tempfile
-
-    data = json.loads(path.read_text(encoding="utf-8"))
-    kept, count = [], 0
-    for entry in data["data"]:
-        paragraphs = []
-        for p in entry["paragraphs"]:
-            if count >= n_questions:
-                break
-            qas = p["qas"][: n_questions - count]
-            count += len(qas)
-            paragraphs.append({"context": p["context"], "qas": qas})
-        if paragraphs:
-            kept.append({"title": entry["title"], "paragraphs": paragraphs})
-    out = tempfile.NamedTemporaryFile("w", suffix=".json", delete=False, encoding="utf-8")
-    json.dump({"data": kept, "version": "1.1"}, out)
-    out.close()
-    from pathlib import Path
-
-    return Path(out.name)
-
-
 def test_part_a_training_mode_labels_as_the_original():
     path = task_file("squad11/dev-v1.1-part-a.json")
     tok = minilm_tokenizer()
     config = TaskConfig(kind="squad", max_seq_length=128, doc_stride=48, max_query_length=24)
-    small = _slice_file(path, 800)
+    small = squad_slice(path, 800)
     records, _ = build_file(config, "train", small, tok)
     examples = read_squad_examples(str(small), is_training=True)
     reference = convert_examples_to_features(examples, Tok(tok.vocab.tokens), 128, 48, 24, is_training=True)
