@@ -95,6 +95,11 @@ def _usage(dataset_dir: str) -> list[str]:
 def render_card(dataset_dir: str, manifest: dict) -> str:
     """The card's Markdown text."""
     validate_manifest(manifest, f"{dataset_dir}/{MANIFEST_NAME}")
+    if manifest.get("kind") == "task":
+        from pipelines.task_card import render_task_card
+
+        return render_task_card(dataset_dir, manifest, _provenance(manifest), _config(manifest),
+                                split_names(manifest))
     name = dataset_dir.rstrip("/").rsplit("/", 1)[-1] or dataset_dir
     total = sum(info["records"] for info in manifest["splits"].values())
     head = [

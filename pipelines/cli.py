@@ -10,6 +10,7 @@ from datagen import __version__
 COMMANDS = {
     "vocab": "pipelines.vocab_cli:vocab_command",
     "run": "pipelines.run_cli:run_command",
+    "task": "pipelines.task_cli:task_command",
     "verify": "pipelines.tools_cli:verify_command",
     "inspect": "pipelines.tools_cli:inspect_command",
     "stats": "pipelines.tools_cli:stats_command",
@@ -21,7 +22,7 @@ COMMANDS = {
 @click.version_option(__version__, prog_name="bert-datagen")
 @click.option("--debug", is_flag=True, expose_value=False, help=DEBUG_HELP)
 def main() -> None:
-    """Reproducible BERT pre-training data: vocab, run, verify, inspect, stats, diff."""
+    """Reproducible BERT pre-training data: vocab, run, task, verify, inspect, stats, diff."""
 
 
 if __name__ == "__main__":

@@ -59,25 +59,36 @@ _MAX_COUNTS = ("max_windows_per_example",)
 
 
 def combine(parts: list[TaskRecords]) -> TaskRecords:
-    """The split made of its parts in order: columns concatenated, examples and records numbered
-    (SQuAD `unique_ids` from 1000000000 in record order), side lines completed, counts summed."""
+    """The split made of its parts in order: columns concatenated, records numbered (SQuAD
+    `unique_ids` from 1000000000 in record order), side lines completed, counts summed."""
     names = parts[0].columns
     columns = {name: np.concatenate([p.columns[name] for p in parts]) if len(parts) > 1 else parts[0].columns[name]
                for name in names}
-    n = int(columns["input_ids"].shape[0])
     if "unique_ids" in columns:
-        columns["unique_ids"] = (FIRST_UNIQUE_ID + np.arange(n, dtype=np.int64)).reshape(n, 1)
+        columns["unique_ids"] = unique_ids(0, len(columns["unique_ids"]))
+    out = combine_side(parts)
+    out.columns = columns
+    return out
+
+
+def unique_ids(first_record: int, n: int) -> np.ndarray:
+    """SQuAD's `unique_ids` of n records from the split's record `first_record` on."""
+    return (FIRST_UNIQUE_ID + first_record + np.arange(n, dtype=np.int64)).reshape(n, 1)
+
+
+def combine_side(parts: list[TaskRecords]) -> TaskRecords:
+    """Everything of the split but its columns: counts, histogram and the numbered side lines."""
     counts: dict[str, int] = {}
     for p in parts:
         for key, value in p.counts.items():
             counts[key] = max(counts.get(key, 0), value) if key in _MAX_COUNTS else counts.get(key, 0) + value
-    out = TaskRecords(columns=columns, counts=counts)
+    out = TaskRecords(columns={}, counts=counts)
     if parts[0].example_tails is None:
         return out
     histogram: dict[int, int] = {}
     example_lines: list[str] = []
     window_lines: list[str] = []
-    span = "unique_ids" in columns
+    span = "unique_ids" in parts[0].columns
     for p in parts:
         first = len(example_lines)
         example_lines += [f'{{"index":{first + i},{tail}' for i, tail in enumerate(p.example_tails or [])]

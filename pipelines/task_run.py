@@ -1,0 +1,192 @@
+"""The `bert-datagen task` driver: inputs and output checked, the pipeline run, the manifest written last.
+
+A task dataset replaces only what a task dataset is made of (manifest, card, vocab copy, each
+split's shards and side files); without --overwrite an existing dataset is refused. A failed run
+removes every file it wrote, so nothing is left that looks complete.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import platform
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+import apache_beam as beam
+
+from datagen.tasks import build
+from datagen.tasks.config import TaskConfig, split_is_training
+from datagen.tasks.features import task_feature_spec
+from pipelines import fsio
+from pipelines.run import DatagenError, check_vocab, extract_input_error, local_abspath
+from pipelines.task import EXAMPLES_NAME, SUMMARY_PREFIX, WINDOWS_NAME, TaskPlan, build_pipeline, parse_split
+
+DATASET_PATTERNS = ("*/part-*.tfrecord", f"*/{EXAMPLES_NAME}", f"*/{WINDOWS_NAME}")
+
+
+@dataclass
+class TaskResult:
+    output_dir: str
+    manifest: dict[str, Any]
+    wall_seconds: float
+    pipeline_seconds: float
+    cpu_seconds: dict[str, float] = field(default_factory=dict)
+
+
+def _matches(patterns: list[str]) -> list[str]:
+    found = []
+    for pattern in patterns:
+        try:
+            found.extend(f.path for f in fsio.match_files([pattern]))
+        except fsio.InputNotFoundError:
+            pass
+    return found
+
+
+def existing_task_files(output_dir: str) -> list[str]:
+    """Files that make `output_dir` look like a (task or pre-training) dataset."""
+    from pipelines.manifest import CARD_NAME, MANIFEST_NAME, VOCAB_NAME
+
+    found = [p for p in (fsio.join(output_dir, n) for n in (MANIFEST_NAME, CARD_NAME, VOCAB_NAME)) if fsio.exists(p)]
+    return found + _matches([fsio.join(output_dir, p) for p in DATASET_PATTERNS])
+
+
+def _stale(output_dir: str) -> list[str]:
+    return _matches([fsio.join(output_dir, f"{fsio.TMP_MARKER}*"), fsio.join(output_dir, "*", f"{fsio.TMP_MARKER}*"),
+                     fsio.join(output_dir, f"{SUMMARY_PREFIX}*")])
+
+
+def prepare_task_output(output_dir: str, overwrite: bool) -> None:
+    from pipelines.manifest import MANIFEST_NAME
+
+    existing = existing_task_files(output_dir)
+    if existing and not overwrite:
+        raise DatagenError(f"{output_dir}: already holds a dataset ({len(existing)} files, e.g. {existing[0]}); "
+                           "pass --overwrite to replace it or choose another --output")
+    manifest = fsio.join(output_dir, MANIFEST_NAME)
+    fsio.delete([p for p in existing if p == manifest])  # first: no manifest may point at missing files
+    fsio.delete([p for p in existing if p != manifest] + _stale(output_dir))
+    fsio.ensure_dir(output_dir)
+
+
+def remove_partial(output_dir: str) -> None:
+    fsio.delete(existing_task_files(output_dir) + _stale(output_dir))
+
+
+def match_splits(split_options: list[str]) -> list[tuple[str, list[str]]]:
+    """(name, files) per --split, in the order given; files sorted by path within a pattern."""
+    seen: dict[str, list[str]] = {}
+    for option in split_options:
+        name, pattern = parse_split(option)
+        if name in seen:
+            raise DatagenError(f"--split {option!r}: split {name!r} is given twice")
+        pattern = local_abspath(pattern)
+        try:
+            seen[name] = sorted(f.path for f in fsio.match_files([pattern]))
+        except fsio.InputNotFoundError as e:
+            raise DatagenError(f"--split {option!r}: {e}") from e
+    if not seen:
+        raise DatagenError("give at least one --split NAME=PATTERN")
+    return list(seen.items())
+
+
+def _task_field(config: TaskConfig, labels: list[str]) -> dict[str, Any]:
+    task: dict[str, Any] = {"kind": config.kind, "type": config.task_type, "labels": labels,
+                            "columns": build.columns_description(config), "max_seq_length": config.max_seq_length,
+                            "do_lower_case": config.do_lower_case}
+    if config.task_type == "span":
+        task.update(doc_stride=config.doc_stride, max_query_length=config.max_query_length)
+    if config.task_type == "tagging":
+        task["scheme"] = "iob2" if config.scheme == "iob1" else config.scheme
+        task["scheme_read"] = config.scheme
+    return task
+
+
+def _split_entry(config: TaskConfig, name: str, info: dict[str, Any]) -> dict[str, Any]:
+    L = config.max_seq_length
+    assert L is not None
+    training = split_is_training(name)
+    features = task_feature_spec(config.task_type, L, training and config.task_type == "span")
+    entry = {"shards": info["shards"], "labelled": info["labelled"], "mode": "train" if training else "predict",
+             "features": {k: [v[0], v[1]] for k, v in features.items()}, "counts": info["counts"],
+             "side": [{k: s[k] for k in ("path", "bytes", "sha256")} for s in info["side"]]}
+    if info["histogram"]:
+        entry["windows_per_example"] = info["histogram"]
+    return entry
+
+
+def generate_task_dataset(config: TaskConfig, *, splits: list[str], vocab_path: str, output_dir: str,
+                          runner: str = "DirectRunner", beam_args: list[str] | None = None, overwrite: bool = False,
+                          dask_scheduler: str | None = None, dask_workers: int = 2,
+                          part_examples: int | None = None) -> TaskResult:
+    """Run the task pipeline and write vocab.txt, the dataset card and, last, manifest.json.
+
+    `part_examples` (examples per worker task), like the runner options, never changes a byte."""
+    from pipelines.card import write_card
+    from pipelines.manifest import VOCAB_NAME, build_manifest, write_manifest
+    from pipelines.runners import runner_setup
+    from vocab.vocab_file import load_vocab
+
+    start = time.monotonic()
+    output_dir = local_abspath(output_dir).rstrip("/") or "/"
+    split_files = match_splits(splits)
+    try:
+        vocab = load_vocab(vocab_path)
+    except (OSError, ValueError) as e:
+        message = str(e)
+        raise DatagenError(message if vocab_path in message else f"{vocab_path}: {message}") from e
+    check_vocab(vocab, vocab_path)
+    prepare_task_output(output_dir, overwrite)
+    summary_path = fsio.join(output_dir, f"{SUMMARY_PREFIX}{uuid.uuid4().hex}.json")
+    plan = TaskPlan(config=config, vocab=vocab, splits=split_files, output_dir=output_dir, summary_path=summary_path,
+                    part_examples=part_examples)
+    pipeline_start = time.monotonic()
+    with runner_setup(runner, beam_args, dask_scheduler=dask_scheduler, dask_workers=dask_workers,
+                      parallel_elements=len(split_files)) as setup:
+        plan.single_thread_tokenizer = not (setup.runner == "DirectRunner" and setup.workers == 1)
+        pipeline = beam.Pipeline(options=setup.options)
+        build_pipeline(pipeline, plan)
+        try:
+            result = pipeline.run()
+            result.wait_until_finish()
+            client = getattr(result, "client", None)
+            if client is not None:
+                client.close()
+        except Exception as e:
+            message = extract_input_error(e)
+            remove_partial(output_dir)
+            if message is not None:
+                raise DatagenError(message) from e
+            raise
+    pipeline_seconds = time.monotonic() - pipeline_start
+    summary = json.loads(fsio.read_bytes(summary_path).decode())
+    fsio.delete(_stale(output_dir))
+    vocab_bytes = fsio.read_bytes(vocab_path)
+    fsio.write_atomic(fsio.join(output_dir, VOCAB_NAME), vocab_bytes)
+    entries = {name: _split_entry(config, name, summary["splits"][name]) for name, _ in split_files}
+    common = set.intersection(*(set(e["features"]) for e in entries.values()))
+    first = entries[split_files[0][0]]["features"]
+    inputs = {name: summary["inputs"][name] for name, _ in split_files}
+    all_inputs = [f for files in inputs.values() for f in files]
+    fingerprint = hashlib.sha256("".join(f"{f['sha256']}\n" for f in all_inputs).encode()).hexdigest()
+    manifest = build_manifest(
+        config=config.to_dict(),
+        vocab={"path": VOCAB_NAME, "sha256": hashlib.sha256(vocab_bytes).hexdigest(), "size": int(vocab.size),
+               "do_lower_case": config.do_lower_case},
+        input_info={"patterns": list(splits), "files": len(all_inputs), "bytes": sum(f["bytes"] for f in all_inputs),
+                    "fingerprint": fingerprint, "splits": inputs},
+        features={k: first[k] for k in sorted(common)},
+        splits=entries,
+        totals={"examples": sum(e["counts"].get("examples", 0) for e in entries.values()),
+                "features": sum(e["counts"].get("features", 0) for e in entries.values())},
+        created_by={"runner": setup.runner, "python": platform.python_version()},
+        kind="task",
+        extra={"task": _task_field(config, summary["labels"] or [])},
+    )
+    write_card(output_dir, manifest)
+    write_manifest(output_dir, manifest)
+    cpu = {k: round(float(v), 3) for k, v in sorted(summary["cpu"].items())}
+    return TaskResult(output_dir, manifest, time.monotonic() - start, pipeline_seconds, cpu)
