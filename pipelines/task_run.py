@@ -48,7 +48,7 @@ def _matches(patterns: list[str]) -> list[str]:
 
 def existing_task_files(output_dir: str) -> list[str]:
     """Files that make `output_dir` look like a (task or pre-training) dataset."""
-    from pipelines.manifest import CARD_NAME, MANIFEST_NAME, VOCAB_NAME
+    from contract.manifest import CARD_NAME, MANIFEST_NAME, VOCAB_NAME
 
     found = [p for p in (fsio.join(output_dir, n) for n in (MANIFEST_NAME, CARD_NAME, VOCAB_NAME)) if fsio.exists(p)]
     return found + _matches([fsio.join(output_dir, p) for p in DATASET_PATTERNS])
@@ -60,7 +60,7 @@ def _stale(output_dir: str) -> list[str]:
 
 
 def prepare_task_output(output_dir: str, overwrite: bool) -> None:
-    from pipelines.manifest import MANIFEST_NAME
+    from contract.manifest import MANIFEST_NAME
 
     existing = existing_task_files(output_dir)
     if existing and not overwrite:
@@ -125,16 +125,16 @@ def generate_task_dataset(config: TaskConfig, *, splits: list[str], vocab_path: 
     """Run the task pipeline and write vocab.txt, the dataset card and, last, manifest.json.
 
     `part_examples` (examples per worker task), like the runner options, never changes a byte."""
+    from contract.manifest import VOCAB_NAME, build_manifest, write_manifest
+    from contract.vocab_io import load_vocab
     from pipelines.card import write_card
-    from pipelines.manifest import VOCAB_NAME, build_manifest, write_manifest
     from pipelines.runners import runner_setup
-    from vocab.vocab_file import load_vocab
 
     start = time.monotonic()
     output_dir = local_abspath(output_dir).rstrip("/") or "/"
     split_files = match_splits(splits)
     try:
-        vocab = load_vocab(vocab_path)
+        vocab = load_vocab(vocab_path, fsio.BEAM_FS)
     except (OSError, ValueError) as e:
         message = str(e)
         raise DatagenError(message if vocab_path in message else f"{vocab_path}: {message}") from e
@@ -187,6 +187,6 @@ def generate_task_dataset(config: TaskConfig, *, splits: list[str], vocab_path: 
         extra={"task": _task_field(config, summary["labels"] or [])},
     )
     write_card(output_dir, manifest)
-    write_manifest(output_dir, manifest)
+    write_manifest(output_dir, manifest, fsio.BEAM_FS)
     cpu = {k: round(float(v), 3) for k, v in sorted(summary["cpu"].items())}
     return TaskResult(output_dir, manifest, time.monotonic() - start, pipeline_seconds, cpu)

@@ -10,10 +10,11 @@ from pathlib import Path
 
 import pytest
 
+from contract.fs import LOCAL_FS
+from contract.vocab_io import load_vocab
 from datagen.tasks import build
 from datagen.tasks.config import TaskConfig
 from vocab.tokenizer import BertTokenizer
-from vocab.vocab_file import load_vocab
 
 TASKS = Path(__file__).resolve().parent.parent.parent / "shared" / "tasks"
 
@@ -43,7 +44,7 @@ def minilm_vocab_path() -> str:
 
 @lru_cache(maxsize=2)
 def _tokenizer(path: str, do_lower_case: bool) -> BertTokenizer:
-    return BertTokenizer(load_vocab(path), do_lower_case)
+    return BertTokenizer(load_vocab(path, LOCAL_FS), do_lower_case)
 
 
 def minilm_tokenizer(do_lower_case: bool = True) -> BertTokenizer:

@@ -11,6 +11,8 @@ from click.testing import CliRunner
 from pipeline_corpus import manifest_of, write_vocab
 from task_corpus import write_conll, write_pair_tsv, write_squad
 
+from contract.fs import LOCAL_FS
+from contract.vocab_io import load_vocab
 from datagen.tasks import build
 from datagen.tasks.config import TaskConfig
 from datagen.tasks.encode import encode_framed
@@ -18,17 +20,24 @@ from pipelines.cli import main
 from pipelines.run import DatagenError
 from pipelines.task_run import generate_task_dataset
 from vocab.tokenizer import BertTokenizer
-from vocab.vocab_file import load_vocab
 
 # Pinned: a change that alters these bytes on purpose must update them and say why.
 GOLDEN = {
-    "dev/examples.jsonl": "",
-    "dev/part-00000-of-00001.tfrecord": "",
-    "dev/windows.jsonl": "",
-    "train/examples.jsonl": "",
-    "train/part-00000-of-00002.tfrecord": "",
-    "train/part-00001-of-00002.tfrecord": "",
-    "train/windows.jsonl": "",
+    "dev/examples.jsonl": "ea74bae541b51f4173d4e5ca972a7af46824cf4490d7b2a0fb3726b020dfbf19",
+    "dev/part-00000-of-00003.tfrecord": "3891b47462f64f59b2ca86a4a32bbb8dcdc592d1b85163f923f61cc9345c9ed4",
+    "dev/part-00001-of-00003.tfrecord": "5e7f6f3c9e54328a7d6d2d8b355b5710c87a857665c141d32f9f9180185f5fc2",
+    "dev/part-00002-of-00003.tfrecord": "db8f883244db46c0666f21c06c006d8f8fd6d63c491fb8dcabe839176dc87c13",
+    "dev/windows.jsonl": "dd0fed35908e3c9f671db732aa7cf198f77c3924db3d28f9a8e5943614029d3f",
+    "train/examples.jsonl": "dfe42be87d94b3fc40e7dc4e3861bb9f68e56786386e90f8a77677eead8152e9",
+    "train/part-00000-of-00008.tfrecord": "74c455977ec0617307904e3a612bfc340ffbbc0be78e185b8e04799e7a4e0c73",
+    "train/part-00001-of-00008.tfrecord": "c1480db251944cb0d32015ebf55a66fd1ed3aa13cf6a5227ef45ec6eed0cbb42",
+    "train/part-00002-of-00008.tfrecord": "8237e1cce28e5d543afbe48e21a9a17b6e3fef9bccc49e8c10e65fb9a0c9eb70",
+    "train/part-00003-of-00008.tfrecord": "8044b04c7a83c79fee69e693fef7cde3884329c81671c70e62d5955aa6054fc6",
+    "train/part-00004-of-00008.tfrecord": "ed7b124a6e0d67b779b23ccc19957d31e3366acd22e08e0d456cb8a9aad7508c",
+    "train/part-00005-of-00008.tfrecord": "158628056518f3308c36055e5c9bad28ff656cdb77032c970bab70354b72c684",
+    "train/part-00006-of-00008.tfrecord": "f485b54e8c32606434b04a7f723675496431be5f90e30e26d3344e06bab2ec15",
+    "train/part-00007-of-00008.tfrecord": "2023762bd2712d43190be1861525cae2cfc71233e560c65ad35c3cb7545da975",
+    "train/windows.jsonl": "26ae81a4d9fa2dff6c2f6addb6d0d1cbf0533134d37e82119d8d8a61fefe754b",
 }
 
 
@@ -93,7 +102,7 @@ def test_byte_identical_in_memory_and_two_worker_processes(files, tmp_path):
 
 def test_pair_task_train_is_shuffled_dev_and_test_in_input_order(files, tmp_path):
     out = tmp_path / "pairs"
-    config = TaskConfig(kind="glue/mnli", max_seq_length=32)
+    config = TaskConfig(kind="tsv", text_a="sentence1", text_b="sentence2", label="label", max_seq_length=32)
     generate_task_dataset(config, splits=[f"train={files['train.tsv']}", f"dev_matched={files['dev.tsv']}",
                                           f"test_matched={files['test.tsv']}"],
                           vocab_path=str(files["vocab"]), output_dir=str(out), part_examples=16)
@@ -102,7 +111,7 @@ def test_pair_task_train_is_shuffled_dev_and_test_in_input_order(files, tmp_path
     assert [m["splits"][s]["labelled"] for s in ("train", "dev_matched", "test_matched")] == [True, True, False]
     assert m["splits"]["train"]["counts"]["examples"] == 60 and m["splits"]["train"]["side"] == []
     # The shards are exactly the split's records: train in its seeded order, the others as read.
-    tok = BertTokenizer(load_vocab(str(files["vocab"])), True)
+    tok = BertTokenizer(load_vocab(str(files["vocab"]), LOCAL_FS), True)
     for split, name, order in (("train", "train.tsv", build.train_order(60, config.random_seed)),
                                ("dev_matched", "dev.tsv", None), ("test_matched", "test.tsv", None)):
         path = files[name]

@@ -218,6 +218,8 @@ def test_glue_test_split_is_unlabelled_and_other_splits_must_have_labels(tmp_pat
     generic = TaskConfig(kind="tsv", text_a="sentence", label="label", labels=("0", "1"))
     with pytest.raises(TaskInputError, match=r"test\.tsv: line 1: header has no column 'label'"):
         build_split(generic, "dev", [(str(test), test.read_bytes())], tok)
+    records, _ = build_split(generic, "test", [(str(test), test.read_bytes())], tok)  # no label column: unlabelled
+    assert records.columns["label_ids"][:, 0].tolist() == [0, 0]
 
 
 def test_xnli_train_label_alias_and_dev_layout(tmp_path):

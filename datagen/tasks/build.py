@@ -84,12 +84,17 @@ def read_split(config: TaskConfig, split: str, files: Sequence[tuple[str, bytes]
             labelled = all(s.tags is not None for s in examples)
         else:
             spec = column_spec(config, split)
-            labelled = spec.label is not None
             if kind == "jsonl":
-                examples = delimited.jsonl_examples(path, delimited.read_jsonl(path, data), spec, labelled)
+                rows = delimited.read_jsonl(path, data)
+                labelled = spec.label is not None and not (may_lack and rows and str(spec.label) not in rows[0][1])
+                examples = delimited.jsonl_examples(path, rows, spec, labelled)
             else:
                 fmt = "csv" if kind == "csv" else "tsv"
-                examples = delimited.table_examples(path, delimited.read_table(path, data, fmt), spec, labelled, fmt)
+                table = delimited.read_table(path, data, fmt)
+                labelled = spec.label is not None and not (
+                    may_lack and spec.header and isinstance(spec.label, str) and table
+                    and spec.label not in [h.strip() for h in table[0][1]])
+                examples = delimited.table_examples(path, table, spec, labelled, fmt)
             aliases = glue.TASKS[kind].label_aliases if kind in glue.TASKS else {}
             if aliases:
                 examples = [ex if ex.label not in aliases else

@@ -133,7 +133,9 @@ def table_examples(path: str, rows: Sequence[tuple[int, list[str]]], spec: Colum
     b = _resolve(path, spec.text_b, header, "--text-b")
     lab = _resolve(path, spec.label, header, "--label") if labelled else None
     used = [c for c in (a, b, lab) if c is not None]
-    need = max(max(c + 1 if c >= 0 else -c for c in used), 1)
+    # A column counted from the end must lie after every column counted from the start: a short
+    # row must not read a text as its label.
+    need = max([c + 1 for c in used if c >= 0], default=0) + max([-c for c in used if c < 0], default=0)
     out = []
     for lineno, fields in body:
         if len(fields) < need:

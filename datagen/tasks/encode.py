@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from datagen import records as _slots
-from datagen.records import frame_records
+from datagen.tfrecord import frame_records
 
 
 def _key_bytes(name: str) -> bytes:
