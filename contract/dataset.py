@@ -11,8 +11,16 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from contract.features import TASK
 from contract.fs import FileSystem
-from contract.manifest import MANIFEST_NAME, ManifestError, load_manifest, shape_from_manifest, split_names
+from contract.manifest import (
+    MANIFEST_NAME,
+    ManifestError,
+    load_manifest,
+    manifest_kind,
+    shape_from_manifest,
+    split_names,
+)
 from contract.vocab_io import load_vocab
 from datagen.record_rules import RecordShape
 from vocab.vocab_file import Vocab, VocabError
@@ -36,7 +44,7 @@ class Dataset:
     manifest: dict | None
     shards: list[ShardRef]
     vocab: Vocab | None  # None only when the caller asked for no vocab (need_vocab=False)
-    shape: RecordShape | None  # None exactly when vocab is None
+    shape: RecordShape | None  # pre-training record shape; None when vocab is None and for task datasets
     max_seq_length: int
     max_predictions: int
 
@@ -98,14 +106,16 @@ def open_dataset(
                 "data without one"
             )
         manifest = load_manifest(target, fs)
-        seq, preds = shape_from_manifest(manifest)
+        task = manifest_kind(manifest, fs.join(target, MANIFEST_NAME)) == TASK
+        # A task dataset has no masked-LM features: its record rules are datagen.tasks.rules'.
+        seq, preds = (int(manifest["features"]["input_ids"][1]), 0) if task else shape_from_manifest(manifest)
         shards = [ShardRef(split, s["path"], fs.join(target, *s["path"].split("/")), s)
                   for split in split_names(manifest) for s in manifest["splits"][split]["shards"]]
         if not need_vocab:
             return Dataset(target, manifest, shards, None, None, seq, preds)
         vocab = read_vocab(vocab_path or fs.join(target, manifest["vocab"]["path"]), fs)
-        return Dataset(target, manifest, shards, vocab, record_shape(vocab, seq, preds, manifest["config"]),
-                       seq, preds)
+        shape = None if task else record_shape(vocab, seq, preds, manifest["config"])
+        return Dataset(target, manifest, shards, vocab, shape, seq, preds)
     options = "--max-seq-length, --max-predictions-per-seq" + (" and --vocab" if need_vocab else "")
     if any(v is None for v in legacy_opts):
         if is_dataset_dir(target, fs):

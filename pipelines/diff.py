@@ -62,8 +62,11 @@ def _first_difference(a: Dataset, b: Dataset, splits: list[str]) -> dict | None:
                 if rec is None:
                     side[key] = None
                     continue
-                batch, problems = decode_batch([rec[2]], [rec[1]], ds.shape)
-                view = record_view(batch, 0, ds.vocab, ds.shape) if len(batch) else None
+                if ds.shape is None:  # a task dataset
+                    view, problems = _task_view(ds, split, rec[2])
+                else:
+                    batch, problems = decode_batch([rec[2]], [rec[1]], ds.shape)
+                    view = record_view(batch, 0, ds.vocab, ds.shape) if len(batch) else None
                 side[key] = {"shard": rec[0].name, "index": rec[1], "view": view,
                              "problem": problems[0][1] if problems else None}
             return {"split": split, "position": n, **side}
@@ -76,6 +79,17 @@ def _with_config_defaults(manifest: dict) -> dict:
 
     defaults = {k: v for k, v in DatagenConfig().to_dict().items() if k != "extra"}
     return {**manifest, "config": {**defaults, **manifest.get("config", {})}}
+
+
+def _task_view(ds: Dataset, split: str, payload: bytes) -> tuple[dict | None, list[tuple[int, str]]]:
+    from pipelines.task_tools import decode_record
+    from pipelines.task_tools import record_view as task_record_view
+
+    try:
+        f = decode_record(ds, split, payload)
+    except ValueError as e:
+        return None, [(0, str(e))]
+    return task_record_view(ds, split, f, 0), []
 
 
 def diff_datasets(a: Dataset, b: Dataset, *, records: bool = True) -> DiffReport:
@@ -114,9 +128,15 @@ def _side_by_side(first: dict, width: int = 28) -> list[str]:
         seg = ta[i]["segment"] if i < len(ta) else tb[i]["segment"]
         mark = " " if x == y and (i >= len(ta) or i >= len(tb) or ta[i]["segment"] == tb[i]["segment"]) else "*"
         lines.append(f"{i:>5} {seg:>3}{mark} {x[:width]:<{width}} {y[:width]:<{width}}")
-    la = f"{va['next_sentence_label']} {va['relation']}" if va else "-"
-    lb = f"{vb['next_sentence_label']} {vb['relation']}" if vb else "-"
-    lines.append(f"{'NSP':>9}  {la:<{width}} {lb:<{width}}")
+    def label(v: dict | None) -> str:
+        if v is None:
+            return "-"
+        if "next_sentence_label" in v:
+            return f"{v['next_sentence_label']} {v['relation']}"
+        return str(v.get("label_text", v.get("label", v.get("unique_id", ""))))
+
+    name = "NSP" if (va or vb or {}).get("next_sentence_label") is not None else "label"
+    lines.append(f"{name:>9}  {label(va):<{width}} {label(vb):<{width}}")
     return lines
 
 

@@ -8,12 +8,15 @@ import sys
 import click
 
 from contract.dataset import Dataset, DatasetError, open_dataset
-from contract.manifest import ManifestError
+from contract.features import TASK
+from contract.manifest import ManifestError, manifest_kind
 from datagen.record_rules import MAX_PROBLEMS_PER_SHARD
+from datagen.tfrecord import RecordError
 from pipelines import fsio
 from pipelines.diff import diff_datasets, format_diff
 from pipelines.inspection import format_record, inspect_records
 from pipelines.stats import compute_stats, format_stats, plot_stats
+from pipelines.task_tools import format_task_record, format_task_stats, inspect_task, task_stats, verify_task
 from pipelines.verify import verify
 
 
@@ -35,6 +38,22 @@ def _open(target: str, max_seq_length, max_predictions_per_seq, vocab_path) -> D
                             max_predictions_per_seq=max_predictions_per_seq, vocab_path=vocab_path)
     except (DatasetError, ManifestError) as e:
         raise click.ClickException(str(e)) from e
+
+
+def _is_task(ds: Dataset) -> bool:
+    return ds.manifest is not None and manifest_kind(ds.manifest) == TASK
+
+
+def _inspect_task(ds: Dataset, split, shard, index, count, as_json) -> None:
+    try:
+        ref, views = inspect_task(ds, split=split, shard=shard, index=index, count=count)
+    except (DatasetError, RecordError) as e:
+        raise click.ClickException(str(e)) from e
+    if not views:
+        raise click.ClickException(f"{ref.name}: no record at index {index}")
+    for v in views:
+        click.echo(json.dumps({"shard": ref.name, **v}, ensure_ascii=False) if as_json
+                   else format_task_record(v, f"{ref.name} record {v['index']}") + "\n")
 
 
 _workers = click.option("--workers", type=click.IntRange(min=1), default=None,
@@ -63,7 +82,8 @@ def verify_command(target, max_seq_length, max_predictions_per_seq, vocab_path, 
     --max-predictions-per-seq and --vocab, a glob of TFRecord files without a manifest.
     """
     ds = _open(target, max_seq_length, max_predictions_per_seq, vocab_path)
-    report = verify(ds, workers=workers, max_problems=max_problems, check_records=not checksums_only)
+    check = verify_task if _is_task(ds) else verify
+    report = check(ds, workers=workers, max_problems=max_problems, check_records=not checksums_only)
     mb = report.bytes / 1e6
     if as_json:
         click.echo(json.dumps({
@@ -112,6 +132,9 @@ def inspect_command(target, split, shard, index, count, max_seq_length, max_pred
     {random shown:label}, and the NSP label (0 IsNext, 1 NotNext).
     """
     ds = _open(target, max_seq_length, max_predictions_per_seq, vocab_path)
+    if _is_task(ds):
+        _inspect_task(ds, split, shard, index, count, as_json)
+        return
     try:
         ref, views, problems = inspect_records(ds, split=split, shard=shard, index=index, count=count)
     except DatasetError as e:
@@ -148,6 +171,12 @@ def stats_command(target, split, as_json, plot_path, top, max_seq_length, max_pr
         except OutputError as e:
             raise click.ClickException(str(e)) from e
     ds = _open(target, max_seq_length, max_predictions_per_seq, vocab_path)
+    if _is_task(ds):
+        st = task_stats(ds, split)
+        click.echo(json.dumps(st, indent=2, ensure_ascii=False) if as_json else format_task_stats(st))
+        for p in st["problems"]:
+            click.echo(f"problem: {p}", err=True)
+        return
     try:
         st = compute_stats(ds, split=split, workers=workers, top=top)
         if plot_path:
