@@ -215,11 +215,17 @@ def build_pipeline(p: beam.Pipeline, plan: TaskPlan) -> None:
     first = plan.splits[0][0]
     read = (p | "ListSplits" >> beam.Create(plan.splits)
             | "ReadSplit" >> beam.Map(read_split, config))
-    labels = (read | "FirstSplit" >> beam.Filter(lambda e: e["split"].name == first)
-              | "Labels" >> beam.Map(split_labels, config))
-    written = (read
-               | "PlanParts" >> beam.FlatMap(plan_parts, AsSingleton(labels), config,
-                                           plan.part_examples or part_size(config))
+    fixed = build.fixed_labels(config)
+    size = plan.part_examples or part_size(config)
+    if fixed is not None:
+        # Known from the config: a plain argument keeps reading and planning in one fused stage.
+        labels = p | "Labels" >> beam.Create([fixed])
+        parts = read | "PlanParts" >> beam.FlatMap(plan_parts, fixed, config, size)
+    else:
+        labels = (read | "FirstSplit" >> beam.Filter(lambda e: e["split"].name == first)
+                  | "Labels" >> beam.Map(split_labels, config))
+        parts = read | "PlanParts" >> beam.FlatMap(plan_parts, AsSingleton(labels), config, size)
+    written = (parts
                | "SpreadParts" >> beam.Reshuffle()
                | "BuildPart" >> beam.ParDo(BuildPart(config, plan.vocab, plan.single_thread_tokenizer))
                | "GroupSplit" >> beam.GroupByKey()

@@ -109,14 +109,22 @@ def read_split(config: TaskConfig, split: str, files: Sequence[tuple[str, bytes]
     return out
 
 
-def split_labels(config: TaskConfig, first: SplitInput) -> list[str]:
-    """The task's label list, in id order ([] for regression and span tasks)."""
+def fixed_labels(config: TaskConfig) -> list[str] | None:
+    """The label list when the config alone fixes it; None when it comes from the first split."""
     if config.task_type in (REGRESSION, SPAN):
         return []
     if config.kind in glue.TASKS:
         return list(glue.TASKS[config.kind].labels)
     if config.labels is not None:
         return list(config.labels)
+    return None
+
+
+def split_labels(config: TaskConfig, first: SplitInput) -> list[str]:
+    """The task's label list, in id order ([] for regression and span tasks)."""
+    fixed = fixed_labels(config)
+    if fixed is not None:
+        return fixed
     if not first.labelled:
         raise TaskInputError(f"split {first.name!r} is unlabelled: give the label list with --labels")
     if config.task_type == TAGGING:

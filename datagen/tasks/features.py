@@ -124,4 +124,5 @@ def place(out: np.ndarray, flat: np.ndarray, starts: np.ndarray, take: np.ndarra
 
 
 def sequence_mask(lengths: np.ndarray, width: int) -> np.ndarray:
-    return (np.arange(width)[None, :] < lengths[:, None]).astype(np.int32)
+    """1s then 0s per row (uint8: masks and segment ids cross worker boundaries in bulk)."""
+    return (np.arange(width)[None, :] < lengths[:, None]).astype(np.uint8)

@@ -16,9 +16,12 @@ import json
 import re
 from dataclasses import dataclass
 
+import numpy as np
+
 from datagen.tasks.config import TaskInputError
 
 _WORD = re.compile("[^ \t\r\n\u202f]+")
+_SPACE_CODES = np.array([0x20, 0x09, 0x0D, 0x0A, 0x202F], dtype=np.uint32)
 _KIND_NAMES = {list: "a list", dict: "an object", str: "a string", int: "an integer", bool: "true or false",
                float: "a number", type(None): "null"}
 
@@ -44,11 +47,10 @@ class SquadExample:
 
 def context_words(context: str) -> tuple[list[str], list[int]]:
     """The words of a context and the character offset where each starts."""
-    words, starts = [], []
-    for m in _WORD.finditer(context):
-        words.append(m.group())
-        starts.append(m.start())
-    return words, starts
+    codes = np.frombuffer(context.encode("utf-32-le", "surrogatepass"), dtype=np.uint32)
+    space = np.isin(codes, _SPACE_CODES)
+    starts = np.flatnonzero(~space & np.concatenate(([True], space[:-1])))
+    return _WORD.findall(context), starts.tolist()
 
 
 def char_to_word(starts: list[int], position: int) -> int:

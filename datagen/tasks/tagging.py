@@ -87,7 +87,7 @@ def tagging_records(tokenizer, sentences: Sequence[Sentence], tags: Sequence[lis
         lengths[r] = len(seq_pieces) + 2
     input_mask = sequence_mask(lengths, L)
     columns = {"input_ids": input_ids, "input_mask": input_mask, "label_ids": label_ids,
-               "segment_ids": np.zeros((n_rec, L), dtype=np.int32)}
+               "segment_ids": np.zeros((n_rec, L), dtype=np.uint8)}
     window_tails = [f'"window_index":{k},"word_ids":{_dumps_ints(word_ids[r])}}}' for r, (_, k, _, _) in enumerate(plan)]
     counts = {"examples": len(sentences), "features": n_rec,
               "truncated_examples": _sentences_with_cut_words(sentences, np.diff(offsets), cap),
