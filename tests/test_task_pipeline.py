@@ -100,6 +100,15 @@ def test_byte_identical_in_memory_and_two_worker_processes(files, tmp_path):
     assert digests(a) == digests(squad(files, tmp_path / "whole"))  # one part per split: the same bytes
 
 
+@pytest.mark.integration
+def test_byte_identical_on_a_local_dask_cluster(files, tmp_path):
+    pytest.importorskip("distributed")
+    a = squad(files, tmp_path / "mem", part_examples=9)
+    b = squad(files, tmp_path / "dask", part_examples=9, runner="DaskRunner")
+    assert digests(a) == digests(b)
+    assert manifest_of(b)["created_by"]["runner"] == "DaskRunner"
+
+
 def test_pair_task_train_is_shuffled_dev_and_test_in_input_order(files, tmp_path):
     out = tmp_path / "pairs"
     config = TaskConfig(kind="tsv", text_a="sentence1", text_b="sentence2", label="label", max_seq_length=32)
