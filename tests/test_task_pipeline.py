@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 from pipeline_corpus import manifest_of, write_vocab
-from task_corpus import write_conll, write_pair_tsv, write_squad
+from taskdata_corpus import write_conll, write_pair_tsv, write_squad
 
 from contract.fs import LOCAL_FS
 from contract.vocab_io import load_vocab

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 from pipeline_corpus import write_vocab
-from task_corpus import write_conll, write_pair_tsv, write_squad
+from taskdata_corpus import write_conll, write_pair_tsv, write_squad
 
 from contract.fs import LOCAL_FS
 from contract.manifest import manifest_bytes

@@ -7,8 +7,8 @@ import io
 
 import numpy as np
 import pytest
-from task_fixtures import build_file, build_split, minilm_tokenizer, task_file
-from task_reference import Tok, convert_single_example, read_tsv, truncate_seq_pair
+from taskdata_fixtures import build_file, build_split, minilm_tokenizer, task_file
+from taskdata_reference import Tok, convert_single_example, read_tsv, truncate_seq_pair
 
 from datagen.config import ConfigError
 from datagen.tasks.classify import classification_records, truncate_pair_lengths

@@ -6,8 +6,8 @@ import json
 
 import numpy as np
 import pytest
-from task_fixtures import build_file, build_split, minilm_tokenizer, task_file
-from task_reference import Tok, read_conll_reference, tagging_features
+from taskdata_fixtures import build_file, build_split, minilm_tokenizer, task_file
+from taskdata_reference import Tok, read_conll_reference, tagging_features
 
 from datagen.tasks.config import TaskConfig, TaskInputError
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from task_fixtures import minilm_tokenizer, task_file
+from taskdata_fixtures import minilm_tokenizer, task_file
 
 from datagen.tasks import build
 from datagen.tasks.config import TaskConfig

@@ -6,8 +6,8 @@ import json
 
 import numpy as np
 import pytest
-from task_fixtures import build_file, minilm_tokenizer, squad_slice, task_file
-from task_reference import Tok, convert_examples_to_features, read_squad_examples
+from taskdata_fixtures import build_file, minilm_tokenizer, squad_slice, task_file
+from taskdata_reference import Tok, convert_examples_to_features, read_squad_examples
 
 from datagen.tasks.config import TaskConfig, TaskInputError
 from datagen.tasks.squad import doc_windows, improve_answer_span, max_context_window
@@ -159,7 +159,7 @@ def test_invalid_json_names_line_and_column(tmp_path):
 
 
 def test_window_helpers_match_the_original_loops():
-    from task_reference import check_is_max_context
+    from taskdata_reference import check_is_max_context
 
     for n in (1, 5, 37, 129):
         for max_doc in (1, 7, 40):

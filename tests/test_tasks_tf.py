@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from task_fixtures import build_file, minilm_tokenizer, squad_slice, task_file
+from taskdata_fixtures import build_file, minilm_tokenizer, squad_slice, task_file
 
 from datagen.tasks.config import TaskConfig, split_is_training
 from datagen.tasks.encode import encode_framed, encode_payloads
