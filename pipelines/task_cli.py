@@ -89,8 +89,19 @@ def task_command(ctx: click.Context, kind: str, splits: tuple[str, ...], vocab_p
                             random_seed=random_seed, num_shards=num_shards, target_shard_mb=target_shard_mb)
     except ConfigError as e:
         raise click.UsageError(str(e)) from e
-
     from pipelines.run import DatagenError
+    from pipelines.task import parse_split
+
+    names = []
+    for option in splits:
+        try:
+            names.append(parse_split(option)[0])
+        except DatagenError as e:
+            raise click.UsageError(str(e)) from e
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise click.UsageError(f"--split: split {twice[0]!r} is given twice")
+
     from pipelines.runners import RunnerError
     from pipelines.task_run import generate_task_dataset
 

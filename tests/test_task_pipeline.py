@@ -143,9 +143,14 @@ def test_cli_errors_name_file_and_line_and_leave_nothing(files, tmp_path):
     r = CliRunner().invoke(main, ["task", "--task", "squad", "--split", f"train={files['train.json']}",
                                   "--vocab", str(files["vocab"]), "--output", str(out), "--doc-stride", "0"])
     assert r.exit_code == 2 and "--doc-stride 0" in r.output
-    r = CliRunner().invoke(main, ["task", "--task", "squad", "--split", "train", "--vocab", str(files["vocab"]),
-                                  "--output", str(out)])
-    assert r.exit_code == 1 and "expected NAME=PATTERN" in r.output
+    for splits, code, message in (([f"train={tmp_path}/nothing*.json"], 1, "no input file matches"),
+                                  (["train"], 2, "expected NAME=PATTERN"),
+                                  ([f"train={files['train.json']}", f"train={files['dev.json']}"], 2, "given twice"),
+                                  ([f"../x={files['train.json']}"], 2, "must be letters, digits")):
+        args = ["task", "--task", "squad", "--vocab", str(files["vocab"]), "--output", str(out)]
+        r = CliRunner().invoke(main, args + [a for sp in splits for a in ("--split", sp)])
+        assert r.exit_code == code and message in r.output, r.output
+    assert not out.exists() or not [p for p in out.rglob("*") if p.is_file()]
 
 
 def test_existing_dataset_is_kept_without_overwrite(files, tmp_path):
