@@ -17,11 +17,10 @@ import numpy as np
 
 from contract.dataset import Dataset, ShardRef
 from contract.manifest import CARD_NAME, MANIFEST_NAME, VOCAB_NAME
-from datagen.example_codec import decode_example
 from datagen.tasks.config import CLASSIFICATION, REGRESSION, SPAN, TAGGING
+from datagen.tasks.decode import decode_batch, decode_exact
 from datagen.tasks.features import task_feature_spec
 from datagen.tasks.rules import TaskShape, check_records, check_side, sequence_layout
-from datagen.tfrecord import RecordError
 from pipelines import fsio
 from pipelines.shards import iter_payloads, map_shards, pick_shard
 from pipelines.verify import ShardTask, VerifyReport, verify_shard
@@ -38,41 +37,24 @@ def task_shape(ds: Dataset, split: str) -> TaskShape:
     return TaskShape(task["type"], len(task["labels"]), len(v), v.cls_id, v.sep_id, training)  # type: ignore[union-attr]
 
 
-def _decode(payload: bytes, spec: dict[str, tuple[str, int]]) -> dict[str, np.ndarray]:
-    feats = decode_example(payload)
-    for name, (dtype, count) in spec.items():
-        v = feats.get(name)
-        if v is None:
-            raise RecordError(f"feature {name} is missing")
-        if v.dtype != (np.float32 if dtype == "float32" else np.int64) or len(v) != count:
-            raise RecordError(f"feature {name} is {v.dtype.name}[{len(v)}], expected {dtype}[{count}]")
-    extra = sorted(set(feats) - set(spec))
-    if extra:
-        raise RecordError(f"unexpected feature(s) {', '.join(extra)}")
-    return feats
-
-
 def decode_record(ds: Dataset, split: str, payload: bytes) -> dict[str, np.ndarray]:
     """One record as a one-row column dict (RecordError when it is not the split's features)."""
-    return {k: v[None, :] for k, v in _decode(payload, split_spec(ds, split)).items()}
+    return {k: v[None, :] for k, v in decode_exact(payload, split_spec(ds, split)).items()}
 
 
 def read_split(ds: Dataset, split: str, limit: int | None = None) -> tuple[dict[str, np.ndarray], list[str]]:
     """The split's records in order as columns (at most `limit`), and the records that do not parse."""
     spec = split_spec(ds, split)
-    rows: list[dict[str, np.ndarray]] = []
-    problems: list[str] = []
+    where: list[tuple[str, int]] = []
+    payloads: list[bytes] = []
     for ref in ds.split_shards(split):
         for i, payload in iter_payloads(ref):
-            if limit is not None and len(rows) >= limit:
+            if limit is not None and len(payloads) >= limit:
                 break
-            try:
-                rows.append(_decode(payload, spec))
-            except (RecordError, UnicodeDecodeError) as e:
-                problems.append(f"{ref.name}: record {i}: does not parse as the split's features: {e}")
-    columns = {name: np.stack([r[name] for r in rows]) if rows else
-               np.zeros((0, count), np.float32 if dtype == "float32" else np.int64)
-               for name, (dtype, count) in spec.items()}
+            where.append((ref.name, i))
+            payloads.append(payload)
+    columns, bad = decode_batch(payloads, spec)
+    problems = [f"{where[k][0]}: record {where[k][1]}: does not parse as the split's features: {m}" for k, m in bad]
     return columns, problems
 
 
@@ -212,7 +194,7 @@ def format_task_record(view: dict, where: str) -> str:
 def inspect_task(ds: Dataset, *, split: str | None, shard: int, index: int, count: int) -> tuple[ShardRef, list]:
     ref = pick_shard(ds, split, shard)
     spec = split_spec(ds, ref.split)
-    rows = [_decode(p, spec) for i, p in iter_payloads(ref) if index <= i < index + count]
+    rows = [decode_exact(p, spec) for i, p in iter_payloads(ref) if index <= i < index + count]
     cols = {k: np.stack([r[k] for r in rows]) for k in spec} if rows else {}
     return ref, [{"index": index + r, **record_view(ds, ref.split, cols, r)} for r in range(len(rows))]
 
