@@ -40,11 +40,8 @@ from datagen.tasks.config import SPAN, TAGGING, TaskConfig, TaskInputError, spli
 from datagen.tasks.encode import encode_framed
 from datagen.tasks.features import TaskRecords, combine_side, unique_ids
 from pipelines import fsio
-from pipelines.run import (
-    BUSY_PREFIX,
-    DatagenError,
-    input_error,
-)
+from pipelines.run import DatagenError
+from pipelines.transforms import BUSY_PREFIX, input_error
 
 SPLIT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 SUMMARY_PREFIX = ".task-summary-"

@@ -8,7 +8,8 @@ import click
 
 from datagen.config import ConfigError
 from datagen.tasks.config import KINDS, SCHEMES, TaskConfig
-from pipelines.run_cli import RUNNER_CHOICES, stray_arguments
+from pipelines.run_cli import stray_arguments
+from pipelines.runners import RUNNERS
 
 
 def parse_labels(text: str | None) -> tuple[str, ...] | None:
@@ -64,7 +65,7 @@ def summary_table(result) -> str:
 @click.option("--num-shards", type=int, default=None, help="Shards per split (default: from --target-shard-mb).")
 @click.option("--target-shard-mb", type=float, default=64.0, show_default=True)
 @click.option("--overwrite", is_flag=True, default=False, help="Replace an existing dataset in --output.")
-@click.option("--runner", type=click.Choice(RUNNER_CHOICES, case_sensitive=False), default="DirectRunner",
+@click.option("--runner", type=click.Choice(RUNNERS, case_sensitive=False), default="DirectRunner",
               show_default=True)
 @click.option("--dask-scheduler", default=None, help="DaskRunner: address of a running scheduler.")
 @click.option("--dask-workers", type=int, default=2, show_default=True)

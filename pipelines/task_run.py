@@ -21,8 +21,9 @@ from datagen.tasks import build
 from datagen.tasks.config import TaskConfig, split_is_training
 from datagen.tasks.features import task_feature_spec
 from pipelines import fsio
-from pipelines.run import DatagenError, check_vocab, extract_input_error, local_abspath
+from pipelines.run import DatagenError, local_abspath
 from pipelines.task import EXAMPLES_NAME, SUMMARY_PREFIX, WINDOWS_NAME, TaskPlan, build_pipeline, parse_split
+from pipelines.transforms import extract_input_error
 
 DATASET_PATTERNS = ("*/part-*.tfrecord", f"*/{EXAMPLES_NAME}", f"*/{WINDOWS_NAME}")
 
@@ -138,7 +139,6 @@ def generate_task_dataset(config: TaskConfig, *, splits: list[str], vocab_path: 
     except (OSError, ValueError) as e:
         message = str(e)
         raise DatagenError(message if vocab_path in message else f"{vocab_path}: {message}") from e
-    check_vocab(vocab, vocab_path)
     prepare_task_output(output_dir, overwrite)
     summary_path = fsio.join(output_dir, f"{SUMMARY_PREFIX}{uuid.uuid4().hex}.json")
     plan = TaskPlan(config=config, vocab=vocab, splits=split_files, output_dir=output_dir, summary_path=summary_path,
