@@ -34,7 +34,8 @@ def encode_payloads(columns: dict[str, np.ndarray]) -> list[bytes]:
             values_len = np.full(n, floats.shape[1] * 4, dtype=np.int64)
             list_tag = b"\x12"  # Feature.float_list
         else:
-            piece, values_len = _slots._varint_slots(np.asarray(values, dtype=np.int64).reshape(n, -1))
+            # Any integer dtype: the slot encoder widens to uint64 (two's complement for -1) itself.
+            piece, values_len = _slots._varint_slots(values.reshape(n, -1))
             list_tag = b"\x1a"  # Feature.int64_list
         key = _key_bytes(name)
         vl, vl_n = _slots._length_varint(values_len)
