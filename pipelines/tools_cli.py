@@ -172,6 +172,9 @@ def stats_command(target, split, as_json, plot_path, top, max_seq_length, max_pr
             raise click.ClickException(str(e)) from e
     ds = _open(target, max_seq_length, max_predictions_per_seq, vocab_path)
     if _is_task(ds):
+        if plot_path:
+            raise click.UsageError("--plot draws pre-training histograms; task datasets print their figures "
+                                   "(--json for all of them)")
         st = task_stats(ds, split)
         click.echo(json.dumps(st, indent=2, ensure_ascii=False) if as_json else format_task_stats(st))
         for p in st["problems"]:
