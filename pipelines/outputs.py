@@ -146,18 +146,22 @@ def _is_our_card(path: str) -> bool:
 
 
 def manifest_files(manifest: dict) -> list[str]:
-    """Relative paths a dataset's manifest makes ours: its shards and vocab copy, and the manifest."""
+    """Relative paths a dataset's manifest makes ours: its shards, side files (task datasets) and vocab
+    copy, and the manifest."""
     files = [MANIFEST_NAME, str(manifest.get("vocab", {}).get("path", "vocab.txt"))]
-    files += [s["path"] for split in manifest.get("splits", {}).values() for s in split.get("shards", [])]
+    files += [s["path"] for split in manifest.get("splits", {}).values()
+              for s in split.get("shards", []) + split.get("side", [])]
     return sorted(set(files))
 
 
-def _candidate_names(directory: str) -> list[str]:
+def _candidate_names(directory: str, split_dirs: Iterable[str] = SPLIT_DIRS,
+                     side_names: Iterable[str] = ()) -> list[str]:
     """Relative paths in DIR that a new dataset may write (and so might replace)."""
     names = [n for n in (MANIFEST_NAME, CARD_NAME, "vocab.txt") if _exists(fsio.join(directory, n))]
-    for split in SPLIT_DIRS:
+    side = set(side_names)
+    for split in split_dirs:
         names += [f"{split}/{n}" for n in _list_names(fsio.join(directory, split))
-                  if n.startswith("part-") and n.endswith(".tfrecord")]
+                  if n.startswith("part-") and n.endswith(".tfrecord") or n in side]
     return names
 
 
@@ -170,6 +174,7 @@ class DatasetOutput:
     owned: list[str] = field(default_factory=list)
     keep: list[str] = field(default_factory=list)  # owned files that are inputs of this run: never moved
     created: bool = False  # DIR did not exist: a failed run removes it again (when it is empty)
+    split_dirs: tuple[str, ...] = SPLIT_DIRS  # split directories the new dataset writes
 
     @property
     def staging(self) -> str:
@@ -180,8 +185,13 @@ class DatasetOutput:
         return fsio.join(self.directory, RETIRED_PREFIX + self.run_id)
 
 
-def prepare_dataset_output(directory: str, overwrite: bool, inputs: Iterable[str] = ()) -> DatasetOutput:
-    """Check DIR before any work (see the module doc) and create the run's staging directory."""
+def prepare_dataset_output(directory: str, overwrite: bool, inputs: Iterable[str] = (),
+                           split_dirs: Iterable[str] = SPLIT_DIRS, side_names: Iterable[str] = ()) -> DatasetOutput:
+    """Check DIR before any work (see the module doc) and create the run's staging directory.
+
+    ``split_dirs`` and ``side_names``: the split directories and side-file names the new dataset
+    writes besides shards (task datasets: any split names, examples.jsonl, windows.jsonl)."""
+    split_dirs = tuple(split_dirs)
     from contract.manifest import ManifestError, load_manifest
 
     if _exists(directory) and not _is_dir(directory) and _local(directory):
@@ -199,7 +209,7 @@ def prepare_dataset_output(directory: str, overwrite: bool, inputs: Iterable[str
                               "replaced: move the directory away or choose another --output") from e
         if _exists(fsio.join(directory, CARD_NAME)) and _is_our_card(fsio.join(directory, CARD_NAME)):
             owned.append(CARD_NAME)
-    foreign = [n for n in _candidate_names(directory) if n not in owned]
+    foreign = [n for n in _candidate_names(directory, split_dirs, side_names) if n not in owned]
     if foreign:
         what = "a dataset without manifest (made by another tool, or an interrupted old version)" \
             if any(n.endswith(".tfrecord") for n in foreign) else "files no dataset manifest lists"
@@ -215,7 +225,7 @@ def prepare_dataset_output(directory: str, overwrite: bool, inputs: Iterable[str
                                   "dataset it would replace; copy it elsewhere first")
             keep.append(name)  # the new vocab copy is a byte copy of it: it stays where it is
     out = DatasetOutput(directory, uuid.uuid4().hex, owned=sorted(owned), keep=keep,
-                        created=not _exists(directory))
+                        created=not _exists(directory), split_dirs=split_dirs)
     fsio.ensure_dir(out.staging)
     return out
 
@@ -245,17 +255,21 @@ def commit(out: DatasetOutput) -> None:
         _move(fsio.join(out.staging, name), fsio.join(out.directory, name))
     _remove_tree(out.retired)
     _remove_tree(out.staging)
-    for split in SPLIT_DIRS:  # a split the old dataset had and the new one has not
+    for split in _split_dirs_of(out):  # a split the old dataset had and the new one has not
         where = os.path.join(out.directory, split)
         if _local(where) and os.path.isdir(where) and not os.listdir(where):
             os.rmdir(where)
+
+
+def _split_dirs_of(out: DatasetOutput) -> list[str]:
+    return sorted(set(out.split_dirs) | {n.split("/", 1)[0] for n in out.owned if "/" in n})
 
 
 def discard(out: DatasetOutput) -> None:
     """After a failed or interrupted run: undo whatever of it happened (see ``recover``)."""
     _recover_run(out.directory, out.run_id)
     if out.created and _local(out.directory) and os.path.isdir(out.directory):
-        for split in SPLIT_DIRS:
+        for split in _split_dirs_of(out):
             if os.path.isdir(os.path.join(out.directory, split)) and not os.listdir(os.path.join(out.directory, split)):
                 os.rmdir(os.path.join(out.directory, split))
         if not os.listdir(out.directory):

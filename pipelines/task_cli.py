@@ -6,6 +6,7 @@ import sys
 
 import click
 
+from contract.cliutil import FiniteFloat
 from datagen.config import ConfigError
 from datagen.tasks.config import KINDS, SCHEMES, TaskConfig
 from pipelines.run_cli import stray_arguments
@@ -63,12 +64,12 @@ def summary_table(result) -> str:
               help="conll: tag scheme (iob1 is converted to iob2).")
 @click.option("--random-seed", type=int, default=12345, show_default=True, help="Order of the train split.")
 @click.option("--num-shards", type=int, default=None, help="Shards per split (default: from --target-shard-mb).")
-@click.option("--target-shard-mb", type=float, default=64.0, show_default=True)
+@click.option("--target-shard-mb", type=FiniteFloat(0, min_open=True), default=64.0, show_default=True)
 @click.option("--overwrite", is_flag=True, default=False, help="Replace an existing dataset in --output.")
 @click.option("--runner", type=click.Choice(RUNNERS, case_sensitive=False), default="DirectRunner",
               show_default=True)
 @click.option("--dask-scheduler", default=None, help="DaskRunner: address of a running scheduler.")
-@click.option("--dask-workers", type=int, default=2, show_default=True)
+@click.option("--dask-workers", type=click.IntRange(min=1), default=2, show_default=True)
 @click.option("--quiet", is_flag=True, default=False, help="No summary table.")
 @click.pass_context
 def task_command(ctx: click.Context, kind: str, splits: tuple[str, ...], vocab_path: str, output_dir: str,
@@ -79,6 +80,9 @@ def task_command(ctx: click.Context, kind: str, splits: tuple[str, ...], vocab_p
                  dask_scheduler: str | None, dask_workers: int, quiet: bool) -> None:
     """Turn labelled task files (GLUE, SQuAD, CoNLL, any TSV/CSV/JSONL) into a fine-tuning dataset."""
     beam_args = list(ctx.args)
+    from pipelines.options import check_pass_through_options
+
+    check_pass_through_options(beam_args, [o for p in ctx.command.params for o in (*p.opts, *p.secondary_opts)])
     bad = stray_arguments(beam_args)
     if bad:
         raise click.UsageError(f"unexpected argument(s) {' '.join(bad)}; Beam options look like --name=value")

@@ -1,8 +1,8 @@
 """The `bert-datagen task` driver: inputs and output checked, the pipeline run, the manifest written last.
 
-A task dataset replaces only what a task dataset is made of (manifest, card, vocab copy, each
-split's shards and side files); without --overwrite an existing dataset is refused. A failed run
-removes every file it wrote, so nothing is left that looks complete.
+The output safety of `bert-datagen run` (`pipelines.outputs`): the dataset is built in a staging
+directory and swapped in complete; without --overwrite an existing dataset is refused; a failed or
+interrupted run leaves the directory as it was.
 """
 
 from __future__ import annotations
@@ -25,8 +25,6 @@ from pipelines.run import DatagenError, local_abspath
 from pipelines.task import EXAMPLES_NAME, SUMMARY_PREFIX, WINDOWS_NAME, TaskPlan, build_pipeline, parse_split
 from pipelines.transforms import extract_input_error
 
-DATASET_PATTERNS = ("*/part-*.tfrecord", f"*/{EXAMPLES_NAME}", f"*/{WINDOWS_NAME}")
-
 
 @dataclass
 class TaskResult:
@@ -35,46 +33,6 @@ class TaskResult:
     wall_seconds: float
     pipeline_seconds: float
     cpu_seconds: dict[str, float] = field(default_factory=dict)
-
-
-def _matches(patterns: list[str]) -> list[str]:
-    found = []
-    for pattern in patterns:
-        try:
-            found.extend(f.path for f in fsio.match_files([pattern]))
-        except fsio.InputNotFoundError:
-            pass
-    return found
-
-
-def existing_task_files(output_dir: str) -> list[str]:
-    """Files that make `output_dir` look like a (task or pre-training) dataset."""
-    from contract.manifest import CARD_NAME, MANIFEST_NAME, VOCAB_NAME
-
-    found = [p for p in (fsio.join(output_dir, n) for n in (MANIFEST_NAME, CARD_NAME, VOCAB_NAME)) if fsio.exists(p)]
-    return found + _matches([fsio.join(output_dir, p) for p in DATASET_PATTERNS])
-
-
-def _stale(output_dir: str) -> list[str]:
-    return _matches([fsio.join(output_dir, f"{fsio.TMP_MARKER}*"), fsio.join(output_dir, "*", f"{fsio.TMP_MARKER}*"),
-                     fsio.join(output_dir, f"{SUMMARY_PREFIX}*")])
-
-
-def prepare_task_output(output_dir: str, overwrite: bool) -> None:
-    from contract.manifest import MANIFEST_NAME
-
-    existing = existing_task_files(output_dir)
-    if existing and not overwrite:
-        raise DatagenError(f"{output_dir}: already holds a dataset ({len(existing)} files, e.g. {existing[0]}); "
-                           "pass --overwrite to replace it or choose another --output")
-    manifest = fsio.join(output_dir, MANIFEST_NAME)
-    fsio.delete([p for p in existing if p == manifest])  # first: no manifest may point at missing files
-    fsio.delete([p for p in existing if p != manifest] + _stale(output_dir))
-    fsio.ensure_dir(output_dir)
-
-
-def remove_partial(output_dir: str) -> None:
-    fsio.delete(existing_task_files(output_dir) + _stale(output_dir))
 
 
 def match_splits(split_options: list[str]) -> list[tuple[str, list[str]]]:
@@ -123,13 +81,13 @@ def generate_task_dataset(config: TaskConfig, *, splits: list[str], vocab_path: 
                           runner: str = "DirectRunner", beam_args: list[str] | None = None, overwrite: bool = False,
                           dask_scheduler: str | None = None, dask_workers: int = 2,
                           part_examples: int | None = None) -> TaskResult:
-    """Run the task pipeline and write vocab.txt, the dataset card and, last, manifest.json.
+    """Build the dataset in a staging directory under `output_dir` (shards and side files, vocab.txt,
+    the card, manifest.json last), then swap it in (`pipelines.outputs`): an existing dataset is
+    replaced only by a complete one, and only with --overwrite.
 
     `part_examples` (examples per worker task), like the runner options, never changes a byte."""
-    from contract.manifest import VOCAB_NAME, build_manifest, write_manifest
     from contract.vocab_io import load_vocab
-    from pipelines.card import write_card
-    from pipelines.runners import runner_setup
+    from pipelines import outputs
 
     start = time.monotonic()
     output_dir = local_abspath(output_dir).rstrip("/") or "/"
@@ -139,9 +97,34 @@ def generate_task_dataset(config: TaskConfig, *, splits: list[str], vocab_path: 
     except (OSError, ValueError) as e:
         message = str(e)
         raise DatagenError(message if vocab_path in message else f"{vocab_path}: {message}") from e
-    prepare_task_output(output_dir, overwrite)
-    summary_path = fsio.join(output_dir, f"{SUMMARY_PREFIX}{uuid.uuid4().hex}.json")
-    plan = TaskPlan(config=config, vocab=vocab, splits=split_files, output_dir=output_dir, summary_path=summary_path,
+    vocab_path = local_abspath(vocab_path)
+    inputs = [vocab_path, *(f for _, files in split_files for f in files)]
+    try:
+        out = outputs.prepare_dataset_output(output_dir, overwrite, inputs=inputs,
+                                             split_dirs=[name for name, _ in split_files],
+                                             side_names=(EXAMPLES_NAME, WINDOWS_NAME))
+    except outputs.OutputError as e:
+        raise DatagenError(str(e)) from e
+    try:
+        result = _generate_into(out, config, split_files, vocab, vocab_path, splits, runner, beam_args,
+                                dask_scheduler, dask_workers, part_examples, start)
+        outputs.commit(out)
+    except BaseException:
+        outputs.discard(out)
+        raise
+    return result
+
+
+def _generate_into(out, config: TaskConfig, split_files: list[tuple[str, list[str]]], vocab, vocab_path: str,
+                   splits: list[str], runner: str, beam_args: list[str] | None, dask_scheduler: str | None,
+                   dask_workers: int, part_examples: int | None, start: float) -> TaskResult:
+    from contract.manifest import CARD_NAME, VOCAB_NAME, build_manifest, write_manifest
+    from pipelines.card import render_card
+    from pipelines.runners import runner_setup
+
+    staging = out.staging
+    summary_path = fsio.join(staging, "work", f"{SUMMARY_PREFIX}{uuid.uuid4().hex}.json")
+    plan = TaskPlan(config=config, vocab=vocab, splits=split_files, output_dir=staging, summary_path=summary_path,
                     part_examples=part_examples)
     pipeline_start = time.monotonic()
     with runner_setup(runner, beam_args, dask_scheduler=dask_scheduler, dask_workers=dask_workers,
@@ -157,15 +140,13 @@ def generate_task_dataset(config: TaskConfig, *, splits: list[str], vocab_path: 
                 client.close()
         except Exception as e:
             message = extract_input_error(e)
-            remove_partial(output_dir)
             if message is not None:
                 raise DatagenError(message) from e
             raise
     pipeline_seconds = time.monotonic() - pipeline_start
     summary = json.loads(fsio.read_bytes(summary_path).decode())
-    fsio.delete(_stale(output_dir))
     vocab_bytes = fsio.read_bytes(vocab_path)
-    fsio.write_atomic(fsio.join(output_dir, VOCAB_NAME), vocab_bytes)
+    fsio.write_atomic(fsio.join(staging, VOCAB_NAME), vocab_bytes)
     entries = {name: _split_entry(config, name, summary["splits"][name]) for name, _ in split_files}
     common = set.intersection(*(set(e["features"]) for e in entries.values()))
     first = entries[split_files[0][0]]["features"]
@@ -186,7 +167,7 @@ def generate_task_dataset(config: TaskConfig, *, splits: list[str], vocab_path: 
         kind="task",
         extra={"task": _task_field(config, summary["labels"] or [])},
     )
-    write_card(output_dir, manifest)
-    write_manifest(output_dir, manifest, fsio.BEAM_FS)
+    fsio.write_atomic(fsio.join(staging, CARD_NAME), render_card(out.directory, manifest).encode("utf-8"))
+    write_manifest(staging, manifest, fsio.BEAM_FS)
     cpu = {k: round(float(v), 3) for k, v in sorted(summary["cpu"].items())}
-    return TaskResult(output_dir, manifest, time.monotonic() - start, pipeline_seconds, cpu)
+    return TaskResult(out.directory, manifest, time.monotonic() - start, pipeline_seconds, cpu)
