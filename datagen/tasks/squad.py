@@ -138,7 +138,8 @@ def squad_records(tokenizer, examples: Sequence[SquadExample], max_seq_length: i
 
     token_json = np.array([encode_basestring(t) for t in vocab.tokens], dtype=object)
     key_json = np.array([f'"{p}":' for p in range(L)], dtype=object)
-    bool_json = np.array(["false", "true"], dtype=object)
+    key_true = np.array([f'"{p}":true' for p in range(L)], dtype=object)
+    key_false = np.array([f'"{p}":false' for p in range(L)], dtype=object)
     most_words = max((len(ex.paragraph.words) for ex in examples), default=0)
     int_json = np.array([str(i) for i in range(most_words)], dtype=object)
     windows: list[tuple[int, int, int, int]] = []  # example, q length, first doc piece in flat, length
@@ -185,13 +186,12 @@ def squad_records(tokenizer, examples: Sequence[SquadExample], max_seq_length: i
     window_tails = []
     for r in range(n):
         _, w, words, ctx = window_meta[r]
-        offset = int(lq_w[r]) + 2
-        keys = key_json[offset:offset + len(words)]
-        # Object-array additions concatenate the strings in one C loop per window.
+        doc = slice(int(lq_w[r]) + 2, int(lq_w[r]) + 2 + len(words))
+        # Object-array operations build the strings in one C loop per window.
         window_tails.append(
             f'"window_index":{w},"tokens":[{",".join(token_json[input_ids[r, :seq_len[r]]].tolist())}],'
-            f'"token_to_word":{{{",".join((keys + int_json[words]).tolist())}}},'
-            f'"max_context":{{{",".join((keys + bool_json[ctx.view(np.uint8)]).tolist())}}}}}')
+            f'"token_to_word":{{{",".join((key_json[doc] + int_json[words]).tolist())}}},'
+            f'"max_context":{{{",".join(np.where(ctx, key_true[doc], key_false[doc]).tolist())}}}}}')
     counts = {"examples": len(examples), "features": n,
               "truncated_examples": int((np.diff(q_off) > max_query_length).sum()),
               "multi_window_examples": sum(c for k, c in histogram.items() if k > 1),

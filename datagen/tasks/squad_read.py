@@ -121,14 +121,19 @@ def read_squad(path: str, data: bytes, version2: bool, training: bool) -> tuple[
 def _example(r: _Reader, qa, where: str, context: str, paragraph: Paragraph, starts: list[int],
              index: int) -> SquadExample | None:
     r.expect(qa, dict, where, "a question")
-    qas_id = r.field(qa, "id", str, where)
-    question = r.field(qa, "question", str, where, qas_id)
+    qas_id = qa.get("id")
+    if type(qas_id) is not str:
+        qas_id = r.field(qa, "id", str, where)
+    question = qa.get("question")
+    if type(question) is not str:
+        question = r.field(qa, "question", str, where, qas_id)
     impossible = False
     if r.version2 and "is_impossible" in qa:
         impossible = r.expect(qa["is_impossible"], bool, where, "'is_impossible'", qas_id)
     answers = None
     if "answers" in qa:
-        answers = [_answer(r, a, f"{where}.answers[{n}]", context, qas_id)
+        # The common, valid answer is checked inline; anything else gets the full check and message.
+        answers = [_quick_answer(a, context) or _answer(r, a, f"{where}.answers[{n}]", context, qas_id)
                    for n, a in enumerate(r.expect(qa["answers"], list, where, "'answers'", qas_id))]
     if not paragraph.words:
         raise r.fail(where, "the context has no words", qas_id)
@@ -149,6 +154,15 @@ def _example(r: _Reader, qa, where: str, context: str, paragraph: Paragraph, sta
         return None
     example.answer_text = text
     return example
+
+
+def _quick_answer(answer, context: str) -> tuple[str, int] | None:
+    """(text, answer_start) of a well-formed answer that points at its text; None otherwise."""
+    if type(answer) is dict:
+        text, start = answer.get("text"), answer.get("answer_start")
+        if type(text) is str and type(start) is int and text and start >= 0 and context.startswith(text, start):
+            return text, start
+    return None
 
 
 def _answer(r: _Reader, answer, where: str, context: str, qas_id: str) -> tuple[str, int]:
