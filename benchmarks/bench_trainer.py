@@ -119,7 +119,7 @@ def bench_model(workdir: str, name: str, steps: int, rounds: int) -> dict:
 def main(quick: bool = False) -> dict:
     import tensorflow as tf
 
-    from trainer.train import enable_determinism
+    from trainer.devices import enable_determinism
 
     enable_determinism(0)
     results: dict = {"intra_op_threads": tf.config.threading.get_intra_op_parallelism_threads()}

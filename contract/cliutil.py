@@ -75,10 +75,13 @@ class ChildLogFilter:
     a runner starts (Beam's multi-process DirectRunner) log with their own handlers, which the
     filters of this process do not reach; their errors reach the user as our one-line message."""
 
-    def __init__(self) -> None:
+    def __init__(self, noise: re.Pattern[bytes] | None = None) -> None:
         self.dropping = False
+        self.noise = noise  # further lines to drop (a CLI's own: TensorFlow's native start-up lines)
 
     def keep(self, line: bytes) -> bool:
+        if self.noise is not None and self.noise.match(line):
+            return False
         if _RECORD.match(line):
             self.dropping = True
         elif not self.dropping or line.startswith(OUR_LINES):
@@ -87,14 +90,14 @@ class ChildLogFilter:
         return False
 
 
-def filter_process_stderr() -> Callable[[], None]:
+def filter_process_stderr(noise: re.Pattern[bytes] | None = None) -> Callable[[], None]:
     """Route file descriptor 2, which child processes inherit, through ``ChildLogFilter``; returns
     the function that restores it (call it before exiting)."""
     original = os.dup(2)
     read_end, write_end = os.pipe()
     os.dup2(write_end, 2)
     os.close(write_end)
-    records = ChildLogFilter()
+    records = ChildLogFilter(noise)
 
     def pump() -> None:
         broken = False  # stderr closed (`2>&1 | head`): keep draining, so no writer ever blocks
@@ -179,6 +182,8 @@ def _fail(message: str, code: int) -> None:
 class CleanErrorsGroup(click.Group):
     """A click group whose ``main`` never lets a traceback through unless asked (see module doc)."""
 
+    stderr_noise: re.Pattern[bytes] | None = None  # lines a subclass's stderr filter also drops
+
     def main(self, args: Sequence[str] | None = None, prog_name: str | None = None,  # type: ignore[override]
              complete_var: str | None = None, standalone_mode: bool = True, **extra) -> None:
         from_command_line = args is None
@@ -186,7 +191,7 @@ class CleanErrorsGroup(click.Group):
         debug = debug_requested(args)
         args = [a for a in args if a != DEBUG_FLAG]
         quiet_logging(debug)
-        restore = filter_process_stderr() if from_command_line and not debug else None
+        restore = filter_process_stderr(self.stderr_noise) if from_command_line and not debug else None
         if from_command_line and signal.getsignal(signal.SIGINT) is signal.default_int_handler:
             signal.signal(signal.SIGINT, _interrupt_with_children)
         try:

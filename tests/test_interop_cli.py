@@ -13,14 +13,16 @@ from click.testing import CliRunner  # noqa: E402
 from test_interop_names import VOCAB, assert_bitwise_equal  # noqa: E402
 
 from trainer import checkpoint as ckpt_lib  # noqa: E402
-from trainer import convert  # noqa: E402
 from trainer.cli import main  # noqa: E402
 from trainer.config import BertConfig  # noqa: E402
+from trainer.errors import ConfigError  # noqa: E402
+from trainer.loading import read_checkpoint_arrays  # noqa: E402
 from trainer.synthetic import write_synthetic_dataset  # noqa: E402
+from trainer.weights import expected_tf1_shapes  # noqa: E402
 
 BERT = {"vocab_size": 40, "hidden_size": 16, "num_hidden_layers": 2, "num_attention_heads": 2,
         "intermediate_size": 24, "max_position_embeddings": 16}
-EXPECTED = convert.expected_tf1_shapes(BertConfig.from_dict(BERT))
+EXPECTED = expected_tf1_shapes(BertConfig.from_dict(BERT))
 
 
 def bert_train(*args: str) -> str:
@@ -62,7 +64,7 @@ def test_export_tf1_has_original_names_and_round_trips(run, tmp_path):
     weights = run_weights(run["run"])
     expected = EXPECTED
     assert dict(tf.train.list_variables(str(out / "bert_model.ckpt"))) == {n: list(s) for n, s in expected.items()}
-    back, _ = convert.read_checkpoint_arrays(out / "bert_model.ckpt", expected)
+    back, _ = read_checkpoint_arrays(out / "bert_model.ckpt", expected)
     assert_bitwise_equal(weights, back)
     assert json.loads((out / "bert_config.json").read_text())["hidden_size"] == 16
     assert (out / "vocab.txt").read_bytes() == run["vocab"].read_bytes()
@@ -82,7 +84,7 @@ def test_export_hf_and_init_a_new_run_from_it(run, tmp_path):
     assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors", "tokenizer_config.json",
                                                     "vocab.txt"]
     assert json.loads((out / "tokenizer_config.json").read_text())["do_lower_case"] is False
-    back, _ = convert.read_checkpoint_arrays(out, EXPECTED)
+    back, _ = read_checkpoint_arrays(out, EXPECTED)
     assert_bitwise_equal(run_weights(run["run"]), back)
 
     # No --bert-config: the Hugging Face config.json defines the model (not the default size).
@@ -135,7 +137,7 @@ def test_init_checkpoint_with_wrong_config_is_a_clear_cli_error(run, tmp_path):
 def test_export_takes_vocab_and_casing_from_the_manifest(tmp_path):
     import hashlib
 
-    from trainer.export_cli import ExportConfig, resolve_vocab
+    from trainer.export import ExportConfig, resolve_vocab
 
     data = write_synthetic_dataset(str(tmp_path / "ds"), seq_len=16, max_pred=3, vocab_size=40,
                                    train_shards=1, records_per_shard=4, eval_records=0)
@@ -151,7 +153,7 @@ def test_export_takes_vocab_and_casing_from_the_manifest(tmp_path):
     assert resolve_vocab(ExportConfig(run="r", format="hf", out="o", do_lower_case=False), data).do_lower_case is False
 
     (tmp_path / "ds" / "vocab.txt").write_bytes(vocab + b"extra\n")
-    with pytest.raises(convert.ConfigError, match="does not match the sha256"):
+    with pytest.raises(ConfigError, match="does not match the sha256"):
         resolve_vocab(cfg, data)
-    with pytest.raises(convert.ConfigError, match="pass --vocab FILE"):
+    with pytest.raises(ConfigError, match="pass --vocab FILE"):
         resolve_vocab(cfg, str(tmp_path / "no-such-dataset"))

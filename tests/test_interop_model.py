@@ -9,9 +9,13 @@ tf = pytest.importorskip("tensorflow")
 
 from test_interop_names import VOCAB, assert_bitwise_equal, write_with_v1_saver  # noqa: E402
 
-from trainer import convert  # noqa: E402
 from trainer.config import BertConfig  # noqa: E402
+from trainer.errors import CheckpointMismatchError  # noqa: E402
+from trainer.export import export_hf, export_tf1  # noqa: E402
+from trainer.loading import init_checkpoint_config, load_init_checkpoint  # noqa: E402
 from trainer.model import build_model  # noqa: E402
+from trainer.tf1 import write_tf1_checkpoint  # noqa: E402
+from trainer.weights import assign_tf1_arrays, expected_tf1_shapes, model_expected_shapes, model_tf1_arrays  # noqa: E402
 
 CONFIG = BertConfig(vocab_size=len(VOCAB), hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
                     intermediate_size=24, max_position_embeddings=12)
@@ -22,12 +26,12 @@ def spread_weights(model, seed: int) -> dict[str, np.ndarray]:
     LayerNorm at identity, which would hide a swapped bias or gamma)."""
     gen = np.random.default_rng(seed)
     arrays = {}
-    for name, shape in convert.model_expected_shapes(model).items():
+    for name, shape in model_expected_shapes(model).items():
         value = 0.1 * gen.standard_normal(shape)
         if name.endswith("/gamma"):
             value += 1.0
         arrays[name] = value.astype(np.float32)
-    convert.assign_tf1_arrays(model, arrays)
+    assign_tf1_arrays(model, arrays)
     return arrays
 
 
@@ -67,25 +71,25 @@ def vocab_file(tmp_path):
 
 
 def test_model_map_matches_expected_original_layout():
-    assert convert.model_expected_shapes(build_model(CONFIG, seed=2)) == convert.expected_tf1_shapes(CONFIG)
+    assert model_expected_shapes(build_model(CONFIG, seed=2)) == expected_tf1_shapes(CONFIG)
 
 
 def test_round_trip_through_tf1_is_bitwise(model_and_weights, tmp_path, vocab_file):
     model, arrays = model_and_weights
-    out = convert.export_tf1(tmp_path / "tf1", convert.model_tf1_arrays(model), CONFIG.to_dict(), vocab_file.read_bytes())
-    fresh = build_model(BertConfig.from_dict(convert.init_checkpoint_config(out / "bert_model.ckpt")), seed=3)
-    report = convert.load_init_checkpoint(fresh, out / "bert_model.ckpt")
+    out = export_tf1(tmp_path / "tf1", model_tf1_arrays(model), CONFIG.to_dict(), vocab_file.read_bytes())
+    fresh = build_model(BertConfig.from_dict(init_checkpoint_config(out / "bert_model.ckpt")), seed=3)
+    report = load_init_checkpoint(fresh, out / "bert_model.ckpt")
     assert report.format == "tf1" and report.loaded == len(arrays)
-    assert_bitwise_equal(arrays, convert.model_tf1_arrays(fresh))
+    assert_bitwise_equal(arrays, model_tf1_arrays(fresh))
 
 
 def test_round_trip_through_hf_is_bitwise(model_and_weights, tmp_path, vocab_file):
     model, arrays = model_and_weights
-    out = convert.export_hf(tmp_path / "hf", convert.model_tf1_arrays(model), CONFIG.to_dict(), vocab_file.read_bytes())
-    fresh = build_model(BertConfig.from_dict(convert.init_checkpoint_config(out)), seed=4)
-    report = convert.load_init_checkpoint(fresh, out)
+    out = export_hf(tmp_path / "hf", model_tf1_arrays(model), CONFIG.to_dict(), vocab_file.read_bytes())
+    fresh = build_model(BertConfig.from_dict(init_checkpoint_config(out)), seed=4)
+    report = load_init_checkpoint(fresh, out)
     assert report.format == "hf" and report.loaded == len(arrays)
-    assert_bitwise_equal(arrays, convert.model_tf1_arrays(fresh))
+    assert_bitwise_equal(arrays, model_tf1_arrays(fresh))
 
 
 def test_logits_match_transformers_bert_for_pretraining(model_and_weights, tmp_path, vocab_file, monkeypatch):
@@ -95,7 +99,7 @@ def test_logits_match_transformers_bert_for_pretraining(model_and_weights, tmp_p
     model, _ = model_and_weights
     inputs = batch()
     mlm, nsp = our_logits(model, inputs)
-    out = convert.export_hf(tmp_path / "hf", convert.model_tf1_arrays(model), CONFIG.to_dict(), vocab_file.read_bytes())
+    out = export_hf(tmp_path / "hf", model_tf1_arrays(model), CONFIG.to_dict(), vocab_file.read_bytes())
 
     for attention in ("eager", "sdpa"):
         hf = transformers.BertForPreTraining.from_pretrained(str(out), attn_implementation=attention).eval()
@@ -117,11 +121,11 @@ def test_v1_saver_checkpoint_loads_and_gives_the_same_logits(model_and_weights, 
     model, arrays = model_and_weights
     slots = {f"{name}/adam_{s}": np.full(a.shape, 0.5, np.float32)
              for name, a in list(arrays.items())[:3] for s in "mv"}
-    write_with_v1_saver(tmp_path / "model.ckpt-100", convert.model_tf1_arrays(model),
+    write_with_v1_saver(tmp_path / "model.ckpt-100", model_tf1_arrays(model),
                         {**slots, "global_step": np.array(100, np.int64)})
     fresh = build_model(CONFIG, seed=5)
     before = our_logits(fresh, batch())
-    report = convert.load_init_checkpoint(fresh, tmp_path)  # a directory: its latest checkpoint
+    report = load_init_checkpoint(fresh, tmp_path)  # a directory: its latest checkpoint
     assert len(report.ignored) == len(slots) + 1 and not report.unexpected
     expected, got = our_logits(model, batch()), our_logits(fresh, batch())
     assert not np.allclose(before[0], expected[0])
@@ -131,10 +135,10 @@ def test_v1_saver_checkpoint_loads_and_gives_the_same_logits(model_and_weights, 
 
 def test_wrong_config_lists_every_bad_variable(model_and_weights, tmp_path):
     model, _ = model_and_weights
-    convert.write_tf1_checkpoint(tmp_path / "bert_model.ckpt", convert.model_tf1_arrays(model))
+    write_tf1_checkpoint(tmp_path / "bert_model.ckpt", model_tf1_arrays(model))
     bigger = BertConfig.from_dict({**CONFIG.to_dict(), "num_hidden_layers": 3, "intermediate_size": 20})
-    with pytest.raises(convert.CheckpointMismatchError) as err:
-        convert.load_init_checkpoint(build_model(bigger, seed=6), tmp_path / "bert_model.ckpt")
+    with pytest.raises(CheckpointMismatchError) as err:
+        load_init_checkpoint(build_model(bigger, seed=6), tmp_path / "bert_model.ckpt")
     text = str(err.value)
     assert "16 missing" in text and "6 mis-shaped" in text  # layer_2 entirely; 3 FFN weights in each of 2 layers
     assert "missing: bert/encoder/layer_2/output/LayerNorm/beta" in text

@@ -9,7 +9,19 @@ import pytest
 
 tf = pytest.importorskip("tensorflow")
 
-from trainer import convert  # noqa: E402
+from trainer.errors import CheckpointFormatError, CheckpointMismatchError  # noqa: E402
+from trainer.export import export_hf, export_tf1  # noqa: E402
+from trainer.hf import (  # noqa: E402
+    bert_config_from_hf_config,
+    hf_config_from_bert_config,
+    hf_name_table,
+    hf_to_tf1,
+    read_safetensors,
+    tf1_to_hf,
+)
+from trainer.loading import init_checkpoint_config, read_checkpoint_arrays  # noqa: E402
+from trainer.tf1 import read_tf1_checkpoint, write_tf1_checkpoint  # noqa: E402
+from trainer.weights import expected_tf1_shapes  # noqa: E402
 
 TINY = {
     "attention_probs_dropout_prob": 0.1, "hidden_act": "gelu", "hidden_dropout_prob": 0.1,
@@ -24,7 +36,7 @@ def random_arrays(config: dict, seed: int = 0) -> dict[str, np.ndarray]:
     # Distinct values everywhere, so that a swapped or untransposed tensor cannot go unnoticed.
     gen = np.random.default_rng(seed)
     return {name: gen.standard_normal(shape).astype(np.float32)
-            for name, shape in convert.expected_tf1_shapes(config).items()}
+            for name, shape in expected_tf1_shapes(config).items()}
 
 
 def assert_bitwise_equal(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> None:
@@ -43,7 +55,7 @@ def vocab_file(tmp_path):
 
 
 def test_expected_names_cover_every_original_weight():
-    shapes = convert.expected_tf1_shapes(TINY)
+    shapes = expected_tf1_shapes(TINY)
     # 5 embedding weights + 16 per layer + pooler 2 + MLM transform 4 + output bias + NSP 2.
     assert len(shapes) == 5 + 16 * 2 + 2 + 4 + 1 + 2
     assert shapes["bert/encoder/layer_1/intermediate/dense/kernel"] == (8, 12)
@@ -53,7 +65,7 @@ def test_expected_names_cover_every_original_weight():
 
 
 def test_hf_names_follow_recipe_table():
-    table = convert.hf_name_table(convert.expected_tf1_shapes(TINY))
+    table = hf_name_table(expected_tf1_shapes(TINY))
     assert table["bert/embeddings/word_embeddings"] == ("bert.embeddings.word_embeddings.weight", False)
     assert table["bert/embeddings/LayerNorm/gamma"] == ("bert.embeddings.LayerNorm.weight", False)
     assert table["bert/encoder/layer_1/attention/self/query/kernel"] == (
@@ -67,11 +79,11 @@ def test_hf_names_follow_recipe_table():
 
 def test_tf1_checkpoint_has_exact_original_names_and_round_trips(tmp_path):
     arrays = random_arrays(TINY)
-    prefix = convert.write_tf1_checkpoint(tmp_path / "bert_model.ckpt", arrays)
+    prefix = write_tf1_checkpoint(tmp_path / "bert_model.ckpt", arrays)
     listed = dict(tf.train.list_variables(prefix))
     assert listed == {name: list(a.shape) for name, a in arrays.items()}
     assert tf.train.latest_checkpoint(str(tmp_path)) == str(tmp_path / "bert_model.ckpt")
-    back, report = convert.read_tf1_checkpoint(tmp_path, convert.expected_tf1_shapes(TINY))
+    back, report = read_tf1_checkpoint(tmp_path, expected_tf1_shapes(TINY))
     assert_bitwise_equal(arrays, back)
     assert report.loaded == len(arrays) and not report.ignored and not report.unexpected
 
@@ -94,7 +106,7 @@ def test_reads_v1_saver_checkpoint_ignoring_optimizer_slots(tmp_path):
              "bert/pooler/dense/kernel/adam_v": np.zeros((8, 8), np.float32),
              "output_weights": np.zeros((3, 8), np.float32)}  # a fine-tuning head: unused, reported
     write_with_v1_saver(tmp_path / "model.ckpt-7", arrays, extra)
-    back, report = convert.read_tf1_checkpoint(tmp_path / "model.ckpt-7", convert.expected_tf1_shapes(TINY))
+    back, report = read_tf1_checkpoint(tmp_path / "model.ckpt-7", expected_tf1_shapes(TINY))
     assert_bitwise_equal(arrays, back)
     assert sorted(report.ignored) == ["bert/pooler/dense/kernel/adam_m", "bert/pooler/dense/kernel/adam_v",
                                       "global_step"]
@@ -107,9 +119,9 @@ def test_missing_and_misshaped_variables_are_all_listed(tmp_path):
     del arrays["bert/encoder/layer_1/attention/self/key/bias"]
     arrays["bert/pooler/dense/kernel"] = np.zeros((8, 9), np.float32)
     arrays["cls/predictions/output_bias"] = np.zeros((15,), np.float32)
-    convert.write_tf1_checkpoint(tmp_path / "bert_model.ckpt", arrays)
-    with pytest.raises(convert.CheckpointMismatchError) as err:
-        convert.read_tf1_checkpoint(tmp_path / "bert_model.ckpt", convert.expected_tf1_shapes(TINY))
+    write_tf1_checkpoint(tmp_path / "bert_model.ckpt", arrays)
+    with pytest.raises(CheckpointMismatchError) as err:
+        read_tf1_checkpoint(tmp_path / "bert_model.ckpt", expected_tf1_shapes(TINY))
     text = str(err.value)
     assert "bert_model.ckpt" in text and "2 missing, 2 mis-shaped" in text
     assert "missing: cls/seq_relationship/output_weights" in text
@@ -119,16 +131,16 @@ def test_missing_and_misshaped_variables_are_all_listed(tmp_path):
 
 
 def test_no_checkpoint_is_a_clear_error(tmp_path):
-    with pytest.raises(convert.CheckpointFormatError, match="no TF checkpoint"):
-        convert.read_tf1_checkpoint(tmp_path / "nothing.ckpt", convert.expected_tf1_shapes(TINY))
-    with pytest.raises(convert.CheckpointFormatError, match=r"no \*\.index"):
-        convert.read_checkpoint_arrays(tmp_path, convert.expected_tf1_shapes(TINY))
-    convert.write_tf1_checkpoint(tmp_path / "bert_model.ckpt", random_arrays(TINY))
-    with pytest.raises(convert.CheckpointFormatError, match="no --bert-config given and no bert_config.json"):
-        convert.init_checkpoint_config(tmp_path / "bert_model.ckpt")
+    with pytest.raises(CheckpointFormatError, match="no TF checkpoint"):
+        read_tf1_checkpoint(tmp_path / "nothing.ckpt", expected_tf1_shapes(TINY))
+    with pytest.raises(CheckpointFormatError, match=r"no \*\.index"):
+        read_checkpoint_arrays(tmp_path, expected_tf1_shapes(TINY))
+    write_tf1_checkpoint(tmp_path / "bert_model.ckpt", random_arrays(TINY))
+    with pytest.raises(CheckpointFormatError, match="no --bert-config given and no bert_config.json"):
+        init_checkpoint_config(tmp_path / "bert_model.ckpt")
     (tmp_path / "bert_config.json").write_text("[1, 2]")
-    with pytest.raises(convert.CheckpointFormatError, match="bert_config.json: cannot read"):
-        convert.init_checkpoint_config(tmp_path)
+    with pytest.raises(CheckpointFormatError, match="bert_config.json: cannot read"):
+        init_checkpoint_config(tmp_path)
 
 
 def test_hf_export_loads_in_transformers_and_round_trips(tmp_path, vocab_file, monkeypatch):
@@ -136,7 +148,7 @@ def test_hf_export_loads_in_transformers_and_round_trips(tmp_path, vocab_file, m
     torch = pytest.importorskip("torch")
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     arrays = random_arrays(TINY, seed=2)
-    out = convert.export_hf(tmp_path / "hf", arrays, TINY, vocab_file.read_bytes(), do_lower_case=True)
+    out = export_hf(tmp_path / "hf", arrays, TINY, vocab_file.read_bytes(), do_lower_case=True)
 
     model, info = transformers.BertForPreTraining.from_pretrained(str(out), output_loading_info=True)
     assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"]
@@ -154,13 +166,13 @@ def test_hf_export_loads_in_transformers_and_round_trips(tmp_path, vocab_file, m
 
     # Our reader takes both our file and one written by transformers itself (which, depending on the
     # version, may carry the tied decoder copies): bitwise the same weights either way.
-    back, _ = convert.read_checkpoint_arrays(out, convert.expected_tf1_shapes(TINY))
+    back, _ = read_checkpoint_arrays(out, expected_tf1_shapes(TINY))
     assert_bitwise_equal(arrays, back)
     with torch.no_grad():
         model.save_pretrained(str(tmp_path / "resaved"))
-    again, _ = convert.read_checkpoint_arrays(tmp_path / "resaved", convert.expected_tf1_shapes(TINY))
+    again, _ = read_checkpoint_arrays(tmp_path / "resaved", expected_tf1_shapes(TINY))
     assert_bitwise_equal(arrays, again)
-    assert convert.init_checkpoint_config(tmp_path / "resaved") == TINY
+    assert init_checkpoint_config(tmp_path / "resaved") == TINY
 
 
 def test_reads_half_precision_safetensors(tmp_path):
@@ -170,36 +182,36 @@ def test_reads_half_precision_safetensors(tmp_path):
     values = torch.randn(4, 3)
     save_file({"bf": values.to(torch.bfloat16), "f16": values.to(torch.float16), "f32": values},
               str(tmp_path / "x.safetensors"), metadata={"format": "pt"})
-    state = convert.read_safetensors(tmp_path / "x.safetensors")
+    state = read_safetensors(tmp_path / "x.safetensors")
     assert np.array_equal(state["bf"], values.to(torch.bfloat16).float().numpy())
     assert np.array_equal(state["f16"], values.to(torch.float16).numpy())
     assert np.array_equal(state["f32"], values.numpy())
     (tmp_path / "bad.safetensors").write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{not json")
     with pytest.raises(ValueError, match="bad.safetensors: cannot read safetensors"):
-        convert.read_safetensors(tmp_path / "bad.safetensors")
+        read_safetensors(tmp_path / "bad.safetensors")
 
 
 def test_hf_tied_copies_and_legacy_names(tmp_path):
     arrays = random_arrays(TINY, seed=3)
-    state = convert.tf1_to_hf(arrays)
+    state = tf1_to_hf(arrays)
     state["bert.embeddings.LayerNorm.gamma"] = state.pop("bert.embeddings.LayerNorm.weight")
     state["cls.predictions.decoder.weight"] = state["bert.embeddings.word_embeddings.weight"].copy()
     state["bert.embeddings.position_ids"] = np.arange(16, dtype=np.int64)[None]
-    back, report = convert.hf_to_tf1(state, convert.expected_tf1_shapes(TINY), "legacy")
+    back, report = hf_to_tf1(state, expected_tf1_shapes(TINY), "legacy")
     assert_bitwise_equal(arrays, back)
     assert "bert.embeddings.position_ids" in report.ignored and not report.unexpected
 
     state["cls.predictions.decoder.weight"] = state["cls.predictions.decoder.weight"] + 1
-    with pytest.raises(convert.CheckpointMismatchError, match="differs from bert.embeddings.word_embeddings"):
-        convert.hf_to_tf1(state, convert.expected_tf1_shapes(TINY), "untied")
+    with pytest.raises(CheckpointMismatchError, match="differs from bert.embeddings.word_embeddings"):
+        hf_to_tf1(state, expected_tf1_shapes(TINY), "untied")
 
 
 def test_hf_missing_and_misshaped_use_hf_names(tmp_path):
-    state = convert.tf1_to_hf(random_arrays(TINY))
+    state = tf1_to_hf(random_arrays(TINY))
     del state["cls.seq_relationship.bias"]
     state["bert.pooler.dense.weight"] = np.zeros((9, 8), np.float32)
-    with pytest.raises(convert.CheckpointMismatchError) as err:
-        convert.hf_to_tf1(state, convert.expected_tf1_shapes(TINY), "somewhere")
+    with pytest.raises(CheckpointMismatchError) as err:
+        hf_to_tf1(state, expected_tf1_shapes(TINY), "somewhere")
     text = str(err.value)
     assert "missing: cls.seq_relationship.bias" in text
     assert "mis-shaped: bert.pooler.dense.weight: checkpoint has [9, 8], model needs [8, 8]" in text
@@ -207,26 +219,26 @@ def test_hf_missing_and_misshaped_use_hf_names(tmp_path):
 
 def test_tf1_export_directory_like_googles_release(tmp_path, vocab_file):
     arrays = random_arrays(TINY, seed=4)
-    out = convert.export_tf1(tmp_path / "tf1", arrays, TINY, vocab_file.read_bytes())
+    out = export_tf1(tmp_path / "tf1", arrays, TINY, vocab_file.read_bytes())
     assert sorted(p.name for p in out.iterdir()) == [
         "bert_config.json", "bert_model.ckpt.data-00000-of-00001", "bert_model.ckpt.index", "checkpoint",
         "vocab.txt"]
     assert json.loads((out / "bert_config.json").read_text()) == TINY
-    assert convert.init_checkpoint_config(out / "bert_model.ckpt") == TINY
-    back, _ = convert.read_checkpoint_arrays(out / "bert_model.ckpt", convert.expected_tf1_shapes(TINY))
+    assert init_checkpoint_config(out / "bert_model.ckpt") == TINY
+    back, _ = read_checkpoint_arrays(out / "bert_model.ckpt", expected_tf1_shapes(TINY))
     assert_bitwise_equal(arrays, back)
-    with pytest.raises(convert.CheckpointFormatError, match="not empty"):
-        convert.export_tf1(out, arrays, TINY, vocab_file.read_bytes())
+    with pytest.raises(CheckpointFormatError, match="not empty"):
+        export_tf1(out, arrays, TINY, vocab_file.read_bytes())
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".tmp-")]
 
 
 def test_hf_config_conversion():
-    hf = convert.hf_config_from_bert_config(TINY)
+    hf = hf_config_from_bert_config(TINY)
     assert hf["hidden_act"] == "gelu_new" and hf["architectures"] == ["BertForPreTraining"]
-    assert convert.bert_config_from_hf_config(hf, "x") == TINY
+    assert bert_config_from_hf_config(hf, "x") == TINY
     with pytest.warns(UserWarning, match="erf"):
-        assert convert.bert_config_from_hf_config({**hf, "hidden_act": "gelu"}, "x") == TINY
+        assert bert_config_from_hf_config({**hf, "hidden_act": "gelu"}, "x") == TINY
     with pytest.raises(ValueError, match="relative_key"):
-        convert.bert_config_from_hf_config({**hf, "position_embedding_type": "relative_key"}, "x")
+        bert_config_from_hf_config({**hf, "position_embedding_type": "relative_key"}, "x")
     with pytest.raises(ValueError, match="layer_norm_eps"):
-        convert.bert_config_from_hf_config({**hf, "layer_norm_eps": 1e-5}, "x")
+        bert_config_from_hf_config({**hf, "layer_norm_eps": 1e-5}, "x")

@@ -33,7 +33,8 @@ from click.testing import CliRunner  # noqa: E402
 
 from trainer.config import TrainConfig  # noqa: E402
 from trainer.data import eval_dataset, open_dataset  # noqa: E402
-from trainer.train import pretrain, restore_model  # noqa: E402
+from trainer.loading import restore_model  # noqa: E402
+from trainer.train import pretrain  # noqa: E402
 
 pytestmark = pytest.mark.integration
 

@@ -11,14 +11,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from dataclasses import dataclass, field
+import math
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
-
-class ConfigError(ValueError):
-    """A configuration that cannot describe a valid model or run."""
-
+from trainer.errors import ConfigError
 
 # Sizes by name: RECIPE.md section 6 (layers, hidden, heads, FFN).
 MODEL_SIZES: dict[str, tuple[int, int, int, int]] = {
@@ -117,9 +115,6 @@ class BertConfig:
         """The original `bert_config.json` text (sorted keys, 2-space indent)."""
         return json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n"
 
-    def to_json_file(self, path: str | Path) -> None:
-        Path(path).write_text(self.to_json(), encoding="utf-8")
-
 
 STRATEGIES = ("auto", "one-device", "mirrored", "tpu", "multi-worker")
 PRECISIONS = ("float32", "mixed_bfloat16", "mixed_float16")
@@ -156,9 +151,8 @@ class TrainConfig:
     precision: str = "float32"
     jit: bool = False
     init_from: str | None = None  # phase 2: weights from a run or a checkpoint of ours
-    init_checkpoint: str | None = None  # original TF1 checkpoint / Hugging Face dir (trainer.convert)
+    init_checkpoint: str | None = None  # original TF1 checkpoint / Hugging Face dir (trainer.loading)
     tpu: str | None = None  # TPU address for --strategy tpu
-    extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.validate()
@@ -176,8 +170,12 @@ class TrainConfig:
             raise ConfigError(
                 f"batch_size {self.batch_size} is not a multiple of accumulation_steps {self.accumulation_steps}"
             )
-        if not self.learning_rate > 0:
-            raise ConfigError(f"learning_rate must be positive, got {self.learning_rate}")
+        if not (math.isfinite(self.learning_rate) and self.learning_rate > 0):
+            raise ConfigError(f"learning_rate must be positive and finite, got {self.learning_rate}")
+        if not (math.isfinite(self.weight_decay) and self.weight_decay >= 0):
+            raise ConfigError(f"weight_decay must be >= 0 and finite, got {self.weight_decay}")
+        if not (math.isfinite(self.clip_norm) and self.clip_norm > 0):
+            raise ConfigError(f"clip_norm must be positive and finite, got {self.clip_norm}")
         if self.strategy not in STRATEGIES:
             raise ConfigError(f"strategy {self.strategy!r} not in {STRATEGIES}")
         if self.precision not in PRECISIONS:
@@ -187,28 +185,14 @@ class TrainConfig:
         if self.init_from and self.init_checkpoint:
             raise ConfigError("--init-from and --init-checkpoint are exclusive")
 
-    def bert(self, vocab_size: int) -> BertConfig:
-        """The model of this run for a dataset of `vocab_size` tokens."""
-        if self.bert_config is not None:
-            return BertConfig.from_dict(self.bert_config)
-        return BertConfig.from_name(self.model, vocab_size)
-
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> TrainConfig:
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = set(data) - known
-        if unknown:
-            raise ConfigError(f"unknown train config keys: {sorted(unknown)}")
-        return cls(**data)
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n"
 
     # Options that may change between invocations of the same run without changing what it
     # computes (how often it reports, which devices run it). `steps` is not one: it sets the
-    # learning-rate decay.
+    # learning-rate decay. `extra` is a field that runs of earlier versions recorded.
     RESUMABLE_CHANGES: ClassVar[frozenset[str]] = frozenset({"out", "checkpoint_every", "keep_checkpoints", "eval_every",
                                    "eval_batches", "log_every", "strategy", "jit", "tpu", "extra"})

@@ -8,19 +8,24 @@ batches the uninterrupted run would have read.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
+import struct
 from dataclasses import dataclass, field
 
 import tensorflow as tf
 
+from contract.features import PRETRAINING
+from contract.manifest import ManifestError, load_manifest, manifest_kind
 from datagen.example_codec import decode_example
 from datagen.records import feature_spec
-from datagen.tfrecord import RecordError, iter_tfrecords
+from datagen.tfrecord import RecordError, iter_tfrecords, masked_crc32c
 from trainer.config import BertConfig
+from trainer.errors import DataError
+from trainer.gfs import GFILE_FS
 
-
-class DataError(ValueError):
-    """Input that cannot be used (missing, corrupt, or not fitting the model); names the file."""
+MANIFEST_NAME = "manifest.json"
 
 
 @dataclass
@@ -31,10 +36,10 @@ class DatasetInfo:
     train_files: list[str]
     eval_files: list[str] = field(default_factory=list)
     vocab_size: int | None = None
-    vocab_path: str | None = None
     train_records: int | None = None
     eval_records: int | None = None
     manifest: dict | None = None
+    identity: dict = field(default_factory=dict)  # {"fingerprint", "shards"}: see dataset_identity
 
 
 def open_dataset(data: str, max_seq_length: int | None = None, max_predictions_per_seq: int | None = None,
@@ -42,17 +47,44 @@ def open_dataset(data: str, max_seq_length: int | None = None, max_predictions_p
     """Describe `data`: a dataset directory with manifest.json, or a TFRecord glob (comma-separated
     globs allowed) from the original tool, for which the two lengths must be given."""
     if tf.io.gfile.isdir(data):
-        if not tf.io.gfile.exists(os.path.join(data, "manifest.json")) and max_seq_length is not None:
-            return _from_globs(os.path.join(data, "*"), max_seq_length, max_predictions_per_seq, eval_data)
-        return _from_manifest(data)
-    return _from_globs(data, max_seq_length, max_predictions_per_seq, eval_data)
+        if not tf.io.gfile.exists(os.path.join(data, MANIFEST_NAME)) and max_seq_length is not None:
+            info = _from_globs(os.path.join(data, "*"), max_seq_length, max_predictions_per_seq, eval_data)
+        else:
+            info = _from_manifest(data)
+    else:
+        info = _from_globs(data, max_seq_length, max_predictions_per_seq, eval_data)
+    info.identity = dataset_identity(info)
+    return info
+
+
+def _load_manifest(directory: str) -> dict:
+    try:
+        return load_manifest(directory, GFILE_FS)
+    except ManifestError as exc:
+        raise DataError(str(exc)) from exc
+    except (OSError, tf.errors.OpError) as exc:  # a directory we may not read
+        reason = getattr(exc, "message", None) or getattr(exc, "strerror", None) or exc
+        raise DataError(f"{directory}/{MANIFEST_NAME}: cannot read: {reason}") from exc
+
+
+def load_dataset_manifest(data: str) -> dict | None:
+    """The manifest of a dataset directory; None for TFRecord globs and unreadable manifests."""
+    if "://" not in data and not os.path.exists(os.path.join(data, MANIFEST_NAME)):
+        return None
+    try:
+        return _load_manifest(data)
+    except DataError:
+        return None
 
 
 def _from_manifest(directory: str) -> DatasetInfo:
     from contract import dataset as contract_dataset
-    from contract.manifest import ManifestError
-    from trainer.gfs import GFILE_FS
 
+    # The kind first: the shape of a task dataset's features is not a pre-training one.
+    kind = manifest_kind(_load_manifest(directory), f"{directory}/{MANIFEST_NAME}")
+    if kind != PRETRAINING:
+        raise DataError(f"{directory}/{MANIFEST_NAME}: a {kind!r} dataset, not a pre-training dataset: "
+                        "bert-train pretrain and eval read the output of `bert-datagen run`")
     try:
         ds = contract_dataset.open_dataset(directory, GFILE_FS, need_vocab=False)
     except (ManifestError, contract_dataset.DatasetError) as exc:
@@ -74,13 +106,12 @@ def _from_manifest(directory: str) -> DatasetInfo:
     evals, n_eval = split_files("eval")
     if not train:
         raise DataError(f"{directory}/manifest.json: the train split has no shards")
-    for path in train + evals:
-        if not tf.io.gfile.exists(path):
-            raise DataError(f"{path}: shard listed in {directory}/manifest.json is missing")
+    for ref in ds.split_shards("train") + ds.split_shards("eval"):
+        _check_shard_file(ref.path, int(ref.expected["bytes"]), f"{directory}/{MANIFEST_NAME}")
     vocab = manifest["vocab"]
     return DatasetInfo(source=directory, max_seq_length=seq_len, max_predictions_per_seq=max_pred,
                        train_files=train, eval_files=evals, vocab_size=int(vocab["size"]),
-                       vocab_path=os.path.join(directory, vocab["path"]), train_records=n_train,
+                       train_records=n_train,
                        eval_records=n_eval, manifest=manifest)
 
 
@@ -104,6 +135,118 @@ def _from_globs(patterns: str, max_seq_length, max_predictions_per_seq, eval_dat
     return DatasetInfo(source=patterns, max_seq_length=max_seq_length,
                        max_predictions_per_seq=max_predictions_per_seq, train_files=files,
                        eval_files=_glob(eval_data) if eval_data else [])
+
+
+def _check_shard_file(path: str, size: int, manifest: str) -> None:
+    """The shard exists, can be opened and has the size the manifest gives (a cheap stat, no read)."""
+    try:
+        stat = tf.io.gfile.stat(path)
+    except tf.errors.NotFoundError as exc:
+        raise DataError(f"{path}: shard listed in {manifest} is missing") from exc
+    except tf.errors.OpError as exc:
+        raise DataError(f"{path}: cannot read: {exc.message}") from exc
+    if stat.length != size:
+        raise DataError(f"{path}: has {stat.length} bytes, {manifest} says {size}: the shard was changed "
+                        "or truncated after the dataset was written (bert-datagen verify tells more)")
+
+
+def dataset_identity(info: DatasetInfo) -> dict:
+    """What the dataset IS, independent of how its path is spelled.
+
+    With a manifest: every shard's split, relative path, record count and sha256 (from the manifest),
+    the vocab's sha256 and the features; the fingerprint is the sha256 of that list. For TFRecord
+    globs (no checksums without reading everything): file names and sizes.
+    """
+    if info.manifest is not None:
+        m = info.manifest
+        shards = [{"split": split, "path": s["path"], "records": int(s["records"]), "sha256": s["sha256"]}
+                  for split in sorted(m["splits"]) for s in m["splits"][split]["shards"]]
+        content = {"features": m["features"], "vocab_sha256": m["vocab"]["sha256"], "shards": shards}
+    else:
+        shards = [{"split": split, "path": os.path.basename(path), "bytes": _size(path)}
+                  for split, files in (("train", info.train_files), ("eval", info.eval_files)) for path in files]
+        content = {"max_seq_length": info.max_seq_length,
+                   "max_predictions_per_seq": info.max_predictions_per_seq, "shards": shards}
+    digest = hashlib.sha256(json.dumps(content, sort_keys=True).encode()).hexdigest()
+    return {"fingerprint": digest, "shards": shards}
+
+
+def _size(path: str) -> int:
+    try:
+        return int(tf.io.gfile.stat(path).length)
+    except tf.errors.OpError as exc:
+        raise DataError(f"{path}: cannot read: {exc.message}") from exc
+
+
+def count_records(path: str) -> int:
+    """Records in one TFRecord file, walking the length headers only (checking their CRCs)."""
+    size = _size(path)
+    count, offset = 0, 0
+    try:
+        with tf.io.gfile.GFile(path, "rb") as stream:
+            while offset < size:
+                header = stream.read(12)
+                if len(header) < 12 or masked_crc32c(header[:8]) != struct.unpack("<I", header[8:])[0]:
+                    raise DataError(f"corrupt input: {path}: record {count} at byte {offset}: "
+                                    "not a TFRecord length header")
+                offset += 16 + struct.unpack("<Q", header[:8])[0]
+                if offset > size:
+                    raise DataError(f"corrupt input: {path}: record {count}: truncated payload")
+                stream.seek(offset)
+                count += 1
+    except tf.errors.OpError as exc:
+        raise DataError(f"{path}: cannot read: {exc.message}") from exc
+    return count
+
+
+def split_records(info: DatasetInfo, split: str) -> int:
+    """Records of the train or eval split: from the manifest, else counted."""
+    known = info.train_records if split == "train" else info.eval_records
+    if known is not None:
+        return known
+    files = info.train_files if split == "train" else info.eval_files
+    return sum(count_records(path) for path in files)
+
+
+def check_split_size(info: DatasetInfo, split: str, batch_size: int) -> int:
+    """Raise DataError unless the split holds at least one full batch (the input would never yield
+    a batch and the run would wait forever); returns its record count."""
+    n = split_records(info, split)
+    if n < batch_size:
+        what = "is empty" if n == 0 else f"has {n} records"
+        raise DataError(f"{info.source}: the {split} split {what}, fewer than one batch of {batch_size}: "
+                        f"use a smaller --batch-size or a dataset with more {split} records")
+    return n
+
+
+def check_first_records(info: DatasetInfo) -> None:
+    """Parse the first record of every shard with the expected feature lengths: a dataset of other
+    lengths, or files that are not pre-training records, fail here, before the first step."""
+    spec = feature_spec(info.max_seq_length, info.max_predictions_per_seq)
+    for path in info.train_files + info.eval_files:
+        try:
+            with tf.io.gfile.GFile(path, "rb") as stream:
+                payload = next(iter_tfrecords(stream, name=path), None)
+        except RecordError as exc:
+            raise DataError(f"corrupt input: {exc}") from exc
+        except tf.errors.OpError as exc:
+            raise DataError(f"{path}: cannot read: {exc.message}") from exc
+        if payload is not None:
+            problem = _record_problem(payload, spec)
+            if problem:
+                raise DataError(f"{path}: record 0: {problem}")
+
+
+def _record_problem(payload: bytes, spec: dict[str, tuple[str, int]]) -> str | None:
+    try:
+        features = decode_example(payload)
+    except RecordError as exc:
+        return f"not a tf.train.Example ({exc})"
+    for name, (_, length) in spec.items():
+        if name not in features or features[name].size != length:
+            got = None if name not in features else features[name].size
+            return f"feature {name} has {got} values, expected {length}"
+    return None
 
 
 def check_fits(info: DatasetInfo, bert: BertConfig) -> None:
@@ -173,14 +316,9 @@ def find_bad_record(files: list[str], max_seq_length: int, max_predictions_per_s
         try:
             with tf.io.gfile.GFile(path, "rb") as stream:
                 for index, payload in enumerate(iter_tfrecords(stream, name=path)):
-                    try:
-                        features = decode_example(payload)
-                    except RecordError as exc:
-                        return f"{path}: record {index}: not a tf.train.Example ({exc})"
-                    for name, (_, length) in spec.items():
-                        if name not in features or features[name].size != length:
-                            got = None if name not in features else features[name].size
-                            return f"{path}: record {index}: feature {name} has {got} values, expected {length}"
+                    problem = _record_problem(payload, spec)
+                    if problem:
+                        return f"{path}: record {index}: {problem}"
         except RecordError as exc:
             return str(exc)
     return None

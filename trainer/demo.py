@@ -110,7 +110,8 @@ def main(argv: list[str] | None = None) -> int:
     stage(f"dataset (512 tokens): {data512}")
 
     from trainer.config import TrainConfig
-    from trainer.train import evaluate_run, pretrain
+    from trainer.evaluate import evaluate_run
+    from trainer.train import pretrain
 
     phase1 = os.path.join(out, "phase1")
     stage(f"phase 1: tiny model, 128 tokens, {args.phase1_steps} steps of {args.batch_size} -> {phase1}")

@@ -275,7 +275,3 @@ def _put_dense(m: dict, prefix: str, layer: keras.layers.Dense) -> None:
 def _put_norm(m: dict, prefix: str, layer: LayerNorm) -> None:
     m[prefix + "/gamma"] = layer.gamma
     m[prefix + "/beta"] = layer.beta
-
-
-def count_parameters(model: BertPretrainer) -> int:
-    return int(sum(int(v.numpy().size) for v in model.weights))

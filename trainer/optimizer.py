@@ -23,6 +23,8 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from trainer.errors import CheckpointError
+
 EXCLUDE_FROM_WEIGHT_DECAY = ("LayerNorm", "layer_norm", "bias")
 
 
@@ -110,7 +112,7 @@ class AdamWeightDecay:
     def load_slot_arrays(self, arrays: dict[str, np.ndarray], source: str = "checkpoint") -> None:
         missing = [n for n in self.names if n + "/adam_m" not in arrays or n + "/adam_v" not in arrays]
         if missing:
-            raise ValueError(f"{source}: optimizer slots missing for {missing[:5]} ({len(missing)} in all)")
+            raise CheckpointError(f"{source}: optimizer slots missing for {missing[:5]} ({len(missing)} in all)")
         for name, m, v in zip(self.names, self.m, self.v, strict=True):
             m.assign(arrays[name + "/adam_m"])
             v.assign(arrays[name + "/adam_v"])
