@@ -215,6 +215,9 @@ def test_user_errors_are_one_clear_message(data, tmp_path):
     shutil.copytree(data, task)
     manifest = json.loads((task / "manifest.json").read_text())
     manifest["kind"] = "task"
+    manifest["task"] = {"kind": "tsv", "type": "classification"}
+    for name in ("masked_lm_positions", "masked_lm_ids", "masked_lm_weights", "next_sentence_labels"):
+        del manifest["features"][name]  # what a task dataset lacks
     (task / "manifest.json").write_text(json.dumps(manifest))
     code, out = cli(*base, "--data", task, "--out", tmp_path / "d")
     assert code == 1 and "a 'task' dataset, not a pre-training dataset" in out
