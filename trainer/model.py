@@ -82,7 +82,8 @@ class LayerNorm(keras.layers.Layer):
         return tf.cast(y, dtype)
 
 
-def dense(config: BertConfig, seed: int, key: str, units: int, in_dim: int, dtype=None) -> keras.layers.Dense:
+def dense(config: BertConfig, seed: int, key: str, units: int, in_dim: int,
+          dtype: str | None = None) -> keras.layers.Dense:
     """A plain `[in, out]` Dense; `key` (its TF1 name) seeds its initial kernel."""
     layer = keras.layers.Dense(
         units, kernel_initializer=truncated_normal(config, seed, key), bias_initializer="zeros",
@@ -111,7 +112,7 @@ class Embeddings(keras.layers.Layer):
         self.layer_norm = LayerNorm(h, name="LayerNorm", dtype=self.dtype_policy)
         self.built = True
 
-    def call(self, input_ids, segment_ids, dropout_seed=None):
+    def call(self, input_ids: tf.Tensor, segment_ids: tf.Tensor, dropout_seed: tf.Tensor | None = None) -> tf.Tensor:
         seq_len = tf.shape(input_ids)[1]
         # Same summation order as the original: word, then token type, then position.
         x = tf.gather(self.word_embeddings, input_ids)
@@ -142,7 +143,7 @@ class EncoderLayer(keras.layers.Layer):
         self.output_norm = LayerNorm(h, name="output_LayerNorm", dtype=policy)
         self.built = True
 
-    def call(self, x, attention_bias, dropout_seed=None):
+    def call(self, x: tf.Tensor, attention_bias: tf.Tensor, dropout_seed: tf.Tensor | None = None) -> tf.Tensor:
         c = self.config
         site = 1 + 3 * self.index
         batch, seq_len = tf.shape(x)[0], tf.shape(x)[1]
@@ -168,7 +169,7 @@ class EncoderLayer(keras.layers.Layer):
 class BertPretrainer(keras.Model):
     """BERT encoder with the pooler, the masked-LM head and the next-sentence head."""
 
-    def __init__(self, config: BertConfig, seed: int = 12345, dtype=None, **kwargs):
+    def __init__(self, config: BertConfig, seed: int = 12345, dtype: str | None = None, **kwargs) -> None:
         super().__init__(name=kwargs.pop("name", "bert"), dtype=dtype, **kwargs)
         c, h = config, config.hidden_size
         self.config = c
@@ -188,7 +189,8 @@ class BertPretrainer(keras.Model):
         self.nsp_output_bias = self.add_weight(name="nsp_output_bias", shape=(2,), initializer="zeros")
         self.built = True
 
-    def call(self, inputs, training=False, dropout_seed=None):
+    def call(self, inputs: dict[str, tf.Tensor], training: bool = False,
+             dropout_seed: tf.Tensor | None = None) -> dict[str, tf.Tensor]:
         if training and dropout_seed is None and (
             self.config.hidden_dropout_prob > 0 or self.config.attention_probs_dropout_prob > 0
         ):
@@ -214,7 +216,7 @@ class BertPretrainer(keras.Model):
             out["mlm_logits"] = self.masked_lm_logits(x, inputs["masked_lm_positions"])
         return out
 
-    def masked_lm_logits(self, sequence_output, positions):
+    def masked_lm_logits(self, sequence_output: tf.Tensor, positions: tf.Tensor) -> tf.Tensor:
         positions = tf.cast(positions, tf.int32)
         picked = tf.gather(sequence_output, positions, batch_dims=1)  # [B,P,H]
         h = self.mlm_norm(gelu(self.mlm_transform(picked)))

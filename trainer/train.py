@@ -170,7 +170,7 @@ class Run:
 
     # -- loop
 
-    def next_batch(self):
+    def next_batch(self) -> dict[str, tf.Tensor]:
         try:
             batch = next(self.iterator)
         except _TF_DATA_ERRORS as exc:
