@@ -41,13 +41,16 @@ class Trainer:
         self.proc = subprocess.Popen(command(data, out), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                      text=True, env=env, cwd=out.parent)
         self.lines: list[str] = []
-        self.stderr = ""
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
+        self.errors: list[str] = []
+        self._readers = [threading.Thread(target=self._read, args=(stream, into), daemon=True)
+                         for stream, into in ((self.proc.stdout, self.lines), (self.proc.stderr, self.errors))]
+        for reader in self._readers:
+            reader.start()
 
-    def _read(self) -> None:
-        for line in self.proc.stdout:
-            self.lines.append(line)
+    @staticmethod
+    def _read(stream, into: list[str]) -> None:
+        for line in stream:
+            into.append(line)
 
     def wait_for(self, prefix: str, timeout: float = 120) -> None:
         deadline = time.monotonic() + timeout
@@ -57,9 +60,14 @@ class Trainer:
             time.sleep(0.01)
 
     def finish(self, timeout: float = 120) -> int:
-        self.stderr = self.proc.communicate(timeout=timeout)[1]
-        self._reader.join(timeout=5)
+        self.proc.wait(timeout=timeout)
+        for reader in self._readers:
+            reader.join(timeout=10)
         return self.proc.returncode
+
+    @property
+    def stderr(self) -> str:
+        return "".join(self.errors)
 
     def stdout(self) -> str:
         return "".join(self.lines)

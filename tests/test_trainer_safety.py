@@ -338,3 +338,11 @@ def test_export_replaces_only_an_earlier_export_of_ours(tmp_path):
     export_hf(ours, arrays, TINY, VOCAB, overwrite=True)
     assert (ours / "config.json").is_file() and not (ours / "bert_config.json").exists()
     assert not [p for p in tmp_path.iterdir() if p.name.startswith((".tmp-", ".old-"))]
+    # Killed mid-swap: the earlier export was set aside and a temp dir left; the next export puts the
+    # earlier one back (so --overwrite is still needed) and removes the temp dir.
+    os.replace(ours, tmp_path / f".old-{'a' * 32}-ours")
+    (tmp_path / f".tmp-{'b' * 32}-ours").mkdir()
+    with pytest.raises(CheckpointFormatError, match="not empty"):
+        export_tf1(ours, arrays, TINY, VOCAB)
+    assert (ours / "config.json").is_file()
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith((".tmp-", ".old-"))]

@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 import uuid
 from collections.abc import Mapping
@@ -155,8 +156,24 @@ def check_export_target(out: Path, overwrite: bool) -> None:
         raise CheckpointFormatError(f"{out}: not an earlier export ({shown}); refusing to replace it")
 
 
+def _recover_interrupted(out: Path) -> None:
+    """Undo what a killed export of `out` left beside it (only names with our marks): a temp dir is
+    removed; an earlier export set aside for a swap that never happened is put back."""
+    if not out.parent.is_dir():
+        return
+    marked = re.compile(rf"^({re.escape(_TMP_PREFIX)}|{re.escape(_OLD_PREFIX)})[0-9a-f]{{32}}-{re.escape(out.name)}$")
+    for sibling in sorted(out.parent.iterdir()):
+        if not (marked.match(sibling.name) and sibling.is_dir()):
+            continue
+        if sibling.name.startswith(_OLD_PREFIX) and not out.exists():
+            os.replace(sibling, out)
+        else:
+            shutil.rmtree(sibling, ignore_errors=True)
+
+
 def _atomic_dir(out: str | os.PathLike, overwrite: bool) -> tuple[Path, Path]:
     out = Path(out)
+    _recover_interrupted(out)
     check_export_target(out, overwrite)
     try:
         out.parent.mkdir(parents=True, exist_ok=True)

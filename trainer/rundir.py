@@ -102,8 +102,7 @@ def check_same_dataset(recorded: dict, data: str, identity: dict, where: str) ->
         return
     before = {(s["split"], s["path"]): s for s in recorded.get("shards", [])}
     now = {(s["split"], s["path"]): s for s in identity["shards"]}
-    changed = sorted(name for key, name in ((k, k[1]) for k in set(before) | set(now))
-                     if before.get(key) != now.get(key))
+    changed = sorted(key[1] for key in set(before) | set(now) if before.get(key) != now.get(key))
     shown = ", ".join(changed[:5]) + (" ..." if len(changed) > 5 else "")
     raise TrainingError(
         f"--data {data}: not the dataset this run was started on: the run's dataset "
