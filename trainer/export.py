@@ -14,7 +14,7 @@ import os
 import re
 import shutil
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -130,12 +130,14 @@ def export_run(cfg: ExportConfig) -> tuple[Path, Path]:
 # --- whole exports (atomic: written into a temporary sibling, renamed into place last) -------------
 
 
-def _is_export_file(name: str) -> bool:
-    return name in _TF1_EXPORT_FILES or name in _HF_EXPORT_FILES or name.startswith(_TF1_EXPORT_PREFIX)
+def _is_export_file(name: str, own_files: Collection[str]) -> bool:
+    return (name in _TF1_EXPORT_FILES or name in _HF_EXPORT_FILES or name in own_files
+            or name.startswith(_TF1_EXPORT_PREFIX))
 
 
-def check_export_target(out: Path, overwrite: bool) -> None:
-    """Refuse an `--out` the export may not replace (raises CheckpointFormatError naming it)."""
+def check_export_target(out: Path, overwrite: bool, own_files: Collection[str] = ()) -> None:
+    """Refuse an `--out` the export may not replace (raises CheckpointFormatError naming it);
+    `own_files` names what an export of another kind writes besides the model files."""
     if out.exists() and not out.is_dir():
         raise CheckpointFormatError(f"{out}: exists and is not a directory")
     if not out.is_dir():
@@ -150,7 +152,7 @@ def check_export_target(out: Path, overwrite: bool) -> None:
         raise CheckpointFormatError(f"{out}: output directory exists and is not empty (pass --overwrite)")
     # --overwrite replaces an earlier export, never an arbitrary directory: every entry must be a
     # file that an export writes, and it must hold a config (a partial copy is not ours either).
-    foreign = sorted(name for name in entries if not (_is_export_file(name) and (out / name).is_file()))
+    foreign = sorted(name for name in entries if not (_is_export_file(name, own_files) and (out / name).is_file()))
     if foreign or not any(name in ("bert_config.json", "config.json") for name in entries):
         shown = ", ".join(foreign[:5]) or "no bert_config.json or config.json"
         raise CheckpointFormatError(f"{out}: not an earlier export ({shown}); refusing to replace it")
@@ -171,10 +173,10 @@ def _recover_interrupted(out: Path) -> None:
             shutil.rmtree(sibling, ignore_errors=True)
 
 
-def _atomic_dir(out: str | os.PathLike, overwrite: bool) -> tuple[Path, Path]:
+def _atomic_dir(out: str | os.PathLike, overwrite: bool, own_files: Collection[str]) -> tuple[Path, Path]:
     out = Path(out)
     _recover_interrupted(out)
-    check_export_target(out, overwrite)
+    check_export_target(out, overwrite, own_files)
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
         tmp = out.parent / f"{_TMP_PREFIX}{uuid.uuid4().hex}-{out.name}"
@@ -202,8 +204,11 @@ def _fsync_tree(directory: Path) -> None:
             os.fsync(f.fileno())
 
 
-def _write_export(out: str | os.PathLike, overwrite: bool, write) -> Path:
-    out, tmp = _atomic_dir(out, overwrite)
+def write_export_dir(out: str | os.PathLike, overwrite: bool, write: Callable[[Path], None],
+                     own_files: Collection[str] = ()) -> Path:
+    """The one way an export directory is written: `write(tmp)` fills a temp sibling of `out`, which
+    is renamed into place when complete (see the module docstring for what may be replaced)."""
+    out, tmp = _atomic_dir(out, overwrite, own_files)
     try:
         write(tmp)
         _publish(tmp, out)
@@ -226,7 +231,7 @@ def export_tf1(out: str | os.PathLike, arrays: Mapping[str, np.ndarray], bert_co
         if vocab is not None:
             (tmp / "vocab.txt").write_bytes(vocab)
 
-    return _write_export(out, overwrite, write)
+    return write_export_dir(out, overwrite, write)
 
 
 def export_hf(out: str | os.PathLike, arrays: Mapping[str, np.ndarray], bert_config: Mapping,
@@ -250,4 +255,4 @@ def export_hf(out: str | os.PathLike, arrays: Mapping[str, np.ndarray], bert_con
         if vocab is not None:
             write_hf_tokenizer(tmp, vocab, do_lower_case, int(bert_config["max_position_embeddings"]))
 
-    return _write_export(out, overwrite, write)
+    return write_export_dir(out, overwrite, write)
