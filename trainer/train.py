@@ -22,6 +22,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from types import FrameType
 
 import numpy as np
 import tensorflow as tf
@@ -64,24 +65,24 @@ def load_bert_config_for(cfg: TrainConfig, info: DatasetInfo) -> BertConfig:
 @contextlib.contextmanager
 def _interrupts_between_steps() -> Iterator[Callable[[], bool]]:
     """Hold a first SIGINT until the current step is done (the loop then saves a consistent checkpoint
-    and raises KeyboardInterrupt); a second SIGINT interrupts at once. Only where Python's default
-    handler is in place (the main thread of a plain process)."""
+    and raises KeyboardInterrupt); a second SIGINT goes to the handler that was there before, at once.
+    Only in the main thread, and only where SIGINT has a Python handler (not ignored)."""
     pending: list[int] = []
-    if (threading.current_thread() is not threading.main_thread()
-            or signal.getsignal(signal.SIGINT) is not signal.default_int_handler):
+    previous = signal.getsignal(signal.SIGINT)
+    if threading.current_thread() is not threading.main_thread() or not callable(previous):
         yield lambda: False
         return
 
-    def hold(signum, frame):
+    def hold(signum: int, frame: FrameType | None) -> None:
         if pending:
-            raise KeyboardInterrupt
+            previous(signum, frame)
         pending.append(signum)
 
     signal.signal(signal.SIGINT, hold)
     try:
         yield lambda: bool(pending)
     finally:
-        signal.signal(signal.SIGINT, signal.default_int_handler)
+        signal.signal(signal.SIGINT, previous)
 
 
 class Run:
