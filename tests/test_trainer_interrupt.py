@@ -74,10 +74,8 @@ class Trainer:
 
 
 def interrupted_exit(code: int, stderr: str) -> bool:
-    """One line, no traceback: "interrupted", exit 130 (click's own "Aborted!", exit 1, before the
-    shared CLI wrapper)."""
-    return "Traceback" not in stderr and ((code == 130 and "interrupted" in stderr)
-                                          or (code == 1 and "Aborted!" in stderr))
+    """The CLI's answer to SIGINT: "interrupted", exit 130, no traceback."""
+    return code == 130 and "interrupted" in stderr and "Traceback" not in stderr
 
 
 def steps_of(run: Path) -> list[int]:
