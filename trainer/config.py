@@ -29,12 +29,17 @@ MODEL_SIZES: dict[str, tuple[int, int, int, int]] = {
 }
 
 
+# "gelu": exact erf GELU; "gelu_new": the tanh approximation (Hugging Face's names).
+HIDDEN_ACTS = ("gelu", "gelu_new")
+
+
 @dataclass
 class BertConfig:
     """The original `BertConfig` fields, with the original defaults.
 
-    `hidden_act="gelu"` means the tanh approximation, as in the original code (its `gelu` was the
-    tanh form); it is the only activation this trainer implements.
+    `hidden_act` uses Hugging Face's names: `"gelu_new"` is the tanh approximation the original
+    code trained with (its own `gelu` function was the tanh form), the default here; `"gelu"` is the
+    exact erf GELU that Hugging Face BERT models (e.g. all-MiniLM-L6-v2) use.
     """
 
     vocab_size: int
@@ -42,7 +47,7 @@ class BertConfig:
     num_hidden_layers: int = 12
     num_attention_heads: int = 12
     intermediate_size: int = 3072
-    hidden_act: str = "gelu"
+    hidden_act: str = "gelu_new"
     hidden_dropout_prob: float = 0.1
     attention_probs_dropout_prob: float = 0.1
     max_position_embeddings: int = 512
@@ -63,9 +68,9 @@ class BertConfig:
                 f"hidden_size {self.hidden_size} is not a multiple of num_attention_heads "
                 f"{self.num_attention_heads}"
             )
-        # "gelu_new" is the Hugging Face name of the same tanh approximation.
-        if self.hidden_act not in ("gelu", "gelu_new"):
-            raise ConfigError(f"hidden_act {self.hidden_act!r} is not supported (only the tanh 'gelu')")
+        if self.hidden_act not in HIDDEN_ACTS:
+            raise ConfigError(f"hidden_act {self.hidden_act!r} is not supported (choose one of "
+                              f"{', '.join(HIDDEN_ACTS)})")
         for name in ("hidden_dropout_prob", "attention_probs_dropout_prob"):
             value = getattr(self, name)
             if not 0.0 <= float(value) < 1.0:

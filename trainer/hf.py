@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import warnings
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -103,20 +102,23 @@ def hf_to_tf1(state: Mapping[str, np.ndarray], expected: Mapping[str, tuple[int,
 _BERT_CONFIG_KEYS = ("attention_probs_dropout_prob", "hidden_act", "hidden_dropout_prob", "hidden_size",
                      "initializer_range", "intermediate_size", "max_position_embeddings",
                      "num_attention_heads", "num_hidden_layers", "type_vocab_size", "vocab_size")
-# The original `gelu` is the tanh approximation; Hugging Face calls that `gelu_new`.
+# Hugging Face's names of the tanh approximation (the original BERT's activation); "gelu" is erf.
 _TANH_GELU_NAMES = ("gelu_new", "gelu_pytorch_tanh", "gelu_fast")
 
 
 def hf_config_from_bert_config(bert_config: Mapping, pad_token_id: int = 0) -> dict:
-    """`config.json` for `BertForPreTraining` from an original `bert_config.json` dict."""
-    act = bert_config.get("hidden_act", "gelu")
-    if act != "gelu":
-        raise CheckpointFormatError(f"hidden_act {act!r}: only the original (tanh) gelu is supported")
+    """`config.json` for `BertForPreTraining` from an original `bert_config.json` dict.
+
+    `hidden_act` keeps its meaning: "gelu_new" (tanh) and "gelu" (erf) are the same names there.
+    """
+    act = bert_config.get("hidden_act", "gelu_new")
+    if act not in ("gelu", "gelu_new"):
+        raise CheckpointFormatError(f"hidden_act {act!r}: only 'gelu' (erf) and 'gelu_new' (tanh) are supported")
     config = {k: bert_config[k] for k in _BERT_CONFIG_KEYS if k in bert_config}
     config.update({
         "architectures": ["BertForPreTraining"],
         "model_type": "bert",
-        "hidden_act": "gelu_new",
+        "hidden_act": act,
         "layer_norm_eps": 1e-12,
         "pad_token_id": int(pad_token_id),
         "position_embedding_type": "absolute",
@@ -129,8 +131,7 @@ def hf_config_from_bert_config(bert_config: Mapping, pad_token_id: int = 0) -> d
 def bert_config_from_hf_config(hf_config: Mapping, source: str) -> dict:
     """An original `bert_config.json` dict from a Hugging Face BERT `config.json`.
 
-    Hugging Face's own copies of Google's checkpoints say `"gelu"` (erf) although the weights were
-    trained with the tanh form; we accept that with a warning rather than refuse Google's models.
+    The activation is kept: "gelu" is the exact erf GELU, the tanh names become "gelu_new".
     """
     problems = []
     if hf_config.get("model_type", "bert") != "bert":
@@ -141,10 +142,7 @@ def bert_config_from_hf_config(hf_config: Mapping, source: str) -> dict:
     if eps != 1e-12:
         problems.append(f"layer_norm_eps {eps} is not 1e-12")
     act = hf_config.get("hidden_act", "gelu")
-    if act == "gelu":
-        warnings.warn(f"{source}: hidden_act 'gelu' (erf) is loaded into the original tanh-GELU model; "
-                      "outputs differ slightly from Hugging Face's", stacklevel=2)
-    elif act not in _TANH_GELU_NAMES:
+    if act != "gelu" and act not in _TANH_GELU_NAMES:
         problems.append(f"hidden_act {act!r} is not a GELU")
     if hf_config.get("tie_word_embeddings") is False:
         problems.append("tie_word_embeddings is false; the model ties the MLM decoder to the embeddings")
@@ -154,7 +152,7 @@ def bert_config_from_hf_config(hf_config: Mapping, source: str) -> dict:
     if problems:
         raise CheckpointFormatError(f"{source}: not a BERT config this model can load: " + "; ".join(problems))
     config = {k: hf_config[k] for k in _BERT_CONFIG_KEYS if k != "hidden_act"}
-    config["hidden_act"] = "gelu"
+    config["hidden_act"] = "gelu" if act == "gelu" else "gelu_new"
     return dict(sorted(config.items()))
 
 

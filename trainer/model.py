@@ -1,7 +1,8 @@
 """BERT for pre-training (MLM + NSP), Keras 3 on TensorFlow, numerics of the original.
 
 Everything RECIPE.md section 6 fixes is written out here rather than taken from Keras defaults,
-because the defaults differ: GELU is the tanh approximation, LayerNorm uses epsilon 1e-12, weights
+because the defaults differ: GELU is the tanh approximation (`hidden_act="gelu_new"`, the default;
+`"gelu"` selects the exact erf form of Hugging Face models), LayerNorm uses epsilon 1e-12, weights
 start truncated-normal (stddev `initializer_range`, cut at 2 stddev), biases at zero, layers are
 post-LayerNorm, padding gets an additive -10000 in the attention scores.
 
@@ -42,9 +43,17 @@ ATTENTION_MASK_VALUE = -10000.0
 
 
 def gelu(x: tf.Tensor) -> tf.Tensor:
-    """The tanh approximation of GELU used by the original BERT."""
+    """The tanh approximation of GELU used by the original BERT (`hidden_act="gelu_new"`)."""
     cdf = 0.5 * (1.0 + tf.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * tf.pow(x, 3))))
     return x * cdf
+
+
+def gelu_exact(x: tf.Tensor) -> tf.Tensor:
+    """The exact GELU, x * Phi(x) with erf (`hidden_act="gelu"`, Hugging Face's default)."""
+    return 0.5 * x * (1.0 + tf.math.erf(x * (1.0 / math.sqrt(2.0))))
+
+
+ACTIVATIONS = {"gelu_new": gelu, "gelu": gelu_exact}
 
 
 def dropout(x: tf.Tensor, rate: float, seed: tf.Tensor | None, site: int) -> tf.Tensor:
@@ -131,6 +140,7 @@ class EncoderLayer(keras.layers.Layer):
         c, h = config, config.hidden_size
         self.config = c
         self.index = index
+        self.activation = ACTIVATIONS[c.hidden_act]
         p = f"bert/encoder/layer_{index}/"
         policy = self.dtype_policy
         self.query = dense(c, seed, p + "attention/self/query", h, h, policy)
@@ -161,15 +171,20 @@ class EncoderLayer(keras.layers.Layer):
 
         attended = dropout(self.attention_output(context), c.hidden_dropout_prob, dropout_seed, site + 1)
         x = self.attention_norm(attended + x)
-        ffn = self.output_dense(gelu(self.intermediate(x)))
+        ffn = self.output_dense(self.activation(self.intermediate(x)))
         ffn = dropout(ffn, c.hidden_dropout_prob, dropout_seed, site + 2)
         return self.output_norm(ffn + x)
 
 
 class BertPretrainer(keras.Model):
-    """BERT encoder with the pooler, the masked-LM head and the next-sentence head."""
+    """BERT encoder with the pooler, the masked-LM head and the next-sentence head.
 
-    def __init__(self, config: BertConfig, seed: int = 12345, dtype: str | None = None, **kwargs) -> None:
+    With `pretraining_heads=False` only the encoder and pooler exist (the backbone a fine-tuning
+    task head sits on, `trainer.heads`); the outputs then lack mlm/nsp logits.
+    """
+
+    def __init__(self, config: BertConfig, seed: int = 12345, dtype: str | None = None,
+                 pretraining_heads: bool = True, **kwargs) -> None:
         super().__init__(name=kwargs.pop("name", "bert"), dtype=dtype, **kwargs)
         c, h = config, config.hidden_size
         self.config = c
@@ -179,6 +194,10 @@ class BertPretrainer(keras.Model):
         self.encoder_layers = [EncoderLayer(c, seed, i, name=f"layer_{i}", dtype=policy)
                                for i in range(c.num_hidden_layers)]
         self.pooler = dense(c, seed, "bert/pooler/dense", h, h, policy)
+        self.pretraining_heads = pretraining_heads
+        if not pretraining_heads:
+            self.built = True
+            return
         self.mlm_transform = dense(c, seed, "cls/predictions/transform/dense", h, h, policy)
         self.mlm_norm = LayerNorm(h, name="cls_predictions_LayerNorm", dtype=policy)
         self.mlm_output_bias = self.add_weight(name="mlm_output_bias", shape=(c.vocab_size,),
@@ -208,6 +227,8 @@ class BertPretrainer(keras.Model):
         pooled = tf.tanh(self.pooler(x[:, 0, :]))
 
         out = {"sequence_output": x, "pooled_output": pooled}
+        if not self.pretraining_heads:
+            return out
         # Logits leave the model in float32 whatever the compute dtype (losses need the range).
         out["nsp_logits"] = tf.cast(
             tf.matmul(pooled, self.nsp_output_weights, transpose_b=True) + self.nsp_output_bias, tf.float32
@@ -219,7 +240,7 @@ class BertPretrainer(keras.Model):
     def masked_lm_logits(self, sequence_output: tf.Tensor, positions: tf.Tensor) -> tf.Tensor:
         positions = tf.cast(positions, tf.int32)
         picked = tf.gather(sequence_output, positions, batch_dims=1)  # [B,P,H]
-        h = self.mlm_norm(gelu(self.mlm_transform(picked)))
+        h = self.mlm_norm(ACTIVATIONS[self.config.hidden_act](self.mlm_transform(picked)))
         # Tied output matrix: the word embeddings, transposed. Flattened to 2-D first: a [B,P,H] x
         # [V,H] matmul would broadcast the matrix over B and build a [B,V,H] gradient.
         flat = tf.reshape(h, [-1, self.config.hidden_size])
@@ -228,9 +249,10 @@ class BertPretrainer(keras.Model):
         return tf.cast(logits, tf.float32)
 
 
-def build_model(config: BertConfig, seed: int = 12345, dtype: str | None = None) -> BertPretrainer:
+def build_model(config: BertConfig, seed: int = 12345, dtype: str | None = None,
+                pretraining_heads: bool = True) -> BertPretrainer:
     """A fully built model (all weights created and initialised from `seed`)."""
-    return BertPretrainer(config, seed=seed, dtype=dtype)
+    return BertPretrainer(config, seed=seed, dtype=dtype, pretraining_heads=pretraining_heads)
 
 
 def tf1_variable_map(model: BertPretrainer) -> dict[str, keras.Variable]:
@@ -256,11 +278,12 @@ def tf1_variable_map(model: BertPretrainer) -> dict[str, keras.Variable]:
         _put_dense(m, p + "output/dense", layer.output_dense)
         _put_norm(m, p + "output/LayerNorm", layer.output_norm)
     _put_dense(m, "bert/pooler/dense", model.pooler)
-    _put_dense(m, "cls/predictions/transform/dense", model.mlm_transform)
-    _put_norm(m, "cls/predictions/transform/LayerNorm", model.mlm_norm)
-    m["cls/predictions/output_bias"] = model.mlm_output_bias
-    m["cls/seq_relationship/output_weights"] = model.nsp_output_weights
-    m["cls/seq_relationship/output_bias"] = model.nsp_output_bias
+    if model.pretraining_heads:
+        _put_dense(m, "cls/predictions/transform/dense", model.mlm_transform)
+        _put_norm(m, "cls/predictions/transform/LayerNorm", model.mlm_norm)
+        m["cls/predictions/output_bias"] = model.mlm_output_bias
+        m["cls/seq_relationship/output_weights"] = model.nsp_output_weights
+        m["cls/seq_relationship/output_bias"] = model.nsp_output_bias
 
     mapped = {id(v) for v in m.values()}
     missing = [v.path for v in model.weights if id(v) not in mapped]
