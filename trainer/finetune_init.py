@@ -1,0 +1,88 @@
+"""Where a fine-tuning run's encoder weights come from.
+
+- `--init-from RUN`: a pre-training run of ours (or one of its checkpoint directories);
+- `--init-checkpoint PATH`: an original TF1 checkpoint (prefix or directory), a Hugging Face
+  `BertForPreTraining` directory, or a Hugging Face `BertModel` directory whose weight names have no
+  `bert.` prefix (e.g. all-MiniLM-L6-v2).
+
+Only the encoder (`bert/...` names) is taken; pre-training heads in the checkpoint are dropped and
+the task head keeps its seeded initial values. Every missing or mis-shaped encoder weight is
+reported in one error.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from trainer import checkpoint as ckpt_lib
+from trainer.config import BertConfig
+from trainer.heads import FineTuneModel, encoder_variable_map
+
+
+def encoder_shapes(model: FineTuneModel) -> dict[str, tuple[int, ...]]:
+    return {name: tuple(int(d) for d in var.shape) for name, var in encoder_variable_map(model).items()}
+
+
+def with_bert_prefix(state: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """A `BertModel` state dict (names without `bert.`) renamed like `BertForPreTraining`'s."""
+    if any(key.startswith("bert.") for key in state):
+        return state
+    return {f"bert.{key}": value for key, value in state.items()}
+
+
+def read_encoder_arrays(path: str, expected: dict[str, tuple[int, ...]]) -> tuple[dict[str, np.ndarray], str]:
+    """TF1-named encoder arrays from a TF1 checkpoint or a Hugging Face directory; (arrays, summary)."""
+    from trainer import convert
+
+    if convert.checkpoint_format(path) == "hf":
+        arrays, report = convert.hf_to_tf1(with_bert_prefix(convert.read_hf_state(path)), expected, str(path))
+    else:
+        arrays, report = convert.read_tf1_checkpoint(path, expected)
+    dropped = [n for n in report.unexpected if n.startswith(("cls", "cls.", "cls/"))]
+    others = [n for n in report.unexpected if n not in dropped]
+    summary = f"loaded {report.loaded} encoder weights from {report.format} checkpoint {report.source}"
+    if dropped:
+        summary += f"; dropped {len(dropped)} pre-training head weights"
+    if others:
+        summary += f"; {len(others)} unused variables: " + ", ".join(others[:8]) + (" ..." if len(others) > 8 else "")
+    return arrays, summary
+
+
+def init_checkpoint_config(path: str, bert_config_file: str | None = None) -> BertConfig:
+    """The model an `--init-checkpoint` describes (its config.json / bert_config.json, or the file given)."""
+    from trainer import convert
+
+    return BertConfig.from_dict(convert.init_checkpoint_config(path, bert_config_file))
+
+
+def init_from_run_config(path: str) -> BertConfig:
+    ckpt = ckpt_lib.resolve_checkpoint(path)
+    return BertConfig.from_dict(ckpt_lib.load_state(ckpt)["bert_config"])
+
+
+def initialise_encoder(model: FineTuneModel, init_from: str | None, init_checkpoint: str | None) -> str:
+    """Assign the encoder weights; returns a one-line description of what was loaded."""
+    variables = encoder_variable_map(model)
+    if init_from:
+        ckpt = ckpt_lib.resolve_checkpoint(init_from)
+        arrays = ckpt_lib.load_arrays(ckpt, ckpt_lib.MODEL_FILE)
+        ckpt_lib.assign_named_weights(variables, arrays, str(ckpt / ckpt_lib.MODEL_FILE))
+        return f"encoder initialised from {ckpt}"
+    if init_checkpoint:
+        arrays, summary = read_encoder_arrays(init_checkpoint, encoder_shapes(model))
+        for name, var in variables.items():
+            var.assign(np.asarray(arrays[name], dtype=np.float32))
+        return summary
+    raise ValueError("fine-tuning needs --init-from or --init-checkpoint")
+
+
+def checkpoint_vocab(init_from: str | None, init_checkpoint: str | None) -> Path | None:
+    """The vocab.txt that came with the init checkpoint, when there is one beside it."""
+    if init_checkpoint:
+        p = Path(init_checkpoint)
+        for candidate in (p / "vocab.txt", p.parent / "vocab.txt"):
+            if candidate.is_file():
+                return candidate
+    return None
