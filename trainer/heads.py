@@ -123,6 +123,15 @@ def finetune_variable_map(model: FineTuneModel) -> dict[str, keras.Variable]:
     return names
 
 
+def trained_variable_map(model: FineTuneModel) -> dict[str, keras.Variable]:
+    """The weights the task's loss reaches. Span and tagging heads never see the pooler: like the
+    original (whose optimizer skips variables without a gradient) it is neither updated nor decayed."""
+    names = finetune_variable_map(model)
+    if model.task_type in ("span", "tagging"):
+        names = {n: v for n, v in names.items() if not n.startswith("bert/pooler/")}
+    return names
+
+
 def encoder_variable_map(model: FineTuneModel) -> dict[str, keras.Variable]:
     return dict(tf1_variable_map(model.encoder))
 

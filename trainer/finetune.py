@@ -1,0 +1,476 @@
+"""`bert-train finetune`: one fine-tuning run (or one sub-run per seed) on a task dataset.
+
+Like pre-training (trainer/train.py) and with the same optimizer, clipping and schedule: one
+optimizer step = one global batch, split over replicas and `accumulation_steps` micro-batches,
+each part's loss divided by the WHOLE batch's denominator (examples; labelled positions for
+tagging) so the summed gradient is the whole batch's. Dropout masks are a pure function of
+(seed, step, micro-step, replica) and batch b of epoch e a pure function of (seed, e): with op
+determinism the same data + init + config + seed give bitwise-identical weights and metrics on CPU,
+and a run resumed from any checkpoint ends bitwise identical to the uninterrupted one.
+
+RUN/ holds finetune_config.json, bert_config.json, task.json, ckpt-NNNNNNNN/ (the last ones;
+weights under TF1 names incl. the head's), tensorboard/{train,eval}, final_metrics.json (metric
+history per epoch, the best epoch named; the LAST checkpoint is the model) and eval/ (the last
+epoch's prediction files). `--seeds` writes RUN/seed-N/ per seed and RUN/summary.json.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
+import tensorflow as tf
+
+from trainer import checkpoint as ckpt_lib
+from trainer.config import PRECISIONS, STRATEGIES, BertConfig, ConfigError
+from trainer.data import DataError
+from trainer.finetune_init import init_checkpoint_config, init_from_run_config, initialise_encoder
+from trainer.heads import (
+    IGNORE_LABEL,
+    build_finetune_model,
+    finetune_variable_map,
+    task_sums,
+    trained_variable_map,
+)
+from trainer.optimizer import AdamWeightDecay, DynamicLossScale, clip_by_global_norm, learning_rate
+from trainer.task_data import TaskDataset, open_task_dataset, train_batches
+from trainer.task_eval import evaluate_split, primary_metric, write_outputs
+from trainer.train import TrainingError, dtype_policy, enable_determinism, make_strategy, write_scalar
+
+SUM = tf.distribute.ReduceOp.SUM
+CONFIG_FILE = "finetune_config.json"
+TASK_FILE = "task.json"
+BERT_CONFIG_FILE = "bert_config.json"
+
+# RECIPE.md section 10: run_classifier.py and run_squad.py defaults (tagging follows the classifier).
+TASK_DEFAULTS: dict[str, dict[str, float]] = {
+    "classification": {"learning_rate": 5e-5, "epochs": 3, "batch_size": 32},
+    "regression": {"learning_rate": 5e-5, "epochs": 3, "batch_size": 32},
+    "tagging": {"learning_rate": 5e-5, "epochs": 3, "batch_size": 32},
+    "span": {"learning_rate": 3e-5, "epochs": 2, "batch_size": 12},
+}
+
+
+@dataclass
+class FinetuneConfig:
+    """One fine-tuning run. Serialized into RUN/finetune_config.json."""
+
+    data: str
+    out: str
+    init_from: str | None = None
+    init_checkpoint: str | None = None
+    bert_config: dict[str, Any] | None = None
+    epochs: float = 3
+    learning_rate: float = 5e-5
+    batch_size: int = 32
+    warmup_proportion: float = 0.1
+    seed: int = 12345
+    max_steps: int | None = None
+    train_split: str = "train"
+    eval_split: str | None = "dev"
+    weight_decay: float = 0.01
+    clip_norm: float = 1.0
+    accumulation_steps: int = 1
+    checkpoint_every: int = 0  # 0: at the end of each epoch only
+    keep_checkpoints: int = 1
+    log_every: int = 50
+    eval_batch_size: int = 64
+    null_score_diff_threshold: float = 0.0
+    strategy: str = "auto"
+    precision: str = "float32"
+    jit: bool = False
+    tpu: str | None = None
+
+    RESUMABLE_CHANGES: ClassVar[frozenset[str]] = frozenset({
+        "out", "checkpoint_every", "keep_checkpoints", "log_every", "eval_batch_size", "strategy", "jit", "tpu"})
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        if (self.init_from is None) == (self.init_checkpoint is None):
+            raise ConfigError("pass exactly one of --init-from and --init-checkpoint")
+        for name in ("batch_size", "accumulation_steps", "keep_checkpoints", "log_every", "eval_batch_size"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise ConfigError(f"--{name.replace('_', '-')} must be a positive integer, got {value!r}")
+        if self.batch_size % self.accumulation_steps:
+            raise ConfigError(f"--batch-size {self.batch_size} is not a multiple of --accumulation-steps "
+                              f"{self.accumulation_steps}")
+        if self.max_steps is not None and self.max_steps <= 0:
+            raise ConfigError(f"--max-steps must be positive, got {self.max_steps}")
+        if not (math.isfinite(self.epochs) and self.epochs > 0):
+            raise ConfigError(f"--epochs must be a positive number, got {self.epochs}")
+        if not (math.isfinite(self.learning_rate) and self.learning_rate > 0):
+            raise ConfigError(f"--learning-rate must be a positive number, got {self.learning_rate}")
+        if not (math.isfinite(self.warmup_proportion) and 0 <= self.warmup_proportion < 1):
+            raise ConfigError(f"--warmup-proportion must be in [0, 1), got {self.warmup_proportion}")
+        if not math.isfinite(self.null_score_diff_threshold):
+            raise ConfigError("--null-score-diff-threshold must be a finite number")
+        if self.checkpoint_every < 0:
+            raise ConfigError("--checkpoint-every must be >= 0")
+        if self.strategy not in STRATEGIES:
+            raise ConfigError(f"strategy {self.strategy!r} not in {STRATEGIES}")
+        if self.precision not in PRECISIONS:
+            raise ConfigError(f"precision {self.precision!r} not in {PRECISIONS}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n"
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def _check_run_config(run: Path, cfg: FinetuneConfig) -> None:
+    path = run / CONFIG_FILE
+    if not path.is_file():
+        if (run / "train_config.json").is_file():
+            raise TrainingError(f"{run}: a pre-training run; use a new --out for fine-tuning")
+        return
+    previous = json.loads(path.read_text())
+    current = cfg.to_dict()
+    differing = sorted(k for k in set(previous) | set(current)
+                       if k not in FinetuneConfig.RESUMABLE_CHANGES and previous.get(k) != current.get(k))
+    if differing:
+        detail = ", ".join(f"{k}: {previous.get(k)!r} -> {current.get(k)!r}" for k in differing)
+        raise TrainingError(f"{path}: the run was started with other settings ({detail}); "
+                            "use a new --out to start another run")
+
+
+def model_config_for(cfg: FinetuneConfig, bert_config_file: str | None = None) -> BertConfig:
+    if cfg.bert_config is not None:
+        return BertConfig.from_dict(cfg.bert_config)
+    if cfg.init_from:
+        return init_from_run_config(cfg.init_from)
+    return init_checkpoint_config(cfg.init_checkpoint, bert_config_file)
+
+
+def check_data_fits(dataset: TaskDataset, bert: BertConfig, what: str) -> None:
+    problems = []
+    if dataset.vocab_size != bert.vocab_size:
+        problems.append(f"the dataset's vocab has {dataset.vocab_size} tokens but {what} has vocab_size "
+                        f"{bert.vocab_size} (build the task dataset with the checkpoint's vocab.txt)")
+    if dataset.max_seq_length > bert.max_position_embeddings:
+        problems.append(f"sequences of {dataset.max_seq_length} tokens exceed max_position_embeddings "
+                        f"{bert.max_position_embeddings}")
+    if dataset.task_type in ("classification", "tagging") and dataset.num_labels < 2:
+        problems.append(f"a {dataset.task_type} task needs at least 2 labels, the manifest lists {dataset.num_labels}")
+    if problems:
+        raise DataError(f"{dataset.source}: data and model do not fit: " + "; ".join(problems))
+
+
+def make_train_step(model, optimizer: AdamWeightDecay, strategy: tf.distribute.Strategy, cfg: FinetuneConfig,
+                    task_type: str, loss_scale: DynamicLossScale | None) -> Callable:
+    variables = optimizer.variables
+    accum = cfg.accumulation_steps
+    replicas = strategy.num_replicas_in_sync
+    base_seed = tf.constant([cfg.seed & 0x7FFFFFFF, 0xF17E], dtype=tf.int64)
+
+    def micro_grads(batch, denominator, seed, scale):
+        with tf.GradientTape() as tape:
+            out = model(batch, training=True, dropout_seed=seed)
+            sums = task_sums(task_type, out, batch)
+            loss = sums["loss_sum"] / denominator
+            scaled = loss * scale if scale is not None else loss
+        grads = tape.gradient(scaled, [v.value for v in variables])
+        return [tf.convert_to_tensor(g) for g in grads], sums
+
+    micro_grads_fn = tf.function(micro_grads, jit_compile=True) if cfg.jit else micro_grads
+
+    def local_denominator(batch):
+        if task_type == "tagging":
+            return tf.reduce_sum(tf.cast(tf.not_equal(batch["label_ids"], IGNORE_LABEL), tf.float32))
+        return tf.cast(tf.shape(batch["input_ids"])[0], tf.float32)
+
+    def replica_step(batch, lr, step):
+        ctx = tf.distribute.get_replica_context()
+        denominator = tf.maximum(ctx.all_reduce(SUM, local_denominator(batch)), 1.0)
+        scale = loss_scale.scale if loss_scale is not None else None
+        seed = tf.random.experimental.stateless_fold_in(base_seed, step, alg="philox")
+        seed = tf.random.experimental.stateless_fold_in(seed, ctx.replica_id_in_sync_group, alg="philox")
+        micro = tf.shape(batch["input_ids"])[0] // accum
+        grads, totals = None, None
+        for k in range(accum):
+            part = {name: value[k * micro:(k + 1) * micro] for name, value in batch.items()}
+            part_seed = tf.random.experimental.stateless_fold_in(seed, k, alg="philox")
+            g, sums = micro_grads_fn(part, denominator, part_seed, scale)
+            grads = g if grads is None else [a + b for a, b in zip(grads, g, strict=True)]
+            totals = sums if totals is None else {n: totals[n] + sums[n] for n in totals}
+        if replicas > 1:
+            grads = ctx.all_reduce(SUM, grads)
+        if scale is not None:
+            grads = [g / scale for g in grads]
+        finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(g)) for g in grads])
+        clipped, norm = clip_by_global_norm(grads, cfg.clip_norm)
+        optimizer.apply(clipped, lr, ok=finite if loss_scale is not None else None)
+        if loss_scale is not None:
+            loss_scale.update(finite)
+        totals["grad_norm"] = norm / replicas
+        return totals
+
+    def train_step(batch, lr, step):
+        per_replica = strategy.run(replica_step, args=(batch, lr, step))
+        return {k: strategy.reduce(SUM, v, axis=None) for k, v in per_replica.items()}
+
+    return tf.function(train_step)
+
+
+class FinetuneRun:
+    """Everything one fine-tuning run holds; `run()` drives it."""
+
+    def __init__(self, cfg: FinetuneConfig, log: Callable[[str], None] = print, bert_config_file: str | None = None):
+        self.cfg, self.log = cfg, log
+        self.run_dir = Path(cfg.out)
+        _check_run_config(self.run_dir, cfg)
+        enable_determinism(cfg.seed)
+        self.data = open_task_dataset(cfg.data)
+        self.train_split = self.data.split(cfg.train_split)
+        if not self.train_split.labelled or self.train_split.mode != "train":
+            raise DataError(f"{cfg.data}: split {cfg.train_split!r} is not a labelled training split "
+                            f"(labelled={self.train_split.labelled}, mode={self.train_split.mode!r})")
+        self.eval_split = None
+        if cfg.eval_split:
+            self.eval_split = self.data.split(cfg.eval_split)
+            if not self.eval_split.labelled:
+                raise DataError(f"{cfg.data}: split {cfg.eval_split!r} is unlabelled and cannot be evaluated; "
+                                "pass --eval-split with a labelled split (or --eval-split none)")
+        self.bert = model_config_for(cfg, bert_config_file)
+        check_data_fits(self.data, self.bert, cfg.init_from or cfg.init_checkpoint)
+        self.strategy = make_strategy(cfg.strategy, cfg.tpu)
+        replicas = self.strategy.num_replicas_in_sync
+        if cfg.batch_size % (replicas * cfg.accumulation_steps):
+            raise ConfigError(f"batch size {cfg.batch_size} is not a multiple of replicas ({replicas}) x "
+                              f"accumulation steps ({cfg.accumulation_steps})")
+        self.steps_per_epoch = self.train_split.records // cfg.batch_size
+        if self.steps_per_epoch == 0:
+            raise DataError(f"{cfg.data}: split {cfg.train_split!r} has {self.train_split.records} records, "
+                            f"fewer than one batch of {cfg.batch_size}")
+        self.total_steps = max(1, int(cfg.epochs * self.steps_per_epoch))
+        if cfg.max_steps is not None:
+            self.total_steps = min(self.total_steps, cfg.max_steps)
+        self.warmup_steps = int(self.total_steps * cfg.warmup_proportion)
+        with self.strategy.scope():
+            self.model = build_finetune_model(self.bert, self.data.task_type, self.data.num_labels, seed=cfg.seed,
+                                              dtype=dtype_policy(cfg.precision))
+            self.named = finetune_variable_map(self.model)
+            self.optimizer = AdamWeightDecay(trained_variable_map(self.model), weight_decay=cfg.weight_decay)
+            self.loss_scale = DynamicLossScale() if cfg.precision == "mixed_float16" else None
+        self.train_step = make_train_step(self.model, self.optimizer, self.strategy, cfg, self.data.task_type,
+                                          self.loss_scale)
+        self.step = 0
+        self.history: list[dict] = []
+
+    # -- state
+
+    def task_record(self) -> dict:
+        return {"kind": self.data.task_kind, "type": self.data.task_type, "labels": self.data.labels,
+                "max_seq_length": self.data.max_seq_length, "vocab_size": self.data.vocab_size,
+                "do_lower_case": self.data.do_lower_case, "task": self.data.task,
+                "primary_metric": primary_metric(self.data)}
+
+    def restore_or_initialise(self) -> str:
+        ckpt_lib.cleanup_partial(self.run_dir)
+        found = ckpt_lib.list_checkpoints(self.run_dir)
+        if not found:
+            return initialise_encoder(self.model, self.cfg.init_from, self.cfg.init_checkpoint)
+        step, path = found[-1]
+        state = ckpt_lib.load_state(path)
+        saved = state.get("task", {})
+        if saved.get("labels") != self.data.labels or saved.get("type") != self.data.task_type:
+            raise TrainingError(
+                f"{path}: the run's head was fine-tuned for a {saved.get('type')} task with "
+                f"{len(saved.get('labels', []))} labels {saved.get('labels')}, the dataset has a "
+                f"{self.data.task_type} task with {self.data.num_labels} labels {self.data.labels}")
+        ckpt_lib.assign_named_weights(self.named, ckpt_lib.load_arrays(path, ckpt_lib.MODEL_FILE),
+                                      str(path / ckpt_lib.MODEL_FILE))
+        opt = ckpt_lib.load_arrays(path, ckpt_lib.OPTIMIZER_FILE)
+        self.optimizer.load_slot_arrays(opt, str(path / ckpt_lib.OPTIMIZER_FILE))
+        if self.loss_scale is not None:
+            self.loss_scale.load_state(opt)
+        self.step = step
+        self.history = list(state.get("history", []))
+        return f"resumed from {path} (step {step})"
+
+    def save(self) -> Path:
+        model_arrays = {name: var.numpy() for name, var in self.named.items()}
+        opt_arrays = self.optimizer.slot_arrays()
+        opt_arrays["global_step"] = np.asarray(self.step, dtype=np.int64)
+        if self.loss_scale is not None:
+            opt_arrays.update(self.loss_scale.state())
+        state = {"step": self.step, "bert_config": self.bert.to_dict(), "task": self.task_record(),
+                 "history": self.history, "data": self.data.source, "total_steps": self.total_steps,
+                 "steps_per_epoch": self.steps_per_epoch}
+        return ckpt_lib.save_checkpoint(self.run_dir, self.step, model_arrays, opt_arrays, state,
+                                        keep=self.cfg.keep_checkpoints)
+
+    # -- loop
+
+    def batches_from(self, step: int):
+        """Batches from global step `step` on, epoch after epoch (each epoch its own shuffle)."""
+        epoch, offset = divmod(step, self.steps_per_epoch)
+        while True:
+            ds = train_batches(self.train_split, self.cfg.batch_size, self.cfg.seed, epoch)
+            yield from (iter(ds.skip(offset)) if offset else iter(ds))
+            epoch, offset = epoch + 1, 0
+
+    def distribute(self, batch):
+        replicas = self.strategy.num_replicas_in_sync
+        if replicas == 1:
+            return batch
+        local = self.cfg.batch_size // replicas
+
+        def replica_slice(ctx):
+            start = ctx.replica_id_in_sync_group * local
+            return {name: value[start:start + local] for name, value in batch.items()}
+
+        return self.strategy.experimental_distribute_values_from_function(replica_slice)
+
+    def evaluate(self) -> dict | None:
+        if self.eval_split is None:
+            return None
+        result = evaluate_split(self.model, self.data, self.eval_split.name, self.cfg.eval_batch_size,
+                                need_labels=True, null_score_diff_threshold=self.cfg.null_score_diff_threshold)
+        return {"metrics": result.metrics, "result": result}
+
+    def run(self, stop_at: int | None = None) -> dict:
+        cfg = self.cfg
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        _write_atomic(self.run_dir / CONFIG_FILE, cfg.to_json())
+        _write_atomic(self.run_dir / BERT_CONFIG_FILE, self.bert.to_json())
+        _write_atomic(self.run_dir / TASK_FILE, json.dumps(self.task_record(), indent=2, sort_keys=True) + "\n")
+        self.log(f"{self.restore_or_initialise()}; {self.data.source}: {self.data.task_kind} "
+                 f"({self.data.task_type}, {self.data.num_labels} labels), {self.train_split.records} train records, "
+                 f"{self.total_steps} steps ({self.steps_per_epoch} per epoch), warmup {self.warmup_steps}")
+        writer = tf.summary.create_file_writer(str(self.run_dir / "tensorboard" / "train"))
+        eval_writer = tf.summary.create_file_writer(str(self.run_dir / "tensorboard" / "eval"))
+        end = self.total_steps if stop_at is None else min(stop_at, self.total_steps)
+        if self.step >= self.total_steps and (self.run_dir / "final_metrics.json").is_file():
+            self.log(f"{self.run_dir}: the run is complete (step {self.step})")
+            return {**json.loads((self.run_dir / "final_metrics.json").read_text()), "step": self.step,
+                    "total_steps": self.total_steps, "run_dir": str(self.run_dir)}
+        window: dict[str, float] = {}
+        window_start, window_steps = time.perf_counter(), 0
+        batches = self.batches_from(self.step)
+        last_eval = None
+        while self.step < end:
+            lr = learning_rate(self.step, cfg.learning_rate, self.warmup_steps, self.total_steps)
+            sums = self.train_step(self.distribute(next(batches)), tf.constant(lr), tf.constant(self.step, tf.int64))
+            sums = {k: float(v) for k, v in sums.items()}
+            loss = sums["loss_sum"] / max(sums["loss_count"], 1.0)
+            if not math.isfinite(loss) and self.loss_scale is None:
+                good = ckpt_lib.list_checkpoints(self.run_dir)
+                kept = f"last good checkpoint: {good[-1][1]}" if good else "no checkpoint was written"
+                raise TrainingError(f"step {self.step}: loss is {loss}; stopped ({kept})")
+            self.step += 1
+            window_steps += 1
+            for k, v in sums.items():
+                window[k] = window.get(k, 0.0) + v
+            if self.step % cfg.log_every == 0 or self.step == end:
+                elapsed = time.perf_counter() - window_start
+                m = {"loss": window["loss_sum"] / max(window["loss_count"], 1.0),
+                     "accuracy": window["correct"] / max(window["count"], 1.0), "learning_rate": float(lr),
+                     "seconds_per_step": elapsed / window_steps}
+                self.log(f"step {self.step:>6}/{self.total_steps}  loss {m['loss']:.4f}  lr {m['learning_rate']:.3e}  "
+                         f"{m['seconds_per_step']:.3f} s/step")
+                with writer.as_default(step=self.step):
+                    for name, value in m.items():
+                        write_scalar(name, value)
+                window, window_start, window_steps = {}, time.perf_counter(), 0
+            epoch_done = self.step % self.steps_per_epoch == 0 or self.step == self.total_steps
+            if epoch_done:
+                last_eval = self.evaluate()
+                self._record_epoch(eval_writer, last_eval)
+            if epoch_done or (cfg.checkpoint_every and self.step % cfg.checkpoint_every == 0) or self.step == end:
+                self.save()
+        writer.flush()
+        eval_writer.flush()
+        result = {"step": self.step, "total_steps": self.total_steps, "run_dir": str(self.run_dir),
+                  "history": self.history}
+        if self.step >= self.total_steps:
+            result.update(self._final(last_eval))
+        return result
+
+    def _record_epoch(self, writer, evaluation: dict | None) -> None:
+        epoch = self.step / self.steps_per_epoch
+        entry = {"epoch": round(epoch, 4), "step": self.step}
+        if evaluation is not None:
+            entry["metrics"] = evaluation["metrics"]
+            shown = "  ".join(f"{k} {v:.4f}" for k, v in evaluation["metrics"].items())
+            self.log(f"eval ({self.eval_split.name}) after epoch {entry['epoch']:g}: {shown}")
+            with writer.as_default(step=self.step):
+                for name, value in evaluation["metrics"].items():
+                    write_scalar(name, value)
+        self.history.append(entry)
+
+    def _final(self, last_eval: dict | None) -> dict:
+        primary = primary_metric(self.data)
+        final: dict[str, Any] = {"primary_metric": primary, "task": self.data.task_kind, "seed": self.cfg.seed}
+        scored = [h for h in self.history if "metrics" in h]
+        if scored:
+            best = max(scored, key=lambda h: h["metrics"][primary])
+            final["best_epoch"] = {"epoch": best["epoch"], "step": best["step"], primary: best["metrics"][primary]}
+            final["final"] = scored[-1]["metrics"]
+            if last_eval is not None:
+                final["details"] = last_eval["result"].details
+                write_outputs(self.run_dir / "eval", self.data, last_eval["result"])
+        final["history"] = self.history
+        _write_atomic(self.run_dir / "final_metrics.json", json.dumps(final, indent=2, sort_keys=True) + "\n")
+        if scored:
+            self.log(f"best epoch {final['best_epoch']['epoch']:g} ({primary} {final['best_epoch'][primary]:.4f}); "
+                     f"the run keeps the last checkpoint (epoch {scored[-1]['epoch']:g}, "
+                     f"{primary} {final['final'][primary]:.4f})")
+        return final
+
+
+def finetune(cfg: FinetuneConfig, log: Callable[[str], None] = print, stop_at: int | None = None,
+             bert_config_file: str | None = None) -> dict:
+    return FinetuneRun(cfg, log, bert_config_file).run(stop_at=stop_at)
+
+
+def finetune_seeds(cfg: FinetuneConfig, seeds: list[int], log: Callable[[str], None] = print,
+                   bert_config_file: str | None = None) -> dict:
+    """One sub-run per seed in RUN/seed-N, then the spread of the primary metric in RUN/summary.json."""
+    rows = []
+    for seed in seeds:
+        sub = dataclasses.replace(cfg, seed=seed, out=str(Path(cfg.out) / f"seed-{seed}"))
+        log(f"== seed {seed}: {sub.out}")
+        result = finetune(sub, log, bert_config_file=bert_config_file)
+        if "final" not in result:
+            raise TrainingError(f"seed {seed}: no eval split, nothing to summarise")
+        rows.append({"seed": seed, "run_dir": sub.out, "metrics": result["final"]})
+    primary = result["primary_metric"]
+    summary = {"primary_metric": primary, "seeds": rows, "metrics": {}}
+    for name in rows[0]["metrics"]:
+        values = [r["metrics"][name] for r in rows]
+        summary["metrics"][name] = {"mean": statistics.fmean(values),
+                                    "std": statistics.stdev(values) if len(values) > 1 else 0.0,
+                                    "min": min(values), "max": max(values)}
+    Path(cfg.out).mkdir(parents=True, exist_ok=True)
+    _write_atomic(Path(cfg.out) / "summary.json", json.dumps(summary, indent=2, sort_keys=True) + "\n")
+    log(format_summary(summary))
+    return summary
+
+
+def format_summary(summary: dict) -> str:
+    names = list(summary["metrics"])
+    lines = ["seed    " + "  ".join(f"{n:>10}" for n in names)]
+    for row in summary["seeds"]:
+        lines.append(f"{row['seed']:<8}" + "  ".join(f"{row['metrics'][n]:>10.4f}" for n in names))
+    for stat in ("mean", "std", "min", "max"):
+        lines.append(f"{stat:<8}" + "  ".join(f"{summary['metrics'][n][stat]:>10.4f}" for n in names))
+    return "\n".join(lines)

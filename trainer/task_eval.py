@@ -1,0 +1,196 @@
+"""Predictions and task metrics of a fine-tuned model on one split, and the files they are written to.
+
+- classification / regression: GLUE metrics (`trainer.metrics`); `predictions.tsv` in GLUE's
+  submission layout (header `index<TAB>prediction`, then one row per example, label strings);
+- span: RECIPE.md section 10 post-processing (`trainer.squad_postprocess`) and the official SQuAD
+  v1.1 / v2.0 scores (`trainer.squad_eval`); `predictions.json`, `nbest_predictions.json`,
+  `null_odds.json` (v2.0) and the raw per-window logits `logits.npz`;
+- tagging: the tag of each word from the logits at its first piece in the window that owns it,
+  conlleval scores; `predictions.conll` (word, gold, predicted per line; blank line between
+  sentences; without gold column for unlabelled splits).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import tensorflow as tf
+
+from trainer import metrics as metric_lib
+from trainer import squad_eval, squad_postprocess
+from trainer.data import DataError
+from trainer.task_data import SplitInfo, TaskDataset, ordered_batches, read_side_file
+
+
+@dataclass
+class SplitPredictions:
+    """What a model predicted on a split, ready for metrics and files."""
+
+    task_type: str
+    arrays: dict[str, np.ndarray]  # logits (and labels / unique ids) in record order
+    metrics: dict[str, float] = field(default_factory=dict)
+    details: dict = field(default_factory=dict)  # per-type NER scores, SQuAD extras
+    outputs: dict = field(default_factory=dict)  # what the files are written from
+
+
+def primary_metric(dataset: TaskDataset) -> str:
+    if dataset.task_type in ("classification", "regression"):
+        return metric_lib.task_metric_names(dataset.task_kind, dataset.task_type)[1]
+    return "f1"
+
+
+def is_squad_v2(dataset: TaskDataset) -> bool:
+    return dataset.task_kind == "squad2" or bool(dataset.task.get("version_2_with_negative"))
+
+
+def predict_arrays(model, split: SplitInfo, batch_size: int) -> dict[str, np.ndarray]:
+    """Run the model over a split in record order; logits plus the label/id features, concatenated."""
+
+    @tf.function(reduce_retracing=True)
+    def step(batch):
+        return model(batch, training=False)
+
+    keep = ("label_ids", "unique_ids", "start_positions", "end_positions")
+    parts: dict[str, list[np.ndarray]] = {}
+    for batch in ordered_batches(split, batch_size):
+        out = step({k: batch[k] for k in ("input_ids", "input_mask", "segment_ids")})
+        for k, v in out.items():
+            parts.setdefault(k, []).append(v.numpy())
+        for k in keep:
+            if k in batch:
+                parts.setdefault(k, []).append(batch[k].numpy())
+    if not parts:
+        raise DataError(f"split {split.name!r} has no records")
+    return {k: np.concatenate(v) for k, v in parts.items()}
+
+
+def evaluate_split(model, dataset: TaskDataset, split_name: str, batch_size: int, *, need_labels: bool,
+                   null_score_diff_threshold: float = 0.0) -> SplitPredictions:
+    split = dataset.split(split_name)
+    if need_labels and not split.labelled:
+        raise DataError(f"{dataset.source}: split {split_name!r} is unlabelled; it can be predicted "
+                        "(`bert-train predict`) but not evaluated")
+    arrays = predict_arrays(model, split, batch_size)
+    result = SplitPredictions(dataset.task_type, arrays)
+    kind = dataset.task_type
+    if kind in ("classification", "regression"):
+        _classification(result, dataset, split)
+    elif kind == "span":
+        _span(result, dataset, split, null_score_diff_threshold)
+    else:
+        _tagging(result, dataset, split)
+    return result
+
+
+def _classification(result: SplitPredictions, dataset: TaskDataset, split: SplitInfo) -> None:
+    logits = result.arrays["logits"]
+    predicted = logits if dataset.task_type == "regression" else np.argmax(logits, axis=-1)
+    result.outputs["predicted"] = predicted
+    if split.labelled:
+        gold = result.arrays["label_ids"].reshape(-1)
+        result.metrics = metric_lib.classification_metrics(dataset.task_kind, dataset.task_type, gold, predicted)
+
+
+def _span(result: SplitPredictions, dataset: TaskDataset, split: SplitInfo, threshold: float) -> None:
+    examples = read_side_file(split, "examples.jsonl", dataset.source)
+    windows = read_side_file(split, "windows.jsonl", dataset.source)
+    v2 = is_squad_v2(dataset)
+    post = squad_postprocess.postprocess(
+        examples, windows, result.arrays["unique_ids"].reshape(-1), result.arrays["start_logits"],
+        result.arrays["end_logits"], version_2=v2, do_lower_case=dataset.do_lower_case,
+        null_score_diff_threshold=threshold)
+    result.outputs["squad"] = post
+    if not split.labelled:
+        return
+    gold = [{"paragraphs": [{"qas": [
+        {"id": e["id"], "answers": [] if e.get("is_impossible") else [{"text": t} for t in e.get("answers", [])]}
+        for e in examples]}]}]
+    if v2:
+        scores = squad_eval.evaluate_v2(gold, post.predictions, post.null_odds)
+        result.metrics = {"exact": scores["exact"], "f1": scores["f1"]}
+        result.details = scores
+    else:
+        scores = squad_eval.evaluate_v1(gold, post.predictions)
+        result.metrics = {"exact_match": scores["exact_match"], "f1": scores["f1"]}
+        result.details = scores
+
+
+def word_predictions(windows: list[dict], logits: np.ndarray, examples: list[dict]) -> list[list[int]]:
+    """Per example, the predicted tag index of every word (from the window that owns it)."""
+    out = [[-1] * len(e["words"]) for e in examples]
+    index_of = {int(e["index"]): i for i, e in enumerate(examples)}
+    for row, window in enumerate(windows):
+        word_ids = np.asarray(window["word_ids"])
+        owned = np.flatnonzero(word_ids >= 0)
+        tags = np.argmax(logits[row, owned], axis=-1)
+        example = out[index_of[int(window["example_index"])]]
+        for position, tag in zip(word_ids[owned], tags, strict=True):
+            example[int(position)] = int(tag)
+    missing = [i for i, tags in enumerate(out) if -1 in tags]
+    if missing:
+        raise DataError(f"{len(missing)} examples have words no window owns (first: example {missing[0]})")
+    return out
+
+
+def _tagging(result: SplitPredictions, dataset: TaskDataset, split: SplitInfo) -> None:
+    examples = read_side_file(split, "examples.jsonl", dataset.source)
+    windows = read_side_file(split, "windows.jsonl", dataset.source)
+    predicted = word_predictions(windows, result.arrays["logits"], examples)
+    tags = [[dataset.labels[i] for i in sentence] for sentence in predicted]
+    result.outputs["tagging"] = (examples, tags)
+    if split.labelled:
+        score = metric_lib.conlleval([e["tags"] for e in examples], tags)
+        result.metrics = {k: float(score.overall[k]) for k in ("precision", "recall", "f1")}
+        result.metrics["token_accuracy"] = score.token_accuracy
+        result.details = score.to_dict()
+
+
+# ------------------------------------------------------------------ files
+
+
+def _atomic_text(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def write_outputs(out_dir: str | Path, dataset: TaskDataset, result: SplitPredictions) -> list[Path]:
+    """The prediction files for the task type (see the module docstring), plus metrics.json when
+    the split was labelled."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    written: list[Path] = []
+    kind = dataset.task_type
+    if kind in ("classification", "regression"):
+        predicted = result.outputs["predicted"]
+        rows = [f"{i}\t{v:.6g}" if kind == "regression" else f"{i}\t{dataset.labels[int(v)]}"
+                for i, v in enumerate(predicted)]
+        path = out / "predictions.tsv"
+        _atomic_text(path, "index\tprediction\n" + "".join(r + "\n" for r in rows))
+        written.append(path)
+    elif kind == "span":
+        arrays = result.arrays
+        written.append(squad_postprocess.write_raw_logits(out, arrays["unique_ids"].reshape(-1),
+                                                          arrays["start_logits"], arrays["end_logits"]))
+        written += squad_postprocess.write_predictions(out, result.outputs["squad"], is_squad_v2(dataset))
+    else:
+        examples, tags = result.outputs["tagging"]
+        lines = []
+        for example, predicted in zip(examples, tags, strict=True):
+            gold = example.get("tags")
+            for w, word in enumerate(example["words"]):
+                lines.append(f"{word}\t{gold[w]}\t{predicted[w]}" if gold else f"{word}\t{predicted[w]}")
+            lines.append("")
+        path = out / "predictions.conll"
+        _atomic_text(path, "\n".join(lines) + ("\n" if lines else ""))
+        written.append(path)
+    if result.metrics:
+        path = out / "metrics.json"
+        _atomic_text(path, json.dumps({"metrics": result.metrics, "details": result.details}, indent=2,
+                                      sort_keys=True) + "\n")
+        written.append(path)
+    return written
