@@ -15,7 +15,7 @@ tf = pytest.importorskip("tensorflow")
 from trainer import heads  # noqa: E402
 from trainer.config import BertConfig  # noqa: E402
 from trainer.convert import CheckpointMismatchError  # noqa: E402
-from trainer.finetune_init import initialise_encoder, init_checkpoint_config  # noqa: E402
+from trainer.finetune_init import init_checkpoint_config, initialise_encoder  # noqa: E402
 from trainer.model import gelu_exact  # noqa: E402
 
 TINY = BertConfig(vocab_size=30, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,

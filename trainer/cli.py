@@ -21,6 +21,8 @@ COMMANDS = {
     "pretrain": "trainer.train_cli:pretrain_command",
     "eval": "trainer.train_cli:eval_command",
     "export": "trainer.export_cli:export_command",
+    "finetune": "trainer.finetune_cli:finetune_command",
+    "predict": "trainer.finetune_cli:predict_command",
 }
 
 # absl INFO lines ("I0000 00:00:1796114780.736876  1234 port.cc:153] ..."), absl's own notice, and
@@ -42,7 +44,7 @@ class TrainGroup(CommandGroup):
 @click.group(cls=TrainGroup, lazy_commands=COMMANDS)
 @click.option("--debug", is_flag=True, expose_value=False, help=DEBUG_HELP)
 def main() -> None:
-    """Pre-train BERT (MLM + NSP) on bert-datagen datasets; evaluate; export checkpoints."""
+    """Pre-train BERT (MLM + NSP) on bert-datagen datasets; fine-tune, evaluate, predict; export."""
 
 
 if __name__ == "__main__":

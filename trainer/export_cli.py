@@ -14,7 +14,8 @@ FORMATS = ("tf1", "hf")  # trainer.export.FORMATS; spelled here so --help does n
               help="Run directory (its latest checkpoint) or one RUN/ckpt-NNNNNNNN directory.")
 @click.option("--format", "fmt", type=click.Choice(FORMATS), required=True,
               help="tf1: bert_model.ckpt + bert_config.json + vocab.txt (Google's layout); "
-                   "hf: config.json + model.safetensors + tokenizer files for BertForPreTraining.")
+                   "hf: config.json + model.safetensors + tokenizer files for BertForPreTraining (fine-tuned "
+                   "runs: BertForSequenceClassification / QuestionAnswering / TokenClassification).")
 @click.option("--out", required=True, help="Output directory (written atomically).")
 @click.option("--vocab", default=None,
               help="vocab.txt to ship (default: the one named by the run's dataset manifest).")

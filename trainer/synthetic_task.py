@@ -141,3 +141,28 @@ def read_glue_tsv(path: str, text_column: int, label_column: int, header: bool =
             if limit is not None and len(texts) >= limit:
                 break
     return texts, labels
+
+
+def glue_single_sentence_task(directory: str, vocab_path: str, train_tsv: str, dev_tsv: str, task_kind: str,
+                              labels: Sequence[str], max_seq_length: int = 64, train_limit: int | None = None,
+                              text_column: int = 0, label_column: int = 1, do_lower_case: bool = True) -> str:
+    """A single-sentence GLUE task (e.g. SST-2) tokenized with `vocab_path`; splits train and dev."""
+    import hashlib as _hashlib
+
+    from vocab.tokenizer import BertTokenizer
+    from vocab.vocab_file import Vocab, parse_vocab_bytes
+
+    data = open(vocab_path, "rb").read()
+    vocab = Vocab(parse_vocab_bytes(data, vocab_path), vocab_path, _hashlib.sha256(data).hexdigest())
+    tokenizer = BertTokenizer(vocab, do_lower_case)
+    ids = {t: i for i, t in enumerate(vocab.tokens)}
+    splits = {}
+    for name, path, limit in (("train", train_tsv, train_limit), ("dev", dev_tsv, None)):
+        texts, label_strings = read_glue_tsv(path, text_column, label_column, limit=limit)
+        encoded = encode_texts(tokenizer.tokenize, ids, texts, None, max_seq_length)
+        split = classification_split(encoded, [list(labels).index(s) for s in label_strings])
+        split["mode"] = "train" if name == "train" else "predict"
+        splits[name] = split
+    task = {"kind": task_kind, "type": "classification", "labels": list(labels),
+            "columns": {"text_a": text_column, "label": label_column}, "max_seq_length": max_seq_length}
+    return write_task_dataset(directory, task, vocab.tokens, splits, do_lower_case)

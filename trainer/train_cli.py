@@ -80,7 +80,8 @@ def pretrain_command(bert_config_file, **options) -> None:
 @click.option("--bert-config", "bert_config_file", type=click.Path(exists=True, dir_okay=False),
               help="bert_config.json of --init-checkpoint (default: the one beside it).")
 @click.option("--data", required=True, help="Dataset directory (manifest.json) or TFRecord glob(s).")
-@click.option("--split", type=click.Choice(["eval", "train"]), default="eval", show_default=True)
+@click.option("--split", default=None,
+              help="Pre-training: eval (default) or train. Fine-tuned runs: any labelled split (default dev).")
 @click.option("--batch-size", type=click.IntRange(min=1), default=32, show_default=True)
 @click.option("--max-batches", type=click.IntRange(min=1), default=None, help="Default: the whole split.")
 @click.option("--max-seq-length", type=click.IntRange(min=1), help="For TFRecord globs without a manifest.")
@@ -88,7 +89,18 @@ def pretrain_command(bert_config_file, **options) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print the figures as JSON.")
 def eval_command(run, init_checkpoint, bert_config_file, data, split, batch_size, max_batches, max_seq_length,
                  max_predictions_per_seq, as_json) -> None:
-    """MLM/NSP loss and accuracy of a run's latest checkpoint on a dataset split."""
+    """MLM/NSP loss and accuracy of a run's latest checkpoint on a dataset split; for a fine-tuned
+    run, its task metric."""
+    from trainer.finetune_export import is_finetune_run
+
+    if run and is_finetune_run(run):
+        from trainer.finetune_cli import eval_finetuned
+
+        return eval_finetuned(run, data, split, batch_size, as_json)
+    split = split or "eval"
+    if split not in ("eval", "train"):
+        raise click.BadParameter(f"{split!r} is not one of 'eval', 'train' for a pre-training run",
+                                 param_hint="--split")
     try:
         from trainer.devices import enable_determinism
         from trainer.evaluate import evaluate_external, evaluate_run
