@@ -145,3 +145,33 @@ def test_nan_loss_stops_and_keeps_last_good_checkpoint(tmp_path, init_run):
         finetune(cfg, log=lambda _: None)
     for _, path in ckpt_lib.list_checkpoints(tmp_path / "run"):
         assert all(np.isfinite(v).all() for v in ckpt_lib.load_arrays(path, ckpt_lib.MODEL_FILE).values())
+
+
+def test_task_dataset_given_to_pretraining_is_refused(tmp_path):
+    from trainer.data import open_dataset
+
+    data = classification_dataset(str(tmp_path / "data"))
+    with pytest.raises(DataError, match="a .task. dataset, not a pre-training dataset.*`bert-train finetune`"):
+        open_dataset(data)
+
+
+def test_init_from_tf1_checkpoint_prefix(tmp_path):
+    from trainer import convert
+    from trainer.heads import encoder_variable_map
+    from trainer.model import build_model
+
+    bert = tiny_bert()
+    pre = build_model(bert, seed=9)
+    arrays = convert.model_tf1_arrays(pre)
+    convert.write_tf1_checkpoint(str(tmp_path / "bert_model.ckpt"), arrays)
+    (tmp_path / "bert_config.json").write_text(bert.to_json())
+    data = classification_dataset(str(tmp_path / "data"))
+    cfg = FinetuneConfig(data=data, out=str(tmp_path / "run"), init_checkpoint=str(tmp_path / "bert_model.ckpt"),
+                         max_steps=1, batch_size=8)
+    from trainer.finetune import FinetuneRun
+
+    run = FinetuneRun(cfg, log=lambda _: None)
+    summary = run.restore_or_initialise()
+    assert "dropped 6 pre-training head weights" in summary
+    for name, var in encoder_variable_map(run.model).items():
+        assert np.array_equal(var.numpy(), arrays[name]), name

@@ -84,7 +84,8 @@ def _from_manifest(directory: str) -> DatasetInfo:
     kind = manifest_kind(_load_manifest(directory), f"{directory}/{MANIFEST_NAME}")
     if kind != PRETRAINING:
         raise DataError(f"{directory}/{MANIFEST_NAME}: a {kind!r} dataset, not a pre-training dataset: "
-                        "bert-train pretrain and eval read the output of `bert-datagen run`")
+                        "bert-train pretrain and eval read the output of `bert-datagen run`"
+                        + ("; fine-tune on it with `bert-train finetune`" if kind == "task" else ""))
     try:
         ds = contract_dataset.open_dataset(directory, GFILE_FS, need_vocab=False)
     except (ManifestError, contract_dataset.DatasetError) as exc:
