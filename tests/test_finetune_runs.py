@@ -172,6 +172,6 @@ def test_init_from_tf1_checkpoint_prefix(tmp_path):
 
     run = FinetuneRun(cfg, log=lambda _: None)
     summary = run.restore_or_initialise()
-    assert "dropped 6 pre-training head weights" in summary
+    assert "dropped 7 pre-training head weights" in summary
     for name, var in encoder_variable_map(run.model).items():
         assert np.array_equal(var.numpy(), arrays[name]), name
