@@ -5,9 +5,10 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 RUN_DIR ?= runs/pretrain
+FINETUNE_DIR ?= runs/finetune
 PYTEST_ARGS ?=
 
-.PHONY: test test-fast pretrain bench lint clean install-data install-train install-dev
+.PHONY: test test-fast pretrain finetune bench lint clean install-data install-train install-dev
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -47,6 +48,12 @@ bench: $(VENV)/.stamp-dev
 # The whole pipeline on the embedded default corpus (no network, no files from outside the repo).
 pretrain: $(VENV)/.stamp-train
 	$(PY) -m trainer.demo --out $(RUN_DIR)
+
+# Fine-tune the model `make pretrain` trained (run first when missing) on a task built from the
+# same embedded corpus: help-topic vs docstring paragraphs of Python's documentation.
+finetune: $(VENV)/.stamp-train
+	@test -d $(RUN_DIR)/phase1 || $(MAKE) pretrain
+	$(PY) -m trainer.finetune_demo --pretrain $(RUN_DIR) --out $(FINETUNE_DIR)
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache .ruff_cache .hypothesis build dist *.egg-info .bench

@@ -14,7 +14,7 @@ import time
 import traceback
 from pathlib import Path
 
-BENCHMARKS = ("bench_vocab", "bench_datagen", "bench_verify", "bench_tasks", "bench_trainer")
+BENCHMARKS = ("bench_vocab", "bench_datagen", "bench_verify", "bench_tasks", "bench_trainer", "bench_finetune")
 
 
 def main(argv: list[str] | None = None) -> int:

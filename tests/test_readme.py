@@ -33,7 +33,7 @@ def _code_commands(prefix: str) -> list[str]:
 
 def test_two_commands_are_make_targets() -> None:
     makefile = (REPO / "Makefile").read_text()
-    for target in ("test", "pretrain", "bench", "lint", "clean"):
+    for target in ("test", "pretrain", "finetune", "bench", "lint", "clean"):
         assert re.search(rf"^{target}:", makefile, flags=re.M), target
         assert f"make {target}" in README
     assert "make test" in (REPO / ".ci" / "run").read_text()
