@@ -168,3 +168,19 @@ def test_init_reports_every_missing_and_misshaped_weight(tmp_path):
     text = str(err.value)
     assert "bert.pooler.dense.weight" in text and "bert.encoder.layer.1.output.dense.bias" in text
     assert "bert.embeddings.word_embeddings.weight: checkpoint has [31, 16]" in text
+
+
+def test_word_predictions_take_each_word_from_the_window_that_owns_it():
+    from trainer.data import DataError
+    from trainer.task_eval import word_predictions
+
+    examples = [{"index": 0, "words": ["a", "b", "c", "d"]}, {"index": 1, "words": ["e"]}]
+    windows = [{"example_index": 0, "word_ids": [-1, 0, 1, -1, -1]},  # [CLS] a b [SEP] pad
+               {"example_index": 0, "word_ids": [-1, 2, -1, 3, -1]},  # [CLS] c ##x d [SEP]
+               {"example_index": 1, "word_ids": [-1, 0, -1, -1, -1]}]
+    logits = np.zeros((3, 5, 3), np.float32)
+    logits[0, 1, 2] = logits[0, 2, 1] = logits[1, 1, 1] = logits[1, 3, 2] = logits[2, 1, 2] = 1.0
+    logits[1, 2, 0] = 9.0  # a continuation piece: never read
+    assert word_predictions(windows, logits, examples) == [[2, 1, 1, 2], [2]]
+    with pytest.raises(DataError, match="no window owns"):
+        word_predictions(windows[:1], logits[:1], examples[:1])
