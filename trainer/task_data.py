@@ -56,17 +56,14 @@ class TaskDataset:
 
 
 def read_manifest(directory: str) -> dict:
-    path = os.path.join(directory, MANIFEST)
-    if not tf.io.gfile.exists(path):
-        raise DataError(f"{directory}: not a dataset directory (no {MANIFEST})")
+    """The validated manifest (contract/: schema, kind-aware required fields), as a DataError if not."""
+    from contract.manifest import ManifestError, load_manifest
+    from trainer.gfs import GFILE_FS
+
     try:
-        with tf.io.gfile.GFile(path, "r") as f:
-            manifest = json.loads(f.read())
-    except (json.JSONDecodeError, tf.errors.OpError) as exc:
-        raise DataError(f"{path}: cannot read the manifest: {exc}") from exc
-    if not isinstance(manifest, dict):
-        raise DataError(f"{path}: the manifest is not a JSON object")
-    return manifest
+        return load_manifest(directory, GFILE_FS)
+    except ManifestError as exc:
+        raise DataError(str(exc)) from exc
 
 
 def is_task_manifest(manifest: dict) -> bool:
