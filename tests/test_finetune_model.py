@@ -184,3 +184,19 @@ def test_word_predictions_take_each_word_from_the_window_that_owns_it():
     assert word_predictions(windows, logits, examples) == [[2, 1, 1, 2], [2]]
     with pytest.raises(DataError, match="no window owns"):
         word_predictions(windows[:1], logits[:1], examples[:1])
+
+
+def test_init_from_hf_bertforpretraining_dir_drops_the_heads(tmp_path):
+    from trainer import convert
+    from trainer.heads import encoder_variable_map
+    from trainer.model import build_model
+
+    pre = build_model(TINY, seed=4)
+    arrays = convert.model_tf1_arrays(pre)
+    vocab = "".join(f"{t}\n" for t in ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + [f"t{i}" for i in range(25)])
+    convert.export_hf(tmp_path / "hf", arrays, TINY.to_dict(), vocab.encode())
+    model = heads.build_finetune_model(init_checkpoint_config(str(tmp_path / "hf")), "tagging", 3, seed=1)
+    summary = initialise_encoder(model, None, str(tmp_path / "hf"))
+    assert "dropped" in summary and "pre-training head" in summary
+    for name, var in encoder_variable_map(model).items():
+        assert np.array_equal(var.numpy(), arrays[name]), name
