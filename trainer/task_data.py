@@ -85,7 +85,9 @@ def open_task_dataset(directory: str) -> TaskDataset:
             raise DataError(f"{path}: task type {task_type!r} is not one of {', '.join(TASK_TYPES)}")
         vocab = manifest["vocab"]
         splits = {name: _split_info(directory, name, info, path) for name, info in manifest["splits"].items()}
-        do_lower_case = bool(vocab.get("do_lower_case", manifest.get("config", {}).get("do_lower_case", True)))
+        # docs/tasks.md records it in "task"; older writers only beside the vocab or in the config.
+        do_lower_case = bool(task.get("do_lower_case", vocab.get("do_lower_case",
+                                                                 manifest.get("config", {}).get("do_lower_case", True))))
         return TaskDataset(source=directory, task_kind=str(task["kind"]), task_type=task_type,
                            labels=[str(x) for x in task.get("labels", [])],
                            max_seq_length=int(task["max_seq_length"]), vocab_size=int(vocab["size"]),
