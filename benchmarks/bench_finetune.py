@@ -11,8 +11,10 @@ original AdamWeightDecay (no bias correction), theirs torch's AdamW (bias-correc
 CPU seconds per training step: process CPU time of `steps` steps after 3 warm-up steps, same batch
 and sequence length, both frameworks free to use every core.
 
-SQuAD v1.1 and WNUT-17 comparisons need span/tagging task datasets from `bert-datagen task`
-(windows, max context, first-piece labels); they are not run here until that writer is on main.
+SQuAD v1.1 (train on the first articles of dev part A, score on the first of part B) and WNUT-17
+(train, dev): `--squad-data DIR` / `--wnut-data DIR` name task datasets built by `bert-datagen task`
+with MiniLM's vocab; both sides are scored by the same post-processing and metric code (ours:
+RECIPE.md section 10 and the official scripts), from their own logits.
 """
 
 from __future__ import annotations
@@ -165,6 +167,74 @@ def seconds_per_step(data: str, work: str, args) -> dict[str, dict[str, float]]:
     return figures
 
 
+def _torch_inputs(batch):
+    import torch
+
+    return {"input_ids": torch.tensor(np.asarray(batch["input_ids"]), dtype=torch.long),
+            "attention_mask": torch.tensor(np.asarray(batch["input_mask"])),
+            "token_type_ids": torch.tensor(np.asarray(batch["segment_ids"]), dtype=torch.long)}
+
+
+def theirs_task(data: str, seed: int, args, batch_size: int, learning_rate: float) -> dict:
+    """transformers' span / tagging model on a task dataset; scored with our post-processing + metrics."""
+    import torch
+    import transformers
+
+    from trainer.task_data import open_task_dataset, ordered_batches
+    from trainer.task_eval import SplitPredictions, _span, _tagging
+
+    dataset = open_task_dataset(data)
+    split = dataset.split("train")
+    steps = int(args.epochs * (split.records // batch_size))
+    torch.manual_seed(seed)
+    if dataset.task_type == "span":
+        model = transformers.BertForQuestionAnswering.from_pretrained(minilm_dir())
+    else:
+        model = transformers.BertForTokenClassification.from_pretrained(minilm_dir(), num_labels=dataset.num_labels)
+    model.train()
+    optimizer = _torch_optimizer(model, learning_rate)
+    scheduler = transformers.get_linear_schedule_with_warmup(optimizer, int(0.1 * steps), steps)
+    for i, batch in enumerate(_numpy_batches(split, batch_size, seed, int(np.ceil(args.epochs)))):
+        if i >= steps:
+            break
+        inputs = _torch_inputs(batch)
+        if dataset.task_type == "span":
+            out = model(**inputs, start_positions=torch.tensor(batch["start_positions"][:, 0], dtype=torch.long),
+                        end_positions=torch.tensor(batch["end_positions"][:, 0], dtype=torch.long))
+        else:
+            labels = np.where(batch["label_ids"] < 0, -100, batch["label_ids"])
+            out = model(**inputs, labels=torch.tensor(labels, dtype=torch.long))
+        out.loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad()
+    model.eval()
+    dev = dataset.split("dev")
+    parts: dict[str, list] = {}
+    with torch.no_grad():
+        for batch in ordered_batches(dev, 64):
+            out = model(**_torch_inputs({k: v.numpy() for k, v in batch.items()}))
+            if dataset.task_type == "span":
+                parts.setdefault("start_logits", []).append(out.start_logits.numpy())
+                parts.setdefault("end_logits", []).append(out.end_logits.numpy())
+                parts.setdefault("unique_ids", []).append(batch["unique_ids"].numpy())
+            else:
+                parts.setdefault("logits", []).append(out.logits.numpy())
+    result = SplitPredictions(dataset.task_type, {k: np.concatenate(v) for k, v in parts.items()})
+    (_span(result, dataset, dev, 0.0) if dataset.task_type == "span" else _tagging(result, dataset, dev))
+    return result.metrics
+
+
+def ours_task(data: str, work: str, seed: int, args, batch_size: int, learning_rate: float) -> dict:
+    from trainer.finetune import FinetuneConfig, finetune
+
+    cfg = FinetuneConfig(data=data, out=os.path.join(work, f"ours-{os.path.basename(data)}-{seed}-{time.time_ns()}"),
+                         init_checkpoint=minilm_dir(), epochs=args.epochs, learning_rate=learning_rate,
+                         batch_size=batch_size, seed=seed, log_every=10**6)
+    return finetune(cfg, log=lambda _: None)["final"]
+
+
 def _stats(values: list[float]) -> dict[str, float]:
     return {"mean": statistics.fmean(values), "std": statistics.stdev(values) if len(values) > 1 else 0.0,
             "min": min(values), "max": max(values), "values": values}
@@ -180,18 +250,32 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--seeds", default="1,2,3")
     parser.add_argument("--timing-steps", type=int, default=5)
     parser.add_argument("--work", default=None, help="Directory for datasets and runs (default: a temp dir).")
+    parser.add_argument("--squad-data", default=None, help="A span task dataset (bert-datagen task, MiniLM vocab).")
+    parser.add_argument("--wnut-data", default=None, help="A tagging task dataset (bert-datagen task, MiniLM vocab).")
+    parser.add_argument("--skip-sst2", action="store_true")
     args = parser.parse_args(argv or [])
     if not (SHARED / "sst2" / "train.tsv").is_file():
         print(f"SST-2 not found under {SHARED}: skipped")
         return {"skipped": "no SST-2 data"}
     work = args.work or tempfile.mkdtemp(prefix="bench-finetune-")
     seeds = [int(s) for s in args.seeds.split(",")]
+    result: dict = {}
+    for name, data, batch, lr in (("squad", args.squad_data, 12, 3e-5), ("wnut17", args.wnut_data, 32, 5e-5)):
+        if not data:
+            continue
+        ours_m = ours_task(data, work, seeds[0], args, batch, lr)
+        theirs_m = theirs_task(data, seeds[0], args, batch, lr)
+        result[name] = {"ours": ours_m, "transformers": theirs_m, "seed": seeds[0], "batch_size": batch,
+                        "learning_rate": lr, "epochs": args.epochs}
+        print(f"{name}: ours {ours_m}  transformers {theirs_m}")
+    if args.skip_sst2:
+        return result
     data = build_data(work, args.train_examples, args.max_seq_length)
     timing = seconds_per_step(data, work, args)
     ours_cpu, theirs_cpu = timing["ours"]["cpu"], timing["transformers"]["cpu"]
     ours_acc = [ours(data, work, s, args) for s in seeds]
     theirs_acc = [theirs(data, s, args) for s in seeds]
-    result = {
+    result |= {
         "setup": {"train_examples": args.train_examples, "dev_examples": 872, "max_seq_length": args.max_seq_length,
                   "epochs": args.epochs, "batch_size": args.batch_size, "learning_rate": args.learning_rate,
                   "seeds": seeds, "init": "all-MiniLM-L6-v2", "cpu_count": os.cpu_count()},
