@@ -3,9 +3,10 @@ embedded corpus, end to end, with nothing from outside the repository.
 
 The task: which part of Python's documentation does a paragraph come from, a pydoc help topic
 ("topic") or a standard-library docstring ("docstring")? Paragraphs of both sources are ordered by a
-seeded hash (datagen/rng.py), balanced, cut into train and dev TSV files (`sentence<TAB>label`), and
-written as a task dataset with the pre-training vocab; then `bert-train finetune` runs from the
-pre-training run and `bert-train predict` writes the dev predictions.
+seeded hash (datagen/rng.py), balanced, cut into train and dev TSV files (`sentence<TAB>label`),
+turned into a task dataset by `bert-datagen task` with the pre-training vocab (a subprocess: the
+trainer never imports the data side); then `bert-train finetune` runs from the pre-training run
+and `bert-train predict` writes the dev predictions.
 """
 
 from __future__ import annotations
@@ -78,20 +79,24 @@ def main(argv: list[str] | None = None) -> int:
     stage(f"task: topic vs docstring paragraphs -> {train_tsv}, {dev_tsv}")
     data = os.path.join(out, "data")
     if not os.path.exists(os.path.join(data, "manifest.json")):
-        from trainer.synthetic_task import glue_single_sentence_task
+        from trainer.demo import _bert_datagen
 
-        glue_single_sentence_task(data, vocab, train_tsv, dev_tsv, "tsv", LABELS, max_seq_length=args.max_seq_length)
-    stage(f"task dataset: {data}")
+        _bert_datagen(["task", "--task", "tsv", "--text-a", "sentence", "--label", "label", "--labels",
+                       ",".join(LABELS), "--split", f"train={train_tsv}", "--split", f"dev={dev_tsv}",
+                       "--vocab", vocab, "--output", data, "--max-seq-length", str(args.max_seq_length),
+                       "--overwrite"])
+    stage(f"task dataset (bert-datagen task): {data}")
 
-    from trainer.cli import main as bert_train
+    from trainer.finetune import FinetuneConfig, finetune
+    from trainer.finetune_cli import predict_run
 
     run = os.path.join(out, "run")
     stage(f"fine-tuning {pretrain_run} -> {run}")
-    bert_train(["finetune", "--data", data, "--out", run, "--init-from", pretrain_run, "--epochs", str(args.epochs),
-                "--learning-rate", str(args.learning_rate), "--seed", str(args.seed), "--log-every", "50"],
-               standalone_mode=False)
+    finetune(FinetuneConfig(data=data, out=run, init_from=pretrain_run, epochs=args.epochs,
+                            learning_rate=args.learning_rate, seed=args.seed, log_every=50))
     predictions = os.path.join(out, "predictions")
-    bert_train(["predict", "--run", run, "--data", data, "--split", "dev", "--out", predictions], standalone_mode=False)
+    for path in predict_run(run, data, "dev", predictions)["files"]:
+        stage(f"wrote {path}")
     final = json.load(open(os.path.join(run, "final_metrics.json")))
     with open(dev_tsv, encoding="utf-8") as f:
         labels = [line.rstrip("\n").split("\t")[1] for line in f.readlines()[1:]]
