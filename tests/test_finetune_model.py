@@ -14,7 +14,7 @@ tf = pytest.importorskip("tensorflow")
 
 from trainer import heads  # noqa: E402
 from trainer.config import BertConfig  # noqa: E402
-from trainer.convert import CheckpointMismatchError  # noqa: E402
+from trainer.errors import CheckpointMismatchError  # noqa: E402
 from trainer.finetune_init import init_checkpoint_config, initialise_encoder  # noqa: E402
 from trainer.model import gelu_exact  # noqa: E402
 
@@ -148,14 +148,14 @@ def test_init_from_hf_bertmodel_dir_matches_transformers():
 def test_init_reports_every_missing_and_misshaped_weight(tmp_path):
     from safetensors.numpy import save_file
 
-    from trainer.convert import hf_config_from_bert_config
+    from trainer.hf import hf_config_from_bert_config
 
     model = heads.build_finetune_model(TINY, "classification", 2, seed=1)
     hf_dir = tmp_path / "hf"
     hf_dir.mkdir()
     (hf_dir / "config.json").write_text(json.dumps(hf_config_from_bert_config(TINY.to_dict())))
-    from trainer.convert import tf1_to_hf
     from trainer.heads import encoder_variable_map
+    from trainer.hf import tf1_to_hf
 
     state = tf1_to_hf({n: v.numpy() for n, v in encoder_variable_map(model).items()})
     state = {k[len("bert."):]: v for k, v in state.items()}  # BertModel names, no prefix
@@ -171,7 +171,7 @@ def test_init_reports_every_missing_and_misshaped_weight(tmp_path):
 
 
 def test_word_predictions_take_each_word_from_the_window_that_owns_it():
-    from trainer.data import DataError
+    from trainer.errors import DataError
     from trainer.task_eval import word_predictions
 
     examples = [{"index": 0, "words": ["a", "b", "c", "d"]}, {"index": 1, "words": ["e"]}]
@@ -187,14 +187,15 @@ def test_word_predictions_take_each_word_from_the_window_that_owns_it():
 
 
 def test_init_from_hf_bertforpretraining_dir_drops_the_heads(tmp_path):
-    from trainer import convert
+    from trainer.export import export_hf
     from trainer.heads import encoder_variable_map
     from trainer.model import build_model
+    from trainer.weights import model_tf1_arrays
 
     pre = build_model(TINY, seed=4)
-    arrays = convert.model_tf1_arrays(pre)
+    arrays = model_tf1_arrays(pre)
     vocab = "".join(f"{t}\n" for t in ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + [f"t{i}" for i in range(25)])
-    convert.export_hf(tmp_path / "hf", arrays, TINY.to_dict(), vocab.encode())
+    export_hf(tmp_path / "hf", arrays, TINY.to_dict(), vocab.encode())
     model = heads.build_finetune_model(init_checkpoint_config(str(tmp_path / "hf")), "tagging", 3, seed=1)
     summary = initialise_encoder(model, None, str(tmp_path / "hf"))
     assert "dropped" in summary and "pre-training head" in summary

@@ -21,9 +21,8 @@ from task_fixtures import (  # noqa: E402
 )
 
 from trainer import checkpoint as ckpt_lib  # noqa: E402
-from trainer.data import DataError  # noqa: E402
+from trainer.errors import DataError, TrainingError  # noqa: E402
 from trainer.finetune import FinetuneConfig, finetune, finetune_seeds  # noqa: E402
-from trainer.train import TrainingError  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -156,14 +155,15 @@ def test_task_dataset_given_to_pretraining_is_refused(tmp_path):
 
 
 def test_init_from_tf1_checkpoint_prefix(tmp_path):
-    from trainer import convert
     from trainer.heads import encoder_variable_map
     from trainer.model import build_model
+    from trainer.tf1 import write_tf1_checkpoint
+    from trainer.weights import model_tf1_arrays
 
     bert = tiny_bert()
     pre = build_model(bert, seed=9)
-    arrays = convert.model_tf1_arrays(pre)
-    convert.write_tf1_checkpoint(str(tmp_path / "bert_model.ckpt"), arrays)
+    arrays = model_tf1_arrays(pre)
+    write_tf1_checkpoint(str(tmp_path / "bert_model.ckpt"), arrays)
     (tmp_path / "bert_config.json").write_text(bert.to_json())
     data = classification_dataset(str(tmp_path / "data"))
     cfg = FinetuneConfig(data=data, out=str(tmp_path / "run"), init_checkpoint=str(tmp_path / "bert_model.ckpt"),

@@ -32,7 +32,8 @@ import tensorflow as tf
 
 from trainer import checkpoint as ckpt_lib
 from trainer.config import PRECISIONS, STRATEGIES, BertConfig, ConfigError
-from trainer.data import DataError
+from trainer.devices import enable_determinism, make_strategy
+from trainer.errors import DataError, TrainingError
 from trainer.finetune_init import init_checkpoint_config, init_from_run_config, initialise_encoder
 from trainer.heads import (
     IGNORE_LABEL,
@@ -41,10 +42,11 @@ from trainer.heads import (
     task_sums,
     trained_variable_map,
 )
+from trainer.loading import dtype_policy
 from trainer.optimizer import AdamWeightDecay, DynamicLossScale, clip_by_global_norm, learning_rate
 from trainer.task_data import TaskDataset, open_task_dataset, train_batches
 from trainer.task_eval import evaluate_split, primary_metric, write_outputs
-from trainer.train import TrainingError, dtype_policy, enable_determinism, make_strategy, write_scalar
+from trainer.train import write_scalar
 
 SUM = tf.distribute.ReduceOp.SUM
 CONFIG_FILE = "finetune_config.json"

@@ -87,12 +87,12 @@ def finetune_command(bert_config_file, seeds, seed, epochs, learning_rate, batch
 def predict_run(run: str, data: str, split: str, out: str | None, batch_size: int = 64,
                 null_score_diff_threshold: float = 0.0, need_labels: bool = False) -> dict:
     """Predictions (and metrics, for labelled splits) of a fine-tuned run on a split of a task dataset."""
-    from trainer.data import DataError
+    from trainer.devices import enable_determinism
+    from trainer.errors import DataError
     from trainer.finetune import check_data_fits
     from trainer.finetune_export import restore_finetuned
     from trainer.task_data import open_task_dataset
     from trainer.task_eval import evaluate_split, write_outputs
-    from trainer.train import enable_determinism
 
     enable_determinism(0)
     model, bert, task, ckpt = restore_finetuned(run)

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import shutil
 from pathlib import Path
 
 import numpy as np
@@ -40,7 +39,7 @@ def is_finetune_run(path: str | Path) -> bool:
 
 def restore_finetuned(path: str | Path, precision: str = "float32") -> tuple[FineTuneModel, BertConfig, dict, Path]:
     """(model, bert config, task record, checkpoint) of a fine-tuned run's latest checkpoint."""
-    from trainer.train import dtype_policy
+    from trainer.loading import dtype_policy
 
     ckpt = ckpt_lib.resolve_checkpoint(path)
     state = ckpt_lib.load_state(ckpt)
@@ -70,7 +69,7 @@ def task_vocab(task: dict, vocab_path: str | None) -> bytes:
 
 
 def hf_task_config(bert: BertConfig, task: dict, pad_token_id: int) -> dict:
-    from trainer.convert import hf_config_from_bert_config
+    from trainer.hf import hf_config_from_bert_config
 
     config = hf_config_from_bert_config(bert.to_dict(), pad_token_id=pad_token_id)
     config.pop("tie_word_embeddings", None)
@@ -91,8 +90,8 @@ def hf_task_config(bert: BertConfig, task: dict, pad_token_id: int) -> dict:
 
 
 def hf_task_state(model: FineTuneModel) -> dict[str, np.ndarray]:
-    from trainer.convert import tf1_to_hf
     from trainer.heads import encoder_variable_map
+    from trainer.hf import tf1_to_hf
 
     encoder = {n: np.asarray(v.numpy(), np.float32) for n, v in encoder_variable_map(model).items()}
     if model.task_type in ("span", "tagging"):  # these architectures have no pooler
@@ -113,15 +112,17 @@ def export_finetuned(run: str, fmt: str, out: str, vocab: str | None = None, do_
     """Write the export atomically; returns (output directory, checkpoint it came from)."""
     from safetensors.numpy import save_file
 
-    # One atomic-directory implementation for all exports (convert's).
-    from trainer.convert import _atomic_dir, _publish, vocab_tokens, write_hf_tokenizer, write_tf1_checkpoint
+    from trainer.export import check_export_target, vocab_tokens, write_export_dir
+    from trainer.hf import write_hf_tokenizer
+    from trainer.tf1 import write_tf1_checkpoint
 
+    check_export_target(Path(out), overwrite, ("task.json",))  # before any work
     model, bert, task, ckpt = restore_finetuned(run)
     vocab_bytes = task_vocab(task, vocab)
     tokens = vocab_tokens(vocab_bytes, vocab or "the dataset's vocab", bert.vocab_size)
     lower = task.get("do_lower_case", True) if do_lower_case is None else do_lower_case
-    target, tmp = _atomic_dir(out, overwrite)
-    try:
+
+    def write(tmp: Path) -> None:
         if fmt == "tf1":
             write_tf1_checkpoint(tmp / "bert_model.ckpt", tf1_task_arrays(model))
             (tmp / "bert_config.json").write_text(bert.to_json())
@@ -136,8 +137,7 @@ def export_finetuned(run: str, fmt: str, out: str, vocab: str | None = None, do_
             write_hf_tokenizer(tmp, vocab_bytes, bool(lower), int(task.get("max_seq_length") or bert.max_position_embeddings))
         else:
             raise ConfigError(f"format {fmt!r} not in ('tf1', 'hf')")
-        _publish(tmp, target)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+
+    # The one atomic-directory implementation of all exports; task.json is this export's own file.
+    target = write_export_dir(out, overwrite, write, own_files=("task.json",))
     return target, ckpt

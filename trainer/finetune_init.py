@@ -34,12 +34,14 @@ def with_bert_prefix(state: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
 
 def read_encoder_arrays(path: str, expected: dict[str, tuple[int, ...]]) -> tuple[dict[str, np.ndarray], str]:
     """TF1-named encoder arrays from a TF1 checkpoint or a Hugging Face directory; (arrays, summary)."""
-    from trainer import convert
+    from trainer.hf import hf_to_tf1, read_hf_state
+    from trainer.loading import checkpoint_format
+    from trainer.tf1 import read_tf1_checkpoint
 
-    if convert.checkpoint_format(path) == "hf":
-        arrays, report = convert.hf_to_tf1(with_bert_prefix(convert.read_hf_state(path)), expected, str(path))
+    if checkpoint_format(path) == "hf":
+        arrays, report = hf_to_tf1(with_bert_prefix(read_hf_state(path)), expected, str(path))
     else:
-        arrays, report = convert.read_tf1_checkpoint(path, expected)
+        arrays, report = read_tf1_checkpoint(path, expected)
     dropped = [n for n in report.unexpected if n.startswith(("cls", "cls.", "cls/"))]
     others = [n for n in report.unexpected if n not in dropped]
     summary = f"loaded {report.loaded} encoder weights from {report.format} checkpoint {report.source}"
@@ -52,9 +54,9 @@ def read_encoder_arrays(path: str, expected: dict[str, tuple[int, ...]]) -> tupl
 
 def init_checkpoint_config(path: str, bert_config_file: str | None = None) -> BertConfig:
     """The model an `--init-checkpoint` describes (its config.json / bert_config.json, or the file given)."""
-    from trainer import convert
+    from trainer.loading import init_checkpoint_config as checkpoint_config
 
-    return BertConfig.from_dict(convert.init_checkpoint_config(path, bert_config_file))
+    return BertConfig.from_dict(checkpoint_config(path, bert_config_file))
 
 
 def init_from_run_config(path: str) -> BertConfig:

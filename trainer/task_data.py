@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 import tensorflow as tf
 
-from trainer.data import DataError
+from trainer.errors import DataError
 from trainer.heads import TASK_TYPES
 
 MANIFEST = "manifest.json"

@@ -22,7 +22,7 @@ import tensorflow as tf
 
 from trainer import metrics as metric_lib
 from trainer import squad_eval, squad_postprocess
-from trainer.data import DataError
+from trainer.errors import DataError
 from trainer.task_data import SplitInfo, TaskDataset, ordered_batches, read_side_file
 
 
