@@ -114,10 +114,6 @@ def resolve_vocab(cfg: ExportConfig, data: str | None) -> VocabSource:
 
 def export_run(cfg: ExportConfig) -> tuple[Path, Path]:
     """Write the export; returns (output directory, checkpoint it came from)."""
-    from trainer.finetune_export import export_finetuned, is_finetune_run
-
-    if is_finetune_run(cfg.run):  # a task head: BertFor<Task> / the original fine-tuning names
-        return export_finetuned(cfg.run, cfg.format, cfg.out, cfg.vocab, cfg.do_lower_case, cfg.overwrite)
     check_export_target(Path(cfg.out), cfg.overwrite)  # before any work
     # The trainer's own loader: the weights are checked against the model they belong to.
     model, bert, ckpt = restore_model(cfg.run)

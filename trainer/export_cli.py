@@ -26,10 +26,14 @@ def export_command(run, fmt, out, vocab, do_lower_case, overwrite) -> None:
     """Export a run's checkpoint for the original TF1 code or for Hugging Face transformers."""
     try:
         from trainer.export import ExportConfig, export_run
+        from trainer.finetune_export import export_finetuned, is_finetune_run
 
         cfg = ExportConfig(run=run, format=fmt, out=out, vocab=vocab, do_lower_case=do_lower_case,
                            overwrite=overwrite)
-        written, ckpt = export_run(cfg)
+        if is_finetune_run(run):  # a task head: BertFor<Task> / the original fine-tuning names
+            written, ckpt = export_finetuned(run, fmt, out, vocab, do_lower_case, overwrite)
+        else:
+            written, ckpt = export_run(cfg)
     except TrainerError as exc:
         raise click.ClickException(str(exc)) from exc
     click.echo(f"exported {ckpt} as {fmt} to {written}")
