@@ -123,7 +123,7 @@ def test_init_from_hf_bertmodel_dir_matches_transformers():
     transformers = pytest.importorskip("transformers")
     path = _minilm_dir()
     config = init_checkpoint_config(str(path))
-    assert config.hidden_act == "gelu" and config.num_hidden_layers == 6  # erf GELU kept
+    assert config.hidden_act == "gelu_exact" and config.num_hidden_layers == 6  # HF's erf "gelu" kept
     model = heads.build_finetune_model(config, "classification", 2, seed=1)
     summary = initialise_encoder(model, None, str(path))
     assert "encoder weights" in summary

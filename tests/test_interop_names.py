@@ -158,7 +158,7 @@ def test_hf_export_loads_in_transformers_and_round_trips(tmp_path, vocab_file, m
     assert np.array_equal(state["cls.predictions.decoder.bias"], arrays["cls/predictions/output_bias"])
     assert np.array_equal(state["bert.encoder.layer.1.intermediate.dense.weight"],
                           arrays["bert/encoder/layer_1/intermediate/dense/kernel"].T)
-    assert model.config.hidden_act == TINY["hidden_act"] and model.config.layer_norm_eps == 1e-12
+    assert model.config.hidden_act == "gelu_new" and model.config.layer_norm_eps == 1e-12
 
     tokenizer = transformers.AutoTokenizer.from_pretrained(str(out))
     assert tokenizer.convert_ids_to_tokens(tokenizer("The CATS sat")["input_ids"]) == [
@@ -234,12 +234,14 @@ def test_tf1_export_directory_like_googles_release(tmp_path, vocab_file):
 
 def test_hf_config_conversion():
     hf = hf_config_from_bert_config(TINY)
-    assert hf["hidden_act"] == "gelu" and hf["architectures"] == ["BertForPreTraining"]
+    assert hf["hidden_act"] == "gelu_new" and hf["architectures"] == ["BertForPreTraining"]
     assert bert_config_from_hf_config(hf, "x") == TINY
-    # The activation keeps its meaning both ways: tanh names -> "gelu_new", erf "gelu" stays.
-    tanh = {**TINY, "hidden_act": "gelu_new"}
-    assert hf_config_from_bert_config(tanh)["hidden_act"] == "gelu_new"
-    assert bert_config_from_hf_config({**hf, "hidden_act": "gelu_pytorch_tanh"}, "x") == tanh
+    # The activation keeps its meaning both ways: the original's tanh "gelu" <-> HF's tanh names,
+    # HF's erf "gelu" <-> "gelu_exact".
+    assert bert_config_from_hf_config({**hf, "hidden_act": "gelu_pytorch_tanh"}, "x") == TINY
+    erf = {**TINY, "hidden_act": "gelu_exact"}
+    assert hf_config_from_bert_config(erf)["hidden_act"] == "gelu"
+    assert bert_config_from_hf_config({**hf, "hidden_act": "gelu"}, "x") == erf
     with pytest.raises(ValueError, match="relative_key"):
         bert_config_from_hf_config({**hf, "position_embedding_type": "relative_key"}, "x")
     with pytest.raises(ValueError, match="layer_norm_eps"):

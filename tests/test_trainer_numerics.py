@@ -270,7 +270,7 @@ def test_skipped_update_leaves_everything_unchanged():
 
 
 def test_bert_config_original_json_round_trip(tmp_path):
-    original = {"attention_probs_dropout_prob": 0.1, "hidden_act": "gelu_new", "hidden_dropout_prob": 0.1,
+    original = {"attention_probs_dropout_prob": 0.1, "hidden_act": "gelu", "hidden_dropout_prob": 0.1,
                 "hidden_size": 768, "initializer_range": 0.02, "intermediate_size": 3072,
                 "max_position_embeddings": 512, "num_attention_heads": 12, "num_hidden_layers": 12,
                 "type_vocab_size": 2, "vocab_size": 30522}

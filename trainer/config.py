@@ -29,17 +29,20 @@ MODEL_SIZES: dict[str, tuple[int, int, int, int]] = {
 }
 
 
-# "gelu": exact erf GELU; "gelu_new": the tanh approximation (Hugging Face's names).
-HIDDEN_ACTS = ("gelu", "gelu_new")
+# The original bert_config.json's names: "gelu" is the tanh approximation (the original code's own
+# `gelu`), "gelu_new" Hugging Face's name of the same; "gelu_exact" is the erf GELU, which Hugging Face
+# calls "gelu". Only trainer/hf.py translates between the two vocabularies.
+HIDDEN_ACTS = ("gelu", "gelu_new", "gelu_exact")
 
 
 @dataclass
 class BertConfig:
     """The original `BertConfig` fields, with the original defaults.
 
-    `hidden_act` uses Hugging Face's names: `"gelu_new"` is the tanh approximation the original
-    code trained with (its own `gelu` function was the tanh form), the default here; `"gelu"` is the
-    exact erf GELU that Hugging Face BERT models (e.g. all-MiniLM-L6-v2) use.
+    `hidden_act` keeps the original's meaning, so Google's `bert_config.json` files and earlier runs
+    load unchanged: `"gelu"` (the default; alias `"gelu_new"`) is the tanh approximation the original
+    code trained with; `"gelu_exact"` is the erf GELU of Hugging Face BERT models (their `"gelu"`,
+    e.g. all-MiniLM-L6-v2).
     """
 
     vocab_size: int
@@ -47,7 +50,7 @@ class BertConfig:
     num_hidden_layers: int = 12
     num_attention_heads: int = 12
     intermediate_size: int = 3072
-    hidden_act: str = "gelu_new"
+    hidden_act: str = "gelu"
     hidden_dropout_prob: float = 0.1
     attention_probs_dropout_prob: float = 0.1
     max_position_embeddings: int = 512

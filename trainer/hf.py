@@ -102,23 +102,27 @@ def hf_to_tf1(state: Mapping[str, np.ndarray], expected: Mapping[str, tuple[int,
 _BERT_CONFIG_KEYS = ("attention_probs_dropout_prob", "hidden_act", "hidden_dropout_prob", "hidden_size",
                      "initializer_range", "intermediate_size", "max_position_embeddings",
                      "num_attention_heads", "num_hidden_layers", "type_vocab_size", "vocab_size")
-# Hugging Face's names of the tanh approximation (the original BERT's activation); "gelu" is erf.
+# Hugging Face's names of the tanh approximation (the original BERT's activation); its "gelu" is erf,
+# our "gelu_exact" (trainer/config.py: the original's "gelu" is tanh).
 _TANH_GELU_NAMES = ("gelu_new", "gelu_pytorch_tanh", "gelu_fast")
+_TO_HF_ACT = {"gelu": "gelu_new", "gelu_new": "gelu_new", "gelu_exact": "gelu"}
 
 
 def hf_config_from_bert_config(bert_config: Mapping, pad_token_id: int = 0) -> dict:
     """`config.json` for `BertForPreTraining` from an original `bert_config.json` dict.
 
-    `hidden_act` keeps its meaning: "gelu_new" (tanh) and "gelu" (erf) are the same names there.
+    The activation keeps its meaning: the original's tanh "gelu" becomes "gelu_new", "gelu_exact"
+    (erf) becomes Hugging Face's "gelu".
     """
-    act = bert_config.get("hidden_act", "gelu_new")
-    if act not in ("gelu", "gelu_new"):
-        raise CheckpointFormatError(f"hidden_act {act!r}: only 'gelu' (erf) and 'gelu_new' (tanh) are supported")
+    act = bert_config.get("hidden_act", "gelu")
+    if act not in _TO_HF_ACT:
+        raise CheckpointFormatError(f"hidden_act {act!r}: only 'gelu' (tanh, the original's), 'gelu_new' "
+                                    "(the same) and 'gelu_exact' (erf) are supported")
     config = {k: bert_config[k] for k in _BERT_CONFIG_KEYS if k in bert_config}
     config.update({
         "architectures": ["BertForPreTraining"],
         "model_type": "bert",
-        "hidden_act": act,
+        "hidden_act": _TO_HF_ACT[act],
         "layer_norm_eps": 1e-12,
         "pad_token_id": int(pad_token_id),
         "position_embedding_type": "absolute",
@@ -131,7 +135,8 @@ def hf_config_from_bert_config(bert_config: Mapping, pad_token_id: int = 0) -> d
 def bert_config_from_hf_config(hf_config: Mapping, source: str) -> dict:
     """An original `bert_config.json` dict from a Hugging Face BERT `config.json`.
 
-    The activation is kept: "gelu" is the exact erf GELU, the tanh names become "gelu_new".
+    The activation keeps its meaning: Hugging Face's erf "gelu" becomes "gelu_exact", its tanh names
+    the original's "gelu".
     """
     problems = []
     if hf_config.get("model_type", "bert") != "bert":
@@ -152,7 +157,7 @@ def bert_config_from_hf_config(hf_config: Mapping, source: str) -> dict:
     if problems:
         raise CheckpointFormatError(f"{source}: not a BERT config this model can load: " + "; ".join(problems))
     config = {k: hf_config[k] for k in _BERT_CONFIG_KEYS if k != "hidden_act"}
-    config["hidden_act"] = "gelu" if act == "gelu" else "gelu_new"
+    config["hidden_act"] = "gelu_exact" if act == "gelu" else "gelu"
     return dict(sorted(config.items()))
 
 

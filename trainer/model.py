@@ -53,7 +53,7 @@ def gelu_exact(x: tf.Tensor) -> tf.Tensor:
     return 0.5 * x * (1.0 + tf.math.erf(x * (1.0 / math.sqrt(2.0))))
 
 
-ACTIVATIONS = {"gelu_new": gelu, "gelu": gelu_exact}
+ACTIVATIONS = {"gelu": gelu, "gelu_new": gelu, "gelu_exact": gelu_exact}
 
 
 def dropout(x: tf.Tensor, rate: float, seed: tf.Tensor | None, site: int) -> tf.Tensor:
