@@ -28,9 +28,9 @@ from trainer.hf import HF_WEIGHTS, hf_config_from_bert_config, tf1_to_hf, write_
 from trainer.loading import restore_model
 from trainer.tf1 import write_tf1_checkpoint
 from trainer.weights import check_arrays, expected_tf1_shapes, model_tf1_arrays
+from vocab.vocab_file import SPECIAL_TOKENS
 
 FORMATS = ("tf1", "hf")
-_SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 # Every name an export writes; a directory holding only these is an earlier export of ours.
 _TF1_EXPORT_FILES = ("bert_config.json", "checkpoint", "vocab.txt")
 _TF1_EXPORT_PREFIX = "bert_model.ckpt."
@@ -68,7 +68,7 @@ def vocab_tokens(vocab: bytes, source: str, vocab_size: int) -> list[str]:
     if len(tokens) > vocab_size:
         raise CheckpointFormatError(f"{source}: vocab has {len(tokens)} tokens but the model only "
                                     f"{vocab_size} embeddings")
-    missing = [t for t in _SPECIAL_TOKENS if t not in tokens]
+    missing = [t for t in SPECIAL_TOKENS if t not in tokens]
     if missing:
         raise CheckpointFormatError(f"{source}: vocab lacks the special tokens {missing}")
     return tokens
