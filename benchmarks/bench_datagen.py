@@ -59,27 +59,14 @@ def corpus_files() -> list[Path]:
 
 
 def train_vocab(files: list[Path], out: Path, size: int = 30522) -> tuple[Path, str]:
-    """A WordPiece vocab of the corpus: the project's trainer when present, else `tokenizers` directly."""
-    try:
-        from contract.fs import LOCAL_FS
-        from contract.vocab_io import write_vocab
-        from vocab.train import train_vocab as project_trainer
-    except ImportError:
-        project_trainer = None
-    if project_trainer is not None:
-        texts = (line for f in files for line in f.read_text(encoding="utf-8").split("\n") if line.strip())
-        write_vocab(project_trainer(texts, size, True), str(out), LOCAL_FS)
-        return out, "vocab.train"
-    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, trainers
+    """A WordPiece vocab of the corpus, trained by the project's own (deterministic) trainer."""
+    from contract.fs import LOCAL_FS
+    from contract.vocab_io import write_vocab
+    from vocab.train import train_vocab as project_trainer
 
-    tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
-    tok.normalizer = normalizers.BertNormalizer(lowercase=True)
-    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
-    trainer_obj = trainers.WordPieceTrainer(vocab_size=size, special_tokens=SPECIAL, min_frequency=2)
-    tok.train([str(f) for f in files], trainer_obj)
-    vocab = tok.get_vocab()
-    out.write_text("\n".join(sorted(vocab, key=vocab.get)) + "\n", encoding="utf-8")
-    return out, "tokenizers.WordPieceTrainer"
+    texts = (line for f in files for line in f.read_text(encoding="utf-8").split("\n") if line.strip())
+    write_vocab(project_trainer(texts, size, True), str(out), LOCAL_FS)
+    return out, "vocab.train"
 
 
 FLOOR_SCRIPT = r"""
