@@ -48,7 +48,6 @@ import psutil
 
 REPO = Path(__file__).resolve().parent.parent
 CORPUS = REPO.parent / "shared" / "corpora" / "enwiki_extract_2015"
-SPECIAL = ["[PAD]", *[f"[unused{i}]" for i in range(99)], "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 
 
 def corpus_files() -> list[Path]:
