@@ -8,7 +8,7 @@ RUN_DIR ?= runs/pretrain
 FINETUNE_DIR ?= runs/finetune
 PYTEST_ARGS ?=
 
-.PHONY: test test-fast pretrain finetune bench lint clean install-data install-train install-dev
+.PHONY: test test-fast pretrain finetune bench ablation lint clean install-data install-train install-dev
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -44,6 +44,12 @@ lint: $(VENV)/.stamp-dev
 
 bench: $(VENV)/.stamp-dev
 	$(PY) -m benchmarks.run_all
+
+# Pre-training variants side by side, in miniature (benchmarks/ablation.py, docs/ablation.md):
+# about 40 minutes on two cores; figures, table and plot in .bench/ablation/.
+ABLATION_ARGS ?=
+ablation: $(VENV)/.stamp-dev
+	$(PY) -m benchmarks.ablation --out .bench/ablation $(ABLATION_ARGS)
 
 # The whole pipeline on the embedded default corpus (no network, no files from outside the repo).
 pretrain: $(VENV)/.stamp-train

@@ -6,7 +6,8 @@ All ratios are taken in one run on this machine:
   matmuls only (projections, attention scores and context, FFN, pooler, MLM transform and the
   tied output matrix).
 - Input overhead = step rate reading the TFRecords through the real tf.data pipeline / step rate on
-  the same batches already in memory (target >= 0.97).
+  the same batches already in memory (target >= 0.97); "tiny-dynamic" reads unmasked records and
+  masks every batch in the pipeline (dynamic masking, `trainer.dynamic_input`).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ MODELS = {
     # of MEASUREMENTS.md (4 layers, 512 wide, 30k vocab, 20 predictions, 32 x 128).
     "small": ("small", 30522, 128, 20, 32),
     "tiny": ("tiny", 30522, 128, 20, 32),
+    "tiny-dynamic": ("tiny", 30522, 128, 20, 32),
 }
 
 
@@ -51,16 +53,16 @@ def training_flops_per_sequence(bert, seq: int, predictions: int) -> float:
     return 3.0 * (layers * per_layer + heads)
 
 
-def _make_run(workdir: str, size: str, vocab: int, seq: int, preds: int, batch: int):
+def _make_run(workdir: str, size: str, vocab: int, seq: int, preds: int, batch: int, masking: str = "static"):
     from trainer.config import TrainConfig
     from trainer.synthetic import write_synthetic_dataset
     from trainer.train import Run
 
-    data = os.path.join(workdir, f"data-{vocab}-{seq}")
+    data = os.path.join(workdir, f"data-{vocab}-{seq}-{masking}")
     if not os.path.exists(os.path.join(data, "manifest.json")):
         write_synthetic_dataset(data, seq_len=seq, max_pred=preds, vocab_size=vocab, train_shards=4,
-                                records_per_shard=256, eval_records=0)
-    cfg = TrainConfig(data=data, out=os.path.join(workdir, f"run-{size}"), model=size, batch_size=batch,
+                                records_per_shard=256, eval_records=0, masking=masking)
+    cfg = TrainConfig(data=data, out=os.path.join(workdir, f"run-{size}-{masking}"), model=size, batch_size=batch,
                       steps=10**6, learning_rate=1e-4, warmup_steps=100, shuffle_buffer=1000)
     return Run(cfg, log=lambda _: None)
 
@@ -84,7 +86,7 @@ def _timed_steps(run, batches, step0: int) -> float:
 
 def bench_model(workdir: str, name: str, steps: int, rounds: int) -> dict:
     size, vocab, seq, preds, batch = MODELS[name]
-    run = _make_run(workdir, size, vocab, seq, preds, batch)
+    run = _make_run(workdir, size, vocab, seq, preds, batch, "dynamic" if name.endswith("dynamic") else "static")
     _timed_steps(run, 2, 0)  # trace + warm up
     cached = [run.next_batch() for _ in range(steps)]
     _timed_steps(run, cached[:1], 0)
@@ -106,7 +108,8 @@ def bench_model(workdir: str, name: str, steps: int, rounds: int) -> dict:
     seq_per_s = n * batch / cached_time
     flops = training_flops_per_sequence(run.bert, seq, preds) * seq_per_s
     return {
-        "model": f"{size} (L{run.bert.num_hidden_layers} H{run.bert.hidden_size}), vocab {vocab}, batch {batch}x{seq}, P {preds}",
+        "model": (f"{size} (L{run.bert.num_hidden_layers} H{run.bert.hidden_size}), vocab {vocab}, batch {batch}x{seq}, "
+                  f"P {preds}{', dynamic masking' if name.endswith('dynamic') else ''}"),
         "seconds_per_step": cached_time / n,
         "sequences_per_second": seq_per_s,
         "model_gflops_per_second": flops / 1e9,
@@ -114,6 +117,34 @@ def bench_model(workdir: str, name: str, steps: int, rounds: int) -> dict:
         "mfu_vs_matmul": flops / matmul_rate,
         "input_ratio_real_over_cached": (n / real_time) / (n / cached_time),
     }
+
+
+def masking_cost(batch: int = 32, seq: int = 128, repeats: int = 50) -> dict[str, float]:
+    """Milliseconds to mask one batch with `datagen.dynamic.mask_records` (the input pipeline's
+    per-batch work under dynamic masking), per masking unit, on realistic word pieces."""
+    import numpy as np
+
+    from datagen.config import DatagenConfig
+    from datagen.dynamic import mask_records
+    from datagen.rng import Stream
+
+    class Vocab:  # a BERT-like layout: ids 0-4 special, every third piece a "##" continuation
+        size, pad_id, cls_id, sep_id, mask_id = 30522, 0, 2, 3, 4
+        is_continuation = np.arange(30522) % 3 == 0
+
+    draws = Stream.for_purpose(1, "bench-masking").u64_array(batch * seq).reshape(batch, seq)
+    ids = (5 + draws % np.uint64(30000)).astype(np.int32)
+    ids[:, 0], ids[:, seq // 2], ids[:, -1] = 2, 3, 3
+    mask = np.ones((batch, seq), np.int32)
+    keys = np.arange(batch, dtype=np.int64)
+    out = {}
+    for unit in ("token", "word", "span"):
+        config = DatagenConfig(max_seq_length=seq, max_predictions_per_seq=20, masking_unit=unit)
+        start = time.perf_counter()
+        for epoch in range(repeats):
+            mask_records(ids, mask, keys, epoch, 1, config, Vocab)
+        out[unit] = (time.perf_counter() - start) / repeats * 1e3
+    return out
 
 
 def main(quick: bool = False) -> dict:
@@ -125,13 +156,18 @@ def main(quick: bool = False) -> dict:
     results: dict = {"intra_op_threads": tf.config.threading.get_intra_op_parallelism_threads()}
     with tempfile.TemporaryDirectory() as workdir:
         results["tiny"] = bench_model(workdir, "tiny", steps=5 if quick else 10, rounds=2 if quick else 4)
+        results["tiny-dynamic"] = bench_model(workdir, "tiny-dynamic", steps=5 if quick else 10,
+                                              rounds=2 if quick else 4)
         results["small"] = bench_model(workdir, "small", steps=2, rounds=2 if quick else 3)
-    print(f"{'model':<54} {'s/step':>7} {'seq/s':>7} {'GFLOP/s':>8} {'matmul':>7} {'MFU':>6} {'input':>6}")
-    for key in ("tiny", "small"):
+    print(f"{'model':<70} {'s/step':>7} {'seq/s':>7} {'GFLOP/s':>8} {'matmul':>7} {'MFU':>6} {'input':>6}")
+    for key in ("tiny", "tiny-dynamic", "small"):
         r = results[key]
-        print(f"{r['model']:<54} {r['seconds_per_step']:>7.3f} {r['sequences_per_second']:>7.1f} "
+        print(f"{r['model']:<70} {r['seconds_per_step']:>7.3f} {r['sequences_per_second']:>7.1f} "
               f"{r['model_gflops_per_second']:>8.1f} {r['matmul_gflops_per_second']:>7.1f} "
               f"{r['mfu_vs_matmul']:>6.1%} {r['input_ratio_real_over_cached']:>6.3f}")
+    results["dynamic_mask_ms_per_batch"] = masking_cost()
+    print("dynamic masking, ms per batch of 32 x 128 (host, in the pipeline's parallel map): "
+          + ", ".join(f"{unit} {ms:.2f}" for unit, ms in results["dynamic_mask_ms_per_batch"].items()))
     print("GFLOP/s: model matmul FLOPs (3x forward) per second; matmul: dense float32 1024^2 matmul rate "
           "measured between the timed blocks; MFU = their ratio; input: step rate with TFRecord input / "
           "with the same batches in memory (target >= 0.97)")

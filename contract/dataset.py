@@ -69,11 +69,13 @@ def read_vocab(path: str, fs: FileSystem) -> Vocab:
 def record_shape(vocab: Vocab, max_seq_length: int, max_predictions: int, config: dict | None = None
                  ) -> RecordShape:
     """What a record must look like, with this vocab's special ids and the config's masking settings."""
-    prob = (config or {}).get("masked_lm_prob")
+    config = config or {}
+    prob = config.get("masked_lm_prob")
     return RecordShape(max_seq_length, max_predictions, len(vocab), vocab.cls_id, vocab.sep_id,
                        vocab.mask_id, vocab.pad_id, vocab.unk_id,
                        float(prob) if prob is not None else None,
-                       bool((config or {}).get("whole_word_mask", False)))
+                       bool(config.get("whole_word_mask", False)),
+                       str(config.get("objective", "nsp")), str(config.get("masking", "static")))
 
 
 def is_dataset_dir(path: str, fs: FileSystem) -> bool:

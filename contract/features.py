@@ -6,7 +6,7 @@ module only says which features each kind of dataset must declare.
 
 from __future__ import annotations
 
-from datagen.records import feature_spec
+from datagen.records import MASKINGS, OBJECTIVES, feature_spec
 
 PRETRAINING = "pretraining"
 TASK = "task"
@@ -29,5 +29,19 @@ REQUIRED_TOP_BY_KIND: dict[str, tuple[str, ...]] = {
     TASK: ("task",),
 }
 
+
+
+def required_features(kind: str, config: dict | None) -> tuple[str, ...]:
+    """The features a manifest of `kind` must list; for pre-training data, those of the objective
+    and masking its config names (manifests without them are NSP + static masking)."""
+    if kind != PRETRAINING:
+        return REQUIRED_FEATURES_BY_KIND[kind]
+    config = config if isinstance(config, dict) else {}
+    objective, masking = config.get("objective", "nsp"), config.get("masking", "static")
+    if objective not in OBJECTIVES or masking not in MASKINGS:
+        return REQUIRED_FEATURES
+    return tuple(feature_spec(1, 1, objective, masking))
+
+
 __all__ = ["DEFAULT_KIND", "PRETRAINING", "REQUIRED_FEATURES", "REQUIRED_FEATURES_BY_KIND",
-           "REQUIRED_TOP_BY_KIND", "TASK", "feature_spec"]
+           "REQUIRED_TOP_BY_KIND", "TASK", "feature_spec", "required_features"]

@@ -10,7 +10,13 @@ import json
 import platform
 from typing import Any
 
-from contract.features import DEFAULT_KIND, REQUIRED_FEATURES, REQUIRED_FEATURES_BY_KIND, REQUIRED_TOP_BY_KIND
+from contract.features import (
+    DEFAULT_KIND,
+    REQUIRED_FEATURES,
+    REQUIRED_FEATURES_BY_KIND,
+    REQUIRED_TOP_BY_KIND,
+    required_features,
+)
 from contract.fs import FileSystem
 from datagen import __version__
 
@@ -157,7 +163,7 @@ def validate_manifest(manifest: Any, source: str = MANIFEST_NAME) -> None:
     _require(manifest, REQUIRED_TOP + REQUIRED_TOP_BY_KIND[kind], "", source)
     _require(manifest["vocab"], REQUIRED_VOCAB, "vocab", source)
     _int_field(manifest["vocab"]["size"], "vocab.size", source)
-    required = REQUIRED_FEATURES_BY_KIND[kind]
+    required = required_features(kind, manifest.get("config"))
     _require(manifest["features"], required, "features", source)
     for name in required:
         _feature_field(manifest["features"][name], f"features.{name}", source)
@@ -182,6 +188,8 @@ def validate_manifest(manifest: Any, source: str = MANIFEST_NAME) -> None:
 def shape_from_manifest(manifest: dict) -> tuple[int, int]:
     """(max_seq_length, max_predictions_per_seq) as recorded in the manifest's feature spec."""
     features = manifest["features"]
+    if "masked_lm_positions" not in features:  # dynamic masking: the trainer's prediction slots
+        return int(features["input_ids"][1]), int(manifest["config"]["max_predictions_per_seq"])
     return int(features["input_ids"][1]), int(features["masked_lm_positions"][1])
 
 

@@ -12,6 +12,9 @@ INPUT_FORMATS = ("text", "sentences", "jsonl", "wikiextractor")
 TEXT_LAYOUTS = ("auto", "plain", "book", "wikitext")
 _SEED_RANGE = (-(2**63), 2**63 - 1)
 MAX_SHARDS = 100_000  # shard names have five digits
+MASKING_UNITS = ("token", "word", "span")  # word = the original's whole-word masking
+OBJECTIVES = ("nsp", "doc-sentences", "full-sentences")  # sentence pairs + NSP; RoBERTa's packed inputs
+MASKINGS = ("static", "dynamic")  # dupe_factor masked copies; one unmasked copy the trainer masks
 
 
 class ConfigError(ValueError):
@@ -28,7 +31,10 @@ class DatagenConfig:
     short_seq_prob: float = 0.1
     dupe_factor: int = 10
     random_seed: int = 12345
-    whole_word_mask: bool = False
+    whole_word_mask: bool = False  # True exactly when masking_unit is "word" or "span"
+    masking_unit: str = "token"
+    objective: str = "nsp"
+    masking: str = "static"
     do_lower_case: bool = True
     mask_ratios: tuple[float, float, float] = (0.8, 0.1, 0.1)  # [MASK], keep, random
     input_format: str = "text"
@@ -43,6 +49,12 @@ class DatagenConfig:
     max_notnext_tries: int = 10
 
     def __post_init__(self) -> None:
+        # whole_word_mask is the original's name for masking_unit="word"; spans are made of whole
+        # words too. Either spelling gives the same config (and the same manifest).
+        if self.whole_word_mask and self.masking_unit == "token":
+            object.__setattr__(self, "masking_unit", "word")
+        if self.masking_unit in ("word", "span"):
+            object.__setattr__(self, "whole_word_mask", True)
         self.validate()
 
     def validate(self) -> None:
@@ -69,6 +81,15 @@ class DatagenConfig:
             raise ConfigError(f"--dupe-factor {self.dupe_factor} must be >= 1")
         if len(self.mask_ratios) != 3 or any(r < 0 for r in self.mask_ratios) or abs(sum(self.mask_ratios) - 1.0) > 1e-6:
             raise ConfigError(f"--mask-ratios {self.mask_ratios} must be three non-negative numbers summing to 1")
+        if self.masking_unit not in MASKING_UNITS:
+            raise ConfigError(f"--masking-unit {self.masking_unit!r} is not one of {', '.join(MASKING_UNITS)}")
+        if self.objective not in OBJECTIVES:
+            raise ConfigError(f"--objective {self.objective!r} is not one of {', '.join(OBJECTIVES)}")
+        if self.masking not in MASKINGS:
+            raise ConfigError(f"--masking {self.masking!r} is not one of {', '.join(MASKINGS)}")
+        if self.masking == "dynamic" and self.dupe_factor != 1:
+            raise ConfigError(f"--dupe-factor {self.dupe_factor} with --masking dynamic: dynamic data is "
+                              "written once, unmasked (the trainer draws a new mask each epoch)")
         if self.input_format not in INPUT_FORMATS:
             raise ConfigError(f"--input-format {self.input_format!r} is not one of {', '.join(INPUT_FORMATS)}")
         if self.num_shards is not None and self.num_shards < 1:

@@ -13,7 +13,7 @@ from typing import Protocol
 
 import numpy as np
 
-from datagen.records import FLOAT_FEATURES, INT_FEATURES
+from datagen.records import FLOAT_FEATURES, INSTANCE_KEY, INT_FEATURES
 from datagen.tfrecord import RawBatch, RecordError
 
 
@@ -23,7 +23,7 @@ class RecordSpec(Protocol):
     def spec(self) -> dict[str, tuple[str, int]]: ...
 
 
-FEATURE_NAMES = INT_FEATURES + FLOAT_FEATURES
+FEATURE_NAMES = INT_FEATURES + FLOAT_FEATURES + (INSTANCE_KEY,)
 
 
 # ---------------------------------------------------------------- exact, one record
@@ -354,7 +354,8 @@ def decode_raw(raw: RawBatch, shape: RecordSpec) -> tuple[Batch, list[tuple[int,
     known = name_of >= 0
     per_name = np.bincount(ent_rec[known] * len(FEATURE_NAMES) + name_of[known],
                            minlength=n * len(FEATURE_NAMES)).reshape(n, len(FEATURE_NAMES))
-    bad |= (per_name != 1).any(axis=1)
+    expected = np.array([name in spec for name in FEATURE_NAMES], np.int64)  # each feature of the kind once
+    bad |= (per_name != expected[None, :]).any(axis=1)
 
     # Feature{int64_list (3) | float_list (2)} -> List{value (1), packed}
     use = np.nonzero(known & ~bad[ent_rec])[0]
@@ -364,6 +365,8 @@ def decode_raw(raw: RawBatch, shape: RecordSpec) -> tuple[Batch, list[tuple[int,
 
     features: dict[str, np.ndarray] = {}
     for j, name in enumerate(FEATURE_NAMES):
+        if name not in spec:
+            continue
         sel = np.nonzero(name_of[use] == j)[0]
         recs = ent_rec[use[sel]]
         ok = ~bad[recs]

@@ -91,11 +91,13 @@ def _encode_plan(plan: PoolPlan, config: DatagenConfig, vocab: Vocab) -> tuple[E
         framed, framed_lengths = encode_framed(batch)
         blobs.append(framed)
         lengths.append(framed_lengths)
-        masked.append((batch.masked_lm_weights > 0).sum(axis=1))
+        weights = batch.masked_lm_weights  # None for dynamic masking: nothing masked yet
+        masked.append(np.zeros(len(batch), np.int64) if weights is None else (weights > 0).sum(axis=1))
     if not blobs:
         return EncodedRecords.empty(), np.zeros(0, np.int32), np.zeros(0, np.int64)
     records = EncodedRecords(plan.keys[order], np.concatenate(lengths).astype(np.int64), b"".join(blobs))
-    return records, plan.labels[order], np.concatenate(masked)
+    labels = np.zeros(len(order), np.int32) if plan.labels is None else plan.labels[order]  # no NSP: none
+    return records, labels, np.concatenate(masked)
 
 
 def sorted_shard(parts: list[EncodedRecords], where: str) -> EncodedRecords:

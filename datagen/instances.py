@@ -45,6 +45,7 @@ import numpy as np
 from datagen.config import DatagenConfig
 from datagen.documents import TokenizedDocument, unique_documents
 from datagen.masking import mask_batch
+from datagen.packing import PackedPlan, plan_packed_pass
 from datagen.records import InstanceBatch
 from datagen.rng import GOLDEN, MASK64, derive_key, mix64_array, u64_for_keys
 
@@ -281,9 +282,16 @@ class PoolPlan:
     def __len__(self) -> int:
         return int(self.keys.shape[0])
 
+    def layout(self, take: np.ndarray, seq: int, vocab: Vocab) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``[CLS] A [SEP] B [SEP]`` rows ``take``: ids, lengths, segment ids."""
+        return _layout(self.tokens, self.a_lo[take], self.len_a[take], self.b_lo[take], self.len_b[take], seq, vocab)
 
-def masked_rows(plan: PoolPlan, rows: np.ndarray, config: DatagenConfig, vocab: Vocab) -> InstanceBatch:
-    """The instances ``rows`` (indices into ``plan``), laid out and masked, in that order."""
+
+def masked_rows(plan: PoolPlan | PackedPlan, rows: np.ndarray, config: DatagenConfig, vocab: Vocab) -> InstanceBatch:
+    """The instances ``rows`` (indices into ``plan``), laid out and masked, in that order.
+
+    With ``masking="dynamic"`` they stay unmasked and carry their identity key instead.
+    """
     blocks = [_masked_block(plan, rows[lo:lo + ROWS_PER_BLOCK], config, vocab)
               for lo in range(0, rows.shape[0], ROWS_PER_BLOCK)]
     if len(blocks) == 1:  # the pipeline's case: no copy into a second batch
@@ -291,43 +299,57 @@ def masked_rows(plan: PoolPlan, rows: np.ndarray, config: DatagenConfig, vocab: 
     if not blocks:
         return empty_batch(config)
     return InstanceBatch(**{f.name: np.concatenate([getattr(b, f.name) for b in blocks])
-                            for f in fields(InstanceBatch)})
+                            for f in fields(InstanceBatch) if getattr(blocks[0], f.name) is not None})
 
 
-def _masked_block(plan: PoolPlan, take: np.ndarray, config: DatagenConfig, vocab: Vocab) -> InstanceBatch:
+def _masked_block(plan: PoolPlan | PackedPlan, take: np.ndarray, config: DatagenConfig, vocab: Vocab) -> InstanceBatch:
     seq = config.max_seq_length
-    ids, lengths, segments = _layout(plan.tokens, plan.a_lo[take], plan.len_a[take], plan.b_lo[take],
-                                     plan.len_b[take], seq, vocab)
+    ids, lengths, segments = plan.layout(take, seq, vocab)
+    common = dict(
+        input_mask=(np.arange(seq)[None, :] < lengths[:, None]).astype(np.int32),
+        segment_ids=segments,
+        next_sentence_labels=None if plan.labels is None else plan.labels[take],
+    )
+    if config.masking == "dynamic":
+        return InstanceBatch(input_ids=ids.astype(np.int32, copy=False), **common,
+                             instance_key=plan.keys[take].view(np.int64))
     masked = mask_batch(ids, lengths, plan.mask_keys[take], config, vocab)
     return InstanceBatch(
         input_ids=masked.input_ids,
-        input_mask=(np.arange(seq)[None, :] < lengths[:, None]).astype(np.int32),
-        segment_ids=segments,
         masked_lm_positions=masked.masked_lm_positions,
         masked_lm_ids=masked.masked_lm_ids,
         masked_lm_weights=masked.masked_lm_weights,
-        next_sentence_labels=plan.labels[take],
+        **common,
     )
 
 
 def empty_batch(config: DatagenConfig) -> InstanceBatch:
+    """No instances, with the features of ``config``'s records."""
     s, p = config.max_seq_length, config.max_predictions_per_seq
+    dynamic = config.masking == "dynamic"
     return InstanceBatch(
         input_ids=np.zeros((0, s), np.int32), input_mask=np.zeros((0, s), np.int32),
-        segment_ids=np.zeros((0, s), np.int32), masked_lm_positions=np.zeros((0, p), np.int32),
-        masked_lm_ids=np.zeros((0, p), np.int32), masked_lm_weights=np.zeros((0, p), np.float32),
-        next_sentence_labels=np.zeros((0,), np.int32),
+        segment_ids=np.zeros((0, s), np.int32),
+        masked_lm_positions=None if dynamic else np.zeros((0, p), np.int32),
+        masked_lm_ids=None if dynamic else np.zeros((0, p), np.int32),
+        masked_lm_weights=None if dynamic else np.zeros((0, p), np.float32),
+        next_sentence_labels=np.zeros((0,), np.int32) if config.objective == "nsp" else None,
+        instance_key=np.zeros((0,), np.int64) if dynamic else None,
     )
 
 
-def plan_pool_pass(pool: Sequence[TokenizedDocument], pass_index: int, config: DatagenConfig) -> PoolPlan | None:
+def plan_pool_pass(pool: Sequence[TokenizedDocument], pass_index: int,
+                   config: DatagenConfig) -> PoolPlan | PackedPlan | None:
     """The plan of every instance of ``pool`` in one pass (None for a pool without documents).
 
     ``pool`` is sorted by ``doc_id`` with one document per identity (``unique_documents``): the
-    pipeline dedupes each pool once, when it is built, not once per pass.
+    pipeline dedupes each pool once, when it is built, not once per pass. Sentence pairs for
+    ``objective="nsp"``; packed sentences (``datagen.packing``) otherwise.
     """
     if not pool:
         return None
+    if config.objective != "nsp":
+        return plan_packed_pass(pool, pass_index, config, doc_pass_keys)
     flat = _Pool.of(pool)
     max_num_tokens = config.max_seq_length - 3
     targets = _target_lengths(flat, pass_index, config)
@@ -372,5 +394,5 @@ def build_pool_instances(pool: Sequence[TokenizedDocument], pass_index: int, con
     if plan is None:
         return PoolPass(empty_batch(config), np.zeros(0, np.uint64), {"instances": 0})
     batch = masked_rows(plan, np.arange(len(plan)), config, vocab)
-    stats = {**plan.stats, "duplicate_documents": duplicates, "masked_tokens": int(batch.masked_lm_weights.sum())}
-    return PoolPass(batch, plan.keys, stats)
+    masked = 0 if batch.masked_lm_weights is None else int(batch.masked_lm_weights.sum())
+    return PoolPass(batch, plan.keys, {**plan.stats, "duplicate_documents": duplicates, "masked_tokens": masked})

@@ -18,6 +18,11 @@ group-order key at counter ``p + 1``, its mask/keep/random choice at
 ``S + p + 1`` and its random token at ``2S + p + 1`` (``S = max_seq_length``),
 all through ``datagen.rng.u64_for_keys``.  The random order of groups is the
 order of the keys drawn at their first positions (``argsort``, stable).
+
+``masking_unit`` picks the groups: ``token`` (one position each), ``word``
+(whole words, the original's ``--whole-word-mask``) or ``span`` (runs of whole
+words, ``datagen.spans``; there the mask/keep/random choice is made once per
+span, from the draw of its first position).
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ import numpy as np
 
 from datagen.config import DatagenConfig
 from datagen.rng import u64_for_keys
+from datagen.spans import choose_spans
 
 _U53 = np.float64(1.0 / (1 << 53))
 _NEVER = np.uint64(np.iinfo(np.uint64).max)  # order key of a non-candidate
@@ -77,18 +83,22 @@ def mask_batch(ids: np.ndarray, lengths: np.ndarray, keys: np.ndarray, config: D
     npred = config.max_predictions_per_seq
     lengths = np.asarray(lengths, dtype=np.int64)
     keys = np.asarray(keys, dtype=np.uint64)
-    cand, starts, group = candidate_groups(ids, lengths, vocab, config.whole_word_mask)
+    cand, starts, group = candidate_groups(ids, lengths, vocab, config.masking_unit != "token")
     target = num_to_predict(lengths, config)
     counters = np.arange(1, seq + 1, dtype=np.uint64)
 
-    if config.whole_word_mask:
+    owner = None
+    if config.masking_unit == "span":
+        chosen, owner = choose_spans(cand, starts, group, keys, counters, target)
+    elif config.masking_unit == "word":
         chosen = _choose_whole_words(cand, starts, group, keys, counters, target)
     else:
         chosen = _choose_positions(cand, keys, counters, target)
 
     rows, cols = np.nonzero(chosen)  # row-major, so positions come out sorted
     labels = ids[rows, cols]
-    choice = _uniform(u64_for_keys(keys[rows], counters[cols] + np.uint64(seq)))
+    choice_cols = cols if owner is None else owner[rows, cols]
+    choice = _uniform(u64_for_keys(keys[rows], counters[choice_cols] + np.uint64(seq)))
     mask_p, keep_p, _ = config.mask_ratios
     to_mask = choice < mask_p
     to_random = choice >= mask_p + keep_p

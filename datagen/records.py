@@ -29,12 +29,27 @@ INT_FEATURES = (
 FLOAT_FEATURES = ("masked_lm_weights",)
 # Deterministic serialization writes map entries in key order.
 FEATURE_ORDER = tuple(sorted(INT_FEATURES + FLOAT_FEATURES))
+# The record's identity (the instance's 64-bit key as int64) in records of dynamic masking, which
+# carry no masked_lm_* features: the trainer masks them, keyed by this identity.
+INSTANCE_KEY = "instance_key"
+MASKED_LM_FEATURES = ("masked_lm_positions", "masked_lm_ids", "masked_lm_weights")
+OBJECTIVES = ("nsp", "doc-sentences", "full-sentences")  # the original pairs + NSP; RoBERTa's two
+MASKINGS = ("static", "dynamic")
 
 
-def feature_spec(max_seq_length: int, max_predictions_per_seq: int) -> dict[str, tuple[str, int]]:
-    """Name -> (dtype, length) of every feature, as the original trainer parses them."""
+def feature_spec(max_seq_length: int, max_predictions_per_seq: int, objective: str = "nsp",
+                 masking: str = "static") -> dict[str, tuple[str, int]]:
+    """Name -> (dtype, length) of every feature, as the original trainer parses them.
+
+    The defaults are the original record. Without NSP there is no ``next_sentence_labels``; with
+    dynamic masking there are no ``masked_lm_*`` features but an ``instance_key``.
+    """
+    if objective not in OBJECTIVES:
+        raise ValueError(f"objective {objective!r} is not one of {', '.join(OBJECTIVES)}")
+    if masking not in MASKINGS:
+        raise ValueError(f"masking {masking!r} is not one of {', '.join(MASKINGS)}")
     s, p = max_seq_length, max_predictions_per_seq
-    return {
+    spec = {
         "input_ids": ("int64", s),
         "input_mask": ("int64", s),
         "segment_ids": ("int64", s),
@@ -43,25 +58,42 @@ def feature_spec(max_seq_length: int, max_predictions_per_seq: int) -> dict[str,
         "masked_lm_weights": ("float32", p),
         "next_sentence_labels": ("int64", 1),
     }
+    if objective != "nsp":
+        del spec["next_sentence_labels"]
+    if masking == "dynamic":
+        for name in MASKED_LM_FEATURES:
+            del spec[name]
+        spec[INSTANCE_KEY] = ("int64", 1)
+    return spec
 
 
 @dataclass
 class InstanceBatch:
-    """Padded instances, one row each (the record's features, before encoding)."""
+    """Padded instances, one row each (the record's features, before encoding).
+
+    A feature left ``None`` is not in the records (no NSP label without NSP, no masked_lm_* with
+    dynamic masking); ``instance_key`` is only written for dynamic masking.
+    """
 
     input_ids: np.ndarray  # (n, max_seq_length) int
     input_mask: np.ndarray  # (n, max_seq_length) 0/1
     segment_ids: np.ndarray  # (n, max_seq_length) 0/1
-    masked_lm_positions: np.ndarray  # (n, max_predictions) int
-    masked_lm_ids: np.ndarray  # (n, max_predictions) int
-    masked_lm_weights: np.ndarray  # (n, max_predictions) float32
-    next_sentence_labels: np.ndarray  # (n,) 0/1
+    masked_lm_positions: np.ndarray | None = None  # (n, max_predictions) int
+    masked_lm_ids: np.ndarray | None = None  # (n, max_predictions) int
+    masked_lm_weights: np.ndarray | None = None  # (n, max_predictions) float32
+    next_sentence_labels: np.ndarray | None = None  # (n,) 0/1
+    instance_key: np.ndarray | None = None  # (n,) int64 (the uint64 key's bits)
 
     def __len__(self) -> int:
         return int(self.input_ids.shape[0])
 
+    @property
+    def feature_names(self) -> tuple[str, ...]:
+        """The features of these records, in serialization (key) order."""
+        return tuple(sorted(name for name in (*FEATURE_ORDER, INSTANCE_KEY) if getattr(self, name) is not None))
+
     def row(self, i: int) -> dict[str, np.ndarray]:
-        return {name: np.atleast_1d(getattr(self, name)[i]) for name in FEATURE_ORDER}
+        return {name: np.atleast_1d(getattr(self, name)[i]) for name in self.feature_names}
 
 
 # ---------------------------------------------------------------- varints
@@ -81,7 +113,7 @@ def _length_delimited(field: int, payload: bytes) -> bytes:
     return _varint((field << 3) | 2) + _varint(len(payload)) + payload
 
 
-_KEY_BYTES = {name: b"\x0a" + _varint(len(name)) + name.encode() for name in FEATURE_ORDER}
+_KEY_BYTES = {name: b"\x0a" + _varint(len(name)) + name.encode() for name in (*FEATURE_ORDER, INSTANCE_KEY)}
 
 # ---------------------------------------------------------------- slot encoding
 # A batch is encoded as one (rows x slots) byte matrix with a same-shaped "keep" mask: every row
@@ -131,7 +163,7 @@ def _payload_pieces(batch: InstanceBatch) -> tuple[list[_Piece], np.ndarray]:
     n = len(batch)
     pieces: list[_Piece] = []
     entries_len = np.zeros(n, dtype=np.int64)
-    for name in FEATURE_ORDER:
+    for name in batch.feature_names:
         if name in FLOAT_FEATURES:
             weights = np.ascontiguousarray(getattr(batch, name), dtype="<f4").reshape(n, -1)
             values: _Piece = (weights.view(np.uint8), None)
@@ -221,16 +253,18 @@ def encode_batch_reference(batch: InstanceBatch) -> list[bytes]:
     """Serialized ``tf.train.Example`` bytes, one record at a time (the reference for encode_batch)."""
     n = len(batch)
     # Scalar varints, value by value: independent of the vectorized slot encoder it checks.
+    names = batch.feature_names
     packed = {name: [np.atleast_1d(np.asarray(row)).astype(np.uint64).tolist() for row in getattr(batch, name)]
-              for name in INT_FEATURES}
-    weights = np.ascontiguousarray(batch.masked_lm_weights, dtype="<f4")
+              for name in names if name not in FLOAT_FEATURES}
+    weights = np.ascontiguousarray(batch.masked_lm_weights if batch.masked_lm_weights is not None
+                                   else np.zeros((n, 0)), dtype="<f4")
     weight_bytes = weights.tobytes()
     row_w = weights.shape[1] * 4
 
     records: list[bytes] = []
     for i in range(n):
         entries = []
-        for name in FEATURE_ORDER:
+        for name in names:
             if name in packed:
                 values = b"".join(_varint(v) for v in packed[name][i])
                 feature = _length_delimited(3, _length_delimited(1, values))  # int64_list

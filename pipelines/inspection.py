@@ -15,7 +15,7 @@ def record_view(batch: Batch, row: int, vocab: Vocab, shape: RecordShape) -> dic
     one = Batch(batch.index[row:row + 1], {k: v[row:row + 1] for k, v in batch.features.items()})
     lay = derive(one, shape)
     length, sep1 = int(lay.length[0]), int(lay.first_sep[0])
-    k = int(lay.n_masked[0])
+    k = int(lay.n_masked[0])  # 0 for dynamic masking: the trainer masks these records
     masked = {}
     for j in range(k):
         pos, label = int(f["masked_lm_positions"][j]), int(f["masked_lm_ids"][j])
@@ -28,13 +28,17 @@ def record_view(batch: Batch, row: int, vocab: Vocab, shape: RecordShape) -> dic
         if i in masked:
             entry["masked"] = masked[i]
         tokens.append(entry)
-    nsp = int(f["next_sentence_labels"][0])
-    a_end = sep1 if sep1 > 0 else length
+    has_nsp = "next_sentence_labels" in f
+    nsp = int(f["next_sentence_labels"][0]) if has_nsp else None
+    # Without NSP the record is one segment (a [SEP] inside it separates documents).
+    a_end = sep1 if sep1 > 0 and has_nsp else max(length - 1, 0)
+    extra = {"instance_key": f"{int(f['instance_key'][0]) & ((1 << 64) - 1):#018x}"} if "instance_key" in f else {}
     return {
         "index": int(batch.index[row]),
         "length": length,
         "next_sentence_label": nsp,
-        "relation": {0: "IsNext", 1: "NotNext"}.get(nsp, "invalid"),
+        "relation": {0: "IsNext", 1: "NotNext"}.get(nsp, "invalid") if has_nsp else "none (no NSP)",
+        **extra,
         "tokens": tokens,
         "a": [t["token"] for t in tokens[1:a_end]],
         "b": [t["token"] for t in tokens[a_end + 1:length - 1]],
@@ -72,20 +76,25 @@ def format_record(view: dict, shard_name: str, words: bool = False) -> str:
     tokens = view["tokens"]
     a_end = 1 + len(view["a"])
     nsp = view["next_sentence_label"]
-    why = {0: "B follows A in the document",
-           1: "B is a random segment, not the text after A: from another document, or from this one when "
-              "it is alone in its NotNext pool"}.get(nsp, "")
-    lines = [
-        f"{shard_name} record {view['index']}: {view['length']} tokens, {len(view['masked'])} masked, "
-        f"NSP label {nsp} = {view['relation']}" + (f" ({why})" if why else ""),
-        "  A: " + _segment_text(tokens[1:a_end], words),
-        "  B: " + _segment_text(tokens[a_end + 1:view["length"] - 1], words),
-        "  masked: " + ", ".join(
+    if nsp is None:  # packed sentences, one segment
+        head = f"{shard_name} record {view['index']}: {view['length']} tokens, {len(view['masked'])} masked, no NSP"
+        body = ["  text: " + _segment_text(tokens[1:a_end], words)]
+    else:
+        why = {0: "B follows A in the document",
+               1: "B is a random segment, not the text after A: from another document, or from this one when "
+                  "it is alone in its NotNext pool"}.get(nsp, "")
+        head = (f"{shard_name} record {view['index']}: {view['length']} tokens, {len(view['masked'])} masked, "
+                f"NSP label {nsp} = {view['relation']}" + (f" ({why})" if why else ""))
+        body = ["  A: " + _segment_text(tokens[1:a_end], words),
+                "  B: " + _segment_text(tokens[a_end + 1:view["length"] - 1], words)]
+    if "instance_key" in view:
+        masked_line = f"  masked: none stored (dynamic masking; instance_key {view['instance_key']})"
+    else:
+        masked_line = "  masked: " + ", ".join(
             f"{m['position']} {'[MASK]' if m['kind'] == 'mask' else m['kind']}"
             + (f" ({m['shown']})" if m["kind"] == "random" else "") + f" -> {m['label']}"
-            for m in view["masked"]),
-    ]
-    return "\n".join(lines)
+            for m in view["masked"])
+    return "\n".join([head, *body, masked_line])
 
 
 def inspect_records(ds: Dataset, *, split: str | None, shard: int, index: int, count: int

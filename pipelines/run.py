@@ -173,7 +173,8 @@ def build_pipeline(p: beam.Pipeline, plan: PipelinePlan) -> None:
 
 # Further counters worth a line in the manifest, when the reader or the instance builder reports them.
 EXTRA_TOTALS = ("empty_documents", "nul_bytes", "notnext_forced", "notnext_same_document",
-                "truncated_instances", "truncated_tokens", "short_target_documents")
+                "truncated_instances", "truncated_tokens", "short_target_documents",
+                "cross_document_instances")
 
 
 def finalize_totals(totals: dict[str, Any]) -> dict[str, Any]:
@@ -295,7 +296,8 @@ def _generate_into(out: outputs.DatasetOutput, config: DatagenConfig, files: lis
                "size": int(vocab.size), "do_lower_case": config.do_lower_case},
         input_info={"patterns": list(inputs), "files": len(files),
                     "bytes": int(sum(f.size for f in files)), "fingerprint": summary["fingerprint"]},
-        features=feature_spec(config.max_seq_length, config.max_predictions_per_seq),
+        features=feature_spec(config.max_seq_length, config.max_predictions_per_seq, config.objective,
+                              config.masking),
         splits=splits,
         totals=totals,
         created_by={"runner": setup.runner, "python": platform.python_version()},

@@ -7,7 +7,15 @@ import sys
 import click
 
 from contract.cliutil import FiniteFloat
-from datagen.config import INPUT_FORMATS, TEXT_LAYOUTS, ConfigError, DatagenConfig
+from datagen.config import (
+    INPUT_FORMATS,
+    MASKING_UNITS,
+    MASKINGS,
+    OBJECTIVES,
+    TEXT_LAYOUTS,
+    ConfigError,
+    DatagenConfig,
+)
 from pipelines.runners import RUNNERS
 
 
@@ -46,9 +54,16 @@ def summary_table(manifest: dict, wall_seconds: float, cpu_seconds: dict[str, fl
         ("sentences", f"{totals['sentences']:,}"),
         ("tokens", f"{totals['tokens']:,}"),
         ("instances", f"{totals['instances']:,}"),
-        ("NotNext fraction", f"{totals['notnext_fraction']:.4f}"),
-        ("masked tokens", f"{totals['masked_tokens']:,}"),
     ]
+    config = manifest.get("config", {})
+    if config.get("objective", "nsp") == "nsp":
+        rows.append(("NotNext fraction", f"{totals['notnext_fraction']:.4f}"))
+    else:
+        rows.append(("objective", f"{config['objective']} (no NSP)"))
+    if config.get("masking", "static") == "dynamic":
+        rows.append(("masking", "dynamic (unmasked records; the trainer masks them)"))
+    else:
+        rows.append(("masked tokens", f"{totals['masked_tokens']:,}"))
     for split, info in manifest["splits"].items():
         rows.append((f"{split} shards / records / MB",
                      f"{len(info['shards'])} / {info['records']:,} / {info['bytes'] / 1e6:,.2f}"))
@@ -79,9 +94,19 @@ def summary_table(manifest: dict, wall_seconds: float, cpu_seconds: dict[str, fl
 @click.option("--max-predictions-per-seq", type=int, default=20, show_default=True)
 @click.option("--masked-lm-prob", type=FiniteFloat(), default=0.15, show_default=True)
 @click.option("--short-seq-prob", type=FiniteFloat(), default=0.1, show_default=True)
-@click.option("--dupe-factor", type=int, default=10, show_default=True)
+@click.option("--dupe-factor", type=int, default=None,
+              help="Masked copies of each instance, static masking only  [default: 10]")
 @click.option("--random-seed", type=int, default=12345, show_default=True)
-@click.option("--whole-word-mask", is_flag=True, default=False, help="Mask whole words (## pieces together).")
+@click.option("--whole-word-mask", is_flag=True, default=False,
+              help="Mask whole words (## pieces together); the same as --masking-unit word.")
+@click.option("--masking-unit", type=click.Choice(MASKING_UNITS), default=None,
+              help="token, word (whole words) or span (SpanBERT spans of whole words)  [default: token]")
+@click.option("--objective", type=click.Choice(OBJECTIVES), default="nsp", show_default=True,
+              help="nsp: sentence pairs with NSP labels; doc-sentences / full-sentences: packed sentences "
+                   "without NSP, within / across documents.")
+@click.option("--masking", type=click.Choice(MASKINGS), default="static", show_default=True,
+              help="static: --dupe-factor masked copies; dynamic: one unmasked copy, masked by the trainer "
+                   "anew each epoch.")
 @click.option("--do-lower-case/--no-lower-case", default=True, show_default=True)
 @click.option("--mask-ratios", default="0.8,0.1,0.1", show_default=True,
               help="Fractions of chosen positions that become [MASK], keep the token, get a random token.")
@@ -109,11 +134,15 @@ def summary_table(manifest: dict, wall_seconds: float, cpu_seconds: dict[str, fl
 def run_command(ctx: click.Context, inputs: tuple[str, ...], vocab_path: str, output_dir: str,
                 input_format: str, text_layout: str, text_field: str, max_seq_length: int, max_predictions_per_seq: int,
                 masked_lm_prob: float, short_seq_prob: float, dupe_factor: int, random_seed: int,
-                whole_word_mask: bool, do_lower_case: bool, mask_ratios: str, num_shards: int | None,
+                whole_word_mask: bool, masking_unit: str | None, objective: str, masking: str,
+                do_lower_case: bool, mask_ratios: str, num_shards: int | None,
                 target_shard_mb: float, eval_fraction: float, notnext_pool_size: int,
                 sentence_splitter: str, strict: bool, overwrite: bool, runner: str,
                 dask_scheduler: str | None, dask_workers: int, read_chunk_mb: float, quiet: bool) -> None:
-    """Generate BERT pre-training data (MLM + NSP TFRecords, manifest.json) from raw documents."""
+    """Generate BERT pre-training data (MLM + NSP TFRecords, manifest.json) from raw documents.
+
+    Variants: --objective doc-sentences|full-sentences (no NSP), --masking dynamic, --masking-unit span.
+    """
     beam_args = list(ctx.args)
     from pipelines.options import check_pass_through_options
 
@@ -121,6 +150,14 @@ def run_command(ctx: click.Context, inputs: tuple[str, ...], vocab_path: str, ou
     bad = stray_arguments(beam_args)
     if bad:
         raise click.UsageError(f"unexpected argument(s) {' '.join(bad)}; Beam options look like --name=value")
+    if masking == "dynamic" and dupe_factor is not None:
+        raise click.BadParameter("not with --masking dynamic: dynamic data is written once, unmasked, and the "
+                                 "trainer draws a new mask each epoch", param_hint="'--dupe-factor'")
+    if whole_word_mask and masking_unit not in (None, "word"):
+        raise click.BadParameter(f"--whole-word-mask is --masking-unit word, not {masking_unit}",
+                                 param_hint="'--whole-word-mask'")
+    if dupe_factor is None:
+        dupe_factor = 1 if masking == "dynamic" else 10
     try:
         config = DatagenConfig(
             max_seq_length=max_seq_length,
@@ -130,6 +167,9 @@ def run_command(ctx: click.Context, inputs: tuple[str, ...], vocab_path: str, ou
             dupe_factor=dupe_factor,
             random_seed=random_seed,
             whole_word_mask=whole_word_mask,
+            masking_unit=masking_unit or ("word" if whole_word_mask else "token"),
+            objective=objective,
+            masking=masking,
             do_lower_case=do_lower_case,
             mask_ratios=parse_mask_ratios(mask_ratios),
             input_format=input_format,

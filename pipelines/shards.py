@@ -14,7 +14,6 @@ import numpy as np
 from contract.dataset import Dataset, DatasetError, ShardRef
 from datagen.example_codec import Batch, decode_batch
 from datagen.record_rules import RecordShape
-from datagen.records import feature_spec
 from datagen.tfrecord import CHUNK_BYTES, ShardStream
 from pipelines import fsio
 
@@ -55,7 +54,7 @@ def read_records(ref: ShardRef, shape: RecordShape, start: int, count: int) -> t
             break
     if not got:
         empty = {k: np.zeros((0, c), np.float32 if d == "float32" else np.int64)
-                 for k, (d, c) in feature_spec(shape.max_seq_length, shape.max_predictions).items()}
+                 for k, (d, c) in shape.spec().items()}
         return Batch(np.zeros(0, np.int64), empty), [f"{ref.name}: {m}" for _, m in stream.problems]
     batch, problems = decode_batch(got, got_idx, shape)
     msgs = [f"{ref.name}: record {i}: {m}" for i, m in problems] + [f"{ref.name}: {m}" for _, m in stream.problems]

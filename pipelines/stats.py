@@ -52,15 +52,19 @@ class StatsAccum:
         s = shape.max_seq_length
         length = np.clip(lay.length, 0, s)
         sep1 = lay.first_sep
-        a = np.clip(sep1 - 1, 0, s)
-        b = np.clip(length - sep1 - 2, 0, s)
+        if shape.objective == "nsp":
+            a = np.clip(sep1 - 1, 0, s)
+            b = np.clip(length - sep1 - 2, 0, s)
+        else:  # one segment (inner [SEP]s between documents count as its tokens), no B
+            a, b = np.clip(length - 2, 0, s), np.zeros(0, np.int64)
         self.seq_len += np.bincount(length, minlength=s + 1)[: s + 1]
         self.a_len += np.bincount(a, minlength=s + 1)[: s + 1]
         self.b_len += np.bincount(b, minlength=s + 1)[: s + 1]
         self.masked += np.bincount(np.clip(lay.n_masked, 0, shape.max_predictions),
                                    minlength=shape.max_predictions + 1)
         self.records += len(batch)
-        self.notnext += int((f["next_sentence_labels"][:, 0] == 1).sum())
+        if "next_sentence_labels" in f:
+            self.notnext += int((f["next_sentence_labels"][:, 0] == 1).sum())
         self.pad_positions += int((s - length).sum())
         self.positions += len(batch) * s
         inside = np.arange(s) < length[:, None]
@@ -71,6 +75,8 @@ class StatsAccum:
         self.text_tokens += int(text.sum())
         if shape.unk_id is not None:
             self.unk += int((lay.original[text] == shape.unk_id).sum())
+        if "masked_lm_weights" not in f:  # dynamic masking: the trainer masks these records
+            return
         w = f["masked_lm_weights"] == 1
         pos = np.clip(f["masked_lm_positions"], 0, s - 1)
         shown = np.take_along_axis(f["input_ids"], pos, axis=1)[w]
@@ -134,11 +140,13 @@ def compute_stats(ds: Dataset, *, split: str | None = None, workers: int | None 
         "unreadable_records": acc.unreadable,
         "max_seq_length": ds.shape.max_seq_length,
         "max_predictions_per_seq": ds.shape.max_predictions,
+        "objective": ds.shape.objective,
+        "masking": ds.shape.masking,
         "seq_length": _hist_summary(acc.seq_len),
         "a_length": _hist_summary(acc.a_len),
         "b_length": _hist_summary(acc.b_len),
         "masked_count": _hist_summary(acc.masked),
-        "notnext_share": round(acc.notnext / n, 6),
+        "notnext_share": round(acc.notnext / n, 6) if ds.shape.objective == "nsp" else None,
         "padding_share": round(acc.pad_positions / max(acc.positions, 1), 6),
         "unk_rate": round(acc.unk / max(acc.text_tokens, 1), 6),
         "text_tokens": acc.text_tokens,
@@ -157,22 +165,30 @@ def format_stats(st: dict) -> str:
              f"(max_seq_length {st['max_seq_length']}, max_predictions_per_seq {st['max_predictions_per_seq']})"]
     if st["unreadable_records"]:
         lines.append(f"WARNING: {st['unreadable_records']} records could not be read (run verify)")
+    objective, masking = st.get("objective", "nsp"), st.get("masking", "static")
+    if objective != "nsp" or masking != "static":
+        lines.append(f"objective {objective}{' (no NSP: one segment per record)' if objective != 'nsp' else ''}, "
+                     f"masking {masking}{' (unmasked records: the trainer masks them)' if masking == 'dynamic' else ''}")
     lines.append(f"{'':<22}{'mean':>9}{'min':>7}{'p50':>7}{'p95':>7}{'max':>7}")
-    for label, key in (("sequence length", "seq_length"), ("A length", "a_length"), ("B length", "b_length"),
-                       ("masked tokens", "masked_count")):
+    rows = [("sequence length", "seq_length")]
+    rows += [("A length", "a_length"), ("B length", "b_length")] if objective == "nsp" else []
+    rows += [("masked tokens", "masked_count")] if masking == "static" else []
+    for label, key in rows:
         h = st[key]
         if h["mean"] is None:
             lines.append(f"{label:<22}{'-':>9}")
             continue
         lines.append(f"{label:<22}{h['mean']:>9.2f}{h['min']:>7}{h['p50']:>7}{h['p95']:>7}{h['max']:>7}")
     mk = st["mask_kinds"]
+    if st["notnext_share"] is not None:
+        lines.append(f"{'NotNext share':<22}{st['notnext_share']:>9.4f}")
     lines += [
-        f"{'NotNext share':<22}{st['notnext_share']:>9.4f}",
         f"{'padding share':<22}{st['padding_share']:>9.4f}",
         f"{'[UNK] rate':<22}{st['unk_rate']:>9.4f}   of {st['text_tokens']} text tokens",
-        f"{'masked as':<22}[MASK] {mk['mask']:.3f}  kept {mk['kept']:.3f}  random {mk['random']:.3f}",
-        "most frequent tokens: " + ", ".join(f"{t['token']} {t['share']:.4f}" for t in st["top_tokens"][:10]),
     ]
+    if masking == "static":
+        lines.append(f"{'masked as':<22}[MASK] {mk['mask']:.3f}  kept {mk['kept']:.3f}  random {mk['random']:.3f}")
+    lines.append("most frequent tokens: " + ", ".join(f"{t['token']} {t['share']:.4f}" for t in st["top_tokens"][:10]))
     return "\n".join(lines)
 
 
@@ -194,7 +210,8 @@ def plot_stats(st: dict, path: str) -> str:
         ax.set_title(f"{label} (mean {st[key]['mean']})")
         ax.set_xlabel("tokens")
         ax.set_ylabel("records")
-    fig.suptitle(f"{st['dataset']} [{st['split']}]: {st['records']} records, NotNext {st['notnext_share']:.3f}, "
+    nsp = f"NotNext {st['notnext_share']:.3f}" if st["notnext_share"] is not None else "no NSP"
+    fig.suptitle(f"{st['dataset']} [{st['split']}]: {st['records']} records, {nsp}, "
                  f"padding {st['padding_share']:.3f}")
     fig.tight_layout()
     out = io.BytesIO()

@@ -66,8 +66,11 @@ def verify_shard(task: ShardTask) -> ShardResult:
             for index, message in sorted(problems + checked):
                 _add(res, index, message, task.max_problems)
             res.problem_count += total - len(checked)
-            res.notnext += int((batch.features["next_sentence_labels"] == 1).sum())
-            res.masked += int((batch.features["masked_lm_weights"] == 1).sum())
+            features = batch.features  # data without NSP or with dynamic masking lacks some
+            if "next_sentence_labels" in features:
+                res.notnext += int((features["next_sentence_labels"] == 1).sum())
+            if "masked_lm_weights" in features:
+                res.masked += int((features["masked_lm_weights"] == 1).sum())
     except OSError as e:
         _add(res, None, f"cannot read: {e}", task.max_problems)
     for index, message in stream.problems:
@@ -119,7 +122,8 @@ def _manifest_problems(ds: Dataset, vocab_bytes: bytes | None) -> list[str]:
                         f"{cfg.get('max_predictions_per_seq')}) disagree with features ({seq}/{preds})")
     if "random_seed" in cfg and m["seed"] != cfg["random_seed"]:
         problems.append(f"{src}: seed {m['seed']} disagrees with config.random_seed {cfg['random_seed']}")
-    for name, (dtype, count) in feature_spec(seq, preds).items():
+    objective, masking = cfg.get("objective", "nsp"), cfg.get("masking", "static")
+    for name, (dtype, count) in feature_spec(seq, preds, objective, masking).items():
         if list(m["features"][name]) != [dtype, count]:
             problems.append(f"{src}: features.{name} is {m['features'][name]}, expected {[dtype, count]}")
     seen: set[str] = set()

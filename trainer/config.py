@@ -126,6 +126,7 @@ class BertConfig:
 
 STRATEGIES = ("auto", "one-device", "mirrored", "tpu", "multi-worker")
 PRECISIONS = ("float32", "mixed_bfloat16", "mixed_float16")
+OPTIMIZERS = ("adamw", "lamb")  # the original AdamWeightDecay; LAMB (trainer/optimizer.py)
 
 
 @dataclass
@@ -142,6 +143,7 @@ class TrainConfig:
     learning_rate: float = 1e-4
     warmup_steps: int = 100
     weight_decay: float = 0.01
+    optimizer: str = "adamw"
     clip_norm: float = 1.0
     seed: int = 12345
     # Only for TFRecord globs (a manifest states them).
@@ -186,6 +188,8 @@ class TrainConfig:
             raise ConfigError(f"clip_norm must be positive and finite, got {self.clip_norm}")
         if self.strategy not in STRATEGIES:
             raise ConfigError(f"strategy {self.strategy!r} not in {STRATEGIES}")
+        if self.optimizer not in OPTIMIZERS:
+            raise ConfigError(f"optimizer {self.optimizer!r} not in {OPTIMIZERS}")
         if self.precision not in PRECISIONS:
             raise ConfigError(f"precision {self.precision!r} not in {PRECISIONS}")
         if self.model not in MODEL_SIZES and self.bert_config is None:
@@ -195,6 +199,11 @@ class TrainConfig:
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+    @classmethod
+    def field_defaults(cls) -> dict[str, Any]:
+        """Each option that has a plain default, with it."""
+        return {f.name: f.default for f in dataclasses.fields(cls) if f.default is not dataclasses.MISSING}
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n"

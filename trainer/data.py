@@ -19,7 +19,7 @@ import tensorflow as tf
 from contract.features import PRETRAINING
 from contract.manifest import ManifestError, load_manifest, manifest_kind
 from datagen.example_codec import decode_example
-from datagen.records import feature_spec
+from datagen.records import INSTANCE_KEY, feature_spec
 from datagen.tfrecord import RecordError, iter_tfrecords, masked_crc32c
 from trainer.config import BertConfig
 from trainer.errors import DataError
@@ -40,6 +40,15 @@ class DatasetInfo:
     eval_records: int | None = None
     manifest: dict | None = None
     identity: dict = field(default_factory=dict)  # {"fingerprint", "shards"}: see dataset_identity
+    objective: str = "nsp"  # from the manifest's config: nsp | doc-sentences | full-sentences
+    masking: str = "static"  # static | dynamic (the input pipeline masks, trainer.dynamic_input)
+
+    @property
+    def has_nsp(self) -> bool:
+        return self.objective == "nsp"
+
+    def features(self) -> dict[str, tuple[str, int]]:
+        return feature_spec(self.max_seq_length, self.max_predictions_per_seq, self.objective, self.masking)
 
 
 def open_dataset(data: str, max_seq_length: int | None = None, max_predictions_per_seq: int | None = None,
@@ -93,7 +102,8 @@ def _from_manifest(directory: str) -> DatasetInfo:
     manifest = ds.manifest
     assert manifest is not None
     seq_len, max_pred = ds.max_seq_length, ds.max_predictions
-    expected = feature_spec(seq_len, max_pred)
+    objective, masking = data_kind(manifest)
+    expected = feature_spec(seq_len, max_pred, objective, masking)
     got = {k: (v[0], int(v[1])) for k, v in manifest["features"].items()}
     for name, spec in expected.items():
         if got.get(name) != spec:
@@ -113,7 +123,13 @@ def _from_manifest(directory: str) -> DatasetInfo:
     return DatasetInfo(source=directory, max_seq_length=seq_len, max_predictions_per_seq=max_pred,
                        train_files=train, eval_files=evals, vocab_size=int(vocab["size"]),
                        train_records=n_train,
-                       eval_records=n_eval, manifest=manifest)
+                       eval_records=n_eval, manifest=manifest, objective=objective, masking=masking)
+
+
+def data_kind(manifest: dict) -> tuple[str, str]:
+    """(objective, masking) of a dataset; manifests from before these options are nsp + static."""
+    config = manifest.get("config", {})
+    return str(config.get("objective", "nsp")), str(config.get("masking", "static"))
 
 
 def _glob(patterns: str) -> list[str]:
@@ -268,23 +284,40 @@ def check_fits(info: DatasetInfo, bert: BertConfig) -> None:
         raise DataError(f"{info.source}: data and model do not fit: " + "; ".join(problems))
 
 
-def parse_batch(serialized: tf.Tensor, max_seq_length: int, max_predictions_per_seq: int) -> dict[str, tf.Tensor]:
-    """Parse a batch of serialized examples with the original fixed-length features; ints -> int32."""
-    spec = feature_spec(max_seq_length, max_predictions_per_seq)
+def parse_batch(serialized: tf.Tensor, max_seq_length: int, max_predictions_per_seq: int,
+                spec: dict[str, tuple[str, int]] | None = None) -> dict[str, tf.Tensor]:
+    """Parse a batch of serialized examples with fixed-length features (the original's unless
+    `spec` says otherwise); ints -> int32, but a record's 64-bit identity stays int64."""
+    spec = spec or feature_spec(max_seq_length, max_predictions_per_seq)
     features = {name: tf.io.FixedLenFeature([length], tf.int64 if dtype == "int64" else tf.float32)
                 for name, (dtype, length) in spec.items()}
     parsed = tf.io.parse_example(serialized, features)
-    return {k: tf.cast(v, tf.int32) if v.dtype == tf.int64 else v for k, v in parsed.items()}
+    return {k: tf.cast(v, tf.int32) if v.dtype == tf.int64 and k != INSTANCE_KEY else v for k, v in parsed.items()}
 
 
 def train_dataset(info: DatasetInfo, batch_size: int, seed: int, shuffle_buffer: int = 10000,
-                  cycle_length: int = 8) -> tf.data.Dataset:
-    """Endless, deterministic, shuffled batches of the train split."""
+                  cycle_length: int = 8, keep_identity: bool = False) -> tf.data.Dataset:
+    """Endless, deterministic, shuffled batches of the train split.
+
+    With dynamic masking each record travels with the epoch it was read in (the pass over the
+    files its file was read in), and each batch is masked from (seed, record identity, epoch).
+    """
+    n_files = len(info.train_files)
     files = tf.data.Dataset.from_tensor_slices(info.train_files)
-    files = files.shuffle(len(info.train_files), seed=seed, reshuffle_each_iteration=True).repeat()
+    files = files.shuffle(n_files, seed=seed, reshuffle_each_iteration=True).repeat()
+    if info.masking == "dynamic":
+        from trainer.dynamic_input import dynamic_batches
+
+        records = files.enumerate().interleave(
+            lambda i, f: tf.data.TFRecordDataset(f, buffer_size=1 << 20).map(lambda r: (r, i // n_files)),
+            cycle_length=min(cycle_length, n_files), block_length=1,
+            num_parallel_calls=tf.data.AUTOTUNE, deterministic=True,
+        )
+        records = records.shuffle(shuffle_buffer, seed=seed + 1, reshuffle_each_iteration=True)
+        return dynamic_batches(records, info, batch_size, seed, parse_batch, keep_identity)
     records = files.interleave(
         lambda f: tf.data.TFRecordDataset(f, buffer_size=1 << 20),
-        cycle_length=min(cycle_length, len(info.train_files)), block_length=1,
+        cycle_length=min(cycle_length, n_files), block_length=1,
         num_parallel_calls=tf.data.AUTOTUNE, deterministic=True,
     )
     records = records.shuffle(shuffle_buffer, seed=seed + 1, reshuffle_each_iteration=True)
@@ -292,27 +325,39 @@ def train_dataset(info: DatasetInfo, batch_size: int, seed: int, shuffle_buffer:
 
 
 def eval_dataset(info: DatasetInfo, batch_size: int, files: list[str] | None = None) -> tf.data.Dataset:
-    """The eval split (or `files`) in file order, once, full batches only."""
+    """The eval split (or `files`) in file order, once, full batches only.
+
+    Dynamic-masking data is masked as in epoch 0 with the dataset's own seed, so every run (any
+    training seed) is evaluated on the same masks.
+    """
     files = files if files is not None else info.eval_files
     records = tf.data.TFRecordDataset(files, buffer_size=1 << 20, num_parallel_reads=1)
+    if info.masking == "dynamic":
+        from trainer.dynamic_input import dynamic_batches
+
+        seed = int((info.manifest or {}).get("config", {}).get("random_seed", 0))
+        return dynamic_batches(records.map(lambda r: (r, tf.constant(0, tf.int64))), info, batch_size, seed,
+                               parse_batch)
     return _batched(records, info, batch_size)
 
 
 def _batched(records: tf.data.Dataset, info: DatasetInfo, batch_size: int) -> tf.data.Dataset:
     ds = records.batch(batch_size, drop_remainder=True)
-    ds = ds.map(lambda s: parse_batch(s, info.max_seq_length, info.max_predictions_per_seq),
+    spec = info.features()
+    ds = ds.map(lambda s: parse_batch(s, info.max_seq_length, info.max_predictions_per_seq, spec),
                 num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
     options = tf.data.Options()
     options.deterministic = True
     return ds.with_options(options).prefetch(tf.data.AUTOTUNE)
 
 
-def find_bad_record(files: list[str], max_seq_length: int, max_predictions_per_seq: int) -> str | None:
+def find_bad_record(files: list[str], max_seq_length: int, max_predictions_per_seq: int,
+                    spec: dict[str, tuple[str, int]] | None = None) -> str | None:
     """Scan `files` without TensorFlow; describe the first corrupt record (file, index) or None.
 
     Called after tf.data fails, because TensorFlow's own errors do not name the file.
     """
-    spec = feature_spec(max_seq_length, max_predictions_per_seq)
+    spec = spec or feature_spec(max_seq_length, max_predictions_per_seq)
     for path in files:
         try:
             with tf.io.gfile.GFile(path, "rb") as stream:

@@ -37,34 +37,43 @@ def next_sentence_loss(logits: tf.Tensor, labels: tf.Tensor) -> tf.Tensor:
 
 
 def batch_sums(outputs: dict, batch: dict) -> dict[str, tf.Tensor]:
-    """Additive statistics of one (sub-)batch; `losses_from_sums` turns them into losses."""
+    """Additive statistics of one (sub-)batch; `losses_from_sums` turns them into losses.
+
+    A batch without `next_sentence_labels` (data without NSP) has no NSP terms: `nsp_examples` 0.
+    """
     weights = tf.cast(batch["masked_lm_weights"], tf.float32)
     mlm_ce = masked_lm_cross_entropy(outputs["mlm_logits"], batch["masked_lm_ids"])
     mlm_hit = tf.cast(tf.equal(tf.argmax(outputs["mlm_logits"], axis=-1, output_type=tf.int32),
                                tf.cast(batch["masked_lm_ids"], tf.int32)), tf.float32)
+    examples = tf.cast(tf.shape(batch["input_ids"])[0], tf.float32)
+    mlm = {
+        "mlm_ce": tf.reduce_sum(weights * mlm_ce),
+        "mlm_weight": tf.reduce_sum(weights),
+        "mlm_correct": tf.reduce_sum(weights * mlm_hit),
+        "examples": examples,
+    }
+    if "next_sentence_labels" not in batch:
+        zero = tf.constant(0.0, tf.float32)
+        return {**mlm, "nsp_ce": zero, "nsp_correct": zero, "nsp_examples": zero}
     labels = tf.reshape(tf.cast(batch["next_sentence_labels"], tf.int32), [-1])
     nsp_ce = next_sentence_cross_entropy(outputs["nsp_logits"], labels)
     nsp_hit = tf.cast(tf.equal(tf.argmax(outputs["nsp_logits"], axis=-1, output_type=tf.int32), labels),
                       tf.float32)
     return {
-        "mlm_ce": tf.reduce_sum(weights * mlm_ce),
-        "mlm_weight": tf.reduce_sum(weights),
-        "mlm_correct": tf.reduce_sum(weights * mlm_hit),
+        **mlm,
         "nsp_ce": tf.reduce_sum(nsp_ce),
         "nsp_correct": tf.reduce_sum(nsp_hit),
-        "examples": tf.cast(tf.size(labels), tf.float32),
+        "nsp_examples": examples,
     }
 
 
 def losses_from_sums(sums: dict) -> dict[str, float]:
-    """Losses and accuracies (Python floats) from summed statistics."""
+    """Losses and accuracies (Python floats) from summed statistics; no nsp_* without NSP data."""
     s = {k: float(v) for k, v in sums.items()}
     mlm_loss = s["mlm_ce"] / (s["mlm_weight"] + MLM_DENOMINATOR_EPSILON)
-    nsp_loss = s["nsp_ce"] / max(s["examples"], 1.0)
-    return {
-        "loss": mlm_loss + nsp_loss,
-        "mlm_loss": mlm_loss,
-        "nsp_loss": nsp_loss,
-        "mlm_accuracy": s["mlm_correct"] / max(s["mlm_weight"], 1e-12),
-        "nsp_accuracy": s["nsp_correct"] / max(s["examples"], 1.0),
-    }
+    out = {"loss": mlm_loss, "mlm_loss": mlm_loss, "mlm_accuracy": s["mlm_correct"] / max(s["mlm_weight"], 1e-12)}
+    if s.get("nsp_examples", s["examples"]) > 0:
+        nsp_loss = s["nsp_ce"] / max(s["examples"], 1.0)
+        out.update(loss=mlm_loss + nsp_loss, nsp_loss=nsp_loss,
+                   nsp_accuracy=s["nsp_correct"] / max(s["examples"], 1.0))
+    return out

@@ -1,4 +1,4 @@
-"""The original optimizer: AdamWeightDecay, global-norm clipping, warmup + linear decay.
+"""The optimizers: the original AdamWeightDecay and LAMB; global-norm clipping, warmup + linear decay.
 
 Written as a plain update (not a `keras.optimizers.Optimizer` subclass) on purpose: the Keras base
 class brings its own iteration counter, weight-decay order (decay applied before the Adam step),
@@ -12,6 +12,17 @@ Update (no bias correction; decay skipped for LayerNorm and bias variables)::
     m = b1 m + (1 - b1) g;  v = b2 v + (1 - b2) g^2
     u = m / (sqrt(v) + eps) + wd * w
     w = w - lr * u
+
+`Lamb` (`--optimizer lamb`) is the layer-wise variant NVIDIA's and MLPerf's BERT use for large
+batches: the same moments, bias-corrected with the count t of updates applied so far (this one
+included, as NVIDIA's LAMB with its global step advanced first), and each variable's update scaled
+by its trust ratio ||w|| / ||u|| (1 when either norm is 0)::
+
+    u = (m / (1 - b1^t)) / (sqrt(v / (1 - b2^t)) + eps) + wd * w
+    w = w - lr * r * u,   r = ||w|| / ||u||
+
+Decay and trust ratio are both skipped for LayerNorm and bias variables (MLPerf's LAMB: its layer
+adaptation exclusions default to the decay exclusions).
 """
 
 from __future__ import annotations
@@ -23,9 +34,11 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from trainer.config import OPTIMIZERS
 from trainer.errors import CheckpointError
 
 EXCLUDE_FROM_WEIGHT_DECAY = ("LayerNorm", "layer_norm", "bias")
+LAMB_UPDATES_KEY = "lamb_updates"
 
 
 def learning_rate(step: int, init_lr: float, warmup_steps: int, total_steps: int) -> np.float32:
@@ -116,6 +129,79 @@ class AdamWeightDecay:
         for name, m, v in zip(self.names, self.m, self.v, strict=True):
             m.assign(arrays[name + "/adam_m"])
             v.assign(arrays[name + "/adam_v"])
+
+
+class Lamb(AdamWeightDecay):
+    """LAMB with the slots of AdamWeightDecay plus a count of applied updates (bias correction).
+
+    A skipped loss-scaled step (`ok=False`) does not count, so t is the number of updates that
+    really changed the weights; the count is checkpointed with the slots.
+    """
+
+    def __init__(self, variables: dict, weight_decay: float = 0.01, beta_1: float = 0.9,
+                 beta_2: float = 0.999, epsilon: float = 1e-6,
+                 exclude_from_weight_decay: Sequence[str] = EXCLUDE_FROM_WEIGHT_DECAY,
+                 exclude_from_layer_adaptation: Sequence[str] | None = None):
+        super().__init__(variables, weight_decay, beta_1, beta_2, epsilon, exclude_from_weight_decay)
+        adaptation_exclusions = exclude_from_layer_adaptation or exclude_from_weight_decay
+        self.adapt = [uses_weight_decay(n, adaptation_exclusions) for n in self.names]
+        self.updates = tf.Variable(0, dtype=tf.int64, trainable=False, name=LAMB_UPDATES_KEY)
+
+    def _apply_all(self, strategy, grads, lr, ok) -> None:
+        t = tf.cast(tf.convert_to_tensor(self.updates) + 1, tf.float32)
+        corrections = (1.0 - tf.pow(tf.constant(self.beta_1, tf.float32), t),
+                       1.0 - tf.pow(tf.constant(self.beta_2, tf.float32), t))
+        for i, var in enumerate(self.variables):
+            target = var.value if isinstance(var, keras.Variable) else var
+            strategy.extended.update(
+                target, self._lamb_one, args=(grads[i], self.m[i], self.v[i], lr, ok, corrections),
+                kwargs={"decay": self.decay[i], "adapt": self.adapt[i]}, group=False,
+            )
+        if ok is None:
+            strategy.extended.update(self.updates, lambda u: u.assign_add(1), group=False)
+        else:
+            strategy.extended.update(self.updates, lambda u, ok: u.assign_add(tf.cast(ok, tf.int64)),
+                                     args=(ok,), group=False)
+
+    def _lamb_one(self, w, g, m, v, lr, ok, corrections, decay: bool, adapt: bool):
+        g = tf.convert_to_tensor(g, tf.float32)
+        next_m = self.beta_1 * m + (1.0 - self.beta_1) * g
+        next_v = self.beta_2 * v + (1.0 - self.beta_2) * tf.square(g)
+        update = (next_m / corrections[0]) / (tf.sqrt(next_v / corrections[1]) + self.epsilon)
+        if decay:
+            update += self.weight_decay * w
+        if adapt:
+            w_norm, u_norm = tf.norm(w), tf.norm(update)
+            ratio = tf.where(w_norm > 0, tf.where(u_norm > 0, w_norm / u_norm, 1.0), 1.0)
+            update = ratio * update
+        next_w = w - lr * update
+        if ok is not None:
+            next_w = tf.where(ok, next_w, w)
+            next_m = tf.where(ok, next_m, m)
+            next_v = tf.where(ok, next_v, v)
+        w.assign(next_w)
+        m.assign(next_m)
+        v.assign(next_v)
+
+    def slot_arrays(self) -> dict[str, np.ndarray]:
+        out = super().slot_arrays()
+        out[LAMB_UPDATES_KEY] = np.asarray(self.updates.numpy(), dtype=np.int64)
+        return out
+
+    def load_slot_arrays(self, arrays: dict[str, np.ndarray], source: str = "checkpoint") -> None:
+        if LAMB_UPDATES_KEY not in arrays:
+            raise CheckpointError(f"{source}: no {LAMB_UPDATES_KEY} (not a checkpoint of a LAMB run)")
+        super().load_slot_arrays(arrays, source)
+        self.updates.assign(int(arrays[LAMB_UPDATES_KEY]))
+
+
+def make_optimizer(name: str, variables: dict, weight_decay: float = 0.01) -> AdamWeightDecay:
+    """The optimizer called `name` (one of OPTIMIZERS) for `variables` (TF1 name -> variable)."""
+    if name == "adamw":
+        return AdamWeightDecay(variables, weight_decay=weight_decay)
+    if name == "lamb":
+        return Lamb(variables, weight_decay=weight_decay)
+    raise ValueError(f"unknown optimizer {name!r}; choose one of {', '.join(OPTIMIZERS)}")
 
 
 def _slot_name(name: str, kind: str) -> str:

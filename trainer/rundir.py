@@ -78,7 +78,8 @@ def check_settings(run: Path, cfg: TrainConfig) -> None:
     path = run / TRAIN_CONFIG_FILE
     if not path.is_file() or not has_completed_steps(run):
         return
-    previous = _read_json(path)
+    # A key missing from an older run's file had its default then (options only get added).
+    previous = {**TrainConfig.field_defaults(), **_read_json(path)}
     current = cfg.to_dict()
     ignored = TrainConfig.RESUMABLE_CHANGES | _DATA_OPTIONS
     differing = sorted(k for k in set(previous) | set(current)

@@ -43,7 +43,9 @@ def make_step_functions(model: BertPretrainer, optimizer: AdamWeightDecay, strat
             # This part's share of the whole batch's loss (see module docstring).
             loss = sums["mlm_ce"] / (weight_total + MLM_DENOMINATOR_EPSILON) + sums["nsp_ce"] / global_examples
             scaled = loss * scale if scale is not None else loss
-        grads = tape.gradient(scaled, [v.value for v in variables])
+        # Without NSP data the pooler and NSP head take no part in the loss: zero gradients.
+        grads = tape.gradient(scaled, [v.value for v in variables],
+                              unconnected_gradients=tf.UnconnectedGradients.ZERO)
         # Embedding lookups give IndexedSlices; dense sums keep accumulation and all-reduce simple.
         return [tf.convert_to_tensor(g) for g in grads], sums
 

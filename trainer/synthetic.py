@@ -43,35 +43,57 @@ def synthetic_batch(n: int, seq_len: int, max_pred: int, vocab_size: int, seed: 
     return InstanceBatch(ids, mask, segments, positions, labels, weights, nsp)
 
 
+def unmasked(batch: InstanceBatch, identity_key: int) -> InstanceBatch:
+    """The batch's records as dynamic-masking data: masked positions restored, an identity each."""
+    ids = np.array(batch.input_ids, copy=True)
+    rows = np.repeat(np.arange(len(batch)), batch.masked_lm_positions.shape[1])
+    live = batch.masked_lm_weights.ravel() > 0
+    ids[rows[live], batch.masked_lm_positions.ravel()[live]] = batch.masked_lm_ids.ravel()[live]
+    keys = (np.uint64(identity_key) + np.arange(len(batch), dtype=np.uint64)).view(np.int64)
+    return InstanceBatch(ids, batch.input_mask, batch.segment_ids, next_sentence_labels=batch.next_sentence_labels,
+                         instance_key=keys)
+
+
 def write_synthetic_dataset(directory: str, *, seq_len: int = 32, max_pred: int = 5, vocab_size: int = 200,
                             train_shards: int = 2, records_per_shard: int = 64, eval_records: int = 32,
-                            seed: int = 0) -> str:
-    """A complete dataset directory (train + eval shards, vocab.txt, manifest.json)."""
+                            seed: int = 0, masking: str = "static") -> str:
+    """A complete dataset directory (train + eval shards, vocab.txt, manifest.json).
+
+    `masking="dynamic"` writes the records unmasked with an identity each (the trainer masks them);
+    its vocab then names ids 0-4 [PAD] [UNK] [CLS] [SEP] [MASK], as the records use them.
+    """
     from contract.fs import LOCAL_FS
     from contract.manifest import build_manifest, write_manifest
 
     os.makedirs(os.path.join(directory, "train"), exist_ok=True)
     os.makedirs(os.path.join(directory, "eval"), exist_ok=True)
-    vocab_text = "".join(f"tok{i}\n" for i in range(vocab_size)).encode()
+    dynamic = masking == "dynamic"
+    specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] if dynamic else []
+    vocab_text = "".join(f"{t}\n" for t in specials + [f"tok{i}" for i in range(len(specials), vocab_size)]).encode()
     with open(os.path.join(directory, "vocab.txt"), "wb") as f:
         f.write(vocab_text)
 
     def shard(split: str, index: int, count: int, n: int) -> dict:
         rel = f"{split}/part-{index:05d}-of-{count:05d}.tfrecord"
-        data = frame_records(encode_batch(synthetic_batch(n, seq_len, max_pred, vocab_size,
-                                                          seed * 1000 + index + (500 if split == "eval" else 0))))
+        batch = synthetic_batch(n, seq_len, max_pred, vocab_size, seed * 1000 + index + (500 if split == "eval" else 0))
+        if dynamic:
+            batch = unmasked(batch, derive_key(seed, "synthetic-identity", split, index))
+        data = frame_records(encode_batch(batch))
         with open(os.path.join(directory, rel), "wb") as f:
             f.write(data)
         return {"path": rel, "records": n, "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
 
     train = [shard("train", i, train_shards, records_per_shard) for i in range(train_shards)]
     evals = [shard("eval", 0, 1, eval_records)] if eval_records else []
+    config = {"max_seq_length": seq_len, "max_predictions_per_seq": max_pred, "random_seed": seed}
+    if dynamic:
+        config.update(masking="dynamic", dupe_factor=1)
     manifest = build_manifest(
-        config={"max_seq_length": seq_len, "max_predictions_per_seq": max_pred, "random_seed": seed},
+        config=config,
         vocab={"path": "vocab.txt", "sha256": hashlib.sha256(vocab_text).hexdigest(), "size": vocab_size,
                "do_lower_case": True},
         input_info={"patterns": [], "files": 0, "bytes": 0, "fingerprint": "synthetic"},
-        features={k: list(v) for k, v in feature_spec(seq_len, max_pred).items()},
+        features={k: list(v) for k, v in feature_spec(seq_len, max_pred, masking=masking).items()},
         splits={"train": {"shards": train}, "eval": {"shards": evals}},
         totals={"instances": train_shards * records_per_shard + eval_records},
     )

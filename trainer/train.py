@@ -46,7 +46,7 @@ from trainer.evaluate import evaluate_model
 from trainer.loading import dtype_policy, init_weights_from, load_init_checkpoint
 from trainer.model import build_model, tf1_variable_map
 from trainer.objective import losses_from_sums
-from trainer.optimizer import AdamWeightDecay, DynamicLossScale, learning_rate
+from trainer.optimizer import DynamicLossScale, learning_rate, make_optimizer
 from trainer.step import make_step_functions
 
 _TF_DATA_ERRORS = (tf.errors.DataLossError, tf.errors.InvalidArgumentError)
@@ -112,7 +112,7 @@ class Run:
         with self.strategy.scope():
             self.model = build_model(self.bert, seed=cfg.seed, dtype=dtype_policy(cfg.precision))
             self.named = tf1_variable_map(self.model)
-            self.optimizer = AdamWeightDecay(self.named, weight_decay=cfg.weight_decay)
+            self.optimizer = make_optimizer(cfg.optimizer, self.named, weight_decay=cfg.weight_decay)
             self.loss_scale = DynamicLossScale() if cfg.precision == "mixed_float16" else None
         self.steps = make_step_functions(self.model, self.optimizer, self.strategy, cfg, self.loss_scale)
         self.step = 0
@@ -189,7 +189,7 @@ class Run:
 
     def _data_error(self, exc: Exception) -> DataError:
         where = find_bad_record(self.info.train_files, self.info.max_seq_length,
-                                self.info.max_predictions_per_seq)
+                                self.info.max_predictions_per_seq, self.info.features())
         detail = where or f"{self.info.source}: {type(exc).__name__}: {getattr(exc, 'message', exc)}"
         return DataError(f"corrupt input: {detail}")
 
@@ -272,23 +272,26 @@ class Run:
         raise KeyboardInterrupt
 
     def _report(self, writer, m: dict) -> None:
+        nsp = f"nsp_acc {m['nsp_accuracy']:.4f}  " if "nsp_accuracy" in m else ""
         self.log(f"step {self.step:>7}/{self.cfg.steps}  loss {m['loss']:.4f}  mlm_acc {m['mlm_accuracy']:.4f}  "
-                 f"nsp_acc {m['nsp_accuracy']:.4f}  lr {m['learning_rate']:.3e}  "
-                 f"{m['sequences_per_second']:.1f} seq/s")
+                 f"{nsp}lr {m['learning_rate']:.3e}  {m['sequences_per_second']:.1f} seq/s")
         with writer.as_default(step=self.step):
             for name in ("loss", "mlm_loss", "nsp_loss", "mlm_accuracy", "nsp_accuracy", "learning_rate",
                          "sequences_per_second", "grad_norm"):
-                write_scalar(name, m[name])
+                if name in m:
+                    write_scalar(name, m[name])
 
     def _report_eval(self, writer, m: dict | None) -> None:
         if m is None:
             self.log("eval: the dataset has no eval split; skipped")
             return
+        nsp = f"nsp_acc {m['nsp_accuracy']:.4f}  " if "nsp_accuracy" in m else ""
         self.log(f"eval at step {self.step}: loss {m['loss']:.4f}  mlm_acc {m['mlm_accuracy']:.4f}  "
-                 f"nsp_acc {m['nsp_accuracy']:.4f}  ({int(m['examples'])} sequences)")
+                 f"{nsp}({int(m['examples'])} sequences)")
         with writer.as_default(step=self.step):
             for name in ("loss", "mlm_loss", "nsp_loss", "mlm_accuracy", "nsp_accuracy"):
-                write_scalar(name, m[name])
+                if name in m:
+                    write_scalar(name, m[name])
 
 
 def write_scalar(name: str, value: float) -> None:

@@ -7,7 +7,7 @@ import re
 
 import click
 
-from trainer.config import MODEL_SIZES, PRECISIONS, STRATEGIES, BertConfig, TrainConfig
+from trainer.config import MODEL_SIZES, OPTIMIZERS, PRECISIONS, STRATEGIES, BertConfig, TrainConfig
 from trainer.errors import ConfigError, TrainerError
 
 
@@ -36,6 +36,8 @@ def _train_config(options: dict) -> TrainConfig:
 @click.option("--learning-rate", type=float, default=1e-4, show_default=True)
 @click.option("--warmup-steps", type=click.IntRange(min=0), default=10000, show_default=True)
 @click.option("--weight-decay", type=float, default=0.01, show_default=True)
+@click.option("--optimizer", type=click.Choice(OPTIMIZERS), default="adamw", show_default=True,
+              help="adamw: the original AdamWeightDecay; lamb: layer-wise trust ratio (large batches).")
 @click.option("--seed", type=click.IntRange(min=0), default=12345, show_default=True)
 @click.option("--max-seq-length", type=click.IntRange(min=1), help="For TFRecord globs without a manifest.")
 @click.option("--max-predictions-per-seq", type=click.IntRange(min=1), help="For TFRecord globs without a manifest.")
@@ -124,5 +126,6 @@ def eval_command(run, init_checkpoint, bert_config_file, data, split, batch_size
     click.echo(f"checkpoint {result['checkpoint']}{step}, {split} split, "
                f"{int(result['examples'])} sequences")
     click.echo(f"  mlm_loss {result['mlm_loss']:.4f}  mlm_accuracy {result['mlm_accuracy']:.4f}")
-    click.echo(f"  nsp_loss {result['nsp_loss']:.4f}  nsp_accuracy {result['nsp_accuracy']:.4f}")
+    if "nsp_loss" in result:  # data without NSP has no NSP figures
+        click.echo(f"  nsp_loss {result['nsp_loss']:.4f}  nsp_accuracy {result['nsp_accuracy']:.4f}")
     click.echo(f"  loss {result['loss']:.4f}")
