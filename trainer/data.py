@@ -239,7 +239,7 @@ def check_split_size(info: DatasetInfo, split: str, batch_size: int) -> int:
 def check_first_records(info: DatasetInfo) -> None:
     """Parse the first record of every shard with the expected feature lengths: a dataset of other
     lengths, or files that are not pre-training records, fail here, before the first step."""
-    spec = feature_spec(info.max_seq_length, info.max_predictions_per_seq)
+    spec = info.features()
     for path in info.train_files + info.eval_files:
         try:
             with tf.io.gfile.GFile(path, "rb") as stream:
