@@ -139,10 +139,14 @@ def _descendants(pid: int) -> list[int]:
     return found
 
 
+_SIGINT_SEEN = threading.Event()
+
+
 def _interrupt_with_children(signum, frame) -> None:
     """SIGINT: pass it on to our child processes, then stop as Python does. Ctrl-C in a terminal
     reaches the whole process group anyway; a `kill -INT` of this process alone would otherwise
     leave a runner waiting forever for worker processes (Beam's multi-process DirectRunner)."""
+    _SIGINT_SEEN.set()
     for child in _descendants(os.getpid()):
         try:
             os.kill(child, signal.SIGINT)
@@ -174,6 +178,15 @@ def was_interrupted(exc: BaseException) -> bool:
     return False
 
 
+def _exit_interrupted() -> None:
+    """"interrupted", exit 130. SIGINT is ignored from here on: a KeyboardInterrupt that landed inside
+    an import can leave a re-armed interrupt behind (seen under load while TensorFlow loads), which
+    would otherwise turn this exit into a death by signal during shutdown."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    click.echo("interrupted", err=True)
+    sys.exit(EXIT_INTERRUPTED)
+
+
 def _fail(message: str, code: int) -> None:
     click.echo(f"Error: {message}", err=True)
     sys.exit(code)
@@ -194,35 +207,45 @@ class CleanErrorsGroup(click.Group):
         restore = filter_process_stderr(self.stderr_noise) if from_command_line and not debug else None
         if from_command_line and signal.getsignal(signal.SIGINT) is signal.default_int_handler:
             signal.signal(signal.SIGINT, _interrupt_with_children)
+        interrupted = False
         try:
             self._main_clean(args, prog_name, complete_var, debug, **extra)
+        except SystemExit as e:
+            interrupted = e.code == EXIT_INTERRUPTED
+            raise
         finally:
             if restore is not None:
                 restore()
+            if interrupted and from_command_line:
+                # Commands have removed their staging files by now (their own finally blocks ran).
+                # End here: an interrupt that TensorFlow's import machinery re-raises during
+                # interpreter shutdown would otherwise end the process by SIGINT instead of 130.
+                sys.stdout.flush()
+                sys.stderr.flush()
+                os._exit(EXIT_INTERRUPTED)
 
     def _main_clean(self, args: list[str], prog_name: str | None, complete_var: str | None, debug: bool,
                     **extra) -> None:
         try:
             code = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
-        except click.Abort:
-            click.echo("interrupted", err=True)
-            sys.exit(EXIT_INTERRUPTED)
-        except KeyboardInterrupt:
-            click.echo("interrupted", err=True)
-            sys.exit(EXIT_INTERRUPTED)
+        except (click.Abort, KeyboardInterrupt):
+            _exit_interrupted()
         except click.ClickException as e:
             if debug:
                 traceback.print_exc()
             e.show()
             sys.exit(e.exit_code)
         except OSError as e:
+            if _SIGINT_SEEN.is_set():
+                _exit_interrupted()
             if debug:
                 traceback.print_exc()
             _fail(os_error_message(e), EXIT_ERROR)
         except Exception as e:  # noqa: BLE001 - the last line of defence: one line, not a traceback
-            if was_interrupted(e):
-                click.echo("interrupted", err=True)
-                sys.exit(EXIT_INTERRUPTED)
+            # After a SIGINT any failure is its consequence (an import the interrupt cut short
+            # fails later with an AttributeError, for one): report the interrupt, not the failure.
+            if was_interrupted(e) or _SIGINT_SEEN.is_set():
+                _exit_interrupted()
             if debug:
                 traceback.print_exc()
                 _fail(f"{type(e).__name__}: {e}", EXIT_ERROR)

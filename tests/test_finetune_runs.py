@@ -147,11 +147,11 @@ def test_nan_loss_stops_and_keeps_last_good_checkpoint(tmp_path, init_run):
 
 
 def test_task_dataset_given_to_pretraining_is_refused(tmp_path):
-    from trainer.data import open_dataset
+    from trainer.data import open_pretraining_data
 
     data = classification_dataset(str(tmp_path / "data"))
     with pytest.raises(DataError, match="a .task. dataset, not a pre-training dataset.*`bert-train finetune`"):
-        open_dataset(data)
+        open_pretraining_data(data)
 
 
 def test_init_from_tf1_checkpoint_prefix(tmp_path):

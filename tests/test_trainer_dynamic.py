@@ -20,7 +20,7 @@ from datagen.tfrecord import iter_tfrecords  # noqa: E402
 from pipelines.run import generate_dataset  # noqa: E402
 from trainer import checkpoint as ckpt_lib  # noqa: E402
 from trainer.config import TrainConfig  # noqa: E402
-from trainer.data import open_dataset, train_dataset  # noqa: E402
+from trainer.data import open_pretraining_data, train_dataset  # noqa: E402
 from trainer.dynamic_input import masking_config  # noqa: E402
 from trainer.train import pretrain  # noqa: E402
 
@@ -48,7 +48,7 @@ def unmasked_records(files: list[str]) -> dict[int, dict[str, np.ndarray]]:
 
 
 def test_the_pipeline_masks_each_record_by_seed_identity_and_epoch(dataset):
-    info = open_dataset(dataset)
+    info = open_pretraining_data(dataset)
     assert (info.objective, info.masking) == ("doc-sentences", "dynamic")
     stored = unmasked_records(info.train_files)
     n = len(stored)

@@ -32,7 +32,7 @@ tf = pytest.importorskip("tensorflow")
 from click.testing import CliRunner  # noqa: E402
 
 from trainer.config import TrainConfig  # noqa: E402
-from trainer.data import eval_dataset, open_dataset  # noqa: E402
+from trainer.data import eval_dataset, open_pretraining_data  # noqa: E402
 from trainer.loading import restore_model  # noqa: E402
 from trainer.train import pretrain  # noqa: E402
 
@@ -120,7 +120,7 @@ def multilingual_dataset(shared_corpora, tmp_path_factory) -> str:
 
 def train_briefly(data: str, run, stop_at: int, **settings) -> dict:
     """Train a tiny model for the first ``stop_at`` steps of a schedule; its eval figures."""
-    info = open_dataset(data)
+    info = open_pretraining_data(data)
     top = most_frequent_masked_token(info)
     pretrain(TrainConfig(data=data, out=str(run), model="tiny", seed=1, checkpoint_every=settings["steps"],
                          log_every=200, eval_batches=1, shuffle_buffer=2000, **settings), log=print, stop_at=stop_at)

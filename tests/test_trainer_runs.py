@@ -19,7 +19,7 @@ from click.testing import CliRunner  # noqa: E402
 
 from trainer import checkpoint as ckpt_lib  # noqa: E402
 from trainer.config import BertConfig, TrainConfig  # noqa: E402
-from trainer.data import DataError, open_dataset, train_dataset  # noqa: E402
+from trainer.data import DataError, open_pretraining_data, train_dataset  # noqa: E402
 from trainer.synthetic import write_synthetic_dataset  # noqa: E402
 from trainer.train import TrainingError, pretrain  # noqa: E402
 
@@ -149,8 +149,8 @@ def test_data_model_mismatch_is_a_clear_error(dataset, tmp_path):
 def test_tfrecord_globs_need_explicit_lengths_and_then_work(dataset, tmp_path):
     glob = os.path.join(dataset, "train", "*.tfrecord")
     with pytest.raises(DataError, match="--max-seq-length"):
-        open_dataset(glob)
-    info = open_dataset(glob, 32, 5)
+        open_pretraining_data(glob)
+    info = open_pretraining_data(glob, 32, 5)
     assert len(info.train_files) == 3 and info.vocab_size is None
     batch = next(iter(train_dataset(info, 4, seed=1, shuffle_buffer=10)))
     assert batch["input_ids"].shape == (4, 32) and batch["masked_lm_weights"].dtype == tf.float32
@@ -164,7 +164,7 @@ def test_tfrecord_globs_need_explicit_lengths_and_then_work(dataset, tmp_path):
 
 
 def test_input_order_is_seeded(dataset):
-    info = open_dataset(dataset)
+    info = open_pretraining_data(dataset)
 
     def first_ids(seed):
         return next(iter(train_dataset(info, 8, seed=seed, shuffle_buffer=50)))["input_ids"].numpy()

@@ -23,7 +23,7 @@ from click.testing import CliRunner  # noqa: E402
 from trainer import checkpoint as ckpt_lib  # noqa: E402
 from trainer.cli import main  # noqa: E402
 from trainer.config import TrainConfig  # noqa: E402
-from trainer.data import open_dataset  # noqa: E402
+from trainer.data import open_pretraining_data  # noqa: E402
 from trainer.errors import CheckpointFormatError, DataError, TrainingError  # noqa: E402
 from trainer.export import export_hf, export_tf1  # noqa: E402
 from trainer.synthetic import write_synthetic_dataset  # noqa: E402
@@ -107,7 +107,7 @@ def test_a_regenerated_dataset_is_refused_naming_both_fingerprints(tmp_path):
     started = json.loads((run / "dataset.json").read_text())["fingerprint"]
     shutil.rmtree(path)
     make_data(path, seed=1)  # same path, same shapes, other records
-    now = open_dataset(str(path)).identity["fingerprint"]
+    now = open_pretraining_data(str(path)).identity["fingerprint"]
     assert now != started
     with pytest.raises(TrainingError, match="not the dataset this run was started on") as err:
         pretrain(config(str(path), run), log=quiet)

@@ -51,7 +51,7 @@ class DatasetInfo:
         return feature_spec(self.max_seq_length, self.max_predictions_per_seq, self.objective, self.masking)
 
 
-def open_dataset(data: str, max_seq_length: int | None = None, max_predictions_per_seq: int | None = None,
+def open_pretraining_data(data: str, max_seq_length: int | None = None, max_predictions_per_seq: int | None = None,
                  eval_data: str | None = None) -> DatasetInfo:
     """Describe `data`: a dataset directory with manifest.json, or a TFRecord glob (comma-separated
     globs allowed) from the original tool, for which the two lengths must be given."""

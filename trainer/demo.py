@@ -62,9 +62,9 @@ def baselines(data: str) -> dict[str, float]:
 
     import numpy as np
 
-    from trainer.data import eval_dataset, open_dataset
+    from trainer.data import eval_dataset, open_pretraining_data
 
-    info = open_dataset(data)
+    info = open_pretraining_data(data)
     counts: collections.Counter[int] = collections.Counter()
     for batch in eval_dataset(info, 64, files=info.train_files):
         counts.update(batch["masked_lm_ids"].numpy()[batch["masked_lm_weights"].numpy() > 0].tolist())

@@ -10,7 +10,7 @@ import tensorflow as tf
 
 from trainer import checkpoint as ckpt_lib
 from trainer.config import BertConfig
-from trainer.data import DatasetInfo, check_fits, check_split_size, eval_dataset, open_dataset
+from trainer.data import DatasetInfo, check_fits, check_split_size, eval_dataset, open_pretraining_data
 from trainer.errors import DataError
 from trainer.loading import restore_external_model, restore_model
 from trainer.model import BertPretrainer
@@ -41,7 +41,7 @@ def evaluate_restored(model: BertPretrainer, bert: BertConfig, data: str, batch_
                       max_batches: int | None = None, split: str = "eval", max_seq_length: int | None = None,
                       max_predictions_per_seq: int | None = None) -> dict[str, float]:
     """MLM/NSP loss and accuracy of an already restored model on a dataset's eval (or train) split."""
-    info = open_dataset(data, max_seq_length, max_predictions_per_seq)
+    info = open_pretraining_data(data, max_seq_length, max_predictions_per_seq)
     check_fits(info, bert)
     files = info.eval_files if split == "eval" else info.train_files
     if not files:

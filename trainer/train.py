@@ -37,7 +37,7 @@ from trainer.data import (
     check_split_size,
     dataset_identity,
     find_bad_record,
-    open_dataset,
+    open_pretraining_data,
     train_dataset,
 )
 from trainer.devices import enable_determinism, make_strategy
@@ -96,7 +96,7 @@ class Run:
         if cfg.init_from:
             ckpt_lib.resolve_checkpoint(cfg.init_from)  # a bad --init-from fails before any work
         enable_determinism(cfg.seed)
-        self.info = open_dataset(cfg.data, cfg.max_seq_length, cfg.max_predictions_per_seq, cfg.eval_data)
+        self.info = open_pretraining_data(cfg.data, cfg.max_seq_length, cfg.max_predictions_per_seq, cfg.eval_data)
         rundir.check_dataset(self.run_dir, cfg.data, self.info.identity)
         self.bert = load_bert_config_for(cfg, self.info)
         check_fits(self.info, self.bert)
@@ -200,7 +200,7 @@ class Run:
         return evaluate_model(self.steps.eval_step, self.strategy, self.info, self.cfg.batch_size, max_batches)
 
     def _check_data_unchanged(self) -> None:
-        now = open_dataset(self.cfg.data, self.cfg.max_seq_length, self.cfg.max_predictions_per_seq,
+        now = open_pretraining_data(self.cfg.data, self.cfg.max_seq_length, self.cfg.max_predictions_per_seq,
                            self.cfg.eval_data)
         recorded = {"data": self.cfg.data, **self.info.identity}
         rundir.check_same_dataset(recorded, self.cfg.data, dataset_identity(now), "the start of this run")
