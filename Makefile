@@ -40,12 +40,12 @@ test-fast: $(VENV)/.stamp-dev
 	$(PY) -m pytest -n 2 -m "not integration" $(PYTEST_ARGS)
 
 lint: $(VENV)/.stamp-dev
-	$(VENV)/bin/ruff check datagen pipelines vocab trainer tests benchmarks
+	$(VENV)/bin/ruff check datagen pipelines vocab trainer contract tests benchmarks
 
 bench: $(VENV)/.stamp-dev
 	$(PY) -m benchmarks.run_all
 
-# Pre-training variants side by side, in miniature (benchmarks/ablation.py, docs/ablation.md):
+# Pre-training variants side by side, in miniature (benchmarks/ablation.py, docs/variants.md):
 # about 40 minutes on two cores; figures, table and plot in .bench/ablation/.
 ABLATION_ARGS ?=
 ablation: $(VENV)/.stamp-dev

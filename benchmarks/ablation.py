@@ -19,7 +19,7 @@ Datasets and runs are cached there, so an interrupted ablation resumes where it 
 
 Default size: four files of English Wikipedia (about 4 MB, 260 articles), a 4,000-token vocab, 128-token sequences,
 a tiny model (2 layers, 128 wide), 600 steps of 16 sequences, 3 seeds: about 40 minutes on two CPU
-cores. docs/ablation.md says how to run it at full size.
+cores. docs/variants.md ("The ablation") says how to run it at full size.
 """
 
 from __future__ import annotations
