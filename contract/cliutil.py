@@ -179,10 +179,7 @@ def was_interrupted(exc: BaseException) -> bool:
 
 
 def _exit_interrupted() -> None:
-    """"interrupted", exit 130. SIGINT is ignored from here on: a KeyboardInterrupt that landed inside
-    an import can leave a re-armed interrupt behind (seen under load while TensorFlow loads), which
-    would otherwise turn this exit into a death by signal during shutdown."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    """"interrupted", exit 130 (``CleanErrorsGroup.main`` ends the process right after its cleanup)."""
     click.echo("interrupted", err=True)
     sys.exit(EXIT_INTERRUPTED)
 
@@ -212,6 +209,11 @@ class CleanErrorsGroup(click.Group):
             self._main_clean(args, prog_name, complete_var, debug, **extra)
         except SystemExit as e:
             interrupted = e.code == EXIT_INTERRUPTED
+            if interrupted and from_command_line:
+                # A KeyboardInterrupt that landed inside an import can leave a re-armed interrupt
+                # behind (seen under load while TensorFlow loads). Only a process about to end may
+                # ignore SIGINT: the disposition is inherited by every process it starts.
+                signal.signal(signal.SIGINT, signal.SIG_IGN)
             raise
         finally:
             if restore is not None:

@@ -188,3 +188,27 @@ def test_child_log_filter_drops_records_and_their_tracebacks() -> None:
     assert [line for line in lines if records.keep(line)] == [
         b"bert-datagen [pid 1, 0s]: 3 files\n", b"interrupted\n", b"Error: in.txt: cannot read\n",
         b"plain line of ours\n"]
+
+
+def test_an_in_process_interrupt_leaves_sigint_as_it_was():
+    """Only a process about to end may ignore SIGINT: the disposition is inherited by every process
+    it starts, which would then never stop on Ctrl-C (a leak between tests found this)."""
+    import signal
+
+    import click
+    from click.testing import CliRunner
+
+    from contract.cliutil import CommandGroup
+
+    @click.group(cls=CommandGroup)
+    def group() -> None:
+        pass
+
+    @group.command()
+    def stop() -> None:
+        raise KeyboardInterrupt
+
+    before = signal.getsignal(signal.SIGINT)
+    result = CliRunner().invoke(group, ["stop"])
+    assert result.exit_code == 130 and "interrupted" in result.output
+    assert signal.getsignal(signal.SIGINT) is before
