@@ -155,6 +155,13 @@ def _interrupt_with_children(signum, frame) -> None:
     raise KeyboardInterrupt
 
 
+def interrupt_requested() -> bool:
+    """True once SIGINT reached this process through the CLI's handler. Long commands check it at
+    their first safe point: a KeyboardInterrupt raised inside a third-party import can be swallowed
+    there (seen under load while TensorFlow loads), and the command must stop all the same."""
+    return _SIGINT_SEEN.is_set()
+
+
 def debug_requested(args: Sequence[str], environ: dict[str, str] | os._Environ = os.environ) -> bool:
     return DEBUG_FLAG in args or environ.get(DEBUG_ENV, "") not in ("", "0")
 

@@ -346,3 +346,21 @@ def test_export_replaces_only_an_earlier_export_of_ours(tmp_path):
         export_tf1(ours, arrays, TINY, VOCAB)
     assert (ours / "config.json").is_file()
     assert not [p for p in tmp_path.iterdir() if p.name.startswith((".tmp-", ".old-"))]
+
+
+def test_a_sigint_swallowed_during_start_up_stops_the_loop_before_its_first_step(monkeypatch):
+    """A KeyboardInterrupt raised inside a third-party import can be swallowed there; the CLI's
+    handler has recorded the SIGINT, and the loop honours it at its first safe point."""
+    import threading
+
+    from contract import cliutil
+    from trainer.train import _interrupts_between_steps
+
+    seen = threading.Event()
+    seen.set()
+    monkeypatch.setattr(cliutil, "_SIGINT_SEEN", seen)
+    with _interrupts_between_steps() as interrupted:
+        assert interrupted()
+    monkeypatch.setattr(cliutil, "_SIGINT_SEEN", threading.Event())
+    with _interrupts_between_steps() as interrupted:
+        assert not interrupted()

@@ -27,6 +27,7 @@ from types import FrameType
 import numpy as np
 import tensorflow as tf
 
+from contract.cliutil import interrupt_requested
 from trainer import checkpoint as ckpt_lib
 from trainer import rundir
 from trainer.config import BertConfig, TrainConfig
@@ -66,8 +67,10 @@ def load_bert_config_for(cfg: TrainConfig, info: DatasetInfo) -> BertConfig:
 def _interrupts_between_steps() -> Iterator[Callable[[], bool]]:
     """Hold a first SIGINT until the current step is done (the loop then saves a consistent checkpoint
     and raises KeyboardInterrupt); a second SIGINT goes to the handler that was there before, at once.
-    Only in the main thread, and only where SIGINT has a Python handler (not ignored)."""
-    pending: list[int] = []
+    Only in the main thread, and only where SIGINT has a Python handler (not ignored). A SIGINT
+    the start-up already received (and an import may have swallowed) stops the loop before its
+    first step."""
+    pending: list[int] = [signal.SIGINT] if interrupt_requested() else []
     previous = signal.getsignal(signal.SIGINT)
     if threading.current_thread() is not threading.main_thread() or not callable(previous):
         yield lambda: False
