@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
-from contract.fs import TMP_MARKER, decompress_by_name, temp_path_for
+from contract.fs import LOCAL_FS, TMP_MARKER, decompress_by_name, temp_path_for
 
 __all__ = ["BEAM_FS", "TMP_MARKER", "BeamFS", "FileInfo", "InputNotFoundError", "delete", "ensure_dir", "exists",
            "join", "listdir", "match_files", "open_read", "read_bytes", "temp_path_for", "write_atomic"]
@@ -70,25 +70,19 @@ def exists(path: str) -> bool:
 
 def write_atomic(path: str, data: bytes) -> None:
     """Write ``data`` to ``path``: temp sibling first, then rename over the final name."""
-    if "://" not in path and os.path.isdir(path):
-        # FileSystems.delete would remove the directory and everything in it.
-        raise IsADirectoryError(21, "is a directory; refusing to replace it with a file", path)
-    ensure_dir(path.rsplit("/", 1)[0] if "/" in path else ".")
+    if "://" not in path:
+        if os.path.isdir(path):
+            raise IsADirectoryError(21, "is a directory; refusing to replace it with a file", path)
+        LOCAL_FS.write_atomic(path, data)  # the one local implementation: temp sibling, os.replace
+        return
     tmp = temp_path_for(path)
-    try:
-        with FileSystems.create(tmp, mime_type="application/octet-stream",
-                                compression_type=CompressionTypes.UNCOMPRESSED) as f:
-            f.write(data)
-        if "://" not in path:
-            os.replace(tmp, path)  # atomic: the old file stays whole until the new one takes its name
-            return
-        if FileSystems.exists(path):
-            FileSystems.delete([path])
-        FileSystems.rename([tmp], [path])
-    except BaseException:
-        if "://" not in tmp and os.path.lexists(tmp):
-            os.remove(tmp)
-        raise
+    # Object stores have no atomic rename: the final name appears only once the data is complete.
+    with FileSystems.create(tmp, mime_type="application/octet-stream",
+                            compression_type=CompressionTypes.UNCOMPRESSED) as f:
+        f.write(data)
+    if FileSystems.exists(path):
+        FileSystems.delete([path])
+    FileSystems.rename([tmp], [path])
 
 
 def ensure_dir(directory: str) -> None:
