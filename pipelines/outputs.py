@@ -20,6 +20,10 @@ staging directory, and rolls an interrupted swap back (retired files return, the
 unless its commit point was reached, in which case it only finishes the clean-up. Files another
 program or person put in DIR are never moved or deleted; a file the new dataset would replace and
 no manifest lists is an error before any work. What happens on object stores: docs/pipeline.md.
+
+Every output is written under its exclusive lock (`lock_output`, `contract.lock`): a second command
+on the same path is refused before it changes anything (its recovery would otherwise delete the
+first one's staging directory).
 """
 
 from __future__ import annotations
@@ -32,6 +36,8 @@ import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from contract.lock import OutputLock, OutputLockError
+from contract.lock import lock_output as _lock_output
 from contract.manifest import CARD_NAME, MANIFEST_NAME
 from pipelines import fsio
 
@@ -104,6 +110,19 @@ def _remove_tree(path: str) -> None:
 
 def _exists(path: str) -> bool:
     return os.path.lexists(path) if _local(path) else fsio.exists(path)
+
+
+# ---------------------------------------------------------------- the lock
+
+
+def lock_output(path: str, option: str = "--output") -> OutputLock:
+    """The exclusive lock of an output file or dataset directory (`contract.lock`; none on object
+    stores), held by the caller until it is done with the output; OutputError when another command
+    holds it. A dataset directory is never replaced whole, so its lock may live inside it."""
+    try:
+        return _lock_output(path, option, inside_ok=True)
+    except OutputLockError as e:
+        raise OutputError(str(e)) from e
 
 
 # ---------------------------------------------------------------- file outputs

@@ -232,16 +232,17 @@ def generate_dataset(
         raise DatagenError(message if vocab_path in message else f"{vocab_path}: {message}") from e
     vocab_path = local_abspath(vocab_path)
     vocab_bytes = fsio.read_bytes(vocab_path)
-    # Nothing in DIR changes before this point; from here on the run writes only in its staging
-    # directory, and the old dataset is replaced only once the new one is complete (outputs.commit).
-    out = outputs.prepare_dataset_output(output_dir, overwrite, inputs=[vocab_path, *(f.path for f in files)])
-    try:
-        result = _generate_into(out, config, files, vocab, vocab_bytes, inputs, runner, beam_args,
-                                dask_scheduler, dask_workers, show_progress, read_chunk_mb, start)
-        outputs.commit(out)
-    except BaseException:
-        outputs.discard(out)
-        raise
+    # Nothing in DIR changes before this point; from here on the run holds DIR's lock, writes only
+    # in its staging directory, and replaces the old dataset only once the new one is complete.
+    with outputs.lock_output(output_dir):
+        out = outputs.prepare_dataset_output(output_dir, overwrite, inputs=[vocab_path, *(f.path for f in files)])
+        try:
+            result = _generate_into(out, config, files, vocab, vocab_bytes, inputs, runner, beam_args,
+                                    dask_scheduler, dask_workers, show_progress, read_chunk_mb, start)
+            outputs.commit(out)
+        except BaseException:
+            outputs.discard(out)
+            raise
     return result
 
 

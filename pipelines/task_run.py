@@ -2,7 +2,7 @@
 
 The output safety of `bert-datagen run` (`pipelines.outputs`): the dataset is built in a staging
 directory and swapped in complete; without --overwrite an existing dataset is refused; a failed or
-interrupted run leaves the directory as it was.
+interrupted run leaves the directory as it was; the run holds the directory's lock throughout.
 """
 
 from __future__ import annotations
@@ -100,18 +100,23 @@ def generate_task_dataset(config: TaskConfig, *, splits: list[str], vocab_path: 
     vocab_path = local_abspath(vocab_path)
     inputs = [vocab_path, *(f for _, files in split_files for f in files)]
     try:
-        out = outputs.prepare_dataset_output(output_dir, overwrite, inputs=inputs,
-                                             split_dirs=[name for name, _ in split_files],
-                                             side_names=(EXAMPLES_NAME, WINDOWS_NAME))
+        lock = outputs.lock_output(output_dir)
     except outputs.OutputError as e:
         raise DatagenError(str(e)) from e
-    try:
-        result = _generate_into(out, config, split_files, vocab, vocab_path, splits, runner, beam_args,
-                                dask_scheduler, dask_workers, part_examples, start)
-        outputs.commit(out)
-    except BaseException:
-        outputs.discard(out)
-        raise
+    with lock:
+        try:
+            out = outputs.prepare_dataset_output(output_dir, overwrite, inputs=inputs,
+                                                 split_dirs=[name for name, _ in split_files],
+                                                 side_names=(EXAMPLES_NAME, WINDOWS_NAME))
+        except outputs.OutputError as e:
+            raise DatagenError(str(e)) from e
+        try:
+            result = _generate_into(out, config, split_files, vocab, vocab_path, splits, runner, beam_args,
+                                    dask_scheduler, dask_workers, part_examples, start)
+            outputs.commit(out)
+        except BaseException:
+            outputs.discard(out)
+            raise
     return result
 
 

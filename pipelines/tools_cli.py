@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 
@@ -163,13 +164,21 @@ def inspect_command(target, split, shard, index, count, max_seq_length, max_pred
 def stats_command(target, split, as_json, plot_path, top, max_seq_length, max_predictions_per_seq, vocab_path,
                   workers) -> None:
     """Lengths, masking, NotNext share, padding, [UNK] rate and most frequent tokens of a dataset."""
+    lock = contextlib.nullcontext()
     if plot_path:
-        from pipelines.outputs import OutputError, check_file_output
+        from pipelines.outputs import OutputError, check_file_output, lock_output
 
         try:
             check_file_output(plot_path, "--plot", [target])
+            lock = lock_output(plot_path, "--plot")
         except OutputError as e:
             raise click.ClickException(str(e)) from e
+    with lock:
+        _stats(target, split, as_json, plot_path, top, max_seq_length, max_predictions_per_seq, vocab_path, workers)
+
+
+def _stats(target, split, as_json, plot_path, top, max_seq_length, max_predictions_per_seq, vocab_path,
+           workers) -> None:
     ds = _open(target, max_seq_length, max_predictions_per_seq, vocab_path)
     if _is_task(ds):
         if plot_path:

@@ -54,7 +54,7 @@ def vocab_command(inputs, output, vocab_size, do_lower_case, input_format, text_
     from datagen.config import ConfigError, DatagenConfig
     from datagen.readers import InputError
     from pipelines.fsio import InputNotFoundError, match_files
-    from pipelines.outputs import OutputError, check_file_output
+    from pipelines.outputs import OutputError, check_file_output, lock_output
 
     try:
         config = DatagenConfig(input_format=input_format, text_field=text_field,
@@ -63,17 +63,19 @@ def vocab_command(inputs, output, vocab_size, do_lower_case, input_format, text_
         raise click.UsageError(str(e)) from e
     try:
         check_file_output(output, "--output", [f.path for f in match_files(list(inputs))])
+        lock = lock_output(output, "--output")
     except (OutputError, InputNotFoundError) as e:
         raise click.ClickException(str(e)) from e
     stats: dict[str, int] = {}
     start = time.perf_counter()
     try:
-        tokens = train_vocab(iter_corpus_texts(list(inputs), config, stats), vocab_size, do_lower_case,
-                             num_unused=num_unused, layout=layout, min_frequency=min_frequency,
-                             limit_alphabet=limit_alphabet)
-        if stats.get("documents", 0) == 0:
-            raise click.ClickException(f"no documents found in {', '.join(inputs)} (format {input_format})")
-        vocab = write_vocab(tokens, output, fsio.BEAM_FS)
+        with lock:
+            tokens = train_vocab(iter_corpus_texts(list(inputs), config, stats), vocab_size, do_lower_case,
+                                 num_unused=num_unused, layout=layout, min_frequency=min_frequency,
+                                 limit_alphabet=limit_alphabet)
+            if stats.get("documents", 0) == 0:
+                raise click.ClickException(f"no documents found in {', '.join(inputs)} (format {input_format})")
+            vocab = write_vocab(tokens, output, fsio.BEAM_FS)
     except (InputError, fsio.InputNotFoundError, VocabError) as e:
         raise click.ClickException(str(e)) from e
     seconds = time.perf_counter() - start

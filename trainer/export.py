@@ -26,6 +26,7 @@ from trainer.data import load_dataset_manifest
 from trainer.errors import CheckpointFormatError, ConfigError
 from trainer.hf import HF_WEIGHTS, hf_config_from_bert_config, tf1_to_hf, write_hf_tokenizer
 from trainer.loading import restore_model
+from trainer.rundir import output_lock
 from trainer.tf1 import write_tf1_checkpoint
 from trainer.weights import check_arrays, expected_tf1_shapes, model_tf1_arrays
 from vocab.vocab_file import SPECIAL_TOKENS
@@ -207,14 +208,16 @@ def _fsync_tree(directory: Path) -> None:
 def write_export_dir(out: str | os.PathLike, overwrite: bool, write: Callable[[Path], None],
                      own_files: Collection[str] = ()) -> Path:
     """The one way an export directory is written: `write(tmp)` fills a temp sibling of `out`, which
-    is renamed into place when complete (see the module docstring for what may be replaced)."""
-    out, tmp = _atomic_dir(out, overwrite, own_files)
-    try:
-        write(tmp)
-        _publish(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+    is renamed into place when complete (see the module docstring for what may be replaced). The
+    export holds `out`'s lock (beside it) throughout: its recovery removes temp siblings of `out`."""
+    with output_lock(out, replaced_whole=True):
+        out, tmp = _atomic_dir(out, overwrite, own_files)
+        try:
+            write(tmp)
+            _publish(tmp, out)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
     return out
 
 

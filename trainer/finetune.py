@@ -31,6 +31,7 @@ import numpy as np
 import tensorflow as tf
 
 from trainer import checkpoint as ckpt_lib
+from trainer import rundir
 from trainer.config import PRECISIONS, STRATEGIES, BertConfig, ConfigError
 from trainer.devices import enable_determinism, make_strategy
 from trainer.errors import DataError, TrainingError
@@ -441,12 +442,21 @@ class FinetuneRun:
 
 def finetune(cfg: FinetuneConfig, log: Callable[[str], None] = print, stop_at: int | None = None,
              bert_config_file: str | None = None) -> dict:
-    return FinetuneRun(cfg, log, bert_config_file).run(stop_at=stop_at)
+    """Fine-tune (or resume) `cfg` in its run directory, which it holds locked until the end."""
+    with rundir.output_lock(cfg.out):
+        return FinetuneRun(cfg, log, bert_config_file).run(stop_at=stop_at)
 
 
 def finetune_seeds(cfg: FinetuneConfig, seeds: list[int], log: Callable[[str], None] = print,
                    bert_config_file: str | None = None) -> dict:
-    """One sub-run per seed in RUN/seed-N, then the spread of the primary metric in RUN/summary.json."""
+    """One sub-run per seed in RUN/seed-N, then the spread of the primary metric in RUN/summary.json.
+    RUN is locked throughout, and each sub-run too."""
+    with rundir.output_lock(cfg.out):
+        return _finetune_seeds(cfg, seeds, log, bert_config_file)
+
+
+def _finetune_seeds(cfg: FinetuneConfig, seeds: list[int], log: Callable[[str], None],
+                    bert_config_file: str | None) -> dict:
     rows = []
     for seed in seeds:
         sub = dataclasses.replace(cfg, seed=seed, out=str(Path(cfg.out) / f"seed-{seed}"))

@@ -86,7 +86,18 @@ def finetune_command(bert_config_file, seeds, seed, epochs, learning_rate, batch
 
 def predict_run(run: str, data: str, split: str, out: str | None, batch_size: int = 64,
                 null_score_diff_threshold: float = 0.0, need_labels: bool = False) -> dict:
-    """Predictions (and metrics, for labelled splits) of a fine-tuned run on a split of a task dataset."""
+    """Predictions (and metrics, for labelled splits) of a fine-tuned run on a split of a task dataset;
+    `out`, when given, is locked from the start to the end (reading a run takes no lock)."""
+    import contextlib
+
+    from trainer.rundir import output_lock
+
+    with output_lock(out) if out else contextlib.nullcontext():
+        return _predict(run, data, split, out, batch_size, null_score_diff_threshold, need_labels)
+
+
+def _predict(run: str, data: str, split: str, out: str | None, batch_size: int,
+             null_score_diff_threshold: float, need_labels: bool) -> dict:
     from trainer.devices import enable_determinism
     from trainer.errors import DataError
     from trainer.finetune import check_data_fits

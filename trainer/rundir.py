@@ -7,6 +7,10 @@ rerun of `bert-train pretrain --out RUN` resumes it, restarts it, or is refused.
 - A run with no completed step has nothing to resume: it is restarted with the settings given.
 - `--out` must be a directory we can write, and either new, empty or a run directory.
 All files are written atomically (temp file with our mark, then rename).
+
+A command that writes a run (or another output: an export, predictions) holds the output's lock
+(`output_lock`, `contract.lock`) from before its first write until it ends: a second command on the
+same path is refused with a message naming the one that holds it.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import os
 import tempfile
 from pathlib import Path
 
+from contract.lock import INSIDE_LOCK_NAME, OutputLock, OutputLockError, lock_output
 from trainer import checkpoint as ckpt_lib
 from trainer.config import BertConfig, TrainConfig
 from trainer.errors import ConfigError, TrainingError
@@ -47,7 +52,7 @@ def check_out_dir(given: str | Path) -> None:
         raise ConfigError(f"--out {out}: exists and is not a directory")
     if out.is_dir():
         try:
-            entries = list(out.iterdir())
+            entries = [e for e in out.iterdir() if e.name != INSIDE_LOCK_NAME]
         except OSError as exc:
             raise ConfigError(f"--out {out}: cannot read the directory: {exc.strerror}") from exc
         if entries and not _is_run_dir(out):
@@ -64,6 +69,16 @@ def check_out_dir(given: str | Path) -> None:
         os.rmdir(tempfile.mkdtemp(prefix=f"{TMP_MARK}probe-", dir=probe_in))
     except OSError as exc:
         raise ConfigError(f"--out {out}: cannot write in {probe_in}: {exc.strerror}") from exc
+
+
+def output_lock(out: str | os.PathLike, option: str = "--out", replaced_whole: bool = False) -> OutputLock:
+    """The exclusive lock of an output (see the module doc), or TrainingError naming its holder.
+    ``replaced_whole``: the output directory is swapped in as a whole (an export), so its lock must
+    live beside it, never inside."""
+    try:
+        return lock_output(os.fspath(out), option, inside_ok=not replaced_whole)
+    except OutputLockError as exc:
+        raise TrainingError(str(exc)) from exc
 
 
 def make_run_dir(out: Path) -> None:

@@ -307,5 +307,8 @@ def write_scalar(name: str, value: float) -> None:
 
 
 def pretrain(cfg: TrainConfig, log: Callable[[str], None] = print, stop_at: int | None = None) -> dict:
-    """Run (or resume) `cfg`; with `stop_at`, stop after that step as if interrupted."""
-    return Run(cfg, log).pretrain(stop_at=stop_at)
+    """Run (or resume) `cfg`; with `stop_at`, stop after that step as if interrupted. The run
+    directory is locked from its check until the end (`rundir.output_lock`)."""
+    rundir.check_out_dir(cfg.out)
+    with rundir.output_lock(cfg.out):
+        return Run(cfg, log).pretrain(stop_at=stop_at)

@@ -1,0 +1,299 @@
+"""Two commands never write the same output at once (`contract.lock`): the second is refused with one
+line naming the path and the holder, before it changes anything; a holder that dies (kill -9)
+blocks nobody; a file at the lock path that is not ours is never touched; object stores take no
+lock. The holder is a real second process (flock locks belong to an open file description)."""
+
+from __future__ import annotations
+
+import errno
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from pipeline_corpus import make_documents, tree_snapshot, write_text_files, write_vocab
+from taskdata_corpus import write_pair_tsv
+
+from contract import lock
+from pipelines.cli import main
+
+REPO = Path(__file__).resolve().parent.parent
+HOLD = """
+import os, subprocess, sys
+from contract.lock import lock_output
+held = lock_output(sys.argv[1])
+children = []
+if len(sys.argv) > 2:  # children that outlive us: an exec'd one (close_fds off) and a plain fork
+    children.append(subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], close_fds=False).pid)
+    pid = os.fork()
+    if pid == 0:
+        import time
+        time.sleep(60)
+        os._exit(0)
+    children.append(pid)
+print("held", *children, flush=True)
+sys.stdin.read()
+held.release()  # a command that ends normally removes its lock file
+"""
+
+
+class Holder:
+    """A process holding the lock of ``output`` until it is told to stop or killed."""
+
+    def __init__(self, output: Path | str, with_children: bool = False) -> None:
+        args = [sys.executable, "-c", HOLD, str(output)] + (["children"] if with_children else [])
+        self.proc = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                                     env={**os.environ, "PYTHONPATH": str(REPO)})
+        line = self.proc.stdout.readline().split()
+        assert line and line[0] == "held", "the holder did not take the lock"
+        self.children = [int(p) for p in line[1:]]
+
+    def kill(self) -> None:
+        self.proc.kill()
+        self.proc.wait(timeout=10)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.stdin.close()
+            self.proc.wait(timeout=10)
+        for pid in self.children:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+@pytest.fixture
+def holders():
+    started: list[Holder] = []
+
+    def start(output, with_children: bool = False) -> Holder:
+        started.append(Holder(output, with_children))
+        return started[-1]
+
+    yield start
+    for holder in started:
+        holder.stop()
+
+
+def cli(*args: str) -> tuple[int, str]:
+    result = CliRunner().invoke(main, list(args))
+    assert result.exception is None or isinstance(result.exception, SystemExit), repr(result.exception)
+    return result.exit_code, result.output
+
+
+@pytest.fixture
+def corpus(tmp_path) -> dict[str, Path]:
+    write_text_files(tmp_path / "in", make_documents(20, seed=4), n_files=2)
+    return {"root": tmp_path, "inputs": tmp_path / "in", "vocab": write_vocab(tmp_path / "vocab.txt")}
+
+
+def run_args(corpus, out: Path | str, *extra: str) -> list[str]:
+    return ["run", "--input", str(corpus["inputs"] / "*.txt"), "--vocab", str(corpus["vocab"]), "--output", str(out),
+            "--dupe-factor", "1", "--max-seq-length", "32", "--max-predictions-per-seq", "5", "--quiet", *extra]
+
+
+def open_files(pid: int) -> list[str]:
+    found = []
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            found.append(os.readlink(f"/proc/{pid}/fd/{fd}"))
+        except FileNotFoundError:
+            pass
+    return found
+
+
+def lock_files(root: Path) -> list[str]:
+    return sorted(p for p in tree_snapshot(root) if Path(p).name.startswith(lock.INSIDE_LOCK_NAME))
+
+
+# ---------------------------------------------------------------- the lock itself
+
+
+def test_a_second_lock_on_the_same_output_is_refused_however_the_path_is_spelled(tmp_path) -> None:
+    out = tmp_path / "data" / "ds"
+    (tmp_path / "alias").symlink_to(tmp_path / "data")
+    with lock.lock_output(str(out)) as held:
+        assert held.held and held.path == str(tmp_path / "data" / f"{lock.LOCK_PREFIX}ds")
+        assert not out.exists()  # the lock exists before its output
+        for spelling in (str(out), f"{out}/", str(tmp_path / "data" / "." / "ds"), str(tmp_path / "alias" / "ds")):
+            with pytest.raises(lock.OutputLockError) as refused:
+                lock.lock_output(spelling, "--out")
+            message = str(refused.value)
+            assert message.startswith(f"--out {spelling}: is being written by another command: pid {os.getpid()}")
+            assert held.path in message
+    assert not os.path.lexists(held.path)  # released and removed: outputs collect no lock files
+    lock.lock_output(str(out)).release()
+
+
+def test_directories_made_for_the_lock_are_removed_again_while_empty(tmp_path) -> None:
+    with lock.lock_output(str(tmp_path / "a" / "b" / "ds")):
+        assert (tmp_path / "a" / "b").is_dir()
+    assert not (tmp_path / "a").exists()
+    with lock.lock_output(str(tmp_path / "a" / "b" / "ds")):
+        (tmp_path / "a" / "b" / "ds").mkdir()  # the command wrote its output there: they stay
+    assert (tmp_path / "a" / "b" / "ds").is_dir() and sorted(os.listdir(tmp_path / "a" / "b")) == ["ds"]
+
+
+def test_the_holder_is_named_and_a_stale_lock_file_is_taken_over(tmp_path, holders) -> None:
+    out = tmp_path / "ds"
+    holder = holders(out)
+    with pytest.raises(lock.OutputLockError, match=rf"pid {holder.proc.pid} on .*: python -c"):
+        lock.lock_output(str(out))
+    holder.kill()  # kill -9: the lock file stays, the kernel released the lock
+    path = lock.lock_path_for(str(out))
+    assert os.path.exists(path)
+    with lock.lock_output(str(out)) as again:
+        assert f'"pid": {os.getpid()}' in Path(path).read_text()
+    assert not again.held and not os.path.exists(path)
+    Path(path).write_bytes(b"")  # killed between creating and filling it: ours, taken over
+    lock.lock_output(str(out)).release()
+    assert not os.path.exists(path)
+
+
+def test_worker_processes_do_not_keep_the_lock(tmp_path, holders) -> None:
+    """An exec'd child (as Beam's multi-process workers are) never gets the descriptor; a plain fork
+    child closes its copy: once the holder dies, the lock is free while its children live on."""
+    out = tmp_path / "ds"
+    holder = holders(out, with_children=True)
+    path = lock.lock_path_for(str(out))
+    for child in holder.children:  # a fork child closes it right after the fork, maybe after "held"
+        deadline = time.monotonic() + 10
+        while path in open_files(child) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert path not in open_files(child), child
+    holder.kill()
+    assert all(os.path.exists(f"/proc/{child}") for child in holder.children)
+    lock.lock_output(str(out)).release()
+
+
+@pytest.mark.parametrize("kind", ["file", "directory", "symlink"])
+def test_something_not_ours_at_the_lock_path_is_refused_and_left_alone(tmp_path, kind: str) -> None:
+    out = tmp_path / "ds"
+    path = Path(lock.lock_path_for(str(out)))
+    if kind == "file":
+        path.write_text("someone's notes\n")
+    elif kind == "directory":
+        path.mkdir()
+        (path / "x").write_text("x")
+    else:
+        (tmp_path / "target").write_text("target\n")
+        path.symlink_to(tmp_path / "target")
+    before = tree_snapshot(tmp_path)
+    stat_before = os.lstat(path)
+    with pytest.raises(lock.OutputLockError, match="is not a bert-datagen lock file"):
+        lock.lock_output(str(out))
+    assert tree_snapshot(tmp_path) == before and os.lstat(path).st_mtime_ns == stat_before.st_mtime_ns
+
+
+def test_an_unwritable_parent_puts_the_lock_inside_an_existing_directory(tmp_path, monkeypatch) -> None:
+    parent, out = tmp_path / "mount", tmp_path / "mount" / "ds"
+    out.mkdir(parents=True)
+    real_open = os.open
+
+    def read_only_parent(path, flags, *args, **kwargs):  # as a read-only mount (root ignores chmod)
+        if os.path.dirname(path) == str(parent) and flags & os.O_CREAT:
+            raise PermissionError(errno.EROFS, os.strerror(errno.EROFS), path)
+        return real_open(path, flags, *args, **kwargs)
+
+    monkeypatch.setattr(lock.os, "open", read_only_parent)
+    with lock.lock_output(str(out), inside_ok=True) as held:
+        assert held.path == str(out / lock.INSIDE_LOCK_NAME)
+        with pytest.raises(lock.OutputLockError, match="is being written"):
+            lock.lock_output(str(out), inside_ok=True)
+    assert not (out / lock.INSIDE_LOCK_NAME).exists()
+    with pytest.raises(lock.OutputLockError, match="cannot create its lock file .*Read-only"):
+        lock.lock_output(str(out), inside_ok=False)  # an output replaced whole: never inside
+    assert sorted(p.name for p in parent.iterdir()) == ["ds"] and not list(out.iterdir())
+
+
+def test_object_store_paths_take_no_lock(monkeypatch) -> None:
+    def no_lock(*args):
+        raise AssertionError("an object-store path must take no lock")
+
+    monkeypatch.setattr(lock, "_acquire", no_lock)
+    assert lock.lock_path_for("gs://bucket/ds") is None
+    with lock.lock_output("gs://bucket/ds") as held:
+        assert not held.held
+
+
+def test_an_object_store_run_takes_no_lock(corpus, monkeypatch) -> None:
+    from test_safety_remote import PREFIX, ROOT, DeletingObjectStore  # noqa: F401 - registers the store
+
+    ROOT["dir"] = str(corpus["root"] / "objects")
+    os.makedirs(ROOT["dir"])
+    monkeypatch.chdir(corpus["root"])
+
+    def no_lock(*args):
+        raise AssertionError("an object-store path must take no lock")
+
+    monkeypatch.setattr(lock, "_acquire", no_lock)
+    code, output = cli(*run_args(corpus, f"{PREFIX}bucket/ds", "--num-shards", "1"))
+    assert code == 0, output
+    assert (corpus["root"] / "objects" / "bucket" / "ds" / "manifest.json").is_file()
+    assert not lock_files(corpus["root"])
+
+
+# ---------------------------------------------------------------- commands
+
+
+def test_a_second_run_into_the_same_dir_is_refused_and_the_first_ones_work_is_intact(corpus, holders) -> None:
+    out = corpus["root"] / "ds"
+    assert cli(*run_args(corpus, out))[0] == 0
+    # What a run in progress has in DIR: its staging directory, which a second run's recovery
+    # would delete as a killed run's leftovers.
+    staging = out / ".bert-datagen-staging-0123456789abcdef0123456789abcdef" / "work"
+    staging.mkdir(parents=True)
+    (staging / "summary.json").write_text("{}")
+    holder = holders(out)
+    before = tree_snapshot(corpus["root"])
+    result = subprocess.run([sys.executable, "-m", "pipelines.cli", *run_args(corpus, out, "--overwrite")],
+                            capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=120)
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 1 and len(lines) == 1, result.stderr
+    assert lines[0].startswith(f"Error: --output {out}: is being written by another command: pid {holder.proc.pid}")
+    assert "Traceback" not in result.stderr
+    assert tree_snapshot(corpus["root"]) == before
+    holder.kill()  # the holder dies: the next run recovers DIR and replaces the dataset
+    code, output = cli(*run_args(corpus, out, "--overwrite", "--num-shards", "2"))
+    assert code == 0, output
+    assert not staging.exists() and sorted(p.name for p in (out / "train").iterdir()) == [
+        "part-00000-of-00002.tfrecord", "part-00001-of-00002.tfrecord"]
+    assert not lock_files(corpus["root"])
+    assert cli("verify", str(out))[0] == 0
+
+
+def test_a_foreign_file_at_the_lock_path_stops_the_run_before_any_work(corpus) -> None:
+    out = corpus["root"] / "ds"
+    foreign = corpus["root"] / f"{lock.LOCK_PREFIX}ds"
+    foreign.write_text("not ours\n")
+    before = tree_snapshot(corpus["root"])
+    code, output = cli(*run_args(corpus, out))
+    assert code == 1 and str(foreign) in output and "is not a bert-datagen lock file" in output, output
+    assert tree_snapshot(corpus["root"]) == before and not out.exists()
+
+
+def test_task_vocab_and_stats_plot_outputs_are_locked(corpus, holders) -> None:
+    vocab_out = corpus["root"] / "new-vocab.txt"
+    vocab_out.write_text("an earlier vocab\n")
+    task_out = corpus["root"] / "task"
+    plot = corpus["root"] / "hist.png"
+    train = write_pair_tsv(corpus["root"] / "train.tsv", 20, 3)
+    for target in (vocab_out, task_out, plot):
+        holders(target)
+    before = tree_snapshot(corpus["root"])
+    commands = {
+        vocab_out: ["vocab", "--input", str(corpus["inputs"] / "*.txt"), "--output", str(vocab_out),
+                    "--vocab-size", "200"],
+        task_out: ["task", "--task", "glue/rte", "--split", f"train={train}", "--vocab", str(corpus["vocab"]),
+                   "--output", str(task_out), "--quiet"],
+        plot: ["stats", str(corpus["root"]), "--plot", str(plot)],
+    }
+    for target, args in commands.items():
+        code, output = cli(*args)
+        assert code == 1 and f"{target}: is being written by another command" in output, (args[0], output)
+    assert tree_snapshot(corpus["root"]) == before
