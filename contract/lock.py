@@ -152,7 +152,7 @@ def lock_output(output: str, option: str = "--output", inside_ok: bool = False) 
                 return _acquire(output, os.path.join(os.path.realpath(output), INSIDE_LOCK_NAME), option)
             except PermissionError:
                 pass
-        raise OutputLockError(f"{option} {output}: cannot create its lock file {path}: {exc.strerror}; "
+        raise OutputLockError(f"{output}: cannot create its lock file {path}: {exc.strerror}; "
                               "the lock lives beside the output, so that directory must be writable") from exc
 
 
@@ -189,7 +189,7 @@ def _acquire(output: str, path: str, option: str) -> OutputLock:
     except PermissionError:
         raise
     except OSError as exc:
-        raise OutputLockError(f"{option} {output}: cannot create the directory of its lock file {path}: "
+        raise OutputLockError(f"{output}: cannot create the directory of its lock file {path}: "
                               f"{exc.strerror}") from exc
     try:
         return _acquire_in(output, path, option, made_dirs)
@@ -221,7 +221,7 @@ def _acquire_in(output: str, path: str, option: str, made_dirs: tuple[str, ...])
             os.close(fd)
             raise
         return OutputLock(output, path, fd, made_dirs)
-    raise OutputLockError(f"{option} {output}: its lock file {path} keeps being replaced; try again")
+    raise OutputLockError(f"{output}: its lock file {path} keeps being replaced; try again")
 
 
 def _open_ours(output: str, path: str, option: str) -> int | None:
@@ -235,7 +235,7 @@ def _open_ours(output: str, path: str, option: str) -> int | None:
     except OSError as exc:
         if exc.errno in _NOT_WRITABLE:
             raise PermissionError(exc.errno, exc.strerror, path) from exc
-        raise OutputLockError(f"{option} {output}: cannot create its lock file {path}: {exc.strerror}") from exc
+        raise OutputLockError(f"{output}: cannot create its lock file {path}: {exc.strerror}") from exc
     try:
         before = os.lstat(path)
     except FileNotFoundError:
@@ -249,7 +249,7 @@ def _open_ours(output: str, path: str, option: str) -> int | None:
     except OSError as exc:
         if exc.errno in (errno.ELOOP, errno.EISDIR, errno.ENXIO):  # replaced by a symlink or else
             raise OutputLockError(_not_ours_message(output, path, option)) from exc
-        raise OutputLockError(f"{option} {output}: cannot open its lock file {path}: {exc.strerror} "
+        raise OutputLockError(f"{output}: cannot open its lock file {path}: {exc.strerror} "
                               "(made by another user?)") from exc
     if not stat.S_ISREG(os.fstat(fd).st_mode) or not _is_our_lock_file(fd):
         os.close(fd)
@@ -309,10 +309,10 @@ def _busy_message(output: str, path: str, option: str, holder: dict | None) -> s
     else:
         who = (f"another command: pid {holder.get('pid')} on {holder.get('host')}, since {holder.get('since')}: "
                f"{holder.get('command')}")
-    return (f"{option} {output}: is being written by {who}; wait for it to end or choose another {option} "
+    return (f"{output}: is being written by {who}; wait for it to end or choose another {option} "
             f"(lock file {path}; the lock ends with that process)")
 
 
 def _not_ours_message(output: str, path: str, option: str) -> str:
-    return (f"{option} {output}: {path} exists and is not a bert-datagen lock file; it is where the lock of "
+    return (f"{output}: {path} exists and is not a bert-datagen lock file; it is where the lock of "
             f"this output goes: move it away or choose another {option} (nothing was changed)")

@@ -98,8 +98,12 @@ def run_args(corpus, out: Path | str, *extra: str) -> list[str]:
 
 
 def open_files(pid: int) -> list[str]:
-    found = []
-    for fd in os.listdir(f"/proc/{pid}/fd"):
+    found: list[str] = []
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except FileNotFoundError:  # the process has ended
+        return found
+    for fd in fds:
         try:
             found.append(os.readlink(f"/proc/{pid}/fd/{fd}"))
         except FileNotFoundError:
@@ -124,8 +128,8 @@ def test_a_second_lock_on_the_same_output_is_refused_however_the_path_is_spelled
             with pytest.raises(lock.OutputLockError) as refused:
                 lock.lock_output(spelling, "--out")
             message = str(refused.value)
-            assert message.startswith(f"--out {spelling}: is being written by another command: pid {os.getpid()}")
-            assert held.path in message
+            assert message.startswith(f"{spelling}: is being written by another command: pid {os.getpid()}")
+            assert held.path in message and "choose another --out" in message
     assert not os.path.lexists(held.path)  # released and removed: outputs collect no lock files
     lock.lock_output(str(out)).release()
 
@@ -255,7 +259,7 @@ def test_a_second_run_into_the_same_dir_is_refused_and_the_first_ones_work_is_in
                             capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=120)
     lines = result.stderr.strip().splitlines()
     assert result.returncode == 1 and len(lines) == 1, result.stderr
-    assert lines[0].startswith(f"Error: --output {out}: is being written by another command: pid {holder.proc.pid}")
+    assert lines[0].startswith(f"Error: {out}: is being written by another command: pid {holder.proc.pid}")
     assert "Traceback" not in result.stderr
     assert tree_snapshot(corpus["root"]) == before
     holder.kill()  # the holder dies: the next run recovers DIR and replaces the dataset
@@ -297,3 +301,53 @@ def test_task_vocab_and_stats_plot_outputs_are_locked(corpus, holders) -> None:
         code, output = cli(*args)
         assert code == 1 and f"{target}: is being written by another command" in output, (args[0], output)
     assert tree_snapshot(corpus["root"]) == before
+
+
+def _descendants(pid: int) -> list[int]:
+    found: list[int] = []
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except FileNotFoundError:
+        return found
+    for task in tasks:
+        try:
+            children = [int(c) for c in Path(f"/proc/{pid}/task/{task}/children").read_text().split()]
+        except OSError:
+            continue
+        for child in children:
+            found += [child, *_descendants(child)]
+    return found
+
+
+@pytest.mark.integration
+def test_two_real_runs_contend_and_beam_workers_never_hold_the_lock(tmp_path) -> None:
+    """A real run with two Beam worker processes holds DIR's lock; a second run started while its
+    workers are busy is refused; the workers do not have the lock file open; the first run's dataset
+    is complete and the lock file is gone when it ends."""
+    write_text_files(tmp_path / "in", make_documents(300, seed=9), n_files=3)
+    corpus = {"root": tmp_path, "inputs": tmp_path / "in", "vocab": write_vocab(tmp_path / "vocab.txt")}
+    out = tmp_path / "ds"
+    import pipelines.run  # noqa: F401 - the second run must reach the lock in well under a second
+    first = subprocess.Popen([sys.executable, "-m", "pipelines.cli", *run_args(corpus, out, "--dupe-factor", "80"),
+                              "--direct_num_workers=2", "--direct_running_mode=multi_processing"],
+                             env={**os.environ, "PYTHONPATH": str(REPO)}, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not list(out.glob(".bert-datagen-staging-*/work/parts/*")) and time.monotonic() < deadline:
+            assert first.poll() is None, first.communicate()
+            time.sleep(0.01)
+        workers = _descendants(first.pid)
+        path = lock.lock_path_for(str(out))
+        assert workers and path in open_files(first.pid)
+        assert not [w for w in workers if path in open_files(w)]
+        code, output = cli(*run_args(corpus, out, "--overwrite"))
+        assert first.poll() is None, "the first run ended before the second one started: make it longer"
+        assert code == 1 and f"{out}: is being written by another command: pid {first.pid}" in output, output
+        _, stderr = first.communicate(timeout=120)
+        assert first.returncode == 0, stderr
+    finally:
+        if first.poll() is None:
+            os.killpg(first.pid, signal.SIGKILL)
+    assert cli("verify", str(out))[0] == 0
+    assert not lock_files(tmp_path)

@@ -47,8 +47,8 @@ def held(tmp_path):
         holder.stop()
 
 
-def refused(holder: Holder, path: Path, option: str = "--out") -> str:
-    return f"{option} {path}: is being written by another command: pid {holder.proc.pid}"
+def refused(holder: Holder, path: Path) -> str:
+    return f"{path}: is being written by another command: pid {holder.proc.pid}"
 
 
 def test_pretrain_into_a_locked_run_is_refused_before_any_work(tmp_path, held) -> None:
