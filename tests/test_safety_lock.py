@@ -327,8 +327,7 @@ def test_two_real_runs_contend_and_beam_workers_never_hold_the_lock(tmp_path) ->
     write_text_files(tmp_path / "in", make_documents(300, seed=9), n_files=3)
     corpus = {"root": tmp_path, "inputs": tmp_path / "in", "vocab": write_vocab(tmp_path / "vocab.txt")}
     out = tmp_path / "ds"
-    import pipelines.run  # noqa: F401 - the second run must reach the lock in well under a second
-    first = subprocess.Popen([sys.executable, "-m", "pipelines.cli", *run_args(corpus, out, "--dupe-factor", "80"),
+    first = subprocess.Popen([sys.executable, "-m", "pipelines.cli", *run_args(corpus, out, "--dupe-factor", "20"),
                               "--direct_num_workers=2", "--direct_running_mode=multi_processing"],
                              env={**os.environ, "PYTHONPATH": str(REPO)}, stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, text=True, start_new_session=True)
@@ -341,8 +340,14 @@ def test_two_real_runs_contend_and_beam_workers_never_hold_the_lock(tmp_path) ->
         path = lock.lock_path_for(str(out))
         assert workers and path in open_files(first.pid)
         assert not [w for w in workers if path in open_files(w)]
-        code, output = cli(*run_args(corpus, out, "--overwrite"))
-        assert first.poll() is None, "the first run ended before the second one started: make it longer"
+        # The first run's driver is paused while the second one tries, so that the contention does
+        # not depend on how fast this machine is; its workers wait for it meanwhile.
+        os.kill(first.pid, signal.SIGSTOP)
+        try:
+            assert first.poll() is None
+            code, output = cli(*run_args(corpus, out, "--overwrite"))
+        finally:
+            os.kill(first.pid, signal.SIGCONT)
         assert code == 1 and f"{out}: is being written by another command: pid {first.pid}" in output, output
         _, stderr = first.communicate(timeout=120)
         assert first.returncode == 0, stderr
