@@ -1,19 +1,21 @@
 """Decoding serialized ``tf.train.Example`` records without TensorFlow.
 
-Two paths of one decoder: ``decode_batch``/``decode_raw`` parse a whole batch with NumPy against the
-BERT feature spec, and hand every record they find irregular to ``decode_example``, the exact
-record-at-a-time parser (any field order, packed or not), which gives exact values or an exact error.
+Two paths of one decoder, for pre-training and task records alike: ``decode_batch``/``decode_raw``
+parse a whole batch with NumPy against a feature spec (the names, dtypes and lengths come from the
+spec; nothing here knows a record kind), and hand every record they find irregular to
+``decode_exact``, the exact record-at-a-time parser (any field order, packed or not), which gives
+exact values or an exact error.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
 
-from datagen.records import FLOAT_FEATURES, INSTANCE_KEY, INT_FEATURES
 from datagen.tfrecord import RawBatch, RecordError
 
 
@@ -23,7 +25,9 @@ class RecordSpec(Protocol):
     def spec(self) -> dict[str, tuple[str, int]]: ...
 
 
-FEATURE_NAMES = INT_FEATURES + FLOAT_FEATURES + (INSTANCE_KEY,)
+# name -> (dtype, length): datagen.records.feature_spec for pre-training records,
+# datagen.tasks.features.task_feature_spec (a manifest split's "features") for task records.
+FeatureSpec = dict[str, tuple[str, int]]
 
 
 # ---------------------------------------------------------------- exact, one record
@@ -284,20 +288,47 @@ def _decode_packed_varints(data: np.ndarray, offsets: np.ndarray, count: int,
     return out
 
 
-def _name_tables() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    lengths = [len(name) for name in FEATURE_NAMES]
-    assert len(set(lengths)) == len(lengths), "feature names must have distinct lengths"
-    by_length = np.full(max(lengths) + 2, -1, np.int64)
-    table = np.zeros((len(FEATURE_NAMES), max(lengths)), np.uint8)
-    for j, name in enumerate(FEATURE_NAMES):
-        by_length[len(name)] = j
-        table[j, :len(name)] = np.frombuffer(name.encode(), np.uint8)
-    # Feature's tag byte: float_list is field 2, int64_list field 3 (both length-delimited).
-    tags = np.array([0x12 if name in FLOAT_FEATURES else 0x1A for name in FEATURE_NAMES], np.uint8)
-    return by_length, table, tags
+@dataclass(frozen=True)
+class _NameTable:
+    """How the batch decoder tells a spec's feature names apart without a per-name comparison.
+
+    A name is guessed from its key's length and the byte at `at`, one table look-up per entry for any
+    spec; the guessed name's bytes are then compared in full. Specs whose names no single position
+    separates still decode exactly: an entry whose guess is wrong goes through the exact decoder.
+    """
+
+    names: tuple[str, ...]
+    dtypes: tuple[str, ...]
+    counts: tuple[int, ...]
+    at: int
+    guess: np.ndarray  # [key length, byte at `at`] -> index in names, -1: no name
+    table: np.ndarray  # the names' bytes, zero padded
+    tags: np.ndarray  # each name's Feature tag byte: float_list is field 2, int64_list field 3
 
 
-_NAME_BY_LENGTH, _NAME_TABLE, _FEATURE_TAGS = _name_tables()
+@functools.lru_cache(maxsize=64)
+def _name_table(items: tuple[tuple[str, tuple[str, int]], ...]) -> _NameTable:
+    names = tuple(name for name, _ in items)
+    encoded = [name.encode() for name in names]
+    shortest = min(len(b) for b in encoded)
+
+    def clashes(at: int) -> int:
+        return len(encoded) - len({(len(b), b[at]) for b in encoded})
+
+    at = min(range(shortest), key=clashes)  # the first position that separates the most names
+    guess = np.full((max(len(b) for b in encoded) + 2, 256), -1, np.int64)
+    table = np.zeros((len(names), max(len(b) for b in encoded)), np.uint8)
+    for j, b in enumerate(encoded):
+        if guess[len(b), b[at]] < 0:
+            guess[len(b), b[at]] = j
+        table[j, :len(b)] = np.frombuffer(b, np.uint8)
+    tags = np.array([0x12 if dtype == "float32" else 0x1A for _, (dtype, _) in items], np.uint8)
+    return _NameTable(names, tuple(d for _, (d, _) in items), tuple(c for _, (_, c) in items),
+                      at, guess, table, tags)
+
+
+def _spec_of(spec: RecordSpec | FeatureSpec) -> FeatureSpec:
+    return spec if isinstance(spec, dict) else spec.spec()
 
 
 @dataclass
@@ -311,24 +342,27 @@ class Batch:
         return len(self.index)
 
 
-def decode_batch(payloads: list[bytes], indices: list[int], shape: RecordSpec
+def decode_batch(payloads: list[bytes], indices: list[int], spec: RecordSpec | FeatureSpec
                  ) -> tuple[Batch, list[tuple[int, str]]]:
-    """Parse payloads against the feature spec; returns the good records and (index, problem) pairs."""
+    """Parse payloads against a feature spec (a dict, or a record shape's); returns the good records
+    and (index, problem) pairs."""
     lengths = [len(p) for p in payloads]
     starts = np.zeros(len(payloads), np.int64)
     if payloads:
         np.cumsum(lengths[:-1], out=starts[1:])
-    return decode_raw(RawBatch(list(indices), b"".join(payloads), starts.tolist(), lengths), shape)
+    return decode_raw(RawBatch(list(indices), b"".join(payloads), starts.tolist(), lengths), spec)
 
 
-def decode_raw(raw: RawBatch, shape: RecordSpec) -> tuple[Batch, list[tuple[int, str]]]:
+def decode_raw(raw: RawBatch, spec: RecordSpec | FeatureSpec) -> tuple[Batch, list[tuple[int, str]]]:
     """decode_batch on payloads that are ranges of one buffer (as ShardStream.raw_batches gives them)."""
-    spec = shape.spec()
+    spec = _spec_of(spec)
+    names = _name_table(tuple(spec.items()))
     indices = raw.indices
     n = len(indices)
     lengths = np.asarray(raw.lengths, np.int64)
     rec_start = np.asarray(raw.starts, np.int64)
     buf = np.frombuffer(raw.data, np.uint8)
+    last = max(len(buf) - 1, 0)
     bad = np.zeros(n, bool)
     rec_ids = np.arange(n)
 
@@ -343,35 +377,30 @@ def decode_raw(raw: RawBatch, shape: RecordSpec) -> tuple[Batch, list[tuple[int,
     ok_entry = ok_k & ok_v & (val_e == entries.end)
     bad[ent_rec[~ok_entry]] = True
 
-    # Which feature each entry is: the names have distinct lengths; then compare the bytes.
+    # Which feature each entry is: guessed from the key's length and one byte, then the bytes compared.
     key_len = key_e - key_s
-    guess = _NAME_BY_LENGTH[np.clip(key_len, 0, len(_NAME_BY_LENGTH) - 1)]
-    width = _NAME_TABLE.shape[1]
-    got = buf[np.minimum(key_s[:, None] + np.arange(width), max(len(buf) - 1, 0))]
-    same = (got == _NAME_TABLE[np.maximum(guess, 0)]) | (np.arange(width) >= key_len[:, None])
+    guess = names.guess[np.clip(key_len, 0, len(names.guess) - 1), buf[np.minimum(key_s + names.at, last)]]
+    width = names.table.shape[1]
+    got = buf[np.minimum(key_s[:, None] + np.arange(width), last)]
+    same = (got == names.table[np.maximum(guess, 0)]) | (np.arange(width) >= key_len[:, None])
     name_of = np.where((guess >= 0) & same.all(axis=1) & ok_entry, guess, -1)
     bad[ent_rec[name_of < 0]] = True
     known = name_of >= 0
-    per_name = np.bincount(ent_rec[known] * len(FEATURE_NAMES) + name_of[known],
-                           minlength=n * len(FEATURE_NAMES)).reshape(n, len(FEATURE_NAMES))
-    expected = np.array([name in spec for name in FEATURE_NAMES], np.int64)  # each feature of the kind once
-    bad |= (per_name != expected[None, :]).any(axis=1)
+    k = len(names.names)
+    per_name = np.bincount(ent_rec[known] * k + name_of[known], minlength=n * k).reshape(n, k)
+    bad |= (per_name != 1).any(axis=1)  # each feature of the spec exactly once
 
     # Feature{int64_list (3) | float_list (2)} -> List{value (1), packed}
     use = np.nonzero(known & ~bad[ent_rec])[0]
-    tags = _FEATURE_TAGS[name_of[use]]
-    l_s, l_e = _expect_ld(buf, val_s[use], val_e[use], tags, bad, ent_rec[use])
+    l_s, l_e = _expect_ld(buf, val_s[use], val_e[use], names.tags[name_of[use]], bad, ent_rec[use])
     d_s_all, d_e_all = _expect_ld(buf, l_s, l_e, 0x0A, bad, ent_rec[use])
 
     features: dict[str, np.ndarray] = {}
-    for j, name in enumerate(FEATURE_NAMES):
-        if name not in spec:
-            continue
+    for j, (name, dtype, count) in enumerate(zip(names.names, names.dtypes, names.counts, strict=True)):
         sel = np.nonzero(name_of[use] == j)[0]
         recs = ent_rec[use[sel]]
         ok = ~bad[recs]
         recs, d_s, d_e = recs[ok], d_s_all[sel][ok], d_e_all[sel][ok]
-        dtype, count = spec[name]
         if dtype == "float32":
             values = np.zeros((n, count), np.float32)
             right = (d_e - d_s) == 4 * count
@@ -396,7 +425,7 @@ def decode_raw(raw: RawBatch, shape: RecordSpec) -> tuple[Batch, list[tuple[int,
     keep = ~bad
     for i in np.nonzero(bad)[0]:
         try:
-            feats = _decode_one(raw.data[raw.starts[i]:raw.starts[i] + raw.lengths[i]], spec)
+            feats = decode_exact(raw.data[raw.starts[i]:raw.starts[i] + raw.lengths[i]], spec)
         except RecordError as e:
             problems.append((indices[i], str(e)))
             continue
@@ -409,8 +438,10 @@ def decode_raw(raw: RawBatch, shape: RecordSpec) -> tuple[Batch, list[tuple[int,
     return Batch(index, {k: v[keep] for k, v in features.items()}), problems
 
 
-def _decode_one(payload: bytes, spec: dict[str, tuple[str, int]]) -> dict[str, np.ndarray]:
-    """Slow, exact path for one record; RecordError says what is wrong with it."""
+def decode_exact(payload: bytes, spec: RecordSpec | FeatureSpec) -> dict[str, np.ndarray]:
+    """One record, exactly (any field order, packed or not): its features, or RecordError saying what
+    does not match the spec. The slow path of decode_batch, for the records it finds irregular."""
+    spec = _spec_of(spec)
     try:
         feats = decode_example(payload)
     except (RecordError, UnicodeDecodeError) as e:

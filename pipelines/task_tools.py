@@ -17,8 +17,8 @@ import numpy as np
 
 from contract.dataset import Dataset, ShardRef
 from contract.manifest import CARD_NAME, MANIFEST_NAME, VOCAB_NAME
+from datagen.example_codec import decode_batch, decode_exact
 from datagen.tasks.config import CLASSIFICATION, REGRESSION, SPAN, TAGGING
-from datagen.tasks.decode import decode_batch, decode_exact
 from datagen.tasks.features import task_feature_spec
 from datagen.tasks.rules import TaskShape, check_records, check_side, sequence_layout
 from pipelines import fsio
@@ -53,9 +53,9 @@ def read_split(ds: Dataset, split: str, limit: int | None = None) -> tuple[dict[
                 break
             where.append((ref.name, i))
             payloads.append(payload)
-    columns, bad = decode_batch(payloads, spec)
+    batch, bad = decode_batch(payloads, list(range(len(payloads))), spec)
     problems = [f"{where[k][0]}: record {where[k][1]}: does not parse as the split's features: {m}" for k, m in bad]
-    return columns, problems
+    return batch.features, problems
 
 
 def _side_lines(ds: Dataset, split: str, name: str) -> list[str]:

@@ -1,13 +1,14 @@
-"""The batch decoder of task records equals the exact one-record decoder, and hands it every odd record."""
+"""example_codec's batch decoder, driven by a task split's feature spec, equals the exact one-record decoder
+and hands it every odd record."""
 
 from __future__ import annotations
 
 import numpy as np
 from taskdata_fixtures import build_file, minilm_tokenizer, task_file
 
+from datagen.example_codec import decode_batch, decode_exact
 from datagen.records import _varint
 from datagen.tasks.config import TaskConfig
-from datagen.tasks.decode import decode_batch, decode_exact
 from datagen.tasks.encode import encode_payloads
 from datagen.tasks.features import task_feature_spec
 
@@ -35,8 +36,9 @@ def test_real_records_decode_as_written():
         records, _ = build_file(TaskConfig(kind=kind, max_seq_length=L), split, task_file(rel), minilm_tokenizer())
         spec = task_feature_spec(TaskConfig(kind=kind).task_type, L, split == "train")
         payloads = encode_payloads(records.columns)
-        columns, problems = decode_batch(payloads, spec)
-        assert problems == []
+        batch, problems = decode_batch(payloads, list(range(len(payloads))), spec)
+        columns = batch.features
+        assert problems == [] and batch.index.tolist() == list(range(len(payloads)))
         for name, values in records.columns.items():
             assert np.array_equal(columns[name], values.reshape(len(values), -1)), (kind, name)
         for i in range(0, len(payloads), 97):
@@ -58,13 +60,30 @@ def test_odd_records_go_through_the_exact_decoder():
     extra = encode_payloads({**good, "other": np.zeros((1, 1), np.int64)})[0]
     short = encode_payloads({**good, "input_mask": np.ones((1, L - 1), np.int64)})[0]
     as_int = encode_payloads({**good, "label_ids": np.array([[2]])})[0]
-    columns, problems = decode_batch([canonical, reordered, missing, extra, short, as_int, canonical[:-3]], spec)
+    payloads = [canonical, reordered, missing, extra, short, as_int, canonical[:-3]]
+    batch, problems = decode_batch(payloads, list(range(len(payloads))), spec)
+    columns = batch.features
+    assert batch.index.tolist() == [0, 1]
     assert len(columns["input_ids"]) == 2 and np.array_equal(columns["input_ids"][1], good["input_ids"][0])
     assert columns["label_ids"][:, 0].tolist() == [2.5, 2.5]
     messages = dict(problems)
     assert set(messages) == {2, 3, 4, 5, 6}
     assert "feature label_ids is missing" in messages[2]
     assert "unexpected feature(s) other" in messages[3]
-    assert "input_mask is int64[5], expected int64[6]" in messages[4]
-    assert "label_ids is int64[1], expected float32[1]" in messages[5]
+    assert "feature input_mask has 5 values, expected 6" in messages[4]
+    assert "feature label_ids is int64, expected float32" in messages[5]
     assert "does not parse" in messages[6]
+
+
+def test_names_one_byte_cannot_tell_apart_still_decode_exactly():
+    # "ab", "ac", "bb": no single position separates all three, so one guess is wrong for some key and
+    # those records must come out of the exact decoder with the right values.
+    spec = {"ab": ("int64", 2), "ac": ("float32", 1), "bb": ("int64", 1)}
+    rows = [{"ab": np.array([[i, 300 + i]]), "ac": np.array([[i / 2]], np.float32), "bb": np.array([[-i]])}
+            for i in range(5)]
+    payloads = [encode_payloads(r)[0] for r in rows]
+    batch, problems = decode_batch(payloads, list(range(10, 15)), spec)
+    assert problems == [] and batch.index.tolist() == list(range(10, 15))
+    assert batch.features["ab"].tolist() == [[i, 300 + i] for i in range(5)]
+    assert batch.features["ac"][:, 0].tolist() == [i / 2 for i in range(5)]
+    assert batch.features["bb"][:, 0].tolist() == [-i for i in range(5)]
