@@ -38,11 +38,13 @@ change a byte.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import platform
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -71,8 +73,8 @@ from pipelines.transforms import (
 )
 
 if TYPE_CHECKING:
+    from pipelines.runners import RunnerSetup
     from vocab.vocab_file import Vocab
-
 
 
 class DatagenError(RuntimeError):
@@ -213,8 +215,6 @@ def generate_dataset(
     ``read_chunk_mb`` is the largest piece of one file a read task takes (see ``read_tasks``);
     like the runner options, it never changes a byte of the dataset.
     """
-    from contract.vocab_io import load_vocab
-
     start = time.monotonic()
     if not read_chunk_mb > 0:
         raise DatagenError(f"--read-chunk-mb {read_chunk_mb} must be > 0")
@@ -225,25 +225,10 @@ def generate_dataset(
         files = fsio.match_files(list(inputs))
     except fsio.InputNotFoundError as e:
         raise DatagenError(str(e)) from e
-    try:
-        vocab = load_vocab(vocab_path, fsio.BEAM_FS)
-    except (OSError, ValueError) as e:
-        message = str(e)
-        raise DatagenError(message if vocab_path in message else f"{vocab_path}: {message}") from e
-    vocab_path = local_abspath(vocab_path)
-    vocab_bytes = fsio.read_bytes(vocab_path)
-    # Nothing in DIR changes before this point; from here on the run holds DIR's lock, writes only
-    # in its staging directory, and replaces the old dataset only once the new one is complete.
-    with outputs.lock_output(output_dir):
-        out = outputs.prepare_dataset_output(output_dir, overwrite, inputs=[vocab_path, *(f.path for f in files)])
-        try:
-            result = _generate_into(out, config, files, vocab, vocab_bytes, inputs, runner, beam_args,
-                                    dask_scheduler, dask_workers, show_progress, read_chunk_mb, start)
-            outputs.commit(out)
-        except BaseException:
-            outputs.discard(out)
-            raise
-    return result
+    vocab, vocab_path, vocab_bytes = read_vocab(vocab_path)
+    with staged_dataset(output_dir, overwrite, inputs=[vocab_path, *(f.path for f in files)]) as out:
+        return _generate_into(out, config, files, vocab, vocab_bytes, inputs, runner, beam_args,
+                              dask_scheduler, dask_workers, show_progress, read_chunk_mb, start)
 
 
 def _generate_into(out: outputs.DatasetOutput, config: DatagenConfig, files: list[fsio.FileInfo], vocab: Vocab,
@@ -251,9 +236,8 @@ def _generate_into(out: outputs.DatasetOutput, config: DatagenConfig, files: lis
                    dask_scheduler: str | None, dask_workers: int, show_progress: bool, read_chunk_mb: float,
                    start: float) -> RunResult:
     """Run the pipeline and write the complete dataset into ``out.staging``, manifest last."""
-    from contract.manifest import CARD_NAME, VOCAB_NAME, build_manifest, write_manifest
+    from contract.manifest import build_manifest
     from datagen.records import feature_spec
-    from pipelines.card import render_card
     from pipelines.runners import runner_setup
 
     staging = out.staging
@@ -267,19 +251,7 @@ def _generate_into(out: outputs.DatasetOutput, config: DatagenConfig, files: lis
         # The only worker of a local run may spread tokenizing over the idle cores; where there
         # are several workers (or a cluster's), each is one core and tokenizes on one thread.
         plan.single_thread_tokenizer = not (setup.runner == "DirectRunner" and setup.workers == 1)
-        pipeline = beam.Pipeline(options=setup.options)
-        build_pipeline(pipeline, plan)
-        try:
-            result = pipeline.run()
-            result.wait_until_finish()
-            client = getattr(result, "client", None)  # DaskRunner leaves its client open
-            if client is not None:
-                client.close()
-        except Exception as e:
-            message = extract_input_error(e)
-            if message is not None:
-                raise DatagenError(message) from e
-            raise
+        run_pipeline(setup, lambda pipeline: build_pipeline(pipeline, plan))
     summary = json.loads(fsio.read_bytes(summary_path).decode())
     totals = finalize_totals(summary["totals"])
     if totals["documents"] == 0:
@@ -289,30 +261,106 @@ def _generate_into(out: outputs.DatasetOutput, config: DatagenConfig, files: lis
             f"{totals['dropped_documents']} empty document(s) dropped; check --input-format "
             f"({config.input_format}) and the files"
         )
-    fsio.write_atomic(fsio.join(staging, VOCAB_NAME), vocab_bytes)
     splits = {split: {"shards": summary["shards"].get(split, [])} for split in splits_of(config)}
     manifest = build_manifest(
         config=config.to_dict(),
-        vocab={"path": VOCAB_NAME, "sha256": hashlib.sha256(vocab_bytes).hexdigest(),
-               "size": int(vocab.size), "do_lower_case": config.do_lower_case},
         input_info={"patterns": list(inputs), "files": len(files),
                     "bytes": int(sum(f.size for f in files)), "fingerprint": summary["fingerprint"]},
         features=feature_spec(config.max_seq_length, config.max_predictions_per_seq, config.objective,
                               config.masking),
         splits=splits,
         totals=totals,
-        created_by={"runner": setup.runner, "python": platform.python_version()},
+        **provenance(setup, vocab, vocab_bytes, config.do_lower_case),
     )
     problem = empty_split_error(manifest, config)
     if problem:
         raise DatagenError(problem)
-    fsio.write_atomic(fsio.join(staging, CARD_NAME), render_card(out.directory, manifest).encode("utf-8"))
-    write_manifest(staging, manifest, fsio.BEAM_FS)
+    write_dataset_files(out, manifest, vocab_bytes)
     cpu = {k.removeprefix(BUSY_PREFIX): round(float(v), 3) for k, v in sorted(summary["totals"].items())
            if k.startswith(BUSY_PREFIX)}
     return RunResult(out.directory, manifest, time.monotonic() - start, cpu,
                      warnings=run_warnings(manifest, config, summary["totals"]))
 
 
+# ---------------------------------------------------------------- driver steps of `run` and `task`
+# (pipelines.task_run): one implementation each, so both commands read inputs, run Beam and write
+# their datasets the same way.
+
+
 def local_abspath(path: str) -> str:
     return path if "://" in path else os.path.abspath(os.path.expanduser(path))
+
+
+def read_vocab(vocab_path: str) -> tuple[Vocab, str, bytes]:
+    """The run's vocab, its absolute path (an input the output must not replace) and its bytes (the
+    dataset's vocab.txt); DatagenError naming the file when it cannot be read."""
+    from contract.vocab_io import load_vocab
+
+    try:
+        vocab = load_vocab(vocab_path, fsio.BEAM_FS)
+    except (OSError, ValueError) as e:
+        message = str(e)
+        raise DatagenError(message if vocab_path in message else f"{vocab_path}: {message}") from e
+    vocab_path = local_abspath(vocab_path)
+    return vocab, vocab_path, fsio.read_bytes(vocab_path)
+
+
+@contextlib.contextmanager
+def staged_dataset(output_dir: str, overwrite: bool, **layout: Any) -> Iterator[outputs.DatasetOutput]:
+    """The run's staging directory in `output_dir` (`outputs.prepare_dataset_output`; `layout`: its
+    split directories and side files), under the directory's lock (`outputs.lock_output`: a second
+    command on it is refused): nothing in the directory changes before this point, and the old
+    dataset is replaced only once the body has written a complete one; a failure or an interrupt, of
+    the body or of the swap, undoes the run."""
+    try:
+        lock = outputs.lock_output(output_dir)
+    except outputs.OutputError as e:
+        raise DatagenError(str(e)) from e
+    with lock:  # held from before DIR is looked at until the swap is done or undone
+        try:
+            out = outputs.prepare_dataset_output(output_dir, overwrite, **layout)
+        except outputs.OutputError as e:
+            raise DatagenError(str(e)) from e
+        try:
+            yield out
+            outputs.commit(out)
+        except BaseException:
+            outputs.discard(out)
+            raise
+
+
+def run_pipeline(setup: RunnerSetup, build: Callable[[beam.Pipeline], None]) -> None:
+    """Build a pipeline on the runner's options and run it to the end; an input error a worker raised
+    comes back as a DatagenError with its message (naming the file and line)."""
+    pipeline = beam.Pipeline(options=setup.options)
+    build(pipeline)
+    try:
+        result = pipeline.run()
+        result.wait_until_finish()
+        client = getattr(result, "client", None)  # DaskRunner leaves its client open
+        if client is not None:
+            client.close()
+    except Exception as e:
+        message = extract_input_error(e)
+        if message is not None:
+            raise DatagenError(message) from e
+        raise
+
+
+def provenance(setup: RunnerSetup, vocab: Vocab, vocab_bytes: bytes, do_lower_case: bool) -> dict[str, dict]:
+    """The manifest's "vocab" and "created_by" fields (keyword arguments of build_manifest)."""
+    from contract.manifest import VOCAB_NAME
+
+    return {"vocab": {"path": VOCAB_NAME, "sha256": hashlib.sha256(vocab_bytes).hexdigest(),
+                      "size": int(vocab.size), "do_lower_case": do_lower_case},
+            "created_by": {"runner": setup.runner, "python": platform.python_version()}}
+
+
+def write_dataset_files(out: outputs.DatasetOutput, manifest: dict, vocab_bytes: bytes) -> None:
+    """vocab.txt, the dataset card, then manifest.json, into the staging directory (the shards are there)."""
+    from contract.manifest import CARD_NAME, VOCAB_NAME, write_manifest
+    from pipelines.card import render_card
+
+    fsio.write_atomic(fsio.join(out.staging, VOCAB_NAME), vocab_bytes)
+    fsio.write_atomic(fsio.join(out.staging, CARD_NAME), render_card(out.directory, manifest).encode("utf-8"))
+    write_manifest(out.staging, manifest, fsio.BEAM_FS)

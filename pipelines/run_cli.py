@@ -16,7 +16,13 @@ from datagen.config import (
     ConfigError,
     DatagenConfig,
 )
-from pipelines.runners import RUNNERS
+from pipelines.options import (
+    PASS_THROUGH_SETTINGS,
+    beam_args_of,
+    dataset_options,
+    driver_errors,
+    summary_lines,
+)
 
 
 def parse_mask_ratios(text: str) -> tuple[float, float, float]:
@@ -27,19 +33,6 @@ def parse_mask_ratios(text: str) -> tuple[float, float, float]:
     if len(values) != 3:
         raise click.BadParameter(f"{text!r}: expected three numbers (mask, keep, random)")
     return values  # type: ignore[return-value]
-
-
-def stray_arguments(args: list[str]) -> list[str]:
-    """Words that are neither a Beam option (``--name=value``, ``--name value``, ``--flag``) nor its value."""
-    stray, may_take_value = [], False
-    for arg in args:
-        if arg.startswith("--"):
-            may_take_value = "=" not in arg
-        elif may_take_value:
-            may_take_value = False
-        else:
-            stray.append(arg)
-    return stray
 
 
 def summary_table(manifest: dict, wall_seconds: float, cpu_seconds: dict[str, float] | None = None) -> str:
@@ -72,20 +65,18 @@ def summary_table(manifest: dict, wall_seconds: float, cpu_seconds: dict[str, fl
     if cpu_seconds:
         rows.append(("CPU seconds in tasks", ", ".join(f"{k} {v:,.1f}" for k, v in cpu_seconds.items())))
     rows.append(("input fingerprint", manifest["input"]["fingerprint"][:16] + "..."))
-    width = max(len(k) for k, _ in rows)
-    return "\n".join(f"  {k.ljust(width)}  {v}" for k, v in rows)
+    return summary_lines(rows)
 
 
 @click.command(
     "run",
-    context_settings=dict(ignore_unknown_options=True, allow_extra_args=True),
+    context_settings=PASS_THROUGH_SETTINGS,
     epilog="Any other --name=value option is passed to Beam's PipelineOptions "
     "(e.g. --direct_num_workers=2, --project, --region, --temp_location).",
 )
 @click.option("--input", "inputs", multiple=True, required=True, metavar="PATTERN",
               help="Input file or glob (local or any Beam filesystem, e.g. gs://); repeatable. .gz/.bz2 by extension.")
-@click.option("--vocab", "vocab_path", required=True, help="WordPiece vocab file (one token per line).")
-@click.option("--output", "output_dir", required=True, help="Dataset directory to write.")
+@dataset_options
 @click.option("--input-format", type=click.Choice(INPUT_FORMATS), default="text", show_default=True)
 @click.option("--text-layout", type=click.Choice(TEXT_LAYOUTS), default="auto", show_default=True,
               help="--input-format text: auto-detect per file, or read every file as plain, book or wikitext.")
@@ -119,13 +110,6 @@ def summary_table(manifest: dict, wall_seconds: float, cpu_seconds: dict[str, fl
               help="Documents per NotNext pool (the whole corpus when smaller).")
 @click.option("--sentence-splitter", default="nupunkt", show_default=True)
 @click.option("--strict", is_flag=True, default=False, help="Fail on invalid UTF-8 instead of replacing it.")
-@click.option("--overwrite", is_flag=True, default=False, help="Replace an existing dataset in --output.")
-@click.option("--runner", type=click.Choice(RUNNERS, case_sensitive=False), default="DirectRunner",
-              show_default=True)
-@click.option("--dask-scheduler", default=None,
-              help="DaskRunner: address of a running dask.distributed scheduler (default: a local cluster).")
-@click.option("--dask-workers", type=click.IntRange(min=1), default=2, show_default=True,
-              help="DaskRunner without --dask-scheduler: worker processes of the local cluster.")
 @click.option("--read-chunk-mb", type=FiniteFloat(0, min_open=True), default=64.0, show_default=True,
               help="Read bigger uncompressed jsonl, sentences and wikiextractor files as byte ranges of "
                    "this size, one task each (never changes the output).")
@@ -143,13 +127,7 @@ def run_command(ctx: click.Context, inputs: tuple[str, ...], vocab_path: str, ou
 
     Variants: --objective doc-sentences|full-sentences (no NSP), --masking dynamic, --masking-unit span.
     """
-    beam_args = list(ctx.args)
-    from pipelines.options import check_pass_through_options
-
-    check_pass_through_options(beam_args, [o for p in ctx.command.params for o in (*p.opts, *p.secondary_opts)])
-    bad = stray_arguments(beam_args)
-    if bad:
-        raise click.UsageError(f"unexpected argument(s) {' '.join(bad)}; Beam options look like --name=value")
+    beam_args = beam_args_of(ctx)
     if masking == "dynamic" and dupe_factor is not None:
         raise click.BadParameter("not with --masking dynamic: dynamic data is written once, unmasked, and the "
                                  "trainer draws a new mask each epoch", param_hint="'--dupe-factor'")
@@ -190,11 +168,9 @@ def run_command(ctx: click.Context, inputs: tuple[str, ...], vocab_path: str, ou
         raise click.UsageError(f"--sentence-splitter {sentence_splitter!r} is not one of "
                                f"{', '.join(available_splitters())}")
 
-    from pipelines.outputs import OutputError
-    from pipelines.run import DatagenError, generate_dataset
-    from pipelines.runners import RunnerError
+    from pipelines.run import generate_dataset
 
-    try:
+    with driver_errors():
         result = generate_dataset(
             config,
             inputs=list(inputs),
@@ -208,8 +184,6 @@ def run_command(ctx: click.Context, inputs: tuple[str, ...], vocab_path: str, ou
             show_progress=not quiet,
             read_chunk_mb=read_chunk_mb,
         )
-    except (DatagenError, RunnerError, ConfigError, OutputError) as e:
-        raise click.ClickException(str(e)) from e
     if not quiet:
         click.echo(f"bert-datagen run: wrote {result.output_dir}", err=True)
         click.echo(summary_table(result.manifest, result.wall_seconds, result.cpu_seconds), err=True)

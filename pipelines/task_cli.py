@@ -9,8 +9,13 @@ import click
 from contract.cliutil import FiniteFloat
 from datagen.config import ConfigError
 from datagen.tasks.config import KINDS, SCHEMES, TaskConfig
-from pipelines.run_cli import stray_arguments
-from pipelines.runners import RUNNERS
+from pipelines.options import (
+    PASS_THROUGH_SETTINGS,
+    beam_args_of,
+    dataset_options,
+    driver_errors,
+    summary_lines,
+)
 
 
 def parse_labels(text: str | None) -> tuple[str, ...] | None:
@@ -31,13 +36,12 @@ def summary_table(result) -> str:
     rows.append(("wall seconds", f"{result.wall_seconds:,.1f} (pipeline {result.pipeline_seconds:,.1f})"))
     if result.cpu_seconds:
         rows.append(("CPU seconds in tasks", ", ".join(f"{k} {v:,.2f}" for k, v in result.cpu_seconds.items())))
-    width = max(len(k) for k, _ in rows)
-    return "\n".join(f"  {k.ljust(width)}  {v}" for k, v in rows)
+    return summary_lines(rows)
 
 
 @click.command(
     "task",
-    context_settings=dict(ignore_unknown_options=True, allow_extra_args=True),
+    context_settings=PASS_THROUGH_SETTINGS,
     epilog="Any other --name=value option is passed to Beam's PipelineOptions (e.g. --direct_num_workers=2).",
 )
 @click.option("--task", "kind", required=True, type=click.Choice(KINDS), metavar="KIND",
@@ -45,8 +49,7 @@ def summary_table(result) -> str:
 @click.option("--split", "splits", multiple=True, required=True, metavar="NAME=PATTERN",
               help="A split and its file(s); repeatable. The split named train is shuffled (seeded) and, for "
                    "SQuAD, labelled; every other split keeps its input order.")
-@click.option("--vocab", "vocab_path", required=True, help="WordPiece vocab file (one token per line).")
-@click.option("--output", "output_dir", required=True, help="Dataset directory to write.")
+@dataset_options
 @click.option("--max-seq-length", type=int, default=None, help="Default 384 for squad/squad2, else 128.")
 @click.option("--do-lower-case/--no-lower-case", default=True, show_default=True)
 @click.option("--text-a", default=None, help="tsv/csv/jsonl: column name, 0-based index or field of text A.")
@@ -65,11 +68,6 @@ def summary_table(result) -> str:
 @click.option("--random-seed", type=int, default=12345, show_default=True, help="Order of the train split.")
 @click.option("--num-shards", type=int, default=None, help="Shards per split (default: from --target-shard-mb).")
 @click.option("--target-shard-mb", type=FiniteFloat(0, min_open=True), default=64.0, show_default=True)
-@click.option("--overwrite", is_flag=True, default=False, help="Replace an existing dataset in --output.")
-@click.option("--runner", type=click.Choice(RUNNERS, case_sensitive=False), default="DirectRunner",
-              show_default=True)
-@click.option("--dask-scheduler", default=None, help="DaskRunner: address of a running scheduler.")
-@click.option("--dask-workers", type=click.IntRange(min=1), default=2, show_default=True)
 @click.option("--quiet", is_flag=True, default=False, help="No summary table.")
 @click.pass_context
 def task_command(ctx: click.Context, kind: str, splits: tuple[str, ...], vocab_path: str, output_dir: str,
@@ -79,13 +77,7 @@ def task_command(ctx: click.Context, kind: str, splits: tuple[str, ...], vocab_p
                  num_shards: int | None, target_shard_mb: float, overwrite: bool, runner: str,
                  dask_scheduler: str | None, dask_workers: int, quiet: bool) -> None:
     """Turn labelled task files (GLUE, SQuAD, CoNLL, any TSV/CSV/JSONL) into a fine-tuning dataset."""
-    beam_args = list(ctx.args)
-    from pipelines.options import check_pass_through_options
-
-    check_pass_through_options(beam_args, [o for p in ctx.command.params for o in (*p.opts, *p.secondary_opts)])
-    bad = stray_arguments(beam_args)
-    if bad:
-        raise click.UsageError(f"unexpected argument(s) {' '.join(bad)}; Beam options look like --name=value")
+    beam_args = beam_args_of(ctx)
     try:
         config = TaskConfig(kind=kind, max_seq_length=max_seq_length, do_lower_case=do_lower_case, text_a=text_a,
                             text_b=text_b, label=label, header=header, labels=parse_labels(labels),
@@ -107,15 +99,12 @@ def task_command(ctx: click.Context, kind: str, splits: tuple[str, ...], vocab_p
     if twice:
         raise click.UsageError(f"--split: split {twice[0]!r} is given twice")
 
-    from pipelines.runners import RunnerError
     from pipelines.task_run import generate_task_dataset
 
-    try:
+    with driver_errors():
         result = generate_task_dataset(config, splits=list(splits), vocab_path=vocab_path, output_dir=output_dir,
                                        runner=runner, beam_args=beam_args, overwrite=overwrite,
                                        dask_scheduler=dask_scheduler, dask_workers=dask_workers)
-    except (DatagenError, RunnerError, ConfigError) as e:
-        raise click.ClickException(str(e)) from e
     if not quiet:
         click.echo(f"bert-datagen task: wrote {result.output_dir}", err=True)
         click.echo(summary_table(result), err=True)

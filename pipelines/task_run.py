@@ -9,21 +9,25 @@ from __future__ import annotations
 
 import hashlib
 import json
-import platform
 import time
 import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-import apache_beam as beam
-
 from datagen.tasks import build
 from datagen.tasks.config import TaskConfig, split_is_training
 from datagen.tasks.features import task_feature_spec
 from pipelines import fsio
-from pipelines.run import DatagenError, local_abspath
+from pipelines.run import (
+    DatagenError,
+    local_abspath,
+    provenance,
+    read_vocab,
+    run_pipeline,
+    staged_dataset,
+    write_dataset_files,
+)
 from pipelines.task import EXAMPLES_NAME, SUMMARY_PREFIX, WINDOWS_NAME, TaskPlan, build_pipeline, parse_split
-from pipelines.transforms import extract_input_error
 
 
 @dataclass
@@ -86,45 +90,21 @@ def generate_task_dataset(config: TaskConfig, *, splits: list[str], vocab_path: 
     replaced only by a complete one, and only with --overwrite.
 
     `part_examples` (examples per worker task), like the runner options, never changes a byte."""
-    from contract.vocab_io import load_vocab
-    from pipelines import outputs
-
     start = time.monotonic()
     output_dir = local_abspath(output_dir).rstrip("/") or "/"
     split_files = match_splits(splits)
-    try:
-        vocab = load_vocab(vocab_path, fsio.BEAM_FS)
-    except (OSError, ValueError) as e:
-        message = str(e)
-        raise DatagenError(message if vocab_path in message else f"{vocab_path}: {message}") from e
-    vocab_path = local_abspath(vocab_path)
+    vocab, vocab_path, vocab_bytes = read_vocab(vocab_path)
     inputs = [vocab_path, *(f for _, files in split_files for f in files)]
-    try:
-        lock = outputs.lock_output(output_dir)
-    except outputs.OutputError as e:
-        raise DatagenError(str(e)) from e
-    with lock:
-        try:
-            out = outputs.prepare_dataset_output(output_dir, overwrite, inputs=inputs,
-                                                 split_dirs=[name for name, _ in split_files],
-                                                 side_names=(EXAMPLES_NAME, WINDOWS_NAME))
-        except outputs.OutputError as e:
-            raise DatagenError(str(e)) from e
-        try:
-            result = _generate_into(out, config, split_files, vocab, vocab_path, splits, runner, beam_args,
-                                    dask_scheduler, dask_workers, part_examples, start)
-            outputs.commit(out)
-        except BaseException:
-            outputs.discard(out)
-            raise
-    return result
+    with staged_dataset(output_dir, overwrite, inputs=inputs, split_dirs=[name for name, _ in split_files],
+                        side_names=(EXAMPLES_NAME, WINDOWS_NAME)) as out:
+        return _generate_into(out, config, split_files, vocab, vocab_bytes, splits, runner, beam_args,
+                              dask_scheduler, dask_workers, part_examples, start)
 
 
-def _generate_into(out, config: TaskConfig, split_files: list[tuple[str, list[str]]], vocab, vocab_path: str,
+def _generate_into(out, config: TaskConfig, split_files: list[tuple[str, list[str]]], vocab, vocab_bytes: bytes,
                    splits: list[str], runner: str, beam_args: list[str] | None, dask_scheduler: str | None,
                    dask_workers: int, part_examples: int | None, start: float) -> TaskResult:
-    from contract.manifest import CARD_NAME, VOCAB_NAME, build_manifest, write_manifest
-    from pipelines.card import render_card
+    from contract.manifest import build_manifest
     from pipelines.runners import runner_setup
 
     staging = out.staging
@@ -135,23 +115,9 @@ def _generate_into(out, config: TaskConfig, split_files: list[tuple[str, list[st
     with runner_setup(runner, beam_args, dask_scheduler=dask_scheduler, dask_workers=dask_workers,
                       parallel_elements=len(split_files)) as setup:
         plan.single_thread_tokenizer = not (setup.runner == "DirectRunner" and setup.workers == 1)
-        pipeline = beam.Pipeline(options=setup.options)
-        build_pipeline(pipeline, plan)
-        try:
-            result = pipeline.run()
-            result.wait_until_finish()
-            client = getattr(result, "client", None)
-            if client is not None:
-                client.close()
-        except Exception as e:
-            message = extract_input_error(e)
-            if message is not None:
-                raise DatagenError(message) from e
-            raise
+        run_pipeline(setup, lambda pipeline: build_pipeline(pipeline, plan))
     pipeline_seconds = time.monotonic() - pipeline_start
     summary = json.loads(fsio.read_bytes(summary_path).decode())
-    vocab_bytes = fsio.read_bytes(vocab_path)
-    fsio.write_atomic(fsio.join(staging, VOCAB_NAME), vocab_bytes)
     entries = {name: _split_entry(config, name, summary["splits"][name]) for name, _ in split_files}
     common = set.intersection(*(set(e["features"]) for e in entries.values()))
     first = entries[split_files[0][0]]["features"]
@@ -160,19 +126,16 @@ def _generate_into(out, config: TaskConfig, split_files: list[tuple[str, list[st
     fingerprint = hashlib.sha256("".join(f"{f['sha256']}\n" for f in all_inputs).encode()).hexdigest()
     manifest = build_manifest(
         config=config.to_dict(),
-        vocab={"path": VOCAB_NAME, "sha256": hashlib.sha256(vocab_bytes).hexdigest(), "size": int(vocab.size),
-               "do_lower_case": config.do_lower_case},
         input_info={"patterns": list(splits), "files": len(all_inputs), "bytes": sum(f["bytes"] for f in all_inputs),
                     "fingerprint": fingerprint, "splits": inputs},
         features={k: first[k] for k in sorted(common)},
         splits=entries,
         totals={"examples": sum(e["counts"].get("examples", 0) for e in entries.values()),
                 "features": sum(e["counts"].get("features", 0) for e in entries.values())},
-        created_by={"runner": setup.runner, "python": platform.python_version()},
         kind="task",
         extra={"task": _task_field(config, summary["labels"] or [])},
+        **provenance(setup, vocab, vocab_bytes, config.do_lower_case),
     )
-    fsio.write_atomic(fsio.join(staging, CARD_NAME), render_card(out.directory, manifest).encode("utf-8"))
-    write_manifest(staging, manifest, fsio.BEAM_FS)
+    write_dataset_files(out, manifest, vocab_bytes)
     cpu = {k: round(float(v), 3) for k, v in sorted(summary["cpu"].items())}
     return TaskResult(out.directory, manifest, time.monotonic() - start, pipeline_seconds, cpu)

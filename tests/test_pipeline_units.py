@@ -277,7 +277,7 @@ def test_every_dofn_round_trips_through_beam_pickler_and_cloudpickle(tmp_path) -
 
 
 def test_beam_options_with_values_pass_and_stray_words_do_not() -> None:
-    from pipelines.run_cli import stray_arguments
+    from pipelines.options import stray_arguments
 
     assert stray_arguments(["--project", "p", "--region=r", "--streaming", "--temp_location", "gs://t"]) == []
     assert stray_arguments(["--region=r", "oops"]) == ["oops"]
