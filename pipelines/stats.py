@@ -192,8 +192,9 @@ def format_stats(st: dict) -> str:
     return "\n".join(lines)
 
 
-def plot_stats(st: dict, path: str) -> str:
-    """Histograms of the stats in a PNG. Needs matplotlib (the `plot` extra)."""
+def pyplot():
+    """matplotlib's pyplot on the Agg backend (files only, no display); DatasetError naming the extra
+    when matplotlib is missing, so `--plot` fails with one line, not a traceback."""
     try:
         import matplotlib
 
@@ -201,6 +202,24 @@ def plot_stats(st: dict, path: str) -> str:
         import matplotlib.pyplot as plt
     except ImportError as e:
         raise DatasetError("--plot needs matplotlib: pip install 'bert-datagen[plot]'") from e
+    return plt
+
+
+def write_png(fig, path: str) -> str:
+    """The figure as a PNG at `path`, written atomically (rendered in memory, then a temp file renamed),
+    so an interrupted plot never leaves a half-written file; the figure is closed."""
+    plt = pyplot()
+    out = io.BytesIO()
+    fig.tight_layout()
+    fig.savefig(out, format="png", dpi=100)
+    plt.close(fig)
+    fsio.write_atomic(path, out.getvalue())
+    return path
+
+
+def plot_stats(st: dict, path: str) -> str:
+    """Histograms of the stats in a PNG. Needs matplotlib (the `plot` extra)."""
+    plt = pyplot()
     fig, axes = plt.subplots(2, 2, figsize=(10, 7))
     for ax, (label, key) in zip(axes.flat, (("sequence length", "seq_length"), ("A length", "a_length"),
                                              ("B length", "b_length"), ("masked tokens", "masked_count")),
@@ -213,9 +232,4 @@ def plot_stats(st: dict, path: str) -> str:
     nsp = f"NotNext {st['notnext_share']:.3f}" if st["notnext_share"] is not None else "no NSP"
     fig.suptitle(f"{st['dataset']} [{st['split']}]: {st['records']} records, {nsp}, "
                  f"padding {st['padding_share']:.3f}")
-    fig.tight_layout()
-    out = io.BytesIO()
-    fig.savefig(out, format="png", dpi=100)
-    plt.close(fig)
-    fsio.write_atomic(path, out.getvalue())
-    return path
+    return write_png(fig, path)

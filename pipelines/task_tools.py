@@ -23,6 +23,7 @@ from datagen.tasks.features import task_feature_spec
 from datagen.tasks.rules import TaskShape, check_records, check_side, sequence_layout
 from pipelines import fsio
 from pipelines.shards import iter_payloads, map_shards, pick_shard
+from pipelines.stats import pyplot, write_png
 from pipelines.verify import ShardTask, VerifyReport, verify_shard
 
 
@@ -203,6 +204,8 @@ def inspect_task(ds: Dataset, *, split: str | None, shard: int, index: int, coun
 
 
 def task_stats(ds: Dataset, split: str | None = None) -> dict:
+    """Per split: lengths, truncation, label balance, windows per example, and the histograms
+    `plot_task_stats` draws (lengths of the non-padding tokens; labels, tags, targets or answers)."""
     task = ds.manifest["task"]  # type: ignore[index]
     out: dict = {"task": task["kind"], "type": task["type"], "splits": {}, "problems": []}
     for name in ([split] if split else ds.splits):
@@ -210,7 +213,8 @@ def task_stats(ds: Dataset, split: str | None = None) -> dict:
         out["problems"] += problems
         info = ds.manifest["splits"][name]  # type: ignore[index]
         counts = info.get("counts", {})
-        lengths = f["input_mask"].sum(axis=1) if len(f["input_ids"]) else np.zeros(1, np.int64)
+        real = f["input_mask"].sum(axis=1)
+        lengths = real if len(real) else np.zeros(1, np.int64)
         s = {"records": int(len(f["input_ids"])), "examples": counts.get("examples"),
              "length": {"min": int(lengths.min()), "mean": round(float(lengths.mean()), 2),
                         "p50": int(np.percentile(lengths, 50)), "p95": int(np.percentile(lengths, 95)),
@@ -230,8 +234,70 @@ def task_stats(ds: Dataset, split: str | None = None) -> dict:
                                                                           strict=True)}
         elif "start_positions" in f:
             s["windows_with_answer_share"] = round(float((f["start_positions"][:, 0] > 0).mean()), 4)
+        s["histograms"] = _histograms(f, real, task, bool(info.get("labelled", True)), s.get("labels"))
         out["splits"][name] = s
     return out
+
+
+def _histograms(f: dict[str, np.ndarray], lengths: np.ndarray, task: dict, labelled: bool,
+                labels: dict | None) -> dict:
+    """What the plot draws of a split; nothing of the labels of an unlabelled split (its label ids are
+    placeholders) or of a prediction-mode SQuAD split (its records hold no answer)."""
+    h: dict = {"length": np.bincount(lengths, minlength=task["max_seq_length"] + 1).tolist()}
+    if not labelled:
+        return h
+    if task["type"] in (CLASSIFICATION, TAGGING):
+        h["labels"] = labels
+    elif task["type"] == REGRESSION and len(f["label_ids"]):
+        counts, edges = np.histogram(f["label_ids"][:, 0], bins=20)
+        h["target"] = {"counts": counts.tolist(), "edges": [round(float(e), 6) for e in edges]}
+    elif "start_positions" in f:
+        start, end = f["start_positions"][:, 0], f["end_positions"][:, 0]
+        inside = start > 0  # 0/0 ([CLS]): the window does not hold the answer, or there is none
+        h["answers"] = {"answer in window": int(inside.sum()), "no answer": int((~inside).sum())}
+        # Clipped: stats reads unverified data, where a broken record may end before it starts.
+        h["answer_length"] = np.bincount(np.clip(end[inside] - start[inside] + 1, 0, None), minlength=1).tolist()
+    return h
+
+
+def plot_task_stats(st: dict, path: str) -> str:
+    """A PNG with a row per split: the length histogram, then the label distribution (classification,
+    tagging), the target histogram (regression), or answer-in-window counts and the answer-length
+    histogram (span). Needs matplotlib (the `plot` extra), as the pre-training plot."""
+    plt = pyplot()
+    kind = st["type"]
+    cols = 3 if kind == SPAN else 2
+    splits = st["splits"]
+    fig, axes = plt.subplots(len(splits), cols, figsize=(5 * cols, 3.2 * len(splits)), squeeze=False)
+    for row, (name, s) in zip(axes, splits.items(), strict=True):
+        h = s["histograms"]
+        _bars(row[0], range(len(h["length"])), h["length"], f"{name}: sequence length (mean {s['length']['mean']})",
+              "non-padding tokens", "records", width=1.0)
+        if "labels" in h:
+            what = "tags (first pieces)" if kind == TAGGING else "labels"
+            _bars(row[1], list(h["labels"]), list(h["labels"].values()), f"{name}: {what}", "", "count")
+        elif "target" in h:
+            t = h["target"]
+            row[1].stairs(t["counts"], t["edges"], fill=True)
+            row[1].set(title=f"{name}: target", xlabel="value", ylabel="records")
+        elif "answers" in h:
+            _bars(row[1], list(h["answers"]), list(h["answers"].values()), f"{name}: windows", "", "records")
+            _bars(row[2], range(len(h["answer_length"])), h["answer_length"], f"{name}: answer length",
+                  "pieces", "windows", width=1.0)
+        else:
+            why = "prediction mode: no answers in the records" if kind == SPAN else "unlabelled split"
+            for ax in row[1:]:
+                ax.text(0.5, 0.5, why, ha="center", va="center", transform=ax.transAxes)
+                ax.set_axis_off()
+    fig.suptitle(f"{st['task']} ({kind})")
+    return write_png(fig, path)
+
+
+def _bars(ax, x, heights: list, title: str, xlabel: str, ylabel: str, width: float = 0.8) -> None:
+    ax.bar(x, heights, width=width)
+    ax.set(title=title, xlabel=xlabel, ylabel=ylabel)
+    if not isinstance(x, range):
+        ax.tick_params(axis="x", labelrotation=45 if len(x) > 4 else 0)
 
 
 def format_task_stats(st: dict) -> str:

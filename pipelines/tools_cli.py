@@ -17,7 +17,14 @@ from pipelines import fsio
 from pipelines.diff import diff_datasets, format_diff
 from pipelines.inspection import format_record, inspect_records
 from pipelines.stats import compute_stats, format_stats, plot_stats
-from pipelines.task_tools import format_task_record, format_task_stats, inspect_task, task_stats, verify_task
+from pipelines.task_tools import (
+    format_task_record,
+    format_task_stats,
+    inspect_task,
+    plot_task_stats,
+    task_stats,
+    verify_task,
+)
 from pipelines.verify import verify
 
 
@@ -181,11 +188,15 @@ def _stats(target, split, as_json, plot_path, top, max_seq_length, max_predictio
            workers) -> None:
     ds = _open(target, max_seq_length, max_predictions_per_seq, vocab_path)
     if _is_task(ds):
-        if plot_path:
-            raise click.UsageError("--plot draws pre-training histograms; task datasets print their figures "
-                                   "(--json for all of them)")
         st = task_stats(ds, split)
+        if plot_path:
+            try:
+                plot_task_stats(st, plot_path)
+            except DatasetError as e:
+                raise click.ClickException(str(e)) from e
         click.echo(json.dumps(st, indent=2, ensure_ascii=False) if as_json else format_task_stats(st))
+        if plot_path and not as_json:
+            click.echo(f"histograms written to {plot_path}")
         for p in st["problems"]:
             click.echo(f"problem: {p}", err=True)
         return

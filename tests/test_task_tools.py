@@ -166,3 +166,74 @@ def _label(path: Path, row: int) -> int:
 
     columns, _ = read_split(open_dataset(str(path), LOCAL_FS), "dev")
     return int(columns["label_ids"][row, 0])
+
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+def _png_shape(path: Path) -> tuple[int, ...]:
+    """The image's shape as matplotlib reads it back (so the file is a whole, valid PNG)."""
+    import matplotlib.image
+
+    assert path.read_bytes()[:8] == PNG_SIGNATURE
+    return matplotlib.image.imread(str(path)).shape
+
+
+@pytest.mark.parametrize("name, panels", [("pairs", 2), ("squad", 3)])
+def test_stats_plot_of_a_task_dataset(datasets, tmp_path, name, panels):
+    png = tmp_path / "plots" / f"{name}.png"
+    png.parent.mkdir()
+    r = CliRunner().invoke(main, ["stats", str(datasets[name]), "--plot", str(png)])
+    assert r.exit_code == 0, r.output
+    assert f"histograms written to {png}" in r.output
+    # A row of panels per split (train, dev) at the plot's 100 dpi: 3.2 in high each, 5 in wide a panel.
+    assert _png_shape(png)[:2] == (640, 500 * panels)
+    assert sorted(p.name for p in png.parent.iterdir()) == [png.name]  # the temp file was renamed, not left
+    st = json.loads(CliRunner().invoke(main, ["stats", str(datasets[name]), "--json"]).output)
+    for split, s in st["splits"].items():
+        h = s["histograms"]
+        assert sum(h["length"]) == s["records"] and len(h["length"]) == (24 if name == "pairs" else 48) + 1
+        assert max(i for i, c in enumerate(h["length"]) if c) == s["length"]["max"]
+        if name == "pairs":
+            assert h["labels"] == s["labels"] and sum(h["labels"].values()) == s["records"]
+        elif split == "train":
+            assert sum(h["answers"].values()) == s["records"]
+            assert h["answers"]["answer in window"] == round(s["windows_with_answer_share"] * s["records"])
+            assert sum(h["answer_length"]) == h["answers"]["answer in window"] and h["answer_length"][0] == 0
+        else:  # prediction mode: the records hold no answers
+            assert set(h) == {"length"}
+
+
+def test_stats_plot_of_a_task_dataset_is_safe(datasets, tmp_path, monkeypatch):
+    ds = datasets["pairs"]
+    before = {p: p.read_bytes() for p in ds.rglob("*") if p.is_file()}
+    r = CliRunner().invoke(main, ["stats", str(ds), "--plot", str(ds / "dev" / "h.png")])
+    assert r.exit_code == 1 and "is inside the dataset" in r.output and "Traceback" not in r.output
+    assert {p: p.read_bytes() for p in ds.rglob("*") if p.is_file()} == before
+    # A file the user names is theirs to replace, as with the pre-training plot.
+    png = tmp_path / "mine.png"
+    png.write_bytes(b"old")
+    assert CliRunner().invoke(main, ["stats", str(ds), "--plot", str(png)]).exit_code == 0
+    assert png.read_bytes()[:8] == PNG_SIGNATURE
+    # Without matplotlib: one line naming the extra, nothing written.
+    monkeypatch.setitem(__import__("sys").modules, "matplotlib", None)
+    r = CliRunner().invoke(main, ["stats", str(ds), "--plot", str(tmp_path / "none.png")])
+    assert r.exit_code == 1 and "--plot needs matplotlib" in r.output and "Traceback" not in r.output
+    assert not (tmp_path / "none.png").exists()
+
+
+def test_plot_draws_tags_and_regression_targets(datasets, tmp_path):
+    from contract.dataset import open_dataset
+    from pipelines.task_tools import plot_task_stats, task_stats
+
+    st = task_stats(open_dataset(str(datasets["ner"]), LOCAL_FS))
+    for s in st["splits"].values():
+        tags = s["histograms"]["labels"]
+        assert tags == s["labels"] and set(tags) <= {"B-LOC", "B-PER", "I-LOC", "I-PER", "O"}
+    assert _png_shape(Path(plot_task_stats(st, str(tmp_path / "ner.png"))))[:2] == (640, 1000)
+    # Regression: the target's histogram (a dataset of its own would cost a pipeline run; the plot
+    # only reads the figures).
+    st = {"task": "tsv", "type": "regression", "splits": {"train": {
+        "length": {"mean": 3.0}, "histograms": {"length": [0, 1, 2, 3], "target": {
+            "counts": [1, 0, 4], "edges": [0.0, 1.5, 3.0, 4.5]}}}}}
+    assert _png_shape(Path(plot_task_stats(st, str(tmp_path / "reg.png"))))[:2] == (320, 1000)
