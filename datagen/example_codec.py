@@ -315,11 +315,11 @@ def _name_table(items: tuple[tuple[str, tuple[str, int]], ...]) -> _NameTable:
     def clashes(at: int) -> int:
         return len(encoded) - len({(len(b), b[at]) for b in encoded})
 
-    at = min(range(shortest), key=clashes)  # the first position that separates the most names
+    at = min(range(shortest), key=clashes, default=0)  # the first position separating the most names
     guess = np.full((max(len(b) for b in encoded) + 2, 256), -1, np.int64)
     table = np.zeros((len(names), max(len(b) for b in encoded)), np.uint8)
     for j, b in enumerate(encoded):
-        if guess[len(b), b[at]] < 0:
+        if len(b) > at and guess[len(b), b[at]] < 0:  # an empty name is left to the exact decoder
             guess[len(b), b[at]] = j
         table[j, :len(b)] = np.frombuffer(b, np.uint8)
     tags = np.array([0x12 if dtype == "float32" else 0x1A for _, (dtype, _) in items], np.uint8)
@@ -356,7 +356,7 @@ def decode_batch(payloads: list[bytes], indices: list[int], spec: RecordSpec | F
 def decode_raw(raw: RawBatch, spec: RecordSpec | FeatureSpec) -> tuple[Batch, list[tuple[int, str]]]:
     """decode_batch on payloads that are ranges of one buffer (as ShardStream.raw_batches gives them)."""
     spec = _spec_of(spec)
-    names = _name_table(tuple(spec.items()))
+    names = _name_table(tuple((k, (d, int(c))) for k, (d, c) in spec.items()))  # hashable, for the cache
     indices = raw.indices
     n = len(indices)
     lengths = np.asarray(raw.lengths, np.int64)
