@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import io
+import types
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -12,6 +14,9 @@ from datagen.example_codec import Batch, decode_raw
 from datagen.record_rules import MAX_PROBLEMS_PER_SHARD, RecordShape, derive
 from pipelines import fsio
 from pipelines.shards import map_shards, shard_stream
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 
 @dataclass
@@ -192,7 +197,7 @@ def format_stats(st: dict) -> str:
     return "\n".join(lines)
 
 
-def pyplot():
+def pyplot() -> types.ModuleType:
     """matplotlib's pyplot on the Agg backend (files only, no display); DatasetError naming the extra
     when matplotlib is missing, so `--plot` fails with one line, not a traceback."""
     try:
@@ -205,7 +210,7 @@ def pyplot():
     return plt
 
 
-def write_png(fig, path: str) -> str:
+def write_png(fig: Figure, path: str) -> str:
     """The figure as a PNG at `path`, written atomically (rendered in memory, then a temp file renamed),
     so an interrupted plot never leaves a half-written file; the figure is closed."""
     plt = pyplot()
