@@ -304,16 +304,24 @@ def json_error_text(err: json.JSONDecodeError) -> str:
     return f"{err.msg} {where}" if err.msg.endswith(" at") else f"{err.msg} at {where}"
 
 
-def _read_jsonl(path: str, text: str, field: str, first_line: int = 1) -> Iterator[list[str]]:
+def jsonl_objects(path: str, text: str, first_line: int = 1, error: type[InputError] = InputError
+                  ) -> Iterator[tuple[int, dict]]:
+    """(line number, object) of every non-blank line of JSON lines (pre-training documents and task
+    examples alike); `error`, naming the file and line, for a line that is not a JSON object."""
     for lineno, line in enumerate(text.split("\n"), start=first_line):
         if not line.strip():
             continue
         try:
             obj = json.loads(line)
         except json.JSONDecodeError as err:
-            raise InputError(f"{path}: line {lineno}: not valid JSON ({json_error_text(err)})") from None
+            raise error(f"{path}: line {lineno}: not valid JSON ({json_error_text(err)})") from None
         if not isinstance(obj, dict):
-            raise InputError(f"{path}: line {lineno}: expected a JSON object, got {type(obj).__name__}")
+            raise error(f"{path}: line {lineno}: expected a JSON object, got {type(obj).__name__}")
+        yield lineno, obj
+
+
+def _read_jsonl(path: str, text: str, field: str, first_line: int = 1) -> Iterator[list[str]]:
+    for lineno, obj in jsonl_objects(path, text, first_line):
         if field not in obj:
             raise InputError(f"{path}: line {lineno}: no field {field!r} (fields: {', '.join(sorted(obj)) or 'none'})")
         value = obj[field]

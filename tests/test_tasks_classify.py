@@ -189,6 +189,12 @@ def test_jsonl_fields_and_errors(tmp_path):
     path.write_text('{"q": "is it?", "p": 3, "y": 1}\n')
     with pytest.raises(TaskInputError, match=r"t\.jsonl: line 1: field 'p' is int, not a string"):
         build_file(config, "train", path, tok)
+    # Lines that are not JSON objects: the same messages as pre-training jsonl input (datagen.readers).
+    for text, message in (('{"q": "a", "p": "b", "y": 1}\n{"q": "a",\n', r"t\.jsonl: line 2: not valid JSON \("),
+                          ('\n[1, 2]\n', r"t\.jsonl: line 2: expected a JSON object, got list")):
+        path.write_text(text)
+        with pytest.raises(TaskInputError, match=message):
+            build_file(config, "train", path, tok)
 
 
 def test_regression_labels_are_float32(tmp_path):

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import csv
 import io
-import json
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from datagen.readers import jsonl_objects
 from datagen.tasks.config import TaskInputError
 
 Column = int | str
@@ -94,18 +94,7 @@ def read_table(path: str, data: bytes, fmt: str) -> list[tuple[int, list[str]]]:
 
 def read_jsonl(path: str, data: bytes) -> list[tuple[int, dict]]:
     """(line number, object) of every non-blank line of a JSONL file."""
-    rows = []
-    for lineno, line in enumerate(decode_file(path, data).split("\n"), start=1):
-        if not line.strip():
-            continue
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as err:
-            raise TaskInputError(f"{path}: line {lineno}: not valid JSON ({err.msg} at column {err.colno})") from None
-        if not isinstance(obj, dict):
-            raise TaskInputError(f"{path}: line {lineno}: expected a JSON object, got {type(obj).__name__}")
-        rows.append((lineno, obj))
-    return rows
+    return list(jsonl_objects(path, decode_file(path, data), error=TaskInputError))
 
 
 def _resolve(path: str, column: Column | None, header: list[str] | None, what: str) -> int | None:
