@@ -54,8 +54,7 @@ def beam_option_names() -> list[str]:
     return sorted(s for s in _beam_parser()._option_string_actions if s.startswith("--"))
 
 
-def check_pass_through_options(args: Sequence[str], own_options: Sequence[str], command: str = "bert-datagen run"
-                               ) -> None:
+def check_pass_through_options(args: Sequence[str], own_options: Sequence[str], command: str) -> None:
     """Raise click.UsageError (exit 2) unless every option in ``args`` is Beam's, with a valid value."""
     parser = _beam_parser()
     beam_names = [s for s in parser._option_string_actions if s.startswith("--")]

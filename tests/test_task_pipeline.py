@@ -143,6 +143,10 @@ def test_cli_errors_name_file_and_line_and_leave_nothing(files, tmp_path):
     r = CliRunner().invoke(main, ["task", "--task", "squad", "--split", f"train={files['train.json']}",
                                   "--vocab", str(files["vocab"]), "--output", str(out), "--doc-stride", "0"])
     assert r.exit_code == 2 and "--doc-stride 0" in r.output
+    r = CliRunner().invoke(main, ["task", "--task", "squad", "--split", f"train={files['train.json']}",
+                                  "--vocab", str(files["vocab"]), "--output", str(out), "--doc-strid", "8"])
+    assert r.exit_code == 2 and "did you mean --doc-stride?" in r.output, r.output
+    assert "neither bert-datagen task nor Beam's PipelineOptions" in r.output
     for splits, code, message in (([f"train={tmp_path}/nothing*.json"], 1, "no input file matches"),
                                   (["train"], 2, "expected NAME=PATTERN"),
                                   ([f"train={files['train.json']}", f"train={files['dev.json']}"], 2, "given twice"),
