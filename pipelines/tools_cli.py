@@ -187,29 +187,22 @@ def stats_command(target, split, as_json, plot_path, top, max_seq_length, max_pr
 def _stats(target, split, as_json, plot_path, top, max_seq_length, max_predictions_per_seq, vocab_path,
            workers) -> None:
     ds = _open(target, max_seq_length, max_predictions_per_seq, vocab_path)
-    if _is_task(ds):
-        st = task_stats(ds, split)
-        if plot_path:
-            try:
-                plot_task_stats(st, plot_path)
-            except DatasetError as e:
-                raise click.ClickException(str(e)) from e
-        click.echo(json.dumps(st, indent=2, ensure_ascii=False) if as_json else format_task_stats(st))
-        if plot_path and not as_json:
-            click.echo(f"histograms written to {plot_path}")
-        for p in st["problems"]:
-            click.echo(f"problem: {p}", err=True)
-        return
+    task = _is_task(ds)
     try:
-        st = compute_stats(ds, split=split, workers=workers, top=top)
-        if plot_path:
-            plot_stats(st, plot_path)
+        if task:
+            st = task_stats(ds, split)
+            if plot_path:
+                plot_task_stats(st, plot_path)
+        else:
+            st = compute_stats(ds, split=split, workers=workers, top=top)
+            if plot_path:
+                plot_stats(st, plot_path)
     except DatasetError as e:
         raise click.ClickException(str(e)) from e
     if as_json:
         click.echo(json.dumps(st, indent=2, ensure_ascii=False))
     else:
-        click.echo(format_stats(st))
+        click.echo(format_task_stats(st) if task else format_stats(st))
         if plot_path:
             click.echo(f"histograms written to {plot_path}")
     for p in st["problems"]:

@@ -161,6 +161,19 @@ def test_inspect_stats_and_diff(datasets, tmp_path):
     assert CliRunner().invoke(main, ["diff", str(datasets["pairs"]), str(datasets["pairs"])]).exit_code == 0
 
 
+def test_stats_of_task_records_that_do_not_parse_exits_1(datasets, tmp_path):
+    out = _copy(datasets["pairs"], tmp_path / "d")
+
+    def shorten(c):
+        c["segment_ids"] = c["segment_ids"][:, :-1]
+
+    _rewrite(out, "dev", shorten)
+    r = CliRunner().invoke(main, ["stats", str(out)])
+    assert r.exit_code == 1, r.output
+    assert "does not parse as the split's features" in r.output
+    assert "problem(s) while reading the records" in r.output
+
+
 def _label(path: Path, row: int) -> int:
     from contract.dataset import open_dataset
 
