@@ -106,12 +106,13 @@ def _hf_logits(model_dir, arch, inputs):
     return out, model.config
 
 
-@pytest.mark.parametrize("task", ["classification", "span", "tagging"])
+@pytest.mark.parametrize("task", ["classification", "regression", "span", "tagging"])
 def test_exported_model_gives_the_same_logits_in_transformers(tmp_path, init_run, task):
     from trainer.finetune_export import restore_finetuned
     from trainer.task_data import open_task_dataset, ordered_batches
 
-    build = {"classification": classification_dataset, "span": span_dataset, "tagging": tagging_dataset}[task]
+    build = {"classification": classification_dataset, "span": span_dataset, "tagging": tagging_dataset,
+             "regression": lambda d: classification_dataset(d, regression=True)}[task]
     data = build(str(tmp_path / "data"))
     run = _finetuned(tmp_path, data, init_run)
     out = tmp_path / "hf"
@@ -122,11 +123,14 @@ def test_exported_model_gives_the_same_logits_in_transformers(tmp_path, init_run
     inputs = {k: batch[k].numpy() for k in ("input_ids", "input_mask", "segment_ids")}
     ours = {k: v.numpy() for k, v in model(inputs, training=False).items()}
     arch = {"classification": "BertForSequenceClassification", "span": "BertForQuestionAnswering",
-            "tagging": "BertForTokenClassification"}[task]
+            "tagging": "BertForTokenClassification", "regression": "BertForSequenceClassification"}[task]
     theirs, config = _hf_logits(out, arch, inputs)
     if task == "span":
         np.testing.assert_allclose(ours["start_logits"], theirs.start_logits.numpy(), atol=1e-4)
         np.testing.assert_allclose(ours["end_logits"], theirs.end_logits.numpy(), atol=1e-4)
+    elif task == "regression":
+        assert config.num_labels == 1 and config.problem_type == "regression"
+        np.testing.assert_allclose(np.reshape(ours["logits"], (-1, 1)), theirs.logits.numpy(), atol=1e-4)
     else:
         np.testing.assert_allclose(ours["logits"], theirs.logits.numpy(), atol=1e-4)
         assert [config.id2label[i] for i in range(len(record["labels"]))] == record["labels"]
@@ -137,7 +141,8 @@ def test_exported_model_gives_the_same_logits_in_transformers(tmp_path, init_run
     assert result.exit_code == 0, result.output
     names = dict(tf.train.list_variables(str(tf1 / "bert_model.ckpt")))
     head = "cls/squad/output_weights" if task == "span" else "output_weights"
-    assert names[head] == [2 if task == "span" else len(record["labels"]), 16]
+    rows = {"span": 2, "regression": 1}.get(task, len(record["labels"]))
+    assert names[head] == [rows, 16]
     assert head.replace("weights", "bias") in names and "bert/embeddings/word_embeddings" in names
     assert not any(n.startswith("cls/predictions") for n in names)
 
