@@ -122,6 +122,7 @@ def _update(run: Path, start: dict[str, np.ndarray]) -> np.ndarray:
     return np.concatenate([(trained[k] - start[k]).ravel() for k in sorted(trained) if k in start])
 
 
+@pytest.mark.integration
 def test_mixed_precision_runs_close_to_float32(tmp_path, init_run):
     data = classification_dataset(str(tmp_path / "data"))
     start = _arrays(Path(init_run))
