@@ -1,12 +1,13 @@
 """`bert-train finetune`: one fine-tuning run (or one sub-run per seed) on a task dataset.
 
-Like pre-training (trainer/train.py) and with the same optimizer, clipping and schedule: one
-optimizer step = one global batch, split over replicas and `accumulation_steps` micro-batches,
-each part's loss divided by the WHOLE batch's denominator (examples; labelled positions for
-tagging) so the summed gradient is the whole batch's. Dropout masks are a pure function of
-(seed, step, micro-step, replica) and batch b of epoch e a pure function of (seed, e): with op
-determinism the same data + init + config + seed give bitwise-identical weights and metrics on CPU,
-and a run resumed from any checkpoint ends bitwise identical to the uninterrupted one.
+Like pre-training (trainer/train.py), with the same step (trainer/step.py's `make_train_step`,
+given the task's `finetuning_objective`), optimizer, clipping and schedule: one optimizer step = one
+global batch, split over replicas and `accumulation_steps` micro-batches, each part's loss divided
+by the WHOLE batch's denominator (examples; labelled positions for tagging) so the summed gradient
+is the whole batch's. Dropout masks are a pure function of (seed, step, micro-step, replica) and
+batch b of epoch e a pure function of (seed, e): with op determinism the same data + init + config
++ seed give bitwise-identical weights and metrics on CPU, and a run resumed from any checkpoint
+ends bitwise identical to the uninterrupted one.
 
 RUN/ holds finetune_config.json, bert_config.json, task.json, ckpt-NNNNNNNN/ (the last ones;
 weights under TF1 names incl. the head's), tensorboard/{train,eval}, final_metrics.json (metric
@@ -19,7 +20,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import os
 import statistics
 import time
 from collections.abc import Callable
@@ -27,29 +27,40 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
-import numpy as np
 import tensorflow as tf
 
 from trainer import checkpoint as ckpt_lib
 from trainer import rundir
 from trainer.config import PRECISIONS, STRATEGIES, BertConfig, ConfigError
-from trainer.devices import enable_determinism, make_strategy
+from trainer.devices import enable_determinism
 from trainer.errors import DataError, TrainingError
 from trainer.finetune_init import init_checkpoint_config, init_from_run_config, initialise_encoder
 from trainer.heads import (
     IGNORE_LABEL,
+    FineTuneModel,
     build_finetune_model,
     finetune_variable_map,
     task_sums,
     trained_variable_map,
 )
 from trainer.loading import dtype_policy
-from trainer.optimizer import AdamWeightDecay, DynamicLossScale, clip_by_global_norm, learning_rate
+from trainer.optimizer import AdamWeightDecay, learning_rate
+from trainer.run_common import (
+    checkpoint_arrays,
+    loss_scale_for,
+    make_run_strategy,
+    replica_slices,
+    restore_checkpoint_arrays,
+    stop_on_non_finite_loss,
+    tensorboard_writers,
+    write_scalar,
+)
+from trainer.rundir import cleanup_temp, write_atomic
+from trainer.step import Objective, make_train_step, replica_sum
 from trainer.task_data import TaskDataset, open_task_dataset, train_batches
 from trainer.task_eval import evaluate_split, primary_metric, write_outputs
-from trainer.train import write_scalar
 
-SUM = tf.distribute.ReduceOp.SUM
+FINETUNING_DROPOUT_SALT = 0xF17E  # other dropout masks than pre-training's at the same seed and step
 CONFIG_FILE = "finetune_config.json"
 TASK_FILE = "task.json"
 BERT_CONFIG_FILE = "bert_config.json"
@@ -133,12 +144,6 @@ class FinetuneConfig:
         return json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n"
 
 
-def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(text)
-    os.replace(tmp, path)
-
-
 def _check_run_config(run: Path, cfg: FinetuneConfig) -> None:
     path = run / CONFIG_FILE
     if not path.is_file():
@@ -177,60 +182,24 @@ def check_data_fits(dataset: TaskDataset, bert: BertConfig, what: str) -> None:
         raise DataError(f"{dataset.source}: data and model do not fit: " + "; ".join(problems))
 
 
-def make_train_step(model, optimizer: AdamWeightDecay, strategy: tf.distribute.Strategy, cfg: FinetuneConfig,
-                    task_type: str, loss_scale: DynamicLossScale | None) -> Callable:
-    variables = optimizer.variables
-    accum = cfg.accumulation_steps
-    replicas = strategy.num_replicas_in_sync
-    base_seed = tf.constant([cfg.seed & 0x7FFFFFFF, 0xF17E], dtype=tf.int64)
-
-    def micro_grads(batch, denominator, seed, scale):
-        with tf.GradientTape() as tape:
-            out = model(batch, training=True, dropout_seed=seed)
-            sums = task_sums(task_type, out, batch)
-            loss = sums["loss_sum"] / denominator
-            scaled = loss * scale if scale is not None else loss
-        grads = tape.gradient(scaled, [v.value for v in variables])
-        return [tf.convert_to_tensor(g) for g in grads], sums
-
-    micro_grads_fn = tf.function(micro_grads, jit_compile=True) if cfg.jit else micro_grads
+def finetuning_objective(model: FineTuneModel, task_type: str) -> Objective:
+    """The task's mean loss over the whole batch: its examples, or for tagging its labelled positions."""
 
     def local_denominator(batch):
         if task_type == "tagging":
             return tf.reduce_sum(tf.cast(tf.not_equal(batch["label_ids"], IGNORE_LABEL), tf.float32))
         return tf.cast(tf.shape(batch["input_ids"])[0], tf.float32)
 
-    def replica_step(batch, lr, step):
-        ctx = tf.distribute.get_replica_context()
-        denominator = tf.maximum(ctx.all_reduce(SUM, local_denominator(batch)), 1.0)
-        scale = loss_scale.scale if loss_scale is not None else None
-        seed = tf.random.experimental.stateless_fold_in(base_seed, step, alg="philox")
-        seed = tf.random.experimental.stateless_fold_in(seed, ctx.replica_id_in_sync_group, alg="philox")
-        micro = tf.shape(batch["input_ids"])[0] // accum
-        grads, totals = None, None
-        for k in range(accum):
-            part = {name: value[k * micro:(k + 1) * micro] for name, value in batch.items()}
-            part_seed = tf.random.experimental.stateless_fold_in(seed, k, alg="philox")
-            g, sums = micro_grads_fn(part, denominator, part_seed, scale)
-            grads = g if grads is None else [a + b for a, b in zip(grads, g, strict=True)]
-            totals = sums if totals is None else {n: totals[n] + sums[n] for n in totals}
-        if replicas > 1:
-            grads = ctx.all_reduce(SUM, grads)
-        if scale is not None:
-            grads = [g / scale for g in grads]
-        finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(g)) for g in grads])
-        clipped, norm = clip_by_global_norm(grads, cfg.clip_norm)
-        optimizer.apply(clipped, lr, ok=finite if loss_scale is not None else None)
-        if loss_scale is not None:
-            loss_scale.update(finite)
-        totals["grad_norm"] = norm / replicas
-        return totals
+    def whole_batch_total(batch):
+        # At least 1: a tagging batch may hold no labelled position (its loss sum is then 0).
+        return tf.maximum(replica_sum(local_denominator(batch)), 1.0)
 
-    def train_step(batch, lr, step):
-        per_replica = strategy.run(replica_step, args=(batch, lr, step))
-        return {k: strategy.reduce(SUM, v, axis=None) for k, v in per_replica.items()}
+    def micro_loss(part, denominator, seed):
+        out = model(part, training=True, dropout_seed=seed)
+        sums = task_sums(task_type, out, part)
+        return sums["loss_sum"] / denominator, sums
 
-    return tf.function(train_step)
+    return Objective(whole_batch_total, micro_loss, FINETUNING_DROPOUT_SALT)
 
 
 class FinetuneRun:
@@ -254,11 +223,7 @@ class FinetuneRun:
                                 "pass --eval-split with a labelled split (or --eval-split none)")
         self.bert = model_config_for(cfg, bert_config_file)
         check_data_fits(self.data, self.bert, cfg.init_from or cfg.init_checkpoint)
-        self.strategy = make_strategy(cfg.strategy, cfg.tpu)
-        replicas = self.strategy.num_replicas_in_sync
-        if cfg.batch_size % (replicas * cfg.accumulation_steps):
-            raise ConfigError(f"batch size {cfg.batch_size} is not a multiple of replicas ({replicas}) x "
-                              f"accumulation steps ({cfg.accumulation_steps})")
+        self.strategy = make_run_strategy(cfg.strategy, cfg.tpu, cfg.batch_size, cfg.accumulation_steps)
         self.steps_per_epoch = self.train_split.records // cfg.batch_size
         if self.steps_per_epoch == 0:
             raise DataError(f"{cfg.data}: split {cfg.train_split!r} has {self.train_split.records} records, "
@@ -272,9 +237,9 @@ class FinetuneRun:
                                               dtype=dtype_policy(cfg.precision))
             self.named = finetune_variable_map(self.model)
             self.optimizer = AdamWeightDecay(trained_variable_map(self.model), weight_decay=cfg.weight_decay)
-            self.loss_scale = DynamicLossScale() if cfg.precision == "mixed_float16" else None
-        self.train_step = make_train_step(self.model, self.optimizer, self.strategy, cfg, self.data.task_type,
-                                          self.loss_scale)
+            self.loss_scale = loss_scale_for(cfg.precision)
+        self.train_step = make_train_step(finetuning_objective(self.model, self.data.task_type), self.optimizer,
+                                          self.strategy, cfg, self.loss_scale)
         self.step = 0
         self.history: list[dict] = []
 
@@ -287,7 +252,7 @@ class FinetuneRun:
                 "primary_metric": primary_metric(self.data)}
 
     def restore_or_initialise(self) -> str:
-        ckpt_lib.cleanup_partial(self.run_dir)
+        cleanup_temp(self.run_dir)  # what interrupted writes of ours left (checkpoints, marked files)
         found = ckpt_lib.list_checkpoints(self.run_dir)
         if not found:
             return initialise_encoder(self.model, self.cfg.init_from, self.cfg.init_checkpoint)
@@ -299,22 +264,13 @@ class FinetuneRun:
                 f"{path}: the run's head was fine-tuned for a {saved.get('type')} task with "
                 f"{len(saved.get('labels', []))} labels {saved.get('labels')}, the dataset has a "
                 f"{self.data.task_type} task with {self.data.num_labels} labels {self.data.labels}")
-        ckpt_lib.assign_named_weights(self.named, ckpt_lib.load_arrays(path, ckpt_lib.MODEL_FILE),
-                                      str(path / ckpt_lib.MODEL_FILE))
-        opt = ckpt_lib.load_arrays(path, ckpt_lib.OPTIMIZER_FILE)
-        self.optimizer.load_slot_arrays(opt, str(path / ckpt_lib.OPTIMIZER_FILE))
-        if self.loss_scale is not None:
-            self.loss_scale.load_state(opt)
+        restore_checkpoint_arrays(path, self.named, self.optimizer, self.loss_scale)
         self.step = step
         self.history = list(state.get("history", []))
         return f"resumed from {path} (step {step})"
 
     def save(self) -> Path:
-        model_arrays = {name: var.numpy() for name, var in self.named.items()}
-        opt_arrays = self.optimizer.slot_arrays()
-        opt_arrays["global_step"] = np.asarray(self.step, dtype=np.int64)
-        if self.loss_scale is not None:
-            opt_arrays.update(self.loss_scale.state())
+        model_arrays, opt_arrays = checkpoint_arrays(self.named, self.optimizer, self.loss_scale, self.step)
         state = {"step": self.step, "bert_config": self.bert.to_dict(), "task": self.task_record(),
                  "history": self.history, "data": self.data.source, "total_steps": self.total_steps,
                  "steps_per_epoch": self.steps_per_epoch}
@@ -331,18 +287,6 @@ class FinetuneRun:
             yield from (iter(ds.skip(offset)) if offset else iter(ds))
             epoch, offset = epoch + 1, 0
 
-    def distribute(self, batch):
-        replicas = self.strategy.num_replicas_in_sync
-        if replicas == 1:
-            return batch
-        local = self.cfg.batch_size // replicas
-
-        def replica_slice(ctx):
-            start = ctx.replica_id_in_sync_group * local
-            return {name: value[start:start + local] for name, value in batch.items()}
-
-        return self.strategy.experimental_distribute_values_from_function(replica_slice)
-
     def evaluate(self) -> dict | None:
         if self.eval_split is None:
             return None
@@ -353,14 +297,13 @@ class FinetuneRun:
     def run(self, stop_at: int | None = None) -> dict:
         cfg = self.cfg
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        _write_atomic(self.run_dir / CONFIG_FILE, cfg.to_json())
-        _write_atomic(self.run_dir / BERT_CONFIG_FILE, self.bert.to_json())
-        _write_atomic(self.run_dir / TASK_FILE, json.dumps(self.task_record(), indent=2, sort_keys=True) + "\n")
+        write_atomic(self.run_dir / CONFIG_FILE, cfg.to_json())
+        write_atomic(self.run_dir / BERT_CONFIG_FILE, self.bert.to_json())
+        write_atomic(self.run_dir / TASK_FILE, json.dumps(self.task_record(), indent=2, sort_keys=True) + "\n")
         self.log(f"{self.restore_or_initialise()}; {self.data.source}: {self.data.task_kind} "
                  f"({self.data.task_type}, {self.data.num_labels} labels), {self.train_split.records} train records, "
                  f"{self.total_steps} steps ({self.steps_per_epoch} per epoch), warmup {self.warmup_steps}")
-        writer = tf.summary.create_file_writer(str(self.run_dir / "tensorboard" / "train"))
-        eval_writer = tf.summary.create_file_writer(str(self.run_dir / "tensorboard" / "eval"))
+        writer, eval_writer = tensorboard_writers(self.run_dir)
         end = self.total_steps if stop_at is None else min(stop_at, self.total_steps)
         if self.step >= self.total_steps and (self.run_dir / "final_metrics.json").is_file():
             self.log(f"{self.run_dir}: the run is complete (step {self.step})")
@@ -372,13 +315,10 @@ class FinetuneRun:
         last_eval = None
         while self.step < end:
             lr = learning_rate(self.step, cfg.learning_rate, self.warmup_steps, self.total_steps)
-            sums = self.train_step(self.distribute(next(batches)), tf.constant(lr), tf.constant(self.step, tf.int64))
+            sums = self.train_step(replica_slices(self.strategy, next(batches), cfg.batch_size), tf.constant(lr), tf.constant(self.step, tf.int64))
             sums = {k: float(v) for k, v in sums.items()}
-            loss = sums["loss_sum"] / max(sums["loss_count"], 1.0)
-            if not math.isfinite(loss) and self.loss_scale is None:
-                good = ckpt_lib.list_checkpoints(self.run_dir)
-                kept = f"last good checkpoint: {good[-1][1]}" if good else "no checkpoint was written"
-                raise TrainingError(f"step {self.step}: loss is {loss}; stopped ({kept})")
+            stop_on_non_finite_loss(sums["loss_sum"] / max(sums["loss_count"], 1.0), self.step, self.run_dir,
+                                    self.loss_scale)
             self.step += 1
             window_steps += 1
             for k, v in sums.items():
@@ -432,7 +372,7 @@ class FinetuneRun:
                 final["details"] = last_eval["result"].details
                 write_outputs(self.run_dir / "eval", self.data, last_eval["result"])
         final["history"] = self.history
-        _write_atomic(self.run_dir / "final_metrics.json", json.dumps(final, indent=2, sort_keys=True) + "\n")
+        write_atomic(self.run_dir / "final_metrics.json", json.dumps(final, indent=2, sort_keys=True) + "\n")
         if scored:
             self.log(f"best epoch {final['best_epoch']['epoch']:g} ({primary} {final['best_epoch'][primary]:.4f}); "
                      f"the run keeps the last checkpoint (epoch {scored[-1]['epoch']:g}, "
@@ -473,7 +413,7 @@ def _finetune_seeds(cfg: FinetuneConfig, seeds: list[int], log: Callable[[str], 
                                     "std": statistics.stdev(values) if len(values) > 1 else 0.0,
                                     "min": min(values), "max": max(values)}
     Path(cfg.out).mkdir(parents=True, exist_ok=True)
-    _write_atomic(Path(cfg.out) / "summary.json", json.dumps(summary, indent=2, sort_keys=True) + "\n")
+    write_atomic(Path(cfg.out) / "summary.json", json.dumps(summary, indent=2, sort_keys=True) + "\n")
     log(format_summary(summary))
     return summary
 

@@ -90,21 +90,21 @@ class AdamWeightDecay:
             ctx.merge_call(self._apply_all, args=(grads, lr, ok))
 
     def _apply_all(self, strategy, grads, lr, ok) -> None:
+        step_terms = self._step_terms()
         for i, var in enumerate(self.variables):
             target = var.value if isinstance(var, keras.Variable) else var  # the tf.Variable behind it
             strategy.extended.update(
-                target, self._update_one, args=(grads[i], self.m[i], self.v[i], lr, ok),
-                kwargs={"decay": self.decay[i]}, group=False,
+                target, self._update_one, args=(grads[i], self.m[i], self.v[i], lr, ok, step_terms),
+                kwargs={"index": i}, group=False,
             )
+        self._count_update(strategy, ok)
 
-    def _update_one(self, w, g, m, v, lr, ok, decay: bool):
+    def _update_one(self, w, g, m, v, lr, ok, step_terms, index: int):
+        """The Adam moments (shared by every subclass), then the subclass's update direction."""
         g = tf.convert_to_tensor(g, tf.float32)
         next_m = self.beta_1 * m + (1.0 - self.beta_1) * g
         next_v = self.beta_2 * v + (1.0 - self.beta_2) * tf.square(g)
-        update = next_m / (tf.sqrt(next_v) + self.epsilon)
-        if decay:
-            update += self.weight_decay * w
-        next_w = w - lr * update
+        next_w = w - lr * self._update_direction(w, next_m, next_v, step_terms, index)
         if ok is not None:
             next_w = tf.where(ok, next_w, w)
             next_m = tf.where(ok, next_m, m)
@@ -112,6 +112,23 @@ class AdamWeightDecay:
         w.assign(next_w)
         m.assign(next_m)
         v.assign(next_v)
+
+    def _step_terms(self):
+        """Values computed once per step for every variable's update (none here)."""
+        return None
+
+    def _update_direction(self, w, next_m, next_v, step_terms, index: int) -> tf.Tensor:
+        """u of the module docstring: the original's uncorrected Adam step plus decoupled decay."""
+        return self._with_weight_decay(next_m / (tf.sqrt(next_v) + self.epsilon), w, index)
+
+    def _with_weight_decay(self, update, w, index: int) -> tf.Tensor:
+        if self.decay[index]:
+            update += self.weight_decay * w
+        return update
+
+    def _count_update(self, strategy, ok) -> None:
+        """Hook after each step's updates (no state to count here)."""
+        return  # a statement: AutoGraph cannot convert a body that is only a docstring
 
     # -- checkpointing: slot values by their original names
 
@@ -147,41 +164,29 @@ class Lamb(AdamWeightDecay):
         self.adapt = [uses_weight_decay(n, adaptation_exclusions) for n in self.names]
         self.updates = tf.Variable(0, dtype=tf.int64, trainable=False, name=LAMB_UPDATES_KEY)
 
-    def _apply_all(self, strategy, grads, lr, ok) -> None:
+    def _step_terms(self):
+        """The bias corrections (1 - b1^t, 1 - b2^t), t counting this update."""
         t = tf.cast(tf.convert_to_tensor(self.updates) + 1, tf.float32)
-        corrections = (1.0 - tf.pow(tf.constant(self.beta_1, tf.float32), t),
-                       1.0 - tf.pow(tf.constant(self.beta_2, tf.float32), t))
-        for i, var in enumerate(self.variables):
-            target = var.value if isinstance(var, keras.Variable) else var
-            strategy.extended.update(
-                target, self._lamb_one, args=(grads[i], self.m[i], self.v[i], lr, ok, corrections),
-                kwargs={"decay": self.decay[i], "adapt": self.adapt[i]}, group=False,
-            )
+        return (1.0 - tf.pow(tf.constant(self.beta_1, tf.float32), t),
+                1.0 - tf.pow(tf.constant(self.beta_2, tf.float32), t))
+
+    def _update_direction(self, w, next_m, next_v, step_terms, index: int) -> tf.Tensor:
+        """r * u of the module docstring: bias-corrected Adam plus decay, scaled by the trust ratio."""
+        corrections = step_terms
+        update = (next_m / corrections[0]) / (tf.sqrt(next_v / corrections[1]) + self.epsilon)
+        update = self._with_weight_decay(update, w, index)
+        if self.adapt[index]:
+            w_norm, u_norm = tf.norm(w), tf.norm(update)
+            ratio = tf.where(w_norm > 0, tf.where(u_norm > 0, w_norm / u_norm, 1.0), 1.0)
+            update = ratio * update
+        return update
+
+    def _count_update(self, strategy, ok) -> None:
         if ok is None:
             strategy.extended.update(self.updates, lambda u: u.assign_add(1), group=False)
         else:
             strategy.extended.update(self.updates, lambda u, ok: u.assign_add(tf.cast(ok, tf.int64)),
                                      args=(ok,), group=False)
-
-    def _lamb_one(self, w, g, m, v, lr, ok, corrections, decay: bool, adapt: bool):
-        g = tf.convert_to_tensor(g, tf.float32)
-        next_m = self.beta_1 * m + (1.0 - self.beta_1) * g
-        next_v = self.beta_2 * v + (1.0 - self.beta_2) * tf.square(g)
-        update = (next_m / corrections[0]) / (tf.sqrt(next_v / corrections[1]) + self.epsilon)
-        if decay:
-            update += self.weight_decay * w
-        if adapt:
-            w_norm, u_norm = tf.norm(w), tf.norm(update)
-            ratio = tf.where(w_norm > 0, tf.where(u_norm > 0, w_norm / u_norm, 1.0), 1.0)
-            update = ratio * update
-        next_w = w - lr * update
-        if ok is not None:
-            next_w = tf.where(ok, next_w, w)
-            next_m = tf.where(ok, next_m, m)
-            next_v = tf.where(ok, next_v, v)
-        w.assign(next_w)
-        m.assign(next_m)
-        v.assign(next_v)
 
     def slot_arrays(self) -> dict[str, np.ndarray]:
         out = super().slot_arrays()

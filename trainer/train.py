@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import math
 import signal
 import threading
 import time
@@ -41,13 +40,23 @@ from trainer.data import (
     open_pretraining_data,
     train_dataset,
 )
-from trainer.devices import enable_determinism, make_strategy
+from trainer.devices import enable_determinism
 from trainer.errors import CheckpointError, ConfigError, DataError, TrainingError
 from trainer.evaluate import evaluate_model
 from trainer.loading import dtype_policy, init_weights_from, load_init_checkpoint
 from trainer.model import build_model, tf1_variable_map
 from trainer.objective import losses_from_sums
-from trainer.optimizer import DynamicLossScale, learning_rate, make_optimizer
+from trainer.optimizer import learning_rate, make_optimizer
+from trainer.run_common import (
+    checkpoint_arrays,
+    loss_scale_for,
+    make_run_strategy,
+    replica_slices,
+    restore_checkpoint_arrays,
+    stop_on_non_finite_loss,
+    tensorboard_writers,
+    write_scalar,
+)
 from trainer.step import make_step_functions
 
 _TF_DATA_ERRORS = (tf.errors.DataLossError, tf.errors.InvalidArgumentError)
@@ -107,16 +116,12 @@ class Run:
         if self.info.eval_files:
             check_split_size(self.info, "eval", cfg.batch_size)
         check_first_records(self.info)
-        self.strategy = make_strategy(cfg.strategy, cfg.tpu)
-        replicas = self.strategy.num_replicas_in_sync
-        if cfg.batch_size % (replicas * cfg.accumulation_steps):
-            raise ConfigError(f"batch size {cfg.batch_size} is not a multiple of replicas ({replicas}) x "
-                              f"accumulation steps ({cfg.accumulation_steps})")
+        self.strategy = make_run_strategy(cfg.strategy, cfg.tpu, cfg.batch_size, cfg.accumulation_steps)
         with self.strategy.scope():
             self.model = build_model(self.bert, seed=cfg.seed, dtype=dtype_policy(cfg.precision))
             self.named = tf1_variable_map(self.model)
             self.optimizer = make_optimizer(cfg.optimizer, self.named, weight_decay=cfg.weight_decay)
-            self.loss_scale = DynamicLossScale() if cfg.precision == "mixed_float16" else None
+            self.loss_scale = loss_scale_for(cfg.precision)
         self.steps = make_step_functions(self.model, self.optimizer, self.strategy, cfg, self.loss_scale)
         self.step = 0
         self.saved_step: int | None = None
@@ -132,12 +137,7 @@ class Run:
         found = ckpt_lib.list_checkpoints(self.run_dir)
         if found:
             step, path = found[-1]
-            ckpt_lib.assign_named_weights(self.named, ckpt_lib.load_arrays(path, ckpt_lib.MODEL_FILE),
-                                          str(path / ckpt_lib.MODEL_FILE))
-            opt = ckpt_lib.load_arrays(path, ckpt_lib.OPTIMIZER_FILE)
-            self.optimizer.load_slot_arrays(opt, str(path / ckpt_lib.OPTIMIZER_FILE))
-            if self.loss_scale is not None:
-                self.loss_scale.load_state(opt)
+            restore_checkpoint_arrays(path, self.named, self.optimizer, self.loss_scale)
             try:
                 self.iterator_ckpt.read(str(path / ckpt_lib.INPUT_PREFIX)).assert_consumed()
             except (tf.errors.OpError, AssertionError, ValueError) as exc:
@@ -153,11 +153,7 @@ class Run:
         return f"new run (seed {self.cfg.seed})"
 
     def save(self, metrics: dict | None = None) -> Path:
-        model_arrays = {name: var.numpy() for name, var in self.named.items()}
-        opt_arrays = self.optimizer.slot_arrays()
-        opt_arrays["global_step"] = np.asarray(self.step, dtype=np.int64)
-        if self.loss_scale is not None:
-            opt_arrays.update(self.loss_scale.state())
+        model_arrays, opt_arrays = checkpoint_arrays(self.named, self.optimizer, self.loss_scale, self.step)
         state = {"step": self.step, "bert_config": self.bert.to_dict(), "metrics": metrics or {},
                  "data": self.info.source, "data_fingerprint": self.info.identity["fingerprint"],
                  "max_seq_length": self.info.max_seq_length,
@@ -179,16 +175,7 @@ class Run:
             batch = next(self.iterator)
         except _TF_DATA_ERRORS as exc:
             raise self._data_error(exc) from exc
-        replicas = self.strategy.num_replicas_in_sync
-        if replicas == 1:
-            return batch
-        local = self.cfg.batch_size // replicas
-
-        def replica_slice(ctx):
-            start = ctx.replica_id_in_sync_group * local
-            return {name: value[start:start + local] for name, value in batch.items()}
-
-        return self.strategy.experimental_distribute_values_from_function(replica_slice)
+        return replica_slices(self.strategy, batch, self.cfg.batch_size)
 
     def _data_error(self, exc: Exception) -> DataError:
         where = find_bad_record(self.info.train_files, self.info.max_seq_length,
@@ -213,8 +200,7 @@ class Run:
         rundir.start(self.run_dir, cfg, self.bert, cfg.data, self.info.identity)
         self.log(f"{self.restore_or_initialise()}; {self.info.source}: seq {self.info.max_seq_length}, "
                  f"{self.strategy.num_replicas_in_sync} replica(s), {cfg.precision}")
-        writer = tf.summary.create_file_writer(str(self.run_dir / "tensorboard" / "train"))
-        eval_writer = tf.summary.create_file_writer(str(self.run_dir / "tensorboard" / "eval"))
+        writer, eval_writer = tensorboard_writers(self.run_dir)
         end = cfg.steps if stop_at is None else min(stop_at, cfg.steps)
         window: dict[str, float] = {}
         window_start, window_steps = time.perf_counter(), 0
@@ -258,11 +244,7 @@ class Run:
         except _TF_DATA_ERRORS as exc:
             raise self._data_error(exc) from exc
         sums = {k: float(v) for k, v in sums.items()}
-        step_loss = losses_from_sums(sums)["loss"]
-        if not math.isfinite(step_loss) and self.loss_scale is None:
-            good = ckpt_lib.list_checkpoints(self.run_dir)
-            kept = f"last good checkpoint: {good[-1][1]}" if good else "no checkpoint was written"
-            raise TrainingError(f"step {self.step}: loss is {step_loss}; stopped ({kept})")
+        stop_on_non_finite_loss(losses_from_sums(sums)["loss"], self.step, self.run_dir, self.loss_scale)
         return sums
 
     def _stop_interrupted(self, metrics: dict) -> None:
@@ -295,15 +277,6 @@ class Run:
             for name in ("loss", "mlm_loss", "nsp_loss", "mlm_accuracy", "nsp_accuracy"):
                 if name in m:
                     write_scalar(name, m[name])
-
-
-def write_scalar(name: str, value: float) -> None:
-    """A TensorBoard scalar event without needing the tensorboard package (tf.summary.scalar does):
-    the low-level summary op with the metadata of TensorBoard's scalars plugin."""
-    from tensorflow.core.framework import summary_pb2
-
-    metadata = summary_pb2.SummaryMetadata(plugin_data=summary_pb2.SummaryMetadata.PluginData(plugin_name="scalars"))
-    tf.summary.write(name, tf.constant(value, tf.float32), metadata=metadata)
 
 
 def pretrain(cfg: TrainConfig, log: Callable[[str], None] = print, stop_at: int | None = None) -> dict:
