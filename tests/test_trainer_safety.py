@@ -156,6 +156,29 @@ def test_a_run_that_failed_on_corrupt_data_may_restart_on_good_data(data, tmp_pa
     assert pretrain(config(data, run, steps=2), log=quiet)["step"] == 2
 
 
+def test_a_step_that_fails_on_good_data_is_not_blamed_on_the_data(data, tmp_path, monkeypatch):
+    """An InvalidArgumentError from the step itself (e.g. a collective left by another strategy in
+    this process) on records that are all fine is a failed step, not 'corrupt input'."""
+    import tensorflow as tf
+
+    from trainer import train as train_module
+
+    real = train_module.make_step_functions
+
+    def failing_steps(*args, **kwargs):
+        steps = real(*args, **kwargs)
+
+        def train_step(*_):
+            raise tf.errors.InvalidArgumentError(None, None, "Shape mismatch in the collective instance 101")
+
+        steps.train_step = train_step
+        return steps
+
+    monkeypatch.setattr(train_module, "make_step_functions", failing_steps)
+    with pytest.raises(TrainingError, match="training step 1 failed: InvalidArgumentError: Shape mismatch"):
+        pretrain(config(data, tmp_path / "run"), log=quiet)
+
+
 # ------------------------------------------------------------------ data checks before the first step
 
 

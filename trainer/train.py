@@ -242,7 +242,14 @@ class Run:
         try:
             sums = self.steps.train_step(batch, tf.constant(lr), tf.constant(self.step, tf.int64))
         except _TF_DATA_ERRORS as exc:
-            raise self._data_error(exc) from exc
+            # The step can fail on input the pipeline let through, or for reasons of its own (e.g. a
+            # collective of another strategy in this process): blame the data only when a record is bad.
+            where = find_bad_record(self.info.train_files, self.info.max_seq_length,
+                                    self.info.max_predictions_per_seq, self.info.features())
+            if where:
+                raise DataError(f"corrupt input: {where}") from exc
+            raise TrainingError(f"training step {self.step + 1} failed: {type(exc).__name__}: "
+                                f"{getattr(exc, 'message', exc)}") from exc
         sums = {k: float(v) for k, v in sums.items()}
         stop_on_non_finite_loss(losses_from_sums(sums)["loss"], self.step, self.run_dir, self.loss_scale)
         return sums
