@@ -206,6 +206,14 @@ def finetune_sst2(s: Settings, row: Row, sst2: str, seed: int) -> dict:
     return cached(os.path.join(run, "ablation_sst2.json"), compute)
 
 
+def sst2_majority(s: Settings) -> float:
+    """The dev accuracy of always answering SST-2's most frequent dev label: the floor a model that
+    learned nothing sits at."""
+    with open(os.path.join(s.sst2_dir, "dev.tsv"), encoding="utf-8") as f:
+        labels = [line.rstrip("\n").rsplit("\t", 1)[-1] for line in f.readlines()[1:] if line.strip()]
+    return max(labels.count(label) for label in set(labels)) / len(labels)
+
+
 def spread(values: list[float]) -> dict:
     return {"mean": statistics.fmean(values), "sd": statistics.stdev(values) if len(values) > 1 else 0.0,
             "min": min(values), "max": max(values), "seeds": len(values), "values": values}
@@ -230,7 +238,7 @@ def summarise(results: dict[str, dict[str, list[float]]]) -> list[dict]:
     return table
 
 
-def print_table(table: list[dict], s: Settings) -> None:
+def print_table(table: list[dict], s: Settings, floors: dict[str, float]) -> None:
     metrics = [m for m in METRICS if m in table[0]]
     print(f"\n{s.model} model, {s.steps} pre-training steps x {s.batch_size}"
           + (f", {s.sst2_steps} SST-2 steps x {s.sst2_batch_size}" if "sst2" in metrics else "")
@@ -251,9 +259,13 @@ def print_table(table: list[dict], s: Settings) -> None:
         noisy = sum(r[metric]["within_noise"] for r in table)
         print(f"{METRICS[metric]}: {noisy} of {len(table) - 1} rows differ from the original by less than two "
               "combined standard deviations: at this size their differences are not evidence either way.")
+    if "sst2" in floors:
+        stuck = sum(v <= floors["sst2"] + 1e-9 for r in table for v in r["sst2"]["values"]) if "sst2" in metrics else 0
+        print(f"SST-2 majority class (dev): {floors['sst2']:.4f}; {stuck} of {len(table) * len(s.seeds)} "
+              "fine-tuned models are at it (they predict one class)")
 
 
-def plot(table: list[dict], path: str, s: Settings) -> str | None:
+def plot(table: list[dict], path: str, s: Settings, floors: dict[str, float]) -> str | None:
     try:
         import matplotlib
 
@@ -270,15 +282,22 @@ def plot(table: list[dict], path: str, s: Settings) -> str | None:
                 color=["tab:gray" if r["row"] == ORIGINAL.name else "tab:blue" for r in table], capsize=3)
         for i, r in enumerate(table):
             ax.plot(r[metric]["values"], [i] * len(r[metric]["values"]), "k.", markersize=4)
+        if metric in floors:
+            ax.axvline(floors[metric], color="tab:red", linestyle="--", linewidth=1, label="majority class")
+            ax.legend(loc="lower right")
         ax.set_xlabel(f"{METRICS[metric]} (mean, sd and each seed)")
         lows = [min(r[metric]["values"]) for r in table]
         ax.set_xlim(max(0.0, min(lows) - 0.05) if metric == "sst2" else 0.0, None)
     axes[0][0].set_yticks(range(len(table)), names)
     axes[0][0].invert_yaxis()
-    fig.suptitle(f"pre-training variants, {s.model} model, {s.steps} steps x {s.batch_size}, {len(s.seeds)} seeds")
+    fig.suptitle(f"pre-training variants, {s.model} model, {s.steps} steps x {s.batch_size}"
+                 + (f", SST-2 {s.sst2_steps} steps x {s.sst2_batch_size}" if "sst2" in metrics else "")
+                 + f", {len(s.seeds)} seeds")
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    tmp = path + ".tmp.png"
+    fig.savefig(tmp, dpi=120)
     plt.close(fig)
+    os.replace(tmp, path)
     return path
 
 
@@ -353,12 +372,15 @@ def main(argv: list[str] | None = None) -> int:
               + "; ".join(f"{m} " + " ".join(f"{v:.4f}" for v in vals) for m, vals in results[row.name].items()),
               flush=True)
     table = summarise(results)
-    print_table(table, s)
+    floors = {"sst2": sst2_majority(s)} if sst2 else {}
+    print_table(table, s, floors)
     report = {"settings": {**dataclasses.asdict(s), "seeds": list(s.seeds)}, "held_out": held_out, "rows": table,
-              "runs": raw, "seconds": time.perf_counter() - start}
-    with open(os.path.join(s.out, "ablation.json"), "w") as f:
+              "majority_class": floors, "runs": raw, "seconds": time.perf_counter() - start}
+    path = os.path.join(s.out, "ablation.json")
+    with open(path + ".tmp", "w") as f:
         json.dump(report, f, indent=1, sort_keys=True)
-    png = plot(table, os.path.join(s.out, "ablation.png"), s)
+    os.replace(path + ".tmp", path)
+    png = plot(table, os.path.join(s.out, "ablation.png"), s, floors)
     print(f"\nwritten: {os.path.join(s.out, 'ablation.json')}" + (f", {png}" if png else ""))
     return 0
 

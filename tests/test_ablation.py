@@ -64,7 +64,11 @@ def test_a_miniature_ablation_reports_both_columns_and_resumes_from_its_cache(tm
             assert 0.0 <= stats["min"] <= stats["mean"] <= stats["max"] <= 1.0
     assert report["rows"][0]["sst2"]["delta_vs_original"] == 0.0
     assert all(len(runs) == 2 and "accuracy" in runs[0]["sst2"] for runs in report["runs"].values())
+    dev_labels = [line.split("\t")[-1] for line in (sst2 / "dev.tsv").read_text().splitlines()[1:]]
+    majority = max(dev_labels.count("0"), dev_labels.count("1")) / len(dev_labels)
+    assert len(dev_labels) == 100 and report["majority_class"]["sst2"] == pytest.approx(majority)
     assert (out / "ablation.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert not list(out.glob("*.tmp*"))
     # A second call finds every run in the cache: same figures, no training.
     marks = {p: os.path.getmtime(p) for p in out.glob("runs/*/ablation_eval.json")}
     assert ablation.main(argv) == 0
