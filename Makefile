@@ -46,7 +46,8 @@ bench: $(VENV)/.stamp-dev
 	$(PY) -m benchmarks.run_all
 
 # Pre-training variants side by side, in miniature (benchmarks/ablation.py, docs/variants.md):
-# about 40 minutes on two cores; figures, table and plot in .bench/ablation/.
+# about 40 minutes on two cores (pre-training, then SST-2 fine-tuning of each model); figures,
+# table and plot in .bench/ablation/.
 ABLATION_ARGS ?=
 ablation: $(VENV)/.stamp-dev
 	$(PY) -m benchmarks.ablation --out .bench/ablation $(ABLATION_ARGS)

@@ -12,8 +12,8 @@ Every model is evaluated on the SAME held-out data: the eval split of the origin
 (NSP pairs, token masking, 80/10/10, static), held out by document identity, so every row predicts
 the same masked positions of documents none of them trained on. Each pre-trained model is then
 fine-tuned on SST-2 (GLUE, ../shared/tasks/sst2, built by `bert-datagen task` with the ablation's
-vocab; same examples, steps, learning rate and seed as its pre-training) and scored on the full
-872-sentence dev set. The two figures are held-out MLM accuracy and SST-2 dev accuracy, as mean
+vocab; the same examples, steps and learning rate for every row, the seed of its pre-training) and
+scored on the full 872-sentence dev set. The two figures are held-out MLM accuracy and SST-2 dev accuracy, as mean
 and spread (sample standard deviation) over seeds per row; the table marks a row whose difference
 from the original is within two combined standard deviations ("within noise").
 
@@ -313,6 +313,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", default="tiny", help="model size (tiny, mini, small, medium, base, large)")
     parser.add_argument("--learning-rate", type=float, default=5e-4, help="pre-training peak learning rate")
     parser.add_argument("--sst2-learning-rate", type=float, default=1e-4, help="fine-tuning peak learning rate")
+    parser.add_argument("--sst2-max-seq-length", type=int, default=64, help="SST-2 sequence length (8 to 512)")
     parser.add_argument("--sst2", default=SST2, help="a folder with SST-2's train.tsv and dev.tsv")
     parser.add_argument("--sst2-steps", type=int, default=400, help="fine-tuning steps per model (0: no SST-2 column)")
     parser.add_argument("--row", action="append", default=[], metavar="NAME",
@@ -327,6 +328,8 @@ def main(argv: list[str] | None = None) -> int:
         for name in ("learning_rate", "sst2_learning_rate"):
             if not (math.isfinite(getattr(args, name)) and getattr(args, name) > 0):
                 raise ValueError(f"--{name.replace('_', '-')} must be a positive number, got {getattr(args, name)}")
+        if not 8 <= args.sst2_max_seq_length <= 512:
+            raise ValueError(f"--sst2-max-seq-length must be in 8..512, got {args.sst2_max_seq_length}")
         if args.sst2_steps < 0:
             raise ValueError(f"--sst2-steps must be >= 0, got {args.sst2_steps}")
         rows = select_rows(args.row)
@@ -346,6 +349,7 @@ def main(argv: list[str] | None = None) -> int:
     s = Settings(out=os.path.abspath(args.out), corpus_files=files[:2 if args.quick else args.files],
                  sst2_dir=sst2_dir, sst2_steps=20 if args.quick else args.sst2_steps,
                  learning_rate=args.learning_rate, sst2_learning_rate=args.sst2_learning_rate,
+                 sst2_seq=args.sst2_max_seq_length,
                  vocab_size=args.vocab_size, model=args.model, steps=30 if args.quick else args.steps, batch_size=args.batch_size,
                  seeds=tuple(range(1, 1 + (2 if args.quick else args.seeds))), eval_batches=4 if args.quick else None)
     if args.quick:

@@ -28,6 +28,7 @@ def test_rows_are_picked_by_name_or_slug_and_always_keep_the_original():
     (["--sst2-steps", "-1"], "--sst2-steps must be >= 0"),
     (["--learning-rate", "nan"], "--learning-rate must be a positive number"),
     (["--sst2-learning-rate", "0"], "--sst2-learning-rate must be a positive number"),
+    (["--sst2-max-seq-length", "4"], "--sst2-max-seq-length must be in 8..512"),
 ])
 def test_bad_options_exit_2_before_any_work(tmp_path, capsys, argv, message):
     assert ablation.main(["--out", str(tmp_path / "out"), *argv]) == 2
