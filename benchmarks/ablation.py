@@ -379,7 +379,10 @@ def main(argv: list[str] | None = None) -> int:
     floors = {"sst2": sst2_majority(s)} if sst2 else {}
     print_table(table, s, floors)
     report = {"settings": {**dataclasses.asdict(s), "seeds": list(s.seeds)}, "held_out": held_out, "rows": table,
-              "majority_class": floors, "runs": raw, "seconds": time.perf_counter() - start}
+              "majority_class": floors, "runs": raw, "seconds": time.perf_counter() - start,
+              # What the figures cost, even when this call found them all in the cache.
+              "run_seconds": sum(r["train_seconds"] + r.get("sst2", {}).get("finetune_seconds", 0.0)
+                                 for runs in raw.values() for r in runs)}
     path = os.path.join(s.out, "ablation.json")
     with open(path + ".tmp", "w") as f:
         json.dump(report, f, indent=1, sort_keys=True)

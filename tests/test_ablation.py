@@ -74,5 +74,5 @@ def test_a_miniature_ablation_reports_both_columns_and_resumes_from_its_cache(tm
     marks = {p: os.path.getmtime(p) for p in out.glob("runs/*/ablation_eval.json")}
     assert ablation.main(argv) == 0
     again = json.loads((out / "ablation.json").read_text())
-    assert again["rows"] == report["rows"]
+    assert again["rows"] == report["rows"] and again["run_seconds"] == report["run_seconds"] > 0
     assert {p: os.path.getmtime(p) for p in out.glob("runs/*/ablation_eval.json")} == marks
