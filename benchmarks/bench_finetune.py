@@ -365,10 +365,10 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--epochs", type=float, default=1)
     parser.add_argument("--batch-size", type=int, default=32, help="SST-2 batch size.")
     parser.add_argument("--learning-rate", type=float, default=5e-5, help="SST-2 learning rate.")
-    parser.add_argument("--squad-train-questions", type=int, default=160,
+    parser.add_argument("--squad-train-questions", type=int, default=500,
                         help="SQuAD: train on the first N questions of dev part A.")
     parser.add_argument("--squad-dev-articles", type=int, default=1, help="SQuAD: score on the first N articles of part B.")
-    parser.add_argument("--wnut-train-sentences", type=int, default=700, help="WNUT-17: the first N train sentences.")
+    parser.add_argument("--wnut-train-sentences", type=int, default=2000, help="WNUT-17: the first N train sentences.")
     parser.add_argument("--seeds", default="1,2,3")
     parser.add_argument("--timing-steps", type=int, default=5)
     parser.add_argument("--work", default=None, help="Directory for datasets and runs (default: a temp dir).")
