@@ -70,8 +70,6 @@ MIRRORED = textwrap.dedent("""
     from trainer import checkpoint as ck
     from trainer.finetune import FinetuneConfig, FinetuneRun
     data, init, out = sys.argv[1:4]
-    # One mirrored run per process: a second MirroredStrategy over the same CPUs reuses the first
-    # one's collective keys, which fails on a model of other shapes.
     runs = {"one-device": {"strategy": "one-device"}, "one-device-acc2": {"strategy": "one-device", "accumulation_steps": 2},
             "mirrored-acc2": {"strategy": "mirrored", "accumulation_steps": 2}}
     for name, kw in runs.items():

@@ -119,6 +119,12 @@ MIRRORED_SCRIPT = textwrap.dedent("""
     print("REPLICAS", tf.distribute.MirroredStrategy([d.name for d in tf.config.list_logical_devices("CPU")]).num_replicas_in_sync)
     print("WORST", worst)
     print("LOSS", res["one-device"]["train"]["loss"], res["mirrored"]["train"]["loss"])
+    # A second mirrored run of another model shape in the same process (a benchmark, a notebook).
+    other = BertConfig.from_name("mini", 120).to_dict()
+    cfg = TrainConfig(data=data, out=f"{out}/mirrored-other", bert_config=other, batch_size=8, steps=2,
+                      learning_rate=2e-3, warmup_steps=1, seed=3, checkpoint_every=2, log_every=2,
+                      eval_batches=1, shuffle_buffer=50, strategy="mirrored")
+    print("OTHER", pretrain(cfg, log=print)["step"])
 """)
 
 
@@ -129,7 +135,8 @@ def test_mirrored_over_two_cpus_equals_one_device(dataset, tmp_path):
                           timeout=400, cwd=REPO, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     lines = dict(line.split(" ", 1) for line in proc.stdout.splitlines() if line.split(" ")[0] in
-                 ("REPLICAS", "WORST", "LOSS"))
+                 ("REPLICAS", "WORST", "LOSS", "OTHER"))
+    assert lines["OTHER"] == "2"
     assert "2 replica(s)" in proc.stdout
     assert int(lines["REPLICAS"]) == 2
     assert float(lines["WORST"]) < 1e-5

@@ -22,9 +22,14 @@ def make_strategy(name: str, tpu: str | None = None) -> tf.distribute.Strategy:
     if name == "one-device":
         return tf.distribute.OneDeviceStrategy(gpus[0].name if gpus else cpus[0].name)
     if name == "mirrored":
-        # Without GPUs, mirror over the logical CPU devices (tests split the CPU in two).
-        devices = [d.name for d in gpus] or [d.name for d in cpus]
-        return tf.distribute.MirroredStrategy(devices)
+        if gpus:
+            return tf.distribute.MirroredStrategy([d.name for d in gpus])
+        # Without GPUs, mirror over the logical CPU devices (tests split the CPU in two). TF's
+        # default there, collective ops, keys its collectives per process, so a second mirrored
+        # run of another model shape in the same process failed with "Shape mismatch in the
+        # collective instance"; reducing on one device has no such state.
+        return tf.distribute.MirroredStrategy([d.name for d in cpus],
+                                              cross_device_ops=tf.distribute.ReductionToOneDevice())
     if name == "tpu":
         resolver = tf.distribute.cluster_resolver.TPUClusterResolver(tpu=tpu or "")
         tf.config.experimental_connect_to_cluster(resolver)
