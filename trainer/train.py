@@ -177,10 +177,12 @@ class Run:
             raise self._data_error(exc) from exc
         return replica_slices(self.strategy, batch, self.cfg.batch_size)
 
+    def _bad_record(self) -> str | None:
+        return find_bad_record(self.info.train_files, self.info.max_seq_length,
+                               self.info.max_predictions_per_seq, self.info.features())
+
     def _data_error(self, exc: Exception) -> DataError:
-        where = find_bad_record(self.info.train_files, self.info.max_seq_length,
-                                self.info.max_predictions_per_seq, self.info.features())
-        detail = where or f"{self.info.source}: {type(exc).__name__}: {getattr(exc, 'message', exc)}"
+        detail = self._bad_record() or f"{self.info.source}: {type(exc).__name__}: {getattr(exc, 'message', exc)}"
         return DataError(f"corrupt input: {detail}")
 
     def evaluate(self, max_batches: int) -> dict[str, float] | None:
@@ -244,8 +246,7 @@ class Run:
         except _TF_DATA_ERRORS as exc:
             # The step can fail on input the pipeline let through, or for reasons of its own (e.g. a
             # collective of another strategy in this process): blame the data only when a record is bad.
-            where = find_bad_record(self.info.train_files, self.info.max_seq_length,
-                                    self.info.max_predictions_per_seq, self.info.features())
+            where = self._bad_record()
             if where:
                 raise DataError(f"corrupt input: {where}") from exc
             raise TrainingError(f"training step {self.step + 1} failed: {type(exc).__name__}: "
