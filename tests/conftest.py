@@ -20,3 +20,26 @@ def shared_corpora() -> Path:
 @pytest.fixture(scope="session")
 def repo_root() -> Path:
     return REPO
+
+
+def snapshot(root: Path) -> dict[str, tuple[str, str]]:
+    """Every entry under `root` (relative path -> kind and sha256 of the bytes, or the link target): two
+    equal snapshots mean a command changed nothing there, which the data-loss tests assert."""
+    import hashlib
+
+    entries: dict[str, tuple[str, str]] = {}
+    for path in sorted(root.rglob("*")):
+        rel = str(path.relative_to(root))
+        if path.is_symlink():
+            entries[rel] = ("link", str(path.readlink()))
+        elif path.is_dir():
+            entries[rel] = ("dir", "")
+        else:
+            entries[rel] = ("file", hashlib.sha256(path.read_bytes()).hexdigest())
+    return entries
+
+
+@pytest.fixture
+def tree_snapshot():
+    """`tree_snapshot(path)`: see `snapshot`."""
+    return snapshot
