@@ -135,8 +135,9 @@ def cut_shards(lengths: np.ndarray, num_shards: int) -> list[tuple[int, int]]:
 class WriteSplit(beam.DoFn):
     """All parts of a split -> its shards and side files, written atomically."""
 
-    def __init__(self, config: TaskConfig, output_dir: str) -> None:
+    def __init__(self, config: TaskConfig, output_dir: str, unk_id: int = -1, special_ids: tuple[int, ...] = ()) -> None:
         self.config, self.output_dir = config, output_dir
+        self.unk_id, self.special_ids = unk_id, special_ids
 
     def process(self, element: tuple[str, Iterable[tuple[int, TaskRecords, float, bool]]]) -> Iterator[dict[str, Any]]:
         name, items = element
@@ -145,7 +146,10 @@ class WriteSplit(beam.DoFn):
         started = time.process_time()
         parts = [item[1] for item in items]
         blobs, lengths, first = [], [], 0
+        tokens = unk = 0
         for part in parts:
+            t, u = self._unk_count(part)
+            tokens, unk = tokens + t, unk + u
             columns = dict(part.columns)
             if "unique_ids" in columns:  # numbered in split order, as `combine` numbers them
                 columns["unique_ids"] = unique_ids(first, len(part))
@@ -169,8 +173,18 @@ class WriteSplit(beam.DoFn):
                                         len(lines or [])))
         yield {"kind": "split", "split": name, "shards": shards, "side": side, "counts": side_info.counts,
                "histogram": {str(k): v for k, v in sorted((side_info.histogram or {}).items())},
-               "labelled": all(item[3] for item in items), f"{BUSY_PREFIX}build": build_cpu,
+               "labelled": all(item[3] for item in items), "tokens": tokens, "unk_tokens": unk,
+               f"{BUSY_PREFIX}build": build_cpu,
                f"{BUSY_PREFIX}write": time.process_time() - started}
+
+    def _unk_count(self, part: TaskRecords) -> tuple[int, int]:
+        """(text tokens, [UNK] among them) of a part's records, for the summary's UNK warning only
+        (never in the manifest: it would change the bytes of existing datasets)."""
+        ids, mask = part.columns.get("input_ids"), part.columns.get("input_mask")
+        if ids is None or mask is None:
+            return 0, 0
+        text = (mask != 0) & ~np.isin(ids, np.asarray(self.special_ids, dtype=ids.dtype))
+        return int(text.sum()), int((text & (ids == self.unk_id)).sum())
 
     def _write(self, rel: str, blob: bytes, records: int) -> dict[str, Any]:
         fsio.write_atomic(fsio.join(self.output_dir, *rel.split("/")), blob)
@@ -226,7 +240,9 @@ def build_pipeline(p: beam.Pipeline, plan: TaskPlan) -> None:
                | "SpreadParts" >> beam.Reshuffle()
                | "BuildPart" >> beam.ParDo(BuildPart(config, plan.vocab, plan.single_thread_tokenizer))
                | "GroupSplit" >> beam.GroupByKey()
-               | "WriteSplit" >> beam.ParDo(WriteSplit(config, plan.output_dir)))
+               | "WriteSplit" >> beam.ParDo(WriteSplit(config, plan.output_dir, int(plan.vocab.unk_id),
+                                                       tuple(int(i) for i in plan.vocab.special_ids if
+                                                             i != plan.vocab.unk_id))))
     inputs = read | "InputInfo" >> beam.Map(lambda e: {"kind": "inputs", "split": e["split"].name,
                                                        "inputs": e["inputs"], f"{BUSY_PREFIX}read": e["cpu"]})
     label_info = labels | "LabelInfo" >> beam.Map(lambda labs: {"kind": "labels", "labels": labs})

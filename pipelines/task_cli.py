@@ -108,4 +108,6 @@ def task_command(ctx: click.Context, kind: str, splits: tuple[str, ...], vocab_p
     if not quiet:
         click.echo(f"bert-datagen task: wrote {result.output_dir}", err=True)
         click.echo(summary_table(result), err=True)
+    for warning in result.warnings:  # even with --quiet, as `run` does: each says what to change
+        click.echo(f"warning: {warning}", err=True)
     sys.stderr.flush()

@@ -27,6 +27,7 @@ from pipelines.run import (
     staged_dataset,
     write_dataset_files,
 )
+from pipelines.split_checks import empty_training_split_error, unk_warning
 from pipelines.task import EXAMPLES_NAME, SUMMARY_PREFIX, WINDOWS_NAME, TaskPlan, build_pipeline, parse_split
 
 
@@ -37,6 +38,7 @@ class TaskResult:
     wall_seconds: float
     pipeline_seconds: float
     cpu_seconds: dict[str, float] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)  # for the summary (pipelines.split_checks)
 
 
 def match_splits(split_options: list[str]) -> list[tuple[str, list[str]]]:
@@ -119,6 +121,9 @@ def _generate_into(out, config: TaskConfig, split_files: list[tuple[str, list[st
     pipeline_seconds = time.monotonic() - pipeline_start
     summary = json.loads(fsio.read_bytes(summary_path).decode())
     entries = {name: _split_entry(config, name, summary["splits"][name]) for name, _ in split_files}
+    problem = empty_training_split_error(entries, dict(split_files))
+    if problem:
+        raise DatagenError(problem)
     common = set.intersection(*(set(e["features"]) for e in entries.values()))
     first = entries[split_files[0][0]]["features"]
     inputs = {name: summary["inputs"][name] for name, _ in split_files}
@@ -138,4 +143,8 @@ def _generate_into(out, config: TaskConfig, split_files: list[tuple[str, list[st
     )
     write_dataset_files(out, manifest, vocab_bytes)
     cpu = {k: round(float(v), 3) for k, v in sorted(summary["cpu"].items())}
-    return TaskResult(out.directory, manifest, time.monotonic() - start, pipeline_seconds, cpu)
+    tokens = sum(int(summary["splits"][name].get("tokens", 0)) for name, _ in split_files)
+    unk = sum(int(summary["splits"][name].get("unk_tokens", 0)) for name, _ in split_files)
+    warning = unk_warning(tokens, unk, config.do_lower_case, "tokens of the task's records", "the task files")
+    return TaskResult(out.directory, manifest, time.monotonic() - start, pipeline_seconds, cpu,
+                      warnings=[warning] if warning else [])

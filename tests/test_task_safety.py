@@ -1,0 +1,98 @@
+"""Issue 20, data side: `bert-datagen task` refuses what `run` refuses (outputs that are not a
+dataset's own directory, an empty train split), warns where `run` warns, and refuses options and
+inputs that would give a dataset other than the one asked for."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from pipeline_corpus import write_vocab
+from taskdata_corpus import write_conll, write_pair_tsv, write_squad
+
+from pipelines.cli import main
+
+
+def cli(*args: str) -> tuple[int, str]:
+    result = CliRunner().invoke(main, list(args))
+    return result.exit_code, result.output
+
+
+@pytest.fixture
+def files(tmp_path) -> dict[str, Path]:
+    data = tmp_path / "data"
+    data.mkdir()
+    return {"root": tmp_path, "data": data, "vocab": write_vocab(tmp_path / "vocab.txt"),
+            "train.tsv": write_pair_tsv(data / "train.tsv", 12, 3),
+            "train.json": write_squad(data / "train.json", 4, 6),
+            "train.conll": write_conll(data / "train.conll", 6, 8)}
+
+
+def tsv_args(files, out: Path, *extra: str, train: Path | None = None) -> list[str]:
+    return ["task", "--task", "tsv", "--text-a", "sentence1", "--text-b", "sentence2", "--label", "label",
+            "--split", f"train={train or files['train.tsv']}", "--vocab", str(files["vocab"]), "--output", str(out),
+            "--max-seq-length", "32", "--quiet", *extra]
+
+
+# ---------------------------------------------------------------- 1: the output directory
+
+
+@pytest.mark.parametrize("case", ["notes", "run_dir", "input_folder"])
+def test_output_that_is_not_a_datasets_own_directory_is_refused(files, tree_snapshot, case) -> None:
+    out = files["root"] / "out"
+    out.mkdir()
+    if case == "notes":
+        (out / "notes.txt").write_text("mine\n")
+        expected = "is not empty and holds no bert-datagen dataset (notes.txt"
+    elif case == "run_dir":
+        (out / "train_config.json").write_text("{}\n")
+        (out / "checkpoints").mkdir()
+        expected = "is a bert-train run directory (it holds train_config.json)"
+    else:
+        out = files["data"]
+        expected = f"holds this command's input {files['train.tsv']}"
+    before = tree_snapshot(files["root"])
+    code, output = cli(*tsv_args(files, out))
+    assert code == 1 and expected in output, output
+    assert "Traceback" not in output and len(output.strip().splitlines()) == 1
+    assert tree_snapshot(files["root"]) == before
+
+
+def test_empty_output_directory_is_fine(files) -> None:
+    out = files["root"] / "out"
+    (out / "train").mkdir(parents=True)  # empty folders hold nothing to lose or to mix with
+    code, output = cli(*tsv_args(files, out))
+    assert code == 0, output
+    code, output = cli("verify", str(out))
+    assert code == 0, output
+
+
+# ---------------------------------------------------------------- 2: an empty train split
+
+
+def test_header_only_train_file_is_refused(files, tree_snapshot) -> None:
+    header_only = files["data"] / "header.tsv"
+    header_only.write_text("index\tsentence1\tsentence2\tlabel\n")
+    out = files["root"] / "out"
+    before = tree_snapshot(files["root"])
+    code, output = cli(*tsv_args(files, out, "--labels", "entailment,neutral", train=header_only))
+    assert code == 1 and f"split 'train' ({header_only}) has no examples" in output, output
+    assert tree_snapshot(files["root"]) == before
+
+
+# ---------------------------------------------------------------- 3: [UNK] warning, as `run` gives
+
+
+def test_uncased_vocab_without_lowercasing_warns(files) -> None:
+    cased = files["data"] / "cased.tsv"
+    lines = files["train.tsv"].read_text().splitlines()
+    cased.write_text("\n".join([lines[0]] + [line.title().replace("\tEntailment", "\tentailment")
+                                             .replace("\tNeutral", "\tneutral").replace("\tContradiction",
+                                                                                        "\tcontradiction")
+                                             for line in lines[1:]]) + "\n")
+    code, output = cli(*tsv_args(files, files["root"] / "ok", train=cased))
+    assert code == 0 and "warning" not in output, output
+    code, output = cli(*tsv_args(files, files["root"] / "unk", "--no-lower-case", train=cased))
+    assert code == 0, output
+    assert "[UNK] (above 1%)" in output and "check that it is cased like this run" in output, output
