@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 import time
 from collections.abc import Iterable, Iterator
@@ -35,6 +36,7 @@ import apache_beam as beam
 import numpy as np
 from apache_beam.pvalue import AsSingleton
 
+from contract.manifest import CARD_NAME, MANIFEST_NAME, VOCAB_NAME
 from datagen.tasks import build
 from datagen.tasks.config import SPAN, TAGGING, TaskConfig, TaskInputError, split_is_training
 from datagen.tasks.encode import encode_framed
@@ -43,6 +45,8 @@ from pipelines import fsio
 from pipelines.run import DatagenError
 from pipelines.transforms import BUSY_PREFIX, input_error
 
+# A split is a directory beside these files (casefolded: case-insensitive filesystems clash too).
+RESERVED_NAMES = frozenset(n.casefold() for n in (MANIFEST_NAME, CARD_NAME, VOCAB_NAME))
 SPLIT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 SUMMARY_PREFIX = ".task-summary-"
 EXAMPLES_NAME = "examples.jsonl"
@@ -61,6 +65,12 @@ def parse_split(value: str) -> tuple[str, str]:
     if not SPLIT_NAME.match(name):
         raise DatagenError(f"--split {value!r}: the name {name!r} must be letters, digits, '_', '.', '-' "
                            "(it names a directory)")
+    if name.casefold() in RESERVED_NAMES:
+        raise DatagenError(f"--split {value!r}: {name!r} is the name of a file every dataset holds "
+                           f"({', '.join(sorted(RESERVED_NAMES))}); name the split otherwise")
+    if "://" not in pattern and os.path.isdir(os.path.expanduser(pattern)):
+        raise DatagenError(f"--split {value!r}: {pattern} is a directory; give its files (e.g. "
+                           f"{name}={pattern.rstrip('/')}/*.tsv)")
     return name, pattern
 
 

@@ -96,3 +96,61 @@ def test_uncased_vocab_without_lowercasing_warns(files) -> None:
     code, output = cli(*tsv_args(files, files["root"] / "unk", "--no-lower-case", train=cased))
     assert code == 0, output
     assert "[UNK] (above 1%)" in output and "check that it is cased like this run" in output, output
+
+
+# ---------------------------------------------------------------- 7, 8: splits and SQuAD files
+
+
+def squad_args(files, out: Path, *splits: str, kind: str = "squad") -> list[str]:
+    return ["task", "--task", kind, *(a for s in splits for a in ("--split", s)), "--vocab", str(files["vocab"]),
+            "--output", str(out), "--max-seq-length", "48", "--doc-stride", "16", "--max-query-length", "12",
+            "--quiet"]
+
+
+@pytest.mark.parametrize("name, message", [("data", "is a directory; give its files (e.g. train="),
+                                           ("README.md", "is the name of a file every dataset holds"),
+                                           ("Manifest.json", "is the name of a file every dataset holds"),
+                                           ("vocab.txt", "is the name of a file every dataset holds")])
+def test_split_that_is_a_directory_or_clashes_with_our_files_is_a_usage_error(files, tree_snapshot, name,
+                                                                              message) -> None:
+    split = f"train={files['data']}" if name == "data" else f"{name}={files['train.json']}"
+    before = tree_snapshot(files["root"])
+    code, output = cli(*squad_args(files, files["root"] / "out", f"train={files['train.json']}"
+                                   if name != "data" else split, *([split] if name != "data" else [])))
+    assert code == 2 and message in output, output
+    assert "Traceback" not in output and "RuntimeError" not in output
+    assert tree_snapshot(files["root"]) == before
+
+
+def _squad(path: Path, qas: list[dict]) -> Path:
+    import json
+
+    context = "the cat sat on the mat ."
+    path.write_text(json.dumps({"version": "x", "data": [{"title": "t", "paragraphs": [
+        {"context": context, "qas": qas}]}]}))
+    return path
+
+
+def test_squad2_file_with_task_squad_is_refused(files, tree_snapshot) -> None:
+    v2 = _squad(files["data"] / "v2.json", [
+        {"id": "a", "question": "who ?", "answers": [{"text": "cat", "answer_start": 4}], "is_impossible": False},
+        {"id": "b", "question": "why ?", "answers": [], "is_impossible": True}])
+    before = tree_snapshot(files["root"])
+    code, output = cli(*squad_args(files, files["root"] / "out", f"train={files['train.json']}", f"dev={v2}"))
+    assert code == 1 and f"{v2}: line 1: question 'b'" in output and "use --task squad2" in output, output
+    assert tree_snapshot(files["root"]) == before
+    code, output = cli(*squad_args(files, files["root"] / "out2", f"train={v2}", kind="squad2"))
+    assert code == 0, output
+
+
+def test_duplicate_question_ids_are_refused(files, tree_snapshot) -> None:
+    qa = {"id": "q1", "question": "who ?", "answers": [{"text": "cat", "answer_start": 4}]}
+    twice = _squad(files["data"] / "twice.json", [qa, {**qa, "question": "what ?"}])
+    other = _squad(files["data"] / "other.json", [qa])
+    before = tree_snapshot(files["root"])
+    code, output = cli(*squad_args(files, files["root"] / "out", f"train={files['train.json']}", f"dev={twice}"))
+    assert code == 1 and f"{twice}: question id 'q1' at data[0].paragraphs[0].qas[1] is used twice" in output, output
+    code, output = cli(*squad_args(files, files["root"] / "out", f"train={files['train.json']}",
+                                   f"dev={files['data']}/[ot]*.json"))
+    assert code == 1 and f"{twice}: question id 'q1'" in output and f"first at {other}" in output, output
+    assert tree_snapshot(files["root"]) == before

@@ -70,9 +70,11 @@ def read_split(config: TaskConfig, split: str, files: Sequence[tuple[str, bytes]
     out = SplitInput(split)
     kind = config.kind
     may_lack = split_may_be_unlabelled(split)
+    question_ids: dict[str, str] = {}  # across the split's files
     for path, data in files:
         if config.task_type == SPAN:
-            examples, counts = squad_read.read_squad(path, data, kind == "squad2", split_is_training(split))
+            examples, counts = squad_read.read_squad(path, data, kind == "squad2", split_is_training(split),
+                                                     question_ids)
             for key, value in counts.items():
                 out.counts[key] = out.counts.get(key, 0) + value
             labelled = all(ex.answers is not None for ex in examples)

@@ -59,8 +59,9 @@ def char_to_word(starts: list[int], position: int) -> int:
 
 
 class _Reader:
-    def __init__(self, path: str, raw: str, version2: bool, training: bool) -> None:
+    def __init__(self, path: str, raw: str, version2: bool, training: bool, seen_ids: dict[str, str]) -> None:
         self.path, self.raw, self.version2, self.training = path, raw, version2, training
+        self.seen_ids = seen_ids
         self.skipped = 0
         self.first_of_several = 0
 
@@ -85,8 +86,12 @@ class _Reader:
         return self.expect(obj[key], kind, where, f"{key!r}", qas_id)
 
 
-def read_squad(path: str, data: bytes, version2: bool, training: bool) -> tuple[list[SquadExample], dict[str, int]]:
-    """The examples of a SQuAD file in file order, and counts (skipped answers, ...)."""
+def read_squad(path: str, data: bytes, version2: bool, training: bool,
+               seen_ids: dict[str, str] | None = None) -> tuple[list[SquadExample], dict[str, int]]:
+    """The examples of a SQuAD file in file order, and counts (skipped answers, ...).
+
+    ``seen_ids`` (id -> where), shared by the files of a split, refuses a question id used twice:
+    predictions and metrics are keyed by id, so a second question would silently go missing."""
     try:
         raw = data.decode("utf-8-sig")
     except UnicodeDecodeError as err:
@@ -96,7 +101,7 @@ def read_squad(path: str, data: bytes, version2: bool, training: bool) -> tuple[
     except json.JSONDecodeError as err:
         raise TaskInputError(f"{path}: line {err.lineno} column {err.colno}: not valid JSON ({err.msg}); "
                              "expected SQuAD JSON") from None
-    r = _Reader(path, raw, version2, training)
+    r = _Reader(path, raw, version2, training, {} if seen_ids is None else seen_ids)
     if not isinstance(top, dict) or "data" not in top:
         raise r.fail("top level", "not SQuAD JSON: expected an object with a \"data\" list of articles")
     examples: list[SquadExample] = []
@@ -124,6 +129,13 @@ def _example(r: _Reader, qa, where: str, context: str, paragraph: Paragraph, sta
     qas_id = qa.get("id")
     if type(qas_id) is not str:
         qas_id = r.field(qa, "id", str, where)
+    if qas_id in r.seen_ids:
+        raise TaskInputError(f"{r.path}: question id {qas_id!r} at {where} is used twice (first at "
+                             f"{r.seen_ids[qas_id]}): predictions and metrics are keyed by id, so give every "
+                             "question its own")
+    r.seen_ids[qas_id] = f"{r.path} {where}"
+    if not r.version2 and qa.get("is_impossible") is True:
+        raise r.fail(where, "is marked \"is_impossible\": this is SQuAD 2.0 data; use --task squad2", qas_id)
     question = qa.get("question")
     if type(question) is not str:
         question = r.field(qa, "question", str, where, qas_id)
