@@ -5,8 +5,9 @@ Dataflow worker that unpickles a DoFn never imports the CLI modules of other com
 `bert-train` never loads Beam.
 
 `CleanErrorsGroup` turns every failure into one line on stderr (`Error: <path>: <reason>`), exit 1,
-or a usage error, exit 2; SIGINT prints "interrupted" and exits 130 (commands remove their staging
-and temp files on the way out, in `finally` blocks). A traceback is shown only with `--debug`
+or a usage error, exit 2; SIGINT (and SIGTERM, for a group with ``sigterm_interrupts``) prints
+"interrupted" and exits 130 (commands remove their staging and temp files on the way out, in
+`finally` blocks). A traceback is shown only with `--debug`
 (anywhere on the command line) or `BERT_DATAGEN_DEBUG=1`. Log records that tell a user nothing
 (Beam's "apitools not found") and library tracebacks logged before our own error line are hidden
 unless debugging. Beam-free: the filters match logger names and messages, they import nothing.
@@ -143,7 +144,7 @@ _SIGINT_SEEN = threading.Event()
 
 
 def _interrupt_with_children(signum, frame) -> None:
-    """SIGINT: pass it on to our child processes, then stop as Python does. Ctrl-C in a terminal
+    """SIGINT (or SIGTERM): pass SIGINT on to our child processes, then stop as Python does. Ctrl-C in a terminal
     reaches the whole process group anyway; a `kill -INT` of this process alone would otherwise
     leave a runner waiting forever for worker processes (Beam's multi-process DirectRunner)."""
     _SIGINT_SEEN.set()
@@ -200,6 +201,10 @@ class CleanErrorsGroup(click.Group):
     """A click group whose ``main`` never lets a traceback through unless asked (see module doc)."""
 
     stderr_noise: re.Pattern[bytes] | None = None  # lines a subclass's stderr filter also drops
+    # SIGTERM (`kill`, a scheduler's stop, a container's shutdown) ends the command as Ctrl-C does:
+    # its finally blocks remove its staging files, and it exits 130; the default would end the
+    # process at once and leave them for the next run to find.
+    sigterm_interrupts: bool = False
 
     def main(self, args: Sequence[str] | None = None, prog_name: str | None = None,  # type: ignore[override]
              complete_var: str | None = None, standalone_mode: bool = True, **extra) -> None:
@@ -211,6 +216,8 @@ class CleanErrorsGroup(click.Group):
         restore = filter_process_stderr(self.stderr_noise) if from_command_line and not debug else None
         if from_command_line and signal.getsignal(signal.SIGINT) is signal.default_int_handler:
             signal.signal(signal.SIGINT, _interrupt_with_children)
+        if from_command_line and self.sigterm_interrupts and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+            signal.signal(signal.SIGTERM, _interrupt_with_children)
         interrupted = False
         try:
             self._main_clean(args, prog_name, complete_var, debug, **extra)

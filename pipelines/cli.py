@@ -18,7 +18,12 @@ COMMANDS = {
 }
 
 
-@click.group(cls=CommandGroup, lazy_commands=COMMANDS)
+class DatagenGroup(CommandGroup):
+    # Every data command cleans up after SIGTERM as after Ctrl-C (one mechanism, `contract.cliutil`).
+    sigterm_interrupts = True
+
+
+@click.group(cls=DatagenGroup, lazy_commands=COMMANDS)
 @click.version_option(__version__, prog_name="bert-datagen")
 @click.option("--debug", is_flag=True, expose_value=False, help=DEBUG_HELP)
 def main() -> None:

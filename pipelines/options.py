@@ -95,6 +95,18 @@ def beam_args_of(ctx: click.Context) -> list[str]:
     return args
 
 
+def refuse_unused_options(ctx: click.Context, unused: dict[str, str]) -> None:
+    """Usage error (exit 2) for an option the user gave (on the command line or through the
+    environment) that this run would ignore; ``unused`` maps a parameter name to why it does not
+    apply. A default is never an error: only what the user asked for and would not get."""
+    from click.core import ParameterSource
+
+    given = (ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT)
+    for param in ctx.command.params:
+        if param.name in unused and ctx.get_parameter_source(param.name) in given:
+            raise click.UsageError(f"{param.opts[0]} does not apply here: {unused[param.name]}")
+
+
 def dataset_options(f: F) -> F:
     """--vocab, --output, --overwrite and the runner options of a command that writes a dataset."""
     decorators = [

@@ -21,6 +21,7 @@ from pipelines.options import (
     beam_args_of,
     dataset_options,
     driver_errors,
+    refuse_unused_options,
     summary_lines,
 )
 
@@ -128,6 +129,15 @@ def run_command(ctx: click.Context, inputs: tuple[str, ...], vocab_path: str, ou
     Variants: --objective doc-sentences|full-sentences (no NSP), --masking dynamic, --masking-unit span.
     """
     beam_args = beam_args_of(ctx)
+    unused = {}
+    if objective != "nsp":
+        unused["short_seq_prob"] = (f"--objective {objective} packs whole sentences up to --max-seq-length; "
+                                    "only --objective nsp draws short targets")
+    if input_format != "jsonl":
+        unused["text_field"] = f"--input-format {input_format} has no fields (only jsonl does)"
+    if input_format != "text":
+        unused["text_layout"] = f"--input-format {input_format} has one layout (only text has several)"
+    refuse_unused_options(ctx, unused)
     if masking == "dynamic" and dupe_factor is not None:
         raise click.BadParameter("not with --masking dynamic: dynamic data is written once, unmasked, and the "
                                  "trainer draws a new mask each epoch", param_hint="'--dupe-factor'")

@@ -8,14 +8,20 @@ import click
 
 from contract.cliutil import FiniteFloat
 from datagen.config import ConfigError
-from datagen.tasks.config import KINDS, SCHEMES, TaskConfig
+from datagen.tasks.config import KINDS, SCHEMES, SPAN, SPAN_KINDS, TAGGING, TAGGING_KINDS, TaskConfig
 from pipelines.options import (
     PASS_THROUGH_SETTINGS,
     beam_args_of,
     dataset_options,
     driver_errors,
+    refuse_unused_options,
     summary_lines,
 )
+
+# Options that only one type of task reads: (the type, the kinds that have it).
+TYPE_OPTIONS = {"doc_stride": (SPAN, SPAN_KINDS), "max_query_length": (SPAN, SPAN_KINDS),
+                "token_column": (TAGGING, TAGGING_KINDS), "tag_column": (TAGGING, TAGGING_KINDS),
+                "scheme": (TAGGING, TAGGING_KINDS)}
 
 
 def parse_labels(text: str | None) -> tuple[str, ...] | None:
@@ -78,6 +84,9 @@ def task_command(ctx: click.Context, kind: str, splits: tuple[str, ...], vocab_p
                  dask_scheduler: str | None, dask_workers: int, quiet: bool) -> None:
     """Turn labelled task files (GLUE, SQuAD, CoNLL, any TSV/CSV/JSONL) into a fine-tuning dataset."""
     beam_args = beam_args_of(ctx)
+    task_type = TaskConfig.type_of(kind, regression)
+    refuse_unused_options(ctx, {name: f"--task {kind} does not read it (only {', '.join(kinds)} do)"
+                                for name, (wanted, kinds) in TYPE_OPTIONS.items() if task_type != wanted})
     try:
         config = TaskConfig(kind=kind, max_seq_length=max_seq_length, do_lower_case=do_lower_case, text_a=text_a,
                             text_b=text_b, label=label, header=header, labels=parse_labels(labels),

@@ -154,3 +154,80 @@ def test_duplicate_question_ids_are_refused(files, tree_snapshot) -> None:
                                    f"dev={files['data']}/[ot]*.json"))
     assert code == 1 and f"{twice}: question id 'q1'" in output and f"first at {other}" in output, output
     assert tree_snapshot(files["root"]) == before
+
+
+# ---------------------------------------------------------------- 5: options the run would ignore
+
+
+@pytest.mark.parametrize("kind, option, value", [("conll", "--doc-stride", "32"), ("conll", "--max-query-length", "8"),
+                                                 ("tsv", "--scheme", "iob1"), ("squad", "--tag-column", "1"),
+                                                 ("tsv", "--token-column", "0"), ("squad", "--labels", "a,b")])
+def test_task_options_that_do_not_apply_are_usage_errors(files, tree_snapshot, kind, option, value) -> None:
+    source = {"conll": "train.conll", "tsv": "train.tsv", "squad": "train.json"}[kind]
+    args = ["task", "--task", kind, "--split", f"train={files[source]}", "--vocab", str(files["vocab"]),
+            "--output", str(files["root"] / "out"), option, value]
+    if kind == "tsv":
+        args += ["--text-a", "sentence1", "--label", "label"]
+    before = tree_snapshot(files["root"])
+    code, output = cli(*args)
+    assert code == 2 and f"{option} does not apply" in output and f"--task {kind}" in output, output
+    assert tree_snapshot(files["root"]) == before
+
+
+def test_defaults_of_options_that_do_not_apply_are_fine(files) -> None:
+    code, output = cli("task", "--task", "conll", "--split", f"train={files['train.conll']}", "--vocab",
+                       str(files["vocab"]), "--output", str(files["root"] / "ner"), "--max-seq-length", "16",
+                       "--scheme", "iob2", "--quiet")
+    assert code == 0, output
+
+
+@pytest.mark.parametrize("extra, option", [(["--objective", "doc-sentences", "--short-seq-prob", "0.2"],
+                                            "--short-seq-prob"),
+                                           (["--input-format", "sentences", "--text-field", "body"], "--text-field"),
+                                           (["--input-format", "jsonl", "--text-layout", "book"], "--text-layout")])
+def test_run_options_that_do_not_apply_are_usage_errors(files, tree_snapshot, extra, option) -> None:
+    before = tree_snapshot(files["root"])
+    code, output = cli("run", "--input", str(files["train.tsv"]), "--vocab", str(files["vocab"]), "--output",
+                       str(files["root"] / "out"), *extra)
+    assert code == 2 and f"{option} does not apply here" in output, output
+    assert tree_snapshot(files["root"]) == before
+
+
+# ---------------------------------------------------------------- 9: SIGTERM is Ctrl-C
+
+
+def test_sigterm_cleans_up_like_ctrl_c(files, tree_snapshot) -> None:
+    """A real process (the handler is installed only for a command line): SIGTERM once the staging
+    directory exists gives "interrupted", exit 130, and the old dataset exactly as it was."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from pipelines.outputs import MARK
+
+    out = files["root"] / "ds"
+    code, output = cli(*tsv_args(files, out))
+    assert code == 0, output
+    big = files["data"] / "big.tsv"
+    lines = files["train.tsv"].read_text().splitlines()
+    big.write_text("\n".join([lines[0]] + lines[1:] * 400) + "\n")
+    before = tree_snapshot(out)
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
+    proc = subprocess.Popen([sys.executable, "-m", "pipelines.cli", *tsv_args(files, out, "--overwrite", train=big)],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not any(out.glob(f"{MARK}staging-*")) and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.002)
+        assert proc.poll() is None, f"the run ended before its staging directory showed (rc {proc.returncode})"
+        proc.send_signal(signal.SIGTERM)
+        _, stderr = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 130 and stderr.strip().splitlines()[-1] == "interrupted", stderr[-2000:]
+    assert "Traceback" not in stderr
+    assert tree_snapshot(out) == before  # the staging directory is gone too

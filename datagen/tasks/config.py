@@ -66,11 +66,15 @@ class TaskConfig:
 
     @property
     def task_type(self) -> str:
-        if self.kind in SPAN_KINDS:
+        return self.type_of(self.kind, self.regression)
+
+    @staticmethod
+    def type_of(kind: str, regression: bool = False) -> str:
+        if kind in SPAN_KINDS:
             return SPAN
-        if self.kind in TAGGING_KINDS:
+        if kind in TAGGING_KINDS:
             return TAGGING
-        if self.kind == "glue/stsb" or self.regression:
+        if kind == "glue/stsb" or regression:
             return REGRESSION
         return CLASSIFICATION
 
@@ -111,6 +115,8 @@ class TaskConfig:
             raise ConfigError(f"--labels: --task {self.kind} uses its official label list")
         if self.task_type == REGRESSION:
             raise ConfigError("--labels does not apply to a regression task")
+        if self.task_type == SPAN:
+            raise ConfigError(f"--labels does not apply to --task {self.kind} (answers are spans, not labels)")
         if not labels or any(not lab for lab in labels):
             raise ConfigError(f"--labels {','.join(labels)!r} must be a non-empty list of non-empty labels")
         if len(set(labels)) != len(labels):
