@@ -231,3 +231,40 @@ def test_sigterm_cleans_up_like_ctrl_c(files, tree_snapshot) -> None:
     assert proc.returncode == 130 and stderr.strip().splitlines()[-1] == "interrupted", stderr[-2000:]
     assert "Traceback" not in stderr
     assert tree_snapshot(out) == before  # the staging directory is gone too
+
+
+# ---------------------------------------------------------------- 4: JSONL labels written two ways
+
+
+def _jsonl(path: Path, labels: list) -> Path:
+    import json
+
+    path.write_text("".join(json.dumps({"text": f"the cat sat {i} .", "label": lab}) + "\n"
+                            for i, lab in enumerate(labels)))
+    return path
+
+
+@pytest.mark.parametrize("labels, message", [
+    ([0, 1, 1.0], "line 3: label 1.0 is the number written 1 on line 2 of"),
+    ([0, 1, True], "line 3: label 'true' is a boolean, but the label on line 1 of"),
+    (["0", 1], "line 2: label '1' is a number, but the label on line 1 of"),
+])
+def test_jsonl_labels_written_two_ways_are_refused(files, tree_snapshot, labels, message) -> None:
+    train = _jsonl(files["data"] / "mixed.jsonl", labels)
+    before = tree_snapshot(files["root"])
+    code, output = cli("task", "--task", "jsonl", "--text-a", "text", "--label", "label", "--split",
+                       f"train={train}", "--vocab", str(files["vocab"]), "--output", str(files["root"] / "out"))
+    assert code == 1 and f"{train}: {message}" in output, output
+    assert tree_snapshot(files["root"]) == before
+
+
+def test_jsonl_labels_of_one_form_are_fine(files) -> None:
+    from contract.manifest import MANIFEST_NAME
+
+    for name, labels, extra in (("ints", [0, 1, 1, 0], []), ("bools", [True, False, True], []),
+                                ("floats", [0.5, 1, 1.0, 2], ["--regression"])):
+        train = _jsonl(files["data"] / f"{name}.jsonl", labels)
+        out = files["root"] / name
+        code, output = cli("task", "--task", "jsonl", "--text-a", "text", "--label", "label", "--split",
+                           f"train={train}", "--vocab", str(files["vocab"]), "--output", str(out), "--quiet", *extra)
+        assert code == 0 and (out / MANIFEST_NAME).is_file(), (name, output)

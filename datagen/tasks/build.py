@@ -71,6 +71,7 @@ def read_split(config: TaskConfig, split: str, files: Sequence[tuple[str, bytes]
     kind = config.kind
     may_lack = split_may_be_unlabelled(split)
     question_ids: dict[str, str] = {}  # across the split's files
+    label_forms: dict | None = {} if config.task_type == CLASSIFICATION else None
     for path, data in files:
         if config.task_type == SPAN:
             examples, counts = squad_read.read_squad(path, data, kind == "squad2", split_is_training(split),
@@ -89,7 +90,7 @@ def read_split(config: TaskConfig, split: str, files: Sequence[tuple[str, bytes]
             if kind == "jsonl":
                 rows = delimited.read_jsonl(path, data)
                 labelled = spec.label is not None and not (may_lack and rows and str(spec.label) not in rows[0][1])
-                examples = delimited.jsonl_examples(path, rows, spec, labelled)
+                examples = delimited.jsonl_examples(path, rows, spec, labelled, label_forms)
             else:
                 fmt = "csv" if kind == "csv" else "tsv"
                 table = delimited.read_table(path, data, fmt)

@@ -144,9 +144,12 @@ def _lab(lab: int | None) -> str:
     return f", label column {lab}" if lab is not None else ""
 
 
-def jsonl_examples(path: str, rows: Sequence[tuple[int, dict]], spec: ColumnSpec,
-                   labelled: bool) -> list[TextExample]:
-    """The examples of a JSONL file: `--text-a`, `--text-b`, `--label` name fields."""
+def jsonl_examples(path: str, rows: Sequence[tuple[int, dict]], spec: ColumnSpec, labelled: bool,
+                   label_forms: dict | None = None) -> list[TextExample]:
+    """The examples of a JSONL file: `--text-a`, `--text-b`, `--label` name fields.
+
+    ``label_forms`` (shared by a split's files; classification only): class labels must be written
+    one way, or `1`, `1.0` and `true` would silently become three classes (`check_label_form`)."""
     fields = [("--text-a", spec.text_a), ("--text-b", spec.text_b), ("--label", spec.label if labelled else None)]
     out = []
     for lineno, obj in rows:
@@ -160,8 +163,31 @@ def jsonl_examples(path: str, rows: Sequence[tuple[int, dict]], spec: ColumnSpec
                 raise TaskInputError(f"{path}: line {lineno}: no field {key!r} ({option}; fields: "
                                      f"{', '.join(sorted(obj)) or 'none'})")
             values.append(_json_value(path, lineno, key, obj[key], option == "--label"))
+            if option == "--label" and label_forms is not None:
+                check_label_form(label_forms, path, lineno, obj[key], values[-1])
         out.append(_example(path, lineno, *values))
     return out
+
+
+_JSON_TYPES = {bool: "a boolean", int: "a number", float: "a number", str: "a string"}
+
+
+def check_label_form(forms: dict, path: str, lineno: int, value: object, text: str) -> None:
+    """Refuse a class label whose JSON type differs from the first label's (``"1"``, ``1``, ``true``),
+    or a number written another way than before (``1`` and ``1.0``): which of them is meant cannot
+    be guessed, and every form would be a class of its own. ``forms``: what was seen, and where."""
+    kind = _JSON_TYPES.get(type(value), "")
+    first = forms.setdefault("type", (kind, path, lineno, text))
+    if first[0] != kind:
+        raise TaskInputError(f"{path}: line {lineno}: label {text!r} is {kind}, but the label on line {first[2]} "
+                             f"of {first[1]} ({first[3]!r}) is {first[0]}; write every label of a task the "
+                             "same way (all strings, all numbers or all booleans)")
+    if kind == "a number":
+        number = float(value)  # type: ignore[arg-type]
+        seen = forms.setdefault(("number", number), (text, path, lineno))
+        if seen[0] != text:
+            raise TaskInputError(f"{path}: line {lineno}: label {text} is the number written {seen[0]} on line "
+                                 f"{seen[2]} of {seen[1]}; write each label one way (it names one class)")
 
 
 def _json_value(path: str, lineno: int, key: str, value: object, is_label: bool) -> str:
