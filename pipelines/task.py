@@ -38,7 +38,7 @@ from apache_beam.pvalue import AsSingleton
 
 from contract.manifest import CARD_NAME, MANIFEST_NAME, VOCAB_NAME
 from datagen.tasks import build
-from datagen.tasks.config import SPAN, TAGGING, TaskConfig, TaskInputError, split_is_training
+from datagen.tasks.config import SPAN, TAGGING, TaskConfig, TaskInputError
 from datagen.tasks.encode import encode_framed
 from datagen.tasks.features import TaskRecords, combine_side, unique_ids
 from pipelines import fsio
@@ -111,7 +111,7 @@ def plan_parts(element: dict[str, Any], labels: list[str], config: TaskConfig,
                size: int) -> Iterator[tuple[tuple[str, int], Any]]:
     split = element["split"]
     prepared = _guard(build.prepare_split, config, split, labels)
-    if split_is_training(split.name):
+    if config.is_training(split.name):
         prepared = prepared.reordered(build.train_order(len(prepared), config.random_seed).tolist())
     for k, part in enumerate(prepared.parts(size)):
         yield (split.name, k), part

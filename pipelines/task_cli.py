@@ -53,8 +53,10 @@ def summary_table(result) -> str:
 @click.option("--task", "kind", required=True, type=click.Choice(KINDS), metavar="KIND",
               help=f"Task kind: {', '.join(KINDS)}.")
 @click.option("--split", "splits", multiple=True, required=True, metavar="NAME=PATTERN",
-              help="A split and its file(s); repeatable. The split named train is shuffled (seeded) and, for "
-                   "SQuAD, labelled; every other split keeps its input order.")
+              help="A split and its file(s); repeatable. Training splits (see --train-splits) are shuffled "
+                   "(seeded) and, for SQuAD, labelled; every other split keeps its input order, to predict.")
+@click.option("--train-splits", default=None, metavar="NAME,...",
+              help="The splits written for training (bert-train finetune --train-split NAME)  [default: train]")
 @dataset_options
 @click.option("--max-seq-length", type=int, default=None, help="Default 384 for squad/squad2, else 128.")
 @click.option("--do-lower-case/--no-lower-case", default=True, show_default=True)
@@ -78,7 +80,8 @@ def summary_table(result) -> str:
 @click.pass_context
 def task_command(ctx: click.Context, kind: str, splits: tuple[str, ...], vocab_path: str, output_dir: str,
                  max_seq_length: int | None, do_lower_case: bool, text_a: str | None, text_b: str | None,
-                 label: str | None, header: bool | None, labels: str | None, regression: bool, doc_stride: int,
+                 label: str | None, header: bool | None, labels: str | None, regression: bool,
+                 train_splits: str | None, doc_stride: int,
                  max_query_length: int, token_column: int, tag_column: int, scheme: str, random_seed: int,
                  num_shards: int | None, target_shard_mb: float, overwrite: bool, runner: str,
                  dask_scheduler: str | None, dask_workers: int, quiet: bool) -> None:
@@ -92,7 +95,8 @@ def task_command(ctx: click.Context, kind: str, splits: tuple[str, ...], vocab_p
                             text_b=text_b, label=label, header=header, labels=parse_labels(labels),
                             regression=regression, doc_stride=doc_stride, max_query_length=max_query_length,
                             token_column=token_column, tag_column=tag_column, scheme=scheme,
-                            random_seed=random_seed, num_shards=num_shards, target_shard_mb=target_shard_mb)
+                            random_seed=random_seed, num_shards=num_shards, target_shard_mb=target_shard_mb,
+                            **({} if train_splits is None else {"train_splits": parse_labels(train_splits)}))
     except ConfigError as e:
         raise click.UsageError(str(e)) from e
     from pipelines.run import DatagenError
@@ -107,6 +111,9 @@ def task_command(ctx: click.Context, kind: str, splits: tuple[str, ...], vocab_p
     twice = sorted({n for n in names if names.count(n) > 1})
     if twice:
         raise click.UsageError(f"--split: split {twice[0]!r} is given twice")
+    unknown = [n for n in config.train_splits if n not in names]
+    if train_splits is not None and unknown:
+        raise click.UsageError(f"--train-splits: {unknown[0]!r} is not one of the --split names ({', '.join(names)})")
 
     from pipelines.task_run import generate_task_dataset
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from datagen.tasks import build
-from datagen.tasks.config import TaskConfig, split_is_training
+from datagen.tasks.config import TaskConfig
 from datagen.tasks.features import task_feature_spec
 from pipelines import fsio
 from pipelines.run import (
@@ -73,7 +73,7 @@ def _task_field(config: TaskConfig, labels: list[str]) -> dict[str, Any]:
 def _split_entry(config: TaskConfig, name: str, info: dict[str, Any]) -> dict[str, Any]:
     L = config.max_seq_length
     assert L is not None
-    training = split_is_training(name)
+    training = config.is_training(name)
     features = task_feature_spec(config.task_type, L, training and config.task_type == "span")
     entry = {"shards": info["shards"], "labelled": info["labelled"], "mode": "train" if training else "predict",
              "features": {k: [v[0], v[1]] for k, v in features.items()}, "counts": info["counts"],

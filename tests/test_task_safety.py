@@ -268,3 +268,36 @@ def test_jsonl_labels_of_one_form_are_fine(files) -> None:
         code, output = cli("task", "--task", "jsonl", "--text-a", "text", "--label", "label", "--split",
                            f"train={train}", "--vocab", str(files["vocab"]), "--output", str(out), "--quiet", *extra)
         assert code == 0 and (out / MANIFEST_NAME).is_file(), (name, output)
+
+
+# ---------------------------------------------------------------- 6: training splits by name
+
+
+def test_train_splits_names_the_training_splits(files) -> None:
+    import json
+
+    dev = write_pair_tsv(files["data"] / "dev.tsv", 6, 4)
+    default, named = files["root"] / "default", files["root"] / "named"
+    code, output = cli(*tsv_args(files, default, "--split", f"dev={dev}"))
+    assert code == 0, output
+    code, output = cli(*[a.replace("train=", "small=") for a in tsv_args(files, named, "--split", f"dev={dev}",
+                                                                          "--train-splits", "small")])
+    assert code == 0, output
+    m_default = json.loads((default / "manifest.json").read_text())
+    m_named = json.loads((named / "manifest.json").read_text())
+    assert "train_splits" not in m_default["config"]  # datasets without the option keep their bytes
+    assert m_named["config"]["train_splits"] == ["small"]
+    assert {s: i["mode"] for s, i in m_named["splits"].items()} == {"small": "train", "dev": "predict"}
+    # The same seeded order as a split named train: the same records.
+    for a, b in zip(sorted((default / "train").glob("part-*")), sorted((named / "small").glob("part-*")),
+                    strict=True):
+        assert a.read_bytes() == b.read_bytes()
+    code, output = cli("verify", str(named))
+    assert code == 0, output
+
+
+def test_train_splits_must_name_given_splits(files, tree_snapshot) -> None:
+    before = tree_snapshot(files["root"])
+    code, output = cli(*tsv_args(files, files["root"] / "out", "--train-splits", "small"))
+    assert code == 2 and "--train-splits: 'small' is not one of the --split names (train)" in output, output
+    assert tree_snapshot(files["root"]) == before

@@ -213,8 +213,11 @@ class FinetuneRun:
         self.data = open_task_dataset(cfg.data)
         self.train_split = self.data.split(cfg.train_split)
         if not self.train_split.labelled or self.train_split.mode != "train":
-            raise DataError(f"{cfg.data}: split {cfg.train_split!r} is not a labelled training split "
-                            f"(labelled={self.train_split.labelled}, mode={self.train_split.mode!r})")
+            why = ("has no labels" if not self.train_split.labelled else
+                   f"was written to predict on (mode {self.train_split.mode!r}: in input order, without "
+                   "training labels); rebuild the dataset with bert-datagen task --train-splits "
+                   f"{cfg.train_split}")
+            raise DataError(f"{cfg.data}: split {cfg.train_split!r} cannot be trained on: it {why}")
         self.eval_split = None
         if cfg.eval_split:
             self.eval_split = self.data.split(cfg.eval_split)

@@ -22,7 +22,6 @@ from datagen.tasks.config import (
     TAGGING,
     TaskConfig,
     TaskInputError,
-    split_is_training,
     split_may_be_unlabelled,
 )
 from datagen.tasks.delimited import ColumnSpec, parse_column
@@ -48,7 +47,7 @@ class SplitInput:
 def column_spec(config: TaskConfig, split: str) -> ColumnSpec:
     """The columns a split of a sentence/pair task is read with."""
     if config.kind in glue.TASKS:
-        return glue.layout_for_split(config.kind, split)
+        return glue.layout_for_split(config.kind, split, config.is_training(split))
     return ColumnSpec(text_a=parse_column(config.text_a), text_b=parse_column(config.text_b),  # type: ignore[arg-type]
                       label=parse_column(config.label), header=config.header is not False)
 
@@ -74,7 +73,7 @@ def read_split(config: TaskConfig, split: str, files: Sequence[tuple[str, bytes]
     label_forms: dict | None = {} if config.task_type == CLASSIFICATION else None
     for path, data in files:
         if config.task_type == SPAN:
-            examples, counts = squad_read.read_squad(path, data, kind == "squad2", split_is_training(split),
+            examples, counts = squad_read.read_squad(path, data, kind == "squad2", config.is_training(split),
                                                      question_ids)
             for key, value in counts.items():
                 out.counts[key] = out.counts.get(key, 0) + value
@@ -102,7 +101,7 @@ def read_split(config: TaskConfig, split: str, files: Sequence[tuple[str, bytes]
             if aliases:
                 examples = [ex if ex.label not in aliases else
                             delimited.TextExample(ex.line, ex.text_a, ex.text_b, aliases[ex.label]) for ex in examples]
-        if not labelled and not may_lack and not (config.task_type == SPAN and not split_is_training(split)):
+        if not labelled and not may_lack and not (config.task_type == SPAN and not config.is_training(split)):
             raise TaskInputError(f"{path}: split {split!r} has no labels; only a split named test* may be "
                                  "unlabelled")
         if out.files and labelled != out.labelled:
@@ -193,7 +192,7 @@ def part_records(config: TaskConfig, part: Prepared, tokenizer) -> TaskRecords:
     assert L is not None
     if config.task_type == SPAN:
         records = squad_records(tokenizer, part.examples, L, config.doc_stride, config.max_query_length,
-                                split_is_training(part.name), config.kind == "squad2", part.labelled)
+                                config.is_training(part.name), config.kind == "squad2", part.labelled)
     elif config.task_type == TAGGING:
         records = tagging_records(tokenizer, part.examples, part.values or [], L, part.labelled)
     else:

@@ -25,9 +25,10 @@ class TaskInputError(InputError):
     """A task file that cannot be read as its task; the message names the file, the line and why."""
 
 
-def split_is_training(name: str) -> bool:
-    """Only the split named `train` is written in training mode (shuffled; SQuAD answer labels)."""
-    return name == TRAIN_SPLIT
+def split_is_training(name: str, train_splits: tuple[str, ...] = (TRAIN_SPLIT,)) -> bool:
+    """A training split (`train`, or those of --train-splits) is written in training mode: shuffled,
+    read with the train layout, SQuAD answer labels; every other split is kept in order to predict."""
+    return name in train_splits
 
 
 def split_may_be_unlabelled(name: str) -> bool:
@@ -56,13 +57,18 @@ class TaskConfig:
     random_seed: int = 12345
     num_shards: int | None = None  # None: derived from target_shard_mb
     target_shard_mb: float = 64.0
+    train_splits: tuple[str, ...] = (TRAIN_SPLIT,)  # the splits written in training mode
 
     def __post_init__(self) -> None:
         if self.max_seq_length is None:
             object.__setattr__(self, "max_seq_length", 384 if self.kind in SPAN_KINDS else 128)
         if self.labels is not None:
             object.__setattr__(self, "labels", tuple(self.labels))
+        object.__setattr__(self, "train_splits", tuple(self.train_splits))
         self.validate()
+
+    def is_training(self, split: str) -> bool:
+        return split_is_training(split, self.train_splits)
 
     @property
     def task_type(self) -> str:
@@ -108,6 +114,9 @@ class TaskConfig:
             raise ConfigError(f"--num-shards {self.num_shards} must be >= 1")
         if not (math.isfinite(self.target_shard_mb) and self.target_shard_mb > 0):
             raise ConfigError(f"--target-shard-mb {self.target_shard_mb} must be > 0")
+        if not self.train_splits or any(not s for s in self.train_splits) or \
+                len(set(self.train_splits)) != len(self.train_splits):
+            raise ConfigError(f"--train-splits {','.join(self.train_splits)!r} must name splits, each once")
 
     def _validate_labels(self) -> None:
         labels = self.labels or ()
@@ -137,6 +146,11 @@ class TaskConfig:
         d = dataclasses.asdict(self)
         if self.labels is not None:
             d["labels"] = list(self.labels)
+        # Written only when not the default, so the manifests of datasets made before it keep their bytes.
+        if self.train_splits == (TRAIN_SPLIT,):
+            del d["train_splits"]
+        else:
+            d["train_splits"] = list(self.train_splits)
         return d
 
     @classmethod
@@ -145,4 +159,6 @@ class TaskConfig:
         kwargs = {k: v for k, v in d.items() if k in known}
         if kwargs.get("labels") is not None:
             kwargs["labels"] = tuple(kwargs["labels"])
+        if "train_splits" in kwargs:
+            kwargs["train_splits"] = tuple(kwargs["train_splits"])
         return cls(**kwargs)

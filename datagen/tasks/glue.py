@@ -68,10 +68,10 @@ TASKS: dict[str, GlueTask] = {
 }
 
 
-def layout_for_split(kind: str, split: str) -> ColumnSpec:
-    """The column layout a GLUE/XNLI split is read with."""
+def layout_for_split(kind: str, split: str, training: bool | None = None) -> ColumnSpec:
+    """The column layout a GLUE/XNLI split is read with (``training`` None: by the split's name)."""
     task = TASKS[kind]
-    if split_is_training(split):
+    if split_is_training(split) if training is None else training:
         return task.train
     if split_may_be_unlabelled(split):
         return task.test
