@@ -301,3 +301,18 @@ def test_train_splits_must_name_given_splits(files, tree_snapshot) -> None:
     code, output = cli(*tsv_args(files, files["root"] / "out", "--train-splits", "small"))
     assert code == 2 and "--train-splits: 'small' is not one of the --split names (train)" in output, output
     assert tree_snapshot(files["root"]) == before
+
+
+@pytest.mark.integration  # imports TensorFlow
+def test_finetune_on_a_predict_split_says_how_to_make_it_a_training_split(files) -> None:
+    pytest.importorskip("tensorflow")
+    from trainer.cli import main as train_main
+
+    dev = write_pair_tsv(files["data"] / "dev.tsv", 6, 4)
+    data = files["root"] / "ds"
+    assert cli(*tsv_args(files, data, "--split", f"dev={dev}"))[0] == 0
+    result = CliRunner().invoke(train_main, ["finetune", "--data", str(data), "--out", str(files["root"] / "run"),
+                                             "--train-split", "dev", "--init-checkpoint", str(files["root"] / "x")])
+    assert result.exit_code == 1, result.output
+    assert "split 'dev' cannot be trained on: it was written to predict on" in result.output
+    assert "bert-datagen task --train-splits dev" in result.output and "labelled=True" not in result.output
