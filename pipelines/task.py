@@ -8,8 +8,9 @@ Stages (coarse elements: a split, a part of a split, a split's records):
 2. ``Labels``: the label list (official, ``--labels``, or the sorted labels of the first split), a
    singleton side input.
 3. ``PlanParts`` + ``Reshuffle``: labels resolved to ids (errors name the file and line); the
-   `train` split put in its seeded order (`train_order`), every other split kept in input order;
-   each split cut into parts of consecutive examples, spread over the workers.
+   training splits (`train`, or --train-splits) put in their seeded order (`train_order`), every
+   other split kept in input order; each split cut into parts of consecutive examples, spread
+   over the workers.
 4. ``BuildPart``: features of one part (`part_records`), numbered within the part.
 5. ``GroupByKey`` on the split + ``WriteSplit``: the parts in order, numbered as one split
    (`unique_ids`, side data), encoded and cut into shards of consecutive records, side files
