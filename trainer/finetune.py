@@ -31,7 +31,7 @@ import tensorflow as tf
 
 from trainer import checkpoint as ckpt_lib
 from trainer import rundir
-from trainer.config import PRECISIONS, STRATEGIES, BertConfig, ConfigError
+from trainer.config import PRECISIONS, STRATEGIES, BertConfig, ConfigError, check_seed
 from trainer.devices import enable_determinism
 from trainer.errors import DataError, TrainingError
 from trainer.finetune_init import init_checkpoint_config, init_from_run_config, initialise_encoder
@@ -120,6 +120,7 @@ class FinetuneConfig:
         if self.batch_size % self.accumulation_steps:
             raise ConfigError(f"--batch-size {self.batch_size} is not a multiple of --accumulation-steps "
                               f"{self.accumulation_steps}")
+        check_seed(self.seed, "--seed")
         if self.max_steps is not None and self.max_steps <= 0:
             raise ConfigError(f"--max-steps must be positive, got {self.max_steps}")
         if not (math.isfinite(self.epochs) and self.epochs > 0):
@@ -180,6 +181,12 @@ def check_data_fits(dataset: TaskDataset, bert: BertConfig, what: str) -> None:
         problems.append(f"a {dataset.task_type} task needs at least 2 labels, the manifest lists {dataset.num_labels}")
     if problems:
         raise DataError(f"{dataset.source}: data and model do not fit: " + "; ".join(problems))
+
+
+def task_summary(data: TaskDataset) -> str:
+    """E.g. `glue/sst2 (classification, 2 labels)`; regression and span heads have no label set to count."""
+    labels = f", {data.num_labels} labels" if data.task_type in ("classification", "tagging") else ""
+    return f"{data.task_kind} ({data.task_type}{labels})"
 
 
 def finetuning_objective(model: FineTuneModel, task_type: str) -> Objective:
@@ -300,8 +307,8 @@ class FinetuneRun:
         write_atomic(self.run_dir / CONFIG_FILE, cfg.to_json())
         write_atomic(self.run_dir / BERT_CONFIG_FILE, self.bert.to_json())
         write_atomic(self.run_dir / TASK_FILE, json.dumps(self.task_record(), indent=2, sort_keys=True) + "\n")
-        self.log(f"{self.restore_or_initialise()}; {self.data.source}: {self.data.task_kind} "
-                 f"({self.data.task_type}, {self.data.num_labels} labels), {self.train_split.records} train records, "
+        self.log(f"{self.restore_or_initialise()}; {self.data.source}: {task_summary(self.data)}, "
+                 f"{self.train_split.records} train records, "
                  f"{self.total_steps} steps ({self.steps_per_epoch} per epoch), warmup {self.warmup_steps}")
         writer, eval_writer = tensorboard_writers(self.run_dir)
         end = self.total_steps if stop_at is None else min(stop_at, self.total_steps)

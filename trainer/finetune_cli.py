@@ -6,7 +6,7 @@ import json
 
 import click
 
-from trainer.config import PRECISIONS, STRATEGIES, ConfigError
+from trainer.config import MAX_SEED, PRECISIONS, STRATEGIES, ConfigError
 
 
 def _user_errors() -> tuple[type[Exception], ...]:
@@ -24,6 +24,9 @@ def _seed_list(value: str | None) -> list[int] | None:
         raise click.BadParameter(f"{value!r} is not a comma-separated list of integers", param_hint="--seeds") from None
     if not seeds or len(set(seeds)) != len(seeds):
         raise click.BadParameter(f"{value!r}: give distinct seeds, e.g. 1,2,3", param_hint="--seeds")
+    outside = [s for s in seeds if not 0 <= s <= MAX_SEED]
+    if outside:
+        raise click.BadParameter(f"seed {outside[0]} is not in [0, {MAX_SEED}]", param_hint="--seeds")
     return seeds
 
 
