@@ -4,7 +4,10 @@ a model was trained with, shards checked before the first step and named when a 
 from __future__ import annotations
 
 import os
+import shutil
 import stat
+import struct
+from pathlib import Path
 
 import pytest
 
@@ -28,6 +31,76 @@ def init_run(tmp_path_factory) -> str:
 @pytest.fixture(scope="module")
 def data(tmp_path_factory) -> str:
     return classification_dataset(str(tmp_path_factory.mktemp("cls") / "data"))
+
+
+@pytest.fixture(scope="module")
+def finetuned(tmp_path_factory, init_run, data) -> str:
+    run = tmp_path_factory.mktemp("ft") / "run"
+    result = _invoke(["finetune", "--data", data, "--out", str(run), "--init-from", init_run, "--max-steps", "1",
+                      "--batch-size", "8", "--eval-split", "none"])
+    assert result.exit_code == 0, result.output
+    return str(run)
+
+
+def _copy(data: str, to: Path) -> Path:
+    shutil.copytree(data, to)
+    return to
+
+
+def _shard(data: Path, split: str) -> Path:
+    return data / split / "part-00000-of-00001.tfrecord"
+
+
+def _flip_record(path: Path, index: int) -> None:
+    """Flip one byte in the payload of record `index`: the file keeps its size, the record its CRC."""
+    raw = bytearray(path.read_bytes())
+    offset = 0
+    for _ in range(index):
+        offset += 16 + struct.unpack("<Q", raw[offset:offset + 8])[0]
+    raw[offset + 12 + 5] ^= 0xFF
+    path.write_bytes(bytes(raw))
+
+
+def _truncate(path: Path) -> None:
+    path.write_bytes(path.read_bytes()[:-7])
+
+
+def _one_line_error(result, *parts: str) -> None:
+    assert result.exit_code == 1, result.output
+    last = result.output.strip().splitlines()[-1]
+    assert "Traceback" not in result.output and last.startswith("Error: "), result.output
+    for part in parts:
+        assert part in last, (part, result.output)
+
+
+def test_a_truncated_dev_shard_is_refused_before_the_first_step(tmp_path, init_run, data):
+    copy = _copy(data, tmp_path / "data")
+    _truncate(_shard(copy, "dev"))
+    run = tmp_path / "run"
+    result = _invoke(["finetune", "--data", str(copy), "--out", str(run), "--init-from", init_run,
+                      "--batch-size", "8"])
+    _one_line_error(result, str(_shard(copy, "dev")), "truncated")
+    assert not list(run.glob("ckpt-*")) and not (run / "finetune_config.json").exists()
+
+
+def test_a_bit_flipped_train_shard_names_the_shard_and_record(tmp_path, init_run, data):
+    copy = _copy(data, tmp_path / "data")
+    _flip_record(_shard(copy, "train"), 50)
+    result = _invoke(["finetune", "--data", str(copy), "--out", str(tmp_path / "run"), "--init-from", init_run,
+                      "--batch-size", "8", "--eval-split", "none"])
+    _one_line_error(result, "corrupt input", str(_shard(copy, "train")), "record 50")
+
+
+def test_predict_and_eval_check_their_split(tmp_path, finetuned, data):
+    copy = _copy(data, tmp_path / "data")
+    _truncate(_shard(copy, "test"))
+    result = _invoke(["predict", "--run", finetuned, "--data", str(copy), "--split", "test",
+                      "--out", str(tmp_path / "p")])
+    _one_line_error(result, str(_shard(copy, "test")), "truncated")
+    assert not (tmp_path / "p" / "predictions.tsv").exists()
+    _flip_record(_shard(copy, "dev"), 20)
+    result = _invoke(["eval", "--run", finetuned, "--data", str(copy), "--batch-size", "8"])
+    _one_line_error(result, "corrupt input", str(_shard(copy, "dev")), "record 20")
 
 
 @pytest.mark.parametrize("seeds", [["--seed", "-1"], ["--seed", str(2**32)], ["--seeds", "1,-1"]])

@@ -118,7 +118,7 @@ def _from_manifest(directory: str) -> DatasetInfo:
     if not train:
         raise DataError(f"{directory}/manifest.json: the train split has no shards")
     for ref in ds.split_shards("train") + ds.split_shards("eval"):
-        _check_shard_file(ref.path, int(ref.expected["bytes"]), f"{directory}/{MANIFEST_NAME}")
+        check_shard_file(ref.path, int(ref.expected["bytes"]), f"{directory}/{MANIFEST_NAME}")
     vocab = manifest["vocab"]
     return DatasetInfo(source=directory, max_seq_length=seq_len, max_predictions_per_seq=max_pred,
                        train_files=train, eval_files=evals, vocab_size=int(vocab["size"]),
@@ -154,7 +154,7 @@ def _from_globs(patterns: str, max_seq_length, max_predictions_per_seq, eval_dat
                        eval_files=_glob(eval_data) if eval_data else [])
 
 
-def _check_shard_file(path: str, size: int, manifest: str) -> None:
+def check_shard_file(path: str, size: int, manifest: str) -> None:
     """The shard exists, can be opened and has the size the manifest gives (a cheap stat, no read)."""
     try:
         stat = tf.io.gfile.stat(path)
@@ -241,17 +241,22 @@ def check_first_records(info: DatasetInfo) -> None:
     lengths, or files that are not pre-training records, fail here, before the first step."""
     spec = info.features()
     for path in info.train_files + info.eval_files:
-        try:
-            with tf.io.gfile.GFile(path, "rb") as stream:
-                payload = next(iter_tfrecords(stream, name=path), None)
-        except RecordError as exc:
-            raise DataError(f"corrupt input: {exc}") from exc
-        except tf.errors.OpError as exc:
-            raise DataError(f"{path}: cannot read: {exc.message}") from exc
-        if payload is not None:
-            problem = _record_problem(payload, spec)
-            if problem:
-                raise DataError(f"{path}: record 0: {problem}")
+        check_first_record(path, spec)
+
+
+def check_first_record(path: str, spec: dict[str, tuple[str, int]]) -> None:
+    """Raise DataError naming `path` unless its first record (if any) parses with `spec`."""
+    try:
+        with tf.io.gfile.GFile(path, "rb") as stream:
+            payload = next(iter_tfrecords(stream, name=path), None)
+    except RecordError as exc:
+        raise DataError(f"corrupt input: {exc}") from exc
+    except tf.errors.OpError as exc:
+        raise DataError(f"{path}: cannot read: {exc.message}") from exc
+    if payload is not None:
+        problem = _record_problem(payload, spec)
+        if problem:
+            raise DataError(f"{path}: record 0: {problem}")
 
 
 def _record_problem(payload: bytes, spec: dict[str, tuple[str, int]]) -> str | None:

@@ -57,7 +57,14 @@ from trainer.run_common import (
 )
 from trainer.rundir import cleanup_temp, write_atomic
 from trainer.step import Objective, make_train_step, replica_sum
-from trainer.task_data import TaskDataset, open_task_dataset, train_batches
+from trainer.task_data import (
+    TF_DATA_ERRORS,
+    TaskDataset,
+    check_split_files,
+    open_task_dataset,
+    split_data_error,
+    train_batches,
+)
 from trainer.task_eval import evaluate_split, primary_metric, write_outputs
 
 FINETUNING_DROPOUT_SALT = 0xF17E  # other dropout masks than pre-training's at the same seed and step
@@ -228,6 +235,7 @@ class FinetuneRun:
             if not self.eval_split.labelled:
                 raise DataError(f"{cfg.data}: split {cfg.eval_split!r} is unlabelled and cannot be evaluated; "
                                 "pass --eval-split with a labelled split (or --eval-split none)")
+        check_split_files(self.data, [self.train_split, self.eval_split])
         self.bert = model_config_for(cfg, bert_config_file)
         check_data_fits(self.data, self.bert, cfg.init_from or cfg.init_checkpoint)
         self.strategy = make_run_strategy(cfg.strategy, cfg.tpu, cfg.batch_size, cfg.accumulation_steps)
@@ -294,6 +302,12 @@ class FinetuneRun:
             yield from (iter(ds.skip(offset)) if offset else iter(ds))
             epoch, offset = epoch + 1, 0
 
+    def _next_batch(self, batches):
+        try:
+            return next(batches)
+        except TF_DATA_ERRORS as exc:
+            raise split_data_error(self.train_split, exc) from exc
+
     def evaluate(self) -> dict | None:
         if self.eval_split is None:
             return None
@@ -322,7 +336,8 @@ class FinetuneRun:
         last_eval = None
         while self.step < end:
             lr = learning_rate(self.step, cfg.learning_rate, self.warmup_steps, self.total_steps)
-            sums = self.train_step(replica_slices(self.strategy, next(batches), cfg.batch_size), tf.constant(lr), tf.constant(self.step, tf.int64))
+            sums = self.train_step(replica_slices(self.strategy, self._next_batch(batches), cfg.batch_size),
+                                   tf.constant(lr), tf.constant(self.step, tf.int64))
             sums = {k: float(v) for k, v in sums.items()}
             stop_on_non_finite_loss(sums["loss_sum"] / max(sums["loss_count"], 1.0), self.step, self.run_dir,
                                     self.loss_scale)

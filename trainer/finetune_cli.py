@@ -105,12 +105,13 @@ def _predict(run: str, data: str, split: str, out: str | None, batch_size: int,
     from trainer.errors import DataError
     from trainer.finetune import check_data_fits
     from trainer.finetune_export import restore_finetuned
-    from trainer.task_data import open_task_dataset
+    from trainer.task_data import check_split_files, open_task_dataset
     from trainer.task_eval import evaluate_split, write_outputs
 
     enable_determinism(0)
     model, bert, task, ckpt = restore_finetuned(run)
     dataset = open_task_dataset(data)
+    check_split_files(dataset, [dataset.split(split)])
     if dataset.task_type != task["type"] or dataset.labels != task["labels"]:
         raise DataError(f"{data}: a {dataset.task_type} task with labels {dataset.labels}, but {ckpt} was "
                         f"fine-tuned for a {task['type']} task with labels {task['labels']}")
