@@ -137,3 +137,20 @@ def test_regression_banner_and_hf_export_file_modes(tmp_path, init_run):
     assert result.exit_code == 0, result.output
     modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in (tmp_path / "hf").iterdir() if p.is_file()}
     assert "model.safetensors" in modes and set(modes.values()) == {0o644}, modes
+
+
+def test_pretrain_on_globs_with_a_smaller_vocab_size_is_refused_before_the_first_step(tmp_path):
+    from trainer.synthetic import write_synthetic_dataset
+
+    data = write_synthetic_dataset(str(tmp_path / "pre"), vocab_size=200, train_shards=1)
+    glob = os.path.join(data, "train", "*.tfrecord")
+    run = tmp_path / "run"
+    result = _invoke(["pretrain", "--data", glob, "--out", str(run), "--steps", "2", "--batch-size", "8",
+                      "--max-seq-length", "32", "--max-predictions-per-seq", "5", "--vocab-size", "40"])
+    _one_line_error(result, "record ", "outside the model's vocab_size 40")
+    assert not list(run.glob("ckpt-*"))
+    # A later record fails inside a step; the bad-record finder then names it the same way.
+    from trainer.data import find_bad_record
+
+    where = find_bad_record(sorted(Path(data, "train").glob("*.tfrecord")), 32, 5, vocab_size=40)
+    assert where and "outside the model's vocab_size 40" in where
