@@ -3,6 +3,7 @@ a model was trained with, shards checked before the first step and named when a 
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import stat
@@ -154,3 +155,33 @@ def test_pretrain_on_globs_with_a_smaller_vocab_size_is_refused_before_the_first
 
     where = find_bad_record(sorted(Path(data, "train").glob("*.tfrecord")), 32, 5, vocab_size=40)
     assert where and "outside the model's vocab_size 40" in where
+
+
+def _retask(data: str, to: Path, **task) -> Path:
+    copy = _copy(data, to)
+    manifest = json.loads((copy / "manifest.json").read_text())
+    manifest["task"].update(task)
+    (copy / "manifest.json").write_text(json.dumps(manifest))
+    return copy
+
+
+def test_eval_and_predict_refuse_another_tasks_data_unless_asked(tmp_path, finetuned, data):
+    """An SST-2 head on MRPC data fits (two labels "0"/"1" both) and would print figures."""
+    mrpc = _retask(data, tmp_path / "mrpc", kind="glue/mrpc")
+    result = _invoke(["eval", "--run", finetuned, "--data", str(mrpc)])
+    _one_line_error(result, "glue/mrpc", "tsv (classification", "--allow-other-task")
+    result = _invoke(["predict", "--run", finetuned, "--data", str(mrpc), "--split", "dev",
+                      "--out", str(tmp_path / "p")])
+    _one_line_error(result, "glue/mrpc", "tsv (classification", "--allow-other-task")
+    assert not (tmp_path / "p" / "predictions.tsv").exists()
+    relabelled = _retask(data, tmp_path / "relabelled", labels=["0", "1"])
+    result = _invoke(["eval", "--run", finetuned, "--data", str(relabelled)])
+    _one_line_error(result, "['0', '1']", "['neg', 'pos']")
+    result = _invoke(["eval", "--run", finetuned, "--data", str(mrpc), "--allow-other-task"])
+    assert result.exit_code == 0 and "accuracy" in result.output, result.output
+    result = _invoke(["predict", "--run", finetuned, "--data", str(mrpc), "--split", "dev",
+                      "--out", str(tmp_path / "p"), "--allow-other-task"])
+    assert result.exit_code == 0 and (tmp_path / "p" / "predictions.tsv").is_file(), result.output
+    three = _retask(data, tmp_path / "three", labels=["a", "b", "c"])
+    result = _invoke(["eval", "--run", finetuned, "--data", str(three), "--allow-other-task"])
+    _one_line_error(result, "does not fit")

@@ -190,6 +190,20 @@ def check_data_fits(dataset: TaskDataset, bert: BertConfig, what: str) -> None:
         raise DataError(f"{dataset.source}: data and model do not fit: " + "; ".join(problems))
 
 
+def check_same_task(dataset: TaskDataset, task: dict, model: str, allow_other_task: bool = False) -> None:
+    """Refuse to predict or score `dataset` with a head fine-tuned for another task. Another head
+    shape cannot run at all; another task of the same shape (SST-2's head on MRPC: both two labels
+    "0"/"1") runs and prints figures that mean nothing, so it needs `allow_other_task`."""
+    mine = f"{dataset.task_kind} ({dataset.task_type}, labels {dataset.labels})"
+    theirs = f"{task.get('kind')} ({task.get('type')}, labels {task.get('labels')})"
+    if dataset.task_type != task.get("type") or dataset.num_labels != len(task.get("labels") or []):
+        raise DataError(f"{dataset.source}: task {mine}, but {model} was fine-tuned for task {theirs}: "
+                        "its head does not fit this task")
+    if not allow_other_task and (dataset.task_kind != task.get("kind") or dataset.labels != task.get("labels")):
+        raise DataError(f"{dataset.source}: task {mine}, but {model} was fine-tuned for task {theirs}; "
+                        "pass --allow-other-task to run it on this task's data anyway")
+
+
 def task_summary(data: TaskDataset) -> str:
     """E.g. `glue/sst2 (classification, 2 labels)`; regression and span heads have no label set to count."""
     labels = f", {data.num_labels} labels" if data.task_type in ("classification", "tagging") else ""

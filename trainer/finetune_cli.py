@@ -87,8 +87,13 @@ def finetune_command(bert_config_file, seeds, seed, epochs, learning_rate, batch
     click.echo(f"run directory: {options['out']}")
 
 
+ALLOW_OTHER_TASK_HELP = ("Run the model on another task's data (another task name or label names than "
+                         "it was fine-tuned for); refused by default.")
+
+
 def predict_run(run: str, data: str, split: str, out: str | None, batch_size: int = 64,
-                null_score_diff_threshold: float = 0.0, need_labels: bool = False) -> dict:
+                null_score_diff_threshold: float = 0.0, need_labels: bool = False,
+                allow_other_task: bool = False) -> dict:
     """Predictions (and metrics, for labelled splits) of a fine-tuned run on a split of a task dataset;
     `out`, when given, is locked from the start to the end (reading a run takes no lock)."""
     import contextlib
@@ -96,14 +101,13 @@ def predict_run(run: str, data: str, split: str, out: str | None, batch_size: in
     from trainer.rundir import output_lock
 
     with output_lock(out) if out else contextlib.nullcontext():
-        return _predict(run, data, split, out, batch_size, null_score_diff_threshold, need_labels)
+        return _predict(run, data, split, out, batch_size, null_score_diff_threshold, need_labels, allow_other_task)
 
 
 def _predict(run: str, data: str, split: str, out: str | None, batch_size: int,
-             null_score_diff_threshold: float, need_labels: bool) -> dict:
+             null_score_diff_threshold: float, need_labels: bool, allow_other_task: bool = False) -> dict:
     from trainer.devices import enable_determinism
-    from trainer.errors import DataError
-    from trainer.finetune import check_data_fits
+    from trainer.finetune import check_data_fits, check_same_task
     from trainer.finetune_export import restore_finetuned
     from trainer.task_data import check_split_files, open_task_dataset
     from trainer.task_eval import evaluate_split, write_outputs
@@ -112,9 +116,7 @@ def _predict(run: str, data: str, split: str, out: str | None, batch_size: int,
     model, bert, task, ckpt = restore_finetuned(run)
     dataset = open_task_dataset(data)
     check_split_files(dataset, [dataset.split(split)])
-    if dataset.task_type != task["type"] or dataset.labels != task["labels"]:
-        raise DataError(f"{data}: a {dataset.task_type} task with labels {dataset.labels}, but {ckpt} was "
-                        f"fine-tuned for a {task['type']} task with labels {task['labels']}")
+    check_same_task(dataset, task, str(ckpt), allow_other_task)
     check_data_fits(dataset, bert, str(ckpt))
     result = evaluate_split(model, dataset, split, batch_size, need_labels=need_labels,
                             null_score_diff_threshold=null_score_diff_threshold)
@@ -130,10 +132,12 @@ def _predict(run: str, data: str, split: str, out: str | None, batch_size: int,
 @click.option("--out", required=True, help="Directory for the prediction files.")
 @click.option("--batch-size", type=click.IntRange(min=1), default=64, show_default=True)
 @click.option("--null-score-diff-threshold", type=float, default=0.0, show_default=True, help="SQuAD v2.0.")
-def predict_command(run, data, split, out, batch_size, null_score_diff_threshold) -> None:
+@click.option("--allow-other-task", is_flag=True, help=ALLOW_OTHER_TASK_HELP)
+def predict_command(run, data, split, out, batch_size, null_score_diff_threshold, allow_other_task) -> None:
     """Write a fine-tuned run's predictions for a split (predictions.tsv / SQuAD JSON / predictions.conll)."""
     try:
-        result = predict_run(run, data, split, out, batch_size, null_score_diff_threshold)
+        result = predict_run(run, data, split, out, batch_size, null_score_diff_threshold,
+                             allow_other_task=allow_other_task)
     except _user_errors() as exc:
         raise click.ClickException(str(exc)) from exc
     for path in result["files"]:
@@ -142,10 +146,12 @@ def predict_command(run, data, split, out, batch_size, null_score_diff_threshold
         click.echo("  ".join(f"{k} {v:.4f}" for k, v in result["metrics"].items()))
 
 
-def eval_finetuned(run: str, data: str, split: str | None, batch_size: int, as_json: bool) -> None:
+def eval_finetuned(run: str, data: str, split: str | None, batch_size: int, as_json: bool,
+                   allow_other_task: bool = False) -> None:
     """`bert-train eval --run FINETUNED_RUN`: the task metric on a labelled split (default dev)."""
     try:
-        result = predict_run(run, data, split or "dev", None, batch_size, need_labels=True)
+        result = predict_run(run, data, split or "dev", None, batch_size, need_labels=True,
+                             allow_other_task=allow_other_task)
     except _user_errors() as exc:
         raise click.ClickException(str(exc)) from exc
     if as_json:
