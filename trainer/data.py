@@ -185,7 +185,12 @@ def dataset_identity(info: DatasetInfo) -> dict:
         content = {"max_seq_length": info.max_seq_length,
                    "max_predictions_per_seq": info.max_predictions_per_seq, "shards": shards}
     digest = hashlib.sha256(json.dumps(content, sort_keys=True).encode()).hexdigest()
-    return {"fingerprint": digest, "shards": shards}
+    identity = {"fingerprint": digest, "shards": shards}
+    if info.manifest is not None:
+        # Outside the fingerprint (runs recorded before it keep theirs): what fine-tuning from the
+        # run compares its task dataset's vocab with.
+        identity["vocab_sha256"] = info.manifest["vocab"]["sha256"]
+    return identity
 
 
 def _size(path: str) -> int:

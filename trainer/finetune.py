@@ -34,7 +34,13 @@ from trainer import rundir
 from trainer.config import PRECISIONS, STRATEGIES, BertConfig, ConfigError, check_seed
 from trainer.devices import enable_determinism
 from trainer.errors import DataError, TrainingError
-from trainer.finetune_init import init_checkpoint_config, init_from_run_config, initialise_encoder
+from trainer.finetune_init import (
+    init_checkpoint_config,
+    init_from_run_config,
+    init_vocab,
+    initialise_encoder,
+    same_vocab,
+)
 from trainer.heads import (
     IGNORE_LABEL,
     FineTuneModel,
@@ -110,9 +116,11 @@ class FinetuneConfig:
     precision: str = "float32"
     jit: bool = False
     tpu: str | None = None
+    allow_vocab_mismatch: bool = False
 
     RESUMABLE_CHANGES: ClassVar[frozenset[str]] = frozenset({
-        "out", "checkpoint_every", "keep_checkpoints", "log_every", "eval_batch_size", "strategy", "jit", "tpu"})
+        "out", "checkpoint_every", "keep_checkpoints", "log_every", "eval_batch_size", "strategy", "jit", "tpu",
+        "allow_vocab_mismatch"})
 
     def __post_init__(self) -> None:
         self.validate()
@@ -190,6 +198,26 @@ def check_data_fits(dataset: TaskDataset, bert: BertConfig, what: str) -> None:
         raise DataError(f"{dataset.source}: data and model do not fit: " + "; ".join(problems))
 
 
+def check_vocab(dataset: TaskDataset, cfg: FinetuneConfig) -> str | None:
+    """Refuse a task dataset made with another vocab than the init checkpoint's, even of the same
+    size (any two 30,522-token vocabs fit each other's embeddings, and fine-tuning would silently
+    read other words). Returns a line for the log when there is nothing to compare, or when
+    --allow-vocab-mismatch let a mismatch through."""
+    model = cfg.init_from or cfg.init_checkpoint
+    ref = init_vocab(cfg.init_from, cfg.init_checkpoint)
+    if ref is None:
+        return (f"note: {model} records no vocab (no vocab.txt beside it, no dataset record), so the "
+                f"task dataset's vocab {dataset.vocab_path} cannot be compared with the checkpoint's")
+    if same_vocab(ref, dataset.vocab_sha256, dataset.vocab_path):
+        return None
+    mismatch = (f"{dataset.vocab_path}: the task dataset's vocab (sha256 {dataset.vocab_sha256[:16]}) is not "
+                f"{ref.described} (sha256 {ref.sha256[:16]})")
+    if cfg.allow_vocab_mismatch:
+        return f"warning: {mismatch}; fine-tuning anyway (--allow-vocab-mismatch)"
+    raise DataError(f"{mismatch}: build the task dataset with the checkpoint's vocab, or pass "
+                    "--allow-vocab-mismatch if the ids mean the same words")
+
+
 def check_same_task(dataset: TaskDataset, task: dict, model: str, allow_other_task: bool = False) -> None:
     """Refuse to predict or score `dataset` with a head fine-tuned for another task. Another head
     shape cannot run at all; another task of the same shape (SST-2's head on MRPC: both two labels
@@ -252,6 +280,9 @@ class FinetuneRun:
         check_split_files(self.data, [self.train_split, self.eval_split])
         self.bert = model_config_for(cfg, bert_config_file)
         check_data_fits(self.data, self.bert, cfg.init_from or cfg.init_checkpoint)
+        vocab_note = check_vocab(self.data, cfg)
+        if vocab_note:
+            log(vocab_note)
         self.strategy = make_run_strategy(cfg.strategy, cfg.tpu, cfg.batch_size, cfg.accumulation_steps)
         self.steps_per_epoch = self.train_split.records // cfg.batch_size
         if self.steps_per_epoch == 0:

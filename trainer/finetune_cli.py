@@ -57,6 +57,8 @@ def _seed_list(value: str | None) -> list[int] | None:
 @click.option("--tpu", default=None)
 @click.option("--precision", type=click.Choice(PRECISIONS), default="float32", show_default=True)
 @click.option("--jit/--no-jit", default=False, show_default=True)
+@click.option("--allow-vocab-mismatch", is_flag=True,
+              help="Fine-tune although the task dataset's vocab is not the init checkpoint's (refused by default).")
 def finetune_command(bert_config_file, seeds, seed, epochs, learning_rate, batch_size, eval_split, **options) -> None:
     """Fine-tune a pre-trained BERT on a task dataset; evaluates after each epoch."""
     seed_list = _seed_list(seeds)

@@ -46,6 +46,7 @@ class TaskDataset:
     do_lower_case: bool
     splits: dict[str, SplitInfo]
     task: dict
+    vocab_sha256: str = ""  # the manifest's, of vocab_path's bytes
 
     @property
     def num_labels(self) -> int:
@@ -94,7 +95,7 @@ def open_task_dataset(directory: str) -> TaskDataset:
                            labels=[str(x) for x in task.get("labels", [])],
                            max_seq_length=int(task["max_seq_length"]), vocab_size=int(vocab["size"]),
                            vocab_path=os.path.join(directory, vocab["path"]), do_lower_case=do_lower_case,
-                           splits=splits, task=dict(task))
+                           splits=splits, task=dict(task), vocab_sha256=str(vocab["sha256"]))
     except (KeyError, TypeError, ValueError) as exc:
         if isinstance(exc, DataError):
             raise
