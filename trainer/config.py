@@ -124,6 +124,17 @@ class BertConfig:
         return json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n"
 
 
+# keras.utils.set_random_seed seeds NumPy too, whose seeds are unsigned 32-bit: a seed outside this
+# range fails inside TensorFlow's start-up with a ValueError that names no option.
+MAX_SEED = 2**32 - 1
+
+
+def check_seed(value: object, option: str) -> None:
+    """Raise ConfigError naming `option` unless `value` is a seed every RNG we seed accepts."""
+    if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= MAX_SEED:
+        raise ConfigError(f"{option} must be an integer in [0, {MAX_SEED}], got {value!r}")
+
+
 STRATEGIES = ("auto", "one-device", "mirrored", "tpu", "multi-worker")
 PRECISIONS = ("float32", "mixed_bfloat16", "mixed_float16")
 OPTIMIZERS = ("adamw", "lamb")  # the original AdamWeightDecay; LAMB (trainer/optimizer.py)
@@ -174,6 +185,7 @@ class TrainConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+        check_seed(self.seed, "seed")
         if self.warmup_steps < 0 or self.eval_every < 0:
             raise ConfigError("warmup_steps and eval_every must be >= 0")
         if self.batch_size % self.accumulation_steps:

@@ -118,7 +118,7 @@ def _from_manifest(directory: str) -> DatasetInfo:
     if not train:
         raise DataError(f"{directory}/manifest.json: the train split has no shards")
     for ref in ds.split_shards("train") + ds.split_shards("eval"):
-        _check_shard_file(ref.path, int(ref.expected["bytes"]), f"{directory}/{MANIFEST_NAME}")
+        check_shard_file(ref.path, int(ref.expected["bytes"]), f"{directory}/{MANIFEST_NAME}")
     vocab = manifest["vocab"]
     return DatasetInfo(source=directory, max_seq_length=seq_len, max_predictions_per_seq=max_pred,
                        train_files=train, eval_files=evals, vocab_size=int(vocab["size"]),
@@ -154,7 +154,7 @@ def _from_globs(patterns: str, max_seq_length, max_predictions_per_seq, eval_dat
                        eval_files=_glob(eval_data) if eval_data else [])
 
 
-def _check_shard_file(path: str, size: int, manifest: str) -> None:
+def check_shard_file(path: str, size: int, manifest: str) -> None:
     """The shard exists, can be opened and has the size the manifest gives (a cheap stat, no read)."""
     try:
         stat = tf.io.gfile.stat(path)
@@ -185,7 +185,12 @@ def dataset_identity(info: DatasetInfo) -> dict:
         content = {"max_seq_length": info.max_seq_length,
                    "max_predictions_per_seq": info.max_predictions_per_seq, "shards": shards}
     digest = hashlib.sha256(json.dumps(content, sort_keys=True).encode()).hexdigest()
-    return {"fingerprint": digest, "shards": shards}
+    identity = {"fingerprint": digest, "shards": shards}
+    if info.manifest is not None:
+        # Outside the fingerprint (runs recorded before it keep theirs): what fine-tuning from the
+        # run compares its task dataset's vocab with.
+        identity["vocab_sha256"] = info.manifest["vocab"]["sha256"]
+    return identity
 
 
 def _size(path: str) -> int:
@@ -241,20 +246,29 @@ def check_first_records(info: DatasetInfo) -> None:
     lengths, or files that are not pre-training records, fail here, before the first step."""
     spec = info.features()
     for path in info.train_files + info.eval_files:
-        try:
-            with tf.io.gfile.GFile(path, "rb") as stream:
-                payload = next(iter_tfrecords(stream, name=path), None)
-        except RecordError as exc:
-            raise DataError(f"corrupt input: {exc}") from exc
-        except tf.errors.OpError as exc:
-            raise DataError(f"{path}: cannot read: {exc.message}") from exc
-        if payload is not None:
-            problem = _record_problem(payload, spec)
-            if problem:
-                raise DataError(f"{path}: record 0: {problem}")
+        check_first_record(path, spec)
 
 
-def _record_problem(payload: bytes, spec: dict[str, tuple[str, int]]) -> str | None:
+def check_first_record(path: str, spec: dict[str, tuple[str, int]]) -> None:
+    """Raise DataError naming `path` unless its first record (if any) parses with `spec`."""
+    try:
+        with tf.io.gfile.GFile(path, "rb") as stream:
+            payload = next(iter_tfrecords(stream, name=path), None)
+    except RecordError as exc:
+        raise DataError(f"corrupt input: {exc}") from exc
+    except tf.errors.OpError as exc:
+        raise DataError(f"{path}: cannot read: {exc.message}") from exc
+    if payload is not None:
+        problem = _record_problem(payload, spec)
+        if problem:
+            raise DataError(f"{path}: record 0: {problem}")
+
+
+# The features that index the word embeddings (and the MLM output layer).
+TOKEN_ID_FEATURES = ("input_ids", "masked_lm_ids")
+
+
+def _record_problem(payload: bytes, spec: dict[str, tuple[str, int]], vocab_size: int | None = None) -> str | None:
     try:
         features = decode_example(payload)
     except RecordError as exc:
@@ -263,7 +277,34 @@ def _record_problem(payload: bytes, spec: dict[str, tuple[str, int]]) -> str | N
         if name not in features or features[name].size != length:
             got = None if name not in features else features[name].size
             return f"feature {name} has {got} values, expected {length}"
+    if vocab_size is not None:
+        for name in TOKEN_ID_FEATURES:
+            ids = features.get(name)
+            if name in spec and ids is not None and ids.size and not 0 <= int(ids.min()) <= int(ids.max()) < vocab_size:
+                bad = int(ids.max()) if int(ids.max()) >= vocab_size else int(ids.min())
+                return (f"{name} holds token id {bad}, outside the model's vocab_size {vocab_size} "
+                        "(the model's vocab size must be that of the vocab the data was made with)")
     return None
+
+
+def check_token_ids(info: DatasetInfo, vocab_size: int, records_per_shard: int) -> None:
+    """Raise DataError naming the record unless the first records of every shard index only
+    embeddings the model has: data of a larger vocab than --vocab-size (TFRecord globs state none)
+    would otherwise fail inside the first step with a graph stack trace."""
+    spec = info.features()
+    for path in info.train_files + info.eval_files:
+        try:
+            with tf.io.gfile.GFile(path, "rb") as stream:
+                for index, payload in enumerate(iter_tfrecords(stream, name=path)):
+                    if index >= records_per_shard:
+                        break
+                    problem = _record_problem(payload, spec, vocab_size)
+                    if problem:
+                        raise DataError(f"{path}: record {index}: {problem}")
+        except RecordError as exc:
+            raise DataError(f"corrupt input: {exc}") from exc
+        except tf.errors.OpError as exc:
+            raise DataError(f"{path}: cannot read: {exc.message}") from exc
 
 
 def check_fits(info: DatasetInfo, bert: BertConfig) -> None:
@@ -352,7 +393,7 @@ def _batched(records: tf.data.Dataset, info: DatasetInfo, batch_size: int) -> tf
 
 
 def find_bad_record(files: list[str], max_seq_length: int, max_predictions_per_seq: int,
-                    spec: dict[str, tuple[str, int]] | None = None) -> str | None:
+                    spec: dict[str, tuple[str, int]] | None = None, vocab_size: int | None = None) -> str | None:
     """Scan `files` without TensorFlow; describe the first corrupt record (file, index) or None.
 
     Called after tf.data fails, because TensorFlow's own errors do not name the file.
@@ -362,7 +403,7 @@ def find_bad_record(files: list[str], max_seq_length: int, max_predictions_per_s
         try:
             with tf.io.gfile.GFile(path, "rb") as stream:
                 for index, payload in enumerate(iter_tfrecords(stream, name=path)):
-                    problem = _record_problem(payload, spec)
+                    problem = _record_problem(payload, spec, vocab_size)
                     if problem:
                         return f"{path}: record {index}: {problem}"
         except RecordError as exc:

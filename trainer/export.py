@@ -205,6 +205,16 @@ def _fsync_tree(directory: Path) -> None:
             os.fsync(f.fileno())
 
 
+def _default_modes(directory: Path) -> None:
+    """Give every file the mode a plain open() gives it (0666 less the umask): writers such as
+    safetensors' create theirs 0600, so one file of the export would be private and the rest not."""
+    umask = os.umask(0)
+    os.umask(umask)
+    for path in directory.rglob("*"):
+        if path.is_file() and not path.is_symlink():
+            path.chmod(0o666 & ~umask)
+
+
 def write_export_dir(out: str | os.PathLike, overwrite: bool, write: Callable[[Path], None],
                      own_files: Collection[str] = ()) -> Path:
     """The one way an export directory is written: `write(tmp)` fills a temp sibling of `out`, which
@@ -214,6 +224,7 @@ def write_export_dir(out: str | os.PathLike, overwrite: bool, write: Callable[[P
         out, tmp = _atomic_dir(out, overwrite, own_files)
         try:
             write(tmp)
+            _default_modes(tmp)
             _publish(tmp, out)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)

@@ -31,10 +31,16 @@ import tensorflow as tf
 
 from trainer import checkpoint as ckpt_lib
 from trainer import rundir
-from trainer.config import PRECISIONS, STRATEGIES, BertConfig, ConfigError
+from trainer.config import PRECISIONS, STRATEGIES, BertConfig, ConfigError, check_seed
 from trainer.devices import enable_determinism
 from trainer.errors import DataError, TrainingError
-from trainer.finetune_init import init_checkpoint_config, init_from_run_config, initialise_encoder
+from trainer.finetune_init import (
+    init_checkpoint_config,
+    init_from_run_config,
+    init_vocab,
+    initialise_encoder,
+    same_vocab,
+)
 from trainer.heads import (
     IGNORE_LABEL,
     FineTuneModel,
@@ -57,7 +63,14 @@ from trainer.run_common import (
 )
 from trainer.rundir import cleanup_temp, write_atomic
 from trainer.step import Objective, make_train_step, replica_sum
-from trainer.task_data import TaskDataset, open_task_dataset, train_batches
+from trainer.task_data import (
+    TF_DATA_ERRORS,
+    TaskDataset,
+    check_split_files,
+    open_task_dataset,
+    split_data_error,
+    train_batches,
+)
 from trainer.task_eval import evaluate_split, primary_metric, write_outputs
 
 FINETUNING_DROPOUT_SALT = 0xF17E  # other dropout masks than pre-training's at the same seed and step
@@ -103,9 +116,11 @@ class FinetuneConfig:
     precision: str = "float32"
     jit: bool = False
     tpu: str | None = None
+    allow_vocab_mismatch: bool = False
 
     RESUMABLE_CHANGES: ClassVar[frozenset[str]] = frozenset({
-        "out", "checkpoint_every", "keep_checkpoints", "log_every", "eval_batch_size", "strategy", "jit", "tpu"})
+        "out", "checkpoint_every", "keep_checkpoints", "log_every", "eval_batch_size", "strategy", "jit", "tpu",
+        "allow_vocab_mismatch"})
 
     def __post_init__(self) -> None:
         self.validate()
@@ -120,6 +135,7 @@ class FinetuneConfig:
         if self.batch_size % self.accumulation_steps:
             raise ConfigError(f"--batch-size {self.batch_size} is not a multiple of --accumulation-steps "
                               f"{self.accumulation_steps}")
+        check_seed(self.seed, "--seed")
         if self.max_steps is not None and self.max_steps <= 0:
             raise ConfigError(f"--max-steps must be positive, got {self.max_steps}")
         if not (math.isfinite(self.epochs) and self.epochs > 0):
@@ -182,6 +198,46 @@ def check_data_fits(dataset: TaskDataset, bert: BertConfig, what: str) -> None:
         raise DataError(f"{dataset.source}: data and model do not fit: " + "; ".join(problems))
 
 
+def check_vocab(dataset: TaskDataset, cfg: FinetuneConfig) -> str | None:
+    """Refuse a task dataset made with another vocab than the init checkpoint's, even of the same
+    size (any two 30,522-token vocabs fit each other's embeddings, and fine-tuning would silently
+    read other words). Returns a line for the log when there is nothing to compare, or when
+    --allow-vocab-mismatch let a mismatch through."""
+    model = cfg.init_from or cfg.init_checkpoint
+    ref = init_vocab(cfg.init_from, cfg.init_checkpoint)
+    if ref is None:
+        return (f"note: {model} records no vocab (no vocab.txt beside it, no dataset record), so the "
+                f"task dataset's vocab {dataset.vocab_path} cannot be compared with the checkpoint's")
+    if same_vocab(ref, dataset.vocab_sha256, dataset.vocab_path):
+        return None
+    mismatch = (f"{dataset.vocab_path}: the task dataset's vocab (sha256 {dataset.vocab_sha256[:16]}) is not "
+                f"{ref.described} (sha256 {ref.sha256[:16]})")
+    if cfg.allow_vocab_mismatch:
+        return f"warning: {mismatch}; fine-tuning anyway (--allow-vocab-mismatch)"
+    raise DataError(f"{mismatch}: build the task dataset with the checkpoint's vocab, or pass "
+                    "--allow-vocab-mismatch if the ids mean the same words")
+
+
+def check_same_task(dataset: TaskDataset, task: dict, model: str, allow_other_task: bool = False) -> None:
+    """Refuse to predict or score `dataset` with a head fine-tuned for another task. Another head
+    shape cannot run at all; another task of the same shape (SST-2's head on MRPC: both two labels
+    "0"/"1") runs and prints figures that mean nothing, so it needs `allow_other_task`."""
+    mine = f"{dataset.task_kind} ({dataset.task_type}, labels {dataset.labels})"
+    theirs = f"{task.get('kind')} ({task.get('type')}, labels {task.get('labels')})"
+    if dataset.task_type != task.get("type") or dataset.num_labels != len(task.get("labels") or []):
+        raise DataError(f"{dataset.source}: task {mine}, but {model} was fine-tuned for task {theirs}: "
+                        "its head does not fit this task")
+    if not allow_other_task and (dataset.task_kind != task.get("kind") or dataset.labels != task.get("labels")):
+        raise DataError(f"{dataset.source}: task {mine}, but {model} was fine-tuned for task {theirs}; "
+                        "pass --allow-other-task to run it on this task's data anyway")
+
+
+def task_summary(data: TaskDataset) -> str:
+    """E.g. `glue/sst2 (classification, 2 labels)`; regression and span heads have no label set to count."""
+    labels = f", {data.num_labels} labels" if data.task_type in ("classification", "tagging") else ""
+    return f"{data.task_kind} ({data.task_type}{labels})"
+
+
 def finetuning_objective(model: FineTuneModel, task_type: str) -> Objective:
     """The task's mean loss over the whole batch: its examples, or for tagging its labelled positions."""
 
@@ -224,8 +280,12 @@ class FinetuneRun:
             if not self.eval_split.labelled:
                 raise DataError(f"{cfg.data}: split {cfg.eval_split!r} is unlabelled and cannot be evaluated; "
                                 "pass --eval-split with a labelled split (or --eval-split none)")
+        check_split_files(self.data, [self.train_split, self.eval_split])
         self.bert = model_config_for(cfg, bert_config_file)
         check_data_fits(self.data, self.bert, cfg.init_from or cfg.init_checkpoint)
+        vocab_note = check_vocab(self.data, cfg)
+        if vocab_note:
+            log(vocab_note)
         self.strategy = make_run_strategy(cfg.strategy, cfg.tpu, cfg.batch_size, cfg.accumulation_steps)
         self.steps_per_epoch = self.train_split.records // cfg.batch_size
         if self.steps_per_epoch == 0:
@@ -290,6 +350,12 @@ class FinetuneRun:
             yield from (iter(ds.skip(offset)) if offset else iter(ds))
             epoch, offset = epoch + 1, 0
 
+    def _next_batch(self, batches):
+        try:
+            return next(batches)
+        except TF_DATA_ERRORS as exc:
+            raise split_data_error(self.train_split, exc) from exc
+
     def evaluate(self) -> dict | None:
         if self.eval_split is None:
             return None
@@ -303,8 +369,8 @@ class FinetuneRun:
         write_atomic(self.run_dir / CONFIG_FILE, cfg.to_json())
         write_atomic(self.run_dir / BERT_CONFIG_FILE, self.bert.to_json())
         write_atomic(self.run_dir / TASK_FILE, json.dumps(self.task_record(), indent=2, sort_keys=True) + "\n")
-        self.log(f"{self.restore_or_initialise()}; {self.data.source}: {self.data.task_kind} "
-                 f"({self.data.task_type}, {self.data.num_labels} labels), {self.train_split.records} train records, "
+        self.log(f"{self.restore_or_initialise()}; {self.data.source}: {task_summary(self.data)}, "
+                 f"{self.train_split.records} train records, "
                  f"{self.total_steps} steps ({self.steps_per_epoch} per epoch), warmup {self.warmup_steps}")
         writer, eval_writer = tensorboard_writers(self.run_dir)
         end = self.total_steps if stop_at is None else min(stop_at, self.total_steps)
@@ -318,7 +384,8 @@ class FinetuneRun:
         last_eval = None
         while self.step < end:
             lr = learning_rate(self.step, cfg.learning_rate, self.warmup_steps, self.total_steps)
-            sums = self.train_step(replica_slices(self.strategy, next(batches), cfg.batch_size), tf.constant(lr), tf.constant(self.step, tf.int64))
+            sums = self.train_step(replica_slices(self.strategy, self._next_batch(batches), cfg.batch_size),
+                                   tf.constant(lr), tf.constant(self.step, tf.int64))
             sums = {k: float(v) for k, v in sums.items()}
             stop_on_non_finite_loss(sums["loss_sum"] / max(sums["loss_count"], 1.0), self.step, self.run_dir,
                                     self.loss_scale)

@@ -6,7 +6,7 @@ import json
 
 import click
 
-from trainer.config import PRECISIONS, STRATEGIES, ConfigError
+from trainer.config import MAX_SEED, PRECISIONS, STRATEGIES, ConfigError
 
 
 def _user_errors() -> tuple[type[Exception], ...]:
@@ -24,6 +24,9 @@ def _seed_list(value: str | None) -> list[int] | None:
         raise click.BadParameter(f"{value!r} is not a comma-separated list of integers", param_hint="--seeds") from None
     if not seeds or len(set(seeds)) != len(seeds):
         raise click.BadParameter(f"{value!r}: give distinct seeds, e.g. 1,2,3", param_hint="--seeds")
+    outside = [s for s in seeds if not 0 <= s <= MAX_SEED]
+    if outside:
+        raise click.BadParameter(f"seed {outside[0]} is not in [0, {MAX_SEED}]", param_hint="--seeds")
     return seeds
 
 
@@ -54,6 +57,8 @@ def _seed_list(value: str | None) -> list[int] | None:
 @click.option("--tpu", default=None)
 @click.option("--precision", type=click.Choice(PRECISIONS), default="float32", show_default=True)
 @click.option("--jit/--no-jit", default=False, show_default=True)
+@click.option("--allow-vocab-mismatch", is_flag=True,
+              help="Fine-tune although the task dataset's vocab is not the init checkpoint's (refused by default).")
 def finetune_command(bert_config_file, seeds, seed, epochs, learning_rate, batch_size, eval_split, **options) -> None:
     """Fine-tune a pre-trained BERT on a task dataset; evaluates after each epoch."""
     seed_list = _seed_list(seeds)
@@ -84,8 +89,13 @@ def finetune_command(bert_config_file, seeds, seed, epochs, learning_rate, batch
     click.echo(f"run directory: {options['out']}")
 
 
+ALLOW_OTHER_TASK_HELP = ("Run the model on another task's data (another task name or label names than "
+                         "it was fine-tuned for); refused by default.")
+
+
 def predict_run(run: str, data: str, split: str, out: str | None, batch_size: int = 64,
-                null_score_diff_threshold: float = 0.0, need_labels: bool = False) -> dict:
+                null_score_diff_threshold: float = 0.0, need_labels: bool = False,
+                allow_other_task: bool = False) -> dict:
     """Predictions (and metrics, for labelled splits) of a fine-tuned run on a split of a task dataset;
     `out`, when given, is locked from the start to the end (reading a run takes no lock)."""
     import contextlib
@@ -93,24 +103,22 @@ def predict_run(run: str, data: str, split: str, out: str | None, batch_size: in
     from trainer.rundir import output_lock
 
     with output_lock(out) if out else contextlib.nullcontext():
-        return _predict(run, data, split, out, batch_size, null_score_diff_threshold, need_labels)
+        return _predict(run, data, split, out, batch_size, null_score_diff_threshold, need_labels, allow_other_task)
 
 
 def _predict(run: str, data: str, split: str, out: str | None, batch_size: int,
-             null_score_diff_threshold: float, need_labels: bool) -> dict:
+             null_score_diff_threshold: float, need_labels: bool, allow_other_task: bool = False) -> dict:
     from trainer.devices import enable_determinism
-    from trainer.errors import DataError
-    from trainer.finetune import check_data_fits
+    from trainer.finetune import check_data_fits, check_same_task
     from trainer.finetune_export import restore_finetuned
-    from trainer.task_data import open_task_dataset
+    from trainer.task_data import check_split_files, open_task_dataset
     from trainer.task_eval import evaluate_split, write_outputs
 
     enable_determinism(0)
     model, bert, task, ckpt = restore_finetuned(run)
     dataset = open_task_dataset(data)
-    if dataset.task_type != task["type"] or dataset.labels != task["labels"]:
-        raise DataError(f"{data}: a {dataset.task_type} task with labels {dataset.labels}, but {ckpt} was "
-                        f"fine-tuned for a {task['type']} task with labels {task['labels']}")
+    check_split_files(dataset, [dataset.split(split)])
+    check_same_task(dataset, task, str(ckpt), allow_other_task)
     check_data_fits(dataset, bert, str(ckpt))
     result = evaluate_split(model, dataset, split, batch_size, need_labels=need_labels,
                             null_score_diff_threshold=null_score_diff_threshold)
@@ -126,10 +134,12 @@ def _predict(run: str, data: str, split: str, out: str | None, batch_size: int,
 @click.option("--out", required=True, help="Directory for the prediction files.")
 @click.option("--batch-size", type=click.IntRange(min=1), default=64, show_default=True)
 @click.option("--null-score-diff-threshold", type=float, default=0.0, show_default=True, help="SQuAD v2.0.")
-def predict_command(run, data, split, out, batch_size, null_score_diff_threshold) -> None:
+@click.option("--allow-other-task", is_flag=True, help=ALLOW_OTHER_TASK_HELP)
+def predict_command(run, data, split, out, batch_size, null_score_diff_threshold, allow_other_task) -> None:
     """Write a fine-tuned run's predictions for a split (predictions.tsv / SQuAD JSON / predictions.conll)."""
     try:
-        result = predict_run(run, data, split, out, batch_size, null_score_diff_threshold)
+        result = predict_run(run, data, split, out, batch_size, null_score_diff_threshold,
+                             allow_other_task=allow_other_task)
     except _user_errors() as exc:
         raise click.ClickException(str(exc)) from exc
     for path in result["files"]:
@@ -138,10 +148,12 @@ def predict_command(run, data, split, out, batch_size, null_score_diff_threshold
         click.echo("  ".join(f"{k} {v:.4f}" for k, v in result["metrics"].items()))
 
 
-def eval_finetuned(run: str, data: str, split: str | None, batch_size: int, as_json: bool) -> None:
+def eval_finetuned(run: str, data: str, split: str | None, batch_size: int, as_json: bool,
+                   allow_other_task: bool = False) -> None:
     """`bert-train eval --run FINETUNED_RUN`: the task metric on a labelled split (default dev)."""
     try:
-        result = predict_run(run, data, split or "dev", None, batch_size, need_labels=True)
+        result = predict_run(run, data, split or "dev", None, batch_size, need_labels=True,
+                             allow_other_task=allow_other_task)
     except _user_errors() as exc:
         raise click.ClickException(str(exc)) from exc
     if as_json:

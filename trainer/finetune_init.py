@@ -12,6 +12,9 @@ reported in one error.
 
 from __future__ import annotations
 
+import hashlib
+import json
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -88,3 +91,67 @@ def checkpoint_vocab(init_from: str | None, init_checkpoint: str | None) -> Path
             if candidate.is_file():
                 return candidate
     return None
+
+
+@dataclass(frozen=True)
+class VocabRef:
+    """A vocab to compare by content: its sha256, and its file when there is one to read."""
+
+    sha256: str
+    path: str | None
+    described: str  # e.g. "the vocab.txt beside the checkpoint, /x/vocab.txt"
+
+
+def _vocab_tokens(path: str) -> list[str] | None:
+    try:
+        return Path(path).read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError):
+        return None
+
+
+def init_vocab(init_from: str | None, init_checkpoint: str | None) -> VocabRef | None:
+    """The vocab the init checkpoint was trained with, when it says: the vocab.txt beside an
+    --init-checkpoint (TF1 or Hugging Face directory), or the dataset an --init-from run recorded
+    (dataset.json; for runs recorded before it held the vocab, the dataset it names, if unchanged)."""
+    found = checkpoint_vocab(init_from, init_checkpoint)
+    if found is not None:
+        return VocabRef(hashlib.sha256(found.read_bytes()).hexdigest(), str(found),
+                        f"the vocab.txt beside the checkpoint, {found}")
+    if not init_from:
+        return None
+    run = ckpt_lib.resolve_checkpoint(init_from).parent
+    try:
+        recorded = json.loads((run / "dataset.json").read_text())
+    except (OSError, ValueError):
+        return None
+    data = str(recorded.get("data", ""))
+    manifest = _unchanged_manifest(data, recorded.get("fingerprint"))
+    sha = recorded.get("vocab_sha256") or (manifest or {}).get("vocab", {}).get("sha256")
+    if not sha:
+        return None
+    path = str(Path(data) / manifest["vocab"]["path"]) if manifest else None
+    return VocabRef(str(sha), path, f"the vocab of {run}'s pre-training dataset {data}")
+
+
+def _unchanged_manifest(data: str, fingerprint: str | None) -> dict | None:
+    """The manifest of the dataset a run recorded, if it is still the same dataset."""
+    from trainer.data import DatasetInfo, dataset_identity, load_dataset_manifest
+
+    manifest = load_dataset_manifest(data) if data else None
+    if manifest is None:
+        return None
+    info = DatasetInfo(source=data, max_seq_length=0, max_predictions_per_seq=0, train_files=[], manifest=manifest)
+    try:
+        return manifest if dataset_identity(info)["fingerprint"] == fingerprint else None
+    except (KeyError, TypeError):
+        return None
+
+
+def same_vocab(a: VocabRef, b_sha256: str, b_path: str) -> bool:
+    """Equal bytes, or equal tokens (a copy with other line endings is the same vocab)."""
+    if a.sha256 == b_sha256:
+        return True
+    if a.path is None:
+        return False
+    tokens = _vocab_tokens(a.path)
+    return tokens is not None and tokens == _vocab_tokens(b_path)

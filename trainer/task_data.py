@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 import tensorflow as tf
 
+from trainer.data import check_first_record, check_shard_file, find_bad_record
 from trainer.errors import DataError
 from trainer.heads import TASK_TYPES
 
@@ -30,6 +31,7 @@ class SplitInfo:
     mode: str
     features: dict[str, tuple[str, int]]
     side: dict[str, str] = field(default_factory=dict)  # file name -> path
+    sizes: dict[str, int] = field(default_factory=dict)  # shard path -> bytes, as the manifest lists them
 
 
 @dataclass
@@ -44,6 +46,7 @@ class TaskDataset:
     do_lower_case: bool
     splits: dict[str, SplitInfo]
     task: dict
+    vocab_sha256: str = ""  # the manifest's, of vocab_path's bytes
 
     @property
     def num_labels(self) -> int:
@@ -92,7 +95,7 @@ def open_task_dataset(directory: str) -> TaskDataset:
                            labels=[str(x) for x in task.get("labels", [])],
                            max_seq_length=int(task["max_seq_length"]), vocab_size=int(vocab["size"]),
                            vocab_path=os.path.join(directory, vocab["path"]), do_lower_case=do_lower_case,
-                           splits=splits, task=dict(task))
+                           splits=splits, task=dict(task), vocab_sha256=str(vocab["sha256"]))
     except (KeyError, TypeError, ValueError) as exc:
         if isinstance(exc, DataError):
             raise
@@ -106,9 +109,40 @@ def _split_info(directory: str, name: str, info: dict, manifest_path: str) -> Sp
             raise DataError(f"{f}: shard listed in {manifest_path} is missing")
     side = {os.path.basename(s["path"]): os.path.join(directory, s["path"]) for s in info.get("side", [])}
     features = {k: (str(v[0]), int(v[1])) for k, v in info["features"].items()}
+    sizes = {path: int(s["bytes"]) for path, s in zip(files, info.get("shards", []), strict=True)}
     return SplitInfo(name=name, files=files, records=int(info.get("records", 0)),
                      labelled=bool(info.get("labelled", True)), mode=str(info.get("mode", "predict")),
-                     features=features, side=side)
+                     features=features, side=side, sizes=sizes)
+
+
+def check_split_files(dataset: TaskDataset, splits: list[SplitInfo | None]) -> None:
+    """What pre-training checks before its first step (trainer.data), for the splits a command will
+    read: each shard has the size the manifest gives and its first record parses with the split's
+    features. A truncated dev shard would otherwise surface only after training, as a TensorFlow
+    error that names no file."""
+    manifest = os.path.join(dataset.source, MANIFEST)
+    for split in splits:
+        if split is None:
+            continue
+        for path in split.files:
+            if path in split.sizes:
+                check_shard_file(path, split.sizes[path], manifest)
+            check_first_record(path, split.features)
+
+
+# What tf.data raises on a record it cannot read (a failed CRC, a truncated file) or parse.
+TF_DATA_ERRORS = (tf.errors.DataLossError, tf.errors.InvalidArgumentError)
+
+
+def split_data_error(split: SplitInfo, exc: Exception) -> DataError:
+    """The DataError for a tf.data failure while reading `split`: the shard and record at fault,
+    found as pre-training finds them (trainer.data.find_bad_record)."""
+    where = find_bad_record(split.files, 0, 0, split.features)
+    if where is not None:
+        return DataError(f"corrupt input: {where}")
+    # TensorFlow's message goes on with the graph's stack trace: its first line is the reason.
+    reason = str(getattr(exc, "message", exc)).strip().splitlines()[0]
+    return DataError(f"{', '.join(split.files)}: reading split {split.name!r} failed: {type(exc).__name__}: {reason}")
 
 
 def read_side_file(split: SplitInfo, name: str, source: str) -> list[dict]:

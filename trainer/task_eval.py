@@ -23,7 +23,14 @@ import tensorflow as tf
 from trainer import metrics as metric_lib
 from trainer import squad_eval, squad_postprocess
 from trainer.errors import DataError
-from trainer.task_data import SplitInfo, TaskDataset, ordered_batches, read_side_file
+from trainer.task_data import (
+    TF_DATA_ERRORS,
+    SplitInfo,
+    TaskDataset,
+    ordered_batches,
+    read_side_file,
+    split_data_error,
+)
 
 
 @dataclass
@@ -54,18 +61,24 @@ def predict_arrays(model, split: SplitInfo, batch_size: int) -> dict[str, np.nda
     def step(batch):
         return model(batch, training=False)
 
-    keep = ("label_ids", "unique_ids", "start_positions", "end_positions")
     parts: dict[str, list[np.ndarray]] = {}
-    for batch in ordered_batches(split, batch_size):
-        out = step({k: batch[k] for k in ("input_ids", "input_mask", "segment_ids")})
-        for k, v in out.items():
-            parts.setdefault(k, []).append(v.numpy())
-        for k in keep:
-            if k in batch:
-                parts.setdefault(k, []).append(batch[k].numpy())
+    try:
+        for batch in ordered_batches(split, batch_size):
+            _predict_batch(step, batch, parts)
+    except TF_DATA_ERRORS as exc:
+        raise split_data_error(split, exc) from exc
     if not parts:
         raise DataError(f"split {split.name!r} has no records")
     return {k: np.concatenate(v) for k, v in parts.items()}
+
+
+def _predict_batch(step, batch: dict, parts: dict[str, list[np.ndarray]]) -> None:
+    out = step({k: batch[k] for k in ("input_ids", "input_mask", "segment_ids")})
+    for k, v in out.items():
+        parts.setdefault(k, []).append(v.numpy())
+    for k in ("label_ids", "unique_ids", "start_positions", "end_positions"):
+        if k in batch:
+            parts.setdefault(k, []).append(batch[k].numpy())
 
 
 def evaluate_split(model, dataset: TaskDataset, split_name: str, batch_size: int, *, need_labels: bool,

@@ -35,6 +35,7 @@ from trainer.data import (
     check_first_records,
     check_fits,
     check_split_size,
+    check_token_ids,
     dataset_identity,
     find_bad_record,
     open_pretraining_data,
@@ -116,6 +117,7 @@ class Run:
         if self.info.eval_files:
             check_split_size(self.info, "eval", cfg.batch_size)
         check_first_records(self.info)
+        check_token_ids(self.info, self.bert.vocab_size, cfg.batch_size)
         self.strategy = make_run_strategy(cfg.strategy, cfg.tpu, cfg.batch_size, cfg.accumulation_steps)
         with self.strategy.scope():
             self.model = build_model(self.bert, seed=cfg.seed, dtype=dtype_policy(cfg.precision))
@@ -179,7 +181,7 @@ class Run:
 
     def _bad_record(self) -> str | None:
         return find_bad_record(self.info.train_files, self.info.max_seq_length,
-                               self.info.max_predictions_per_seq, self.info.features())
+                               self.info.max_predictions_per_seq, self.info.features(), self.bert.vocab_size)
 
     def _data_error(self, exc: Exception) -> DataError:
         detail = self._bad_record() or f"{self.info.source}: {type(exc).__name__}: {getattr(exc, 'message', exc)}"
@@ -249,8 +251,9 @@ class Run:
             where = self._bad_record()
             if where:
                 raise DataError(f"corrupt input: {where}") from exc
-            raise TrainingError(f"training step {self.step + 1} failed: {type(exc).__name__}: "
-                                f"{getattr(exc, 'message', exc)}") from exc
+            # TensorFlow's message goes on with the graph's stack trace: its first line is the reason.
+            reason = str(getattr(exc, "message", exc)).strip().splitlines()[0]
+            raise TrainingError(f"training step {self.step + 1} failed: {type(exc).__name__}: {reason}") from exc
         sums = {k: float(v) for k, v in sums.items()}
         stop_on_non_finite_loss(losses_from_sums(sums)["loss"], self.step, self.run_dir, self.loss_scale)
         return sums
