@@ -74,10 +74,21 @@ def _first_difference(a: Dataset, b: Dataset, splits: list[str]) -> dict | None:
 
 
 def _with_config_defaults(manifest: dict) -> dict:
-    """A config field added after a dataset was made has its default there (it made no difference)."""
-    from datagen.config import DatagenConfig
+    """A config field added after a dataset was made has its default there (it made no difference).
+    The defaults are those of the manifest's own kind: a task dataset's config has no dupe_factor."""
+    import dataclasses
 
-    defaults = {k: v for k, v in DatagenConfig().to_dict().items() if k != "extra"}
+    from contract.features import DEFAULT_KIND, TASK
+    from datagen.config import DatagenConfig
+    from datagen.tasks.config import TaskConfig
+
+    if manifest.get("kind", DEFAULT_KIND) == TASK:
+        # None defaults are resolved per task kind when a config is built (max_seq_length, header):
+        # a manifest always holds the resolved value, so there is no default to fill in.
+        defaults = {f.name: f.default for f in dataclasses.fields(TaskConfig)
+                    if f.default is not dataclasses.MISSING and f.default is not None}
+    else:
+        defaults = {k: v for k, v in DatagenConfig().to_dict().items() if k != "extra"}
     return {**manifest, "config": {**defaults, **manifest.get("config", {})}}
 
 

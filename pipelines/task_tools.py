@@ -144,6 +144,13 @@ def verify_task(ds: Dataset, *, workers: int | None = None, check_records: bool 
 # ---------------------------------------------------------------- inspect
 
 
+def float32_value(x: float | np.floating) -> float:
+    """A stored float32 as the number it was written from: a target of 3.4 is kept as the float32
+    nearest it, whose exact value 3.4000000953674316 is noise to a reader; the shortest decimal
+    that reads back as the same float32 is 3.4."""
+    return float(str(np.float32(x)))
+
+
 def record_view(ds: Dataset, split: str, f: dict[str, np.ndarray], row: int) -> dict:
     """One record as plain data: its pieces by segment and its label, answer span or word tags."""
     task = ds.manifest["task"]  # type: ignore[index]
@@ -156,7 +163,7 @@ def record_view(ds: Dataset, split: str, f: dict[str, np.ndarray], row: int) -> 
     if kind in (CLASSIFICATION, REGRESSION):
         label = f["label_ids"][row, 0]
         view["a"], view["b"] = pieces[1:boundary - 1 if boundary < length else length - 1], pieces[boundary:length - 1]
-        view["label"] = float(label) if kind == REGRESSION else int(label)
+        view["label"] = float32_value(label) if kind == REGRESSION else int(label)
         if kind == CLASSIFICATION and 0 <= int(label) < len(task["labels"]):
             view["label_text"] = task["labels"][int(label)]
     elif kind == SPAN:
@@ -227,7 +234,7 @@ def task_stats(ds: Dataset, split: str | None = None) -> dict:
                                               for i in f["label_ids"][:, 0].tolist()).items()))
         elif task["type"] == REGRESSION and len(f["label_ids"]):
             v = f["label_ids"][:, 0]
-            s["labels"] = {"min": float(v.min()), "mean": round(float(v.mean()), 4), "max": float(v.max())}
+            s["labels"] = {"min": float32_value(v.min()), "mean": round(float(v.mean()), 4), "max": float32_value(v.max())}
         elif task["type"] == TAGGING:
             tags = f["label_ids"][f["label_ids"] >= 0]
             s["labels"] = {task["labels"][int(i)]: int(c) for i, c in zip(*np.unique(tags, return_counts=True),

@@ -75,8 +75,8 @@ class _ReportingDoFn(beam.DoFn):
         self._progress = Progress() if self.show_progress else None
 
     def teardown(self) -> None:
-        if getattr(self, "_progress", None) and self._progress.counts:
-            self._progress.emit()  # the final counts of this worker
+        if getattr(self, "_progress", None):
+            self._progress.finish()  # the final counts of this worker
 
 
 class ReadFiles(_ReportingDoFn):

@@ -201,3 +201,29 @@ def test_init_from_hf_bertforpretraining_dir_drops_the_heads(tmp_path):
     assert "dropped" in summary and "pre-training head" in summary
     for name, var in encoder_variable_map(model).items():
         assert np.array_equal(var.numpy(), arrays[name]), name
+
+
+def test_evaluations_reuse_one_trace_per_model_and_predict_the_same(tmp_path):
+    # Each evaluation used to make and trace its own tf.function (twice: once more for the short
+    # last batch), seconds per epoch and TensorFlow's retracing warning.
+    from task_fixtures import classification_dataset, tiny_bert
+
+    from trainer.task_data import open_task_dataset, ordered_batches
+    from trainer.task_eval import MODEL_INPUTS, evaluate_split, predict_function
+
+    data = open_task_dataset(classification_dataset(str(tmp_path / "d"), n_dev=40))
+    model = heads.build_finetune_model(tiny_bert(), "classification", 2, seed=1)
+    runs = [evaluate_split(model, data, split, 16, need_labels=False).arrays["logits"]
+            for _ in range(2) for split in ("dev", "test")]  # 40 and 12 records: short last batches
+    step = predict_function(model, data.split("dev").features["input_ids"][1])
+    assert step.experimental_get_tracing_count() == 1
+    for split, first, second in (("dev", runs[0], runs[2]), ("test", runs[1], runs[3])):
+        np.testing.assert_array_equal(first, second)
+        # What a trace per batch shape (the former way) predicts.
+        static = tf.function(lambda batch: model(batch, training=False))
+        want = np.concatenate([static({k: b[k] for k in MODEL_INPUTS})["logits"].numpy()
+                               for b in ordered_batches(data.split(split), 16)])
+        np.testing.assert_array_equal(first, want)
+    other = heads.build_finetune_model(tiny_bert(), "classification", 2, seed=2)
+    evaluate_split(other, data, "dev", 16, need_labels=False)
+    assert predict_function(other, 16) is not step and step.experimental_get_tracing_count() == 1

@@ -45,3 +45,23 @@ def test_bert_train_help_lists_subcommands() -> None:
     assert result.exit_code == 0, result.output
     for name in COMMANDS:
         assert name in result.output
+
+
+def test_pyproject_installs_without_setuptools_warnings() -> None:
+    # A `project.license` table draws a SetuptoolsDeprecationWarning on every install; an SPDX
+    # string needs setuptools >= 77, which build-system.requires must then ask for.
+    import tomllib
+    import warnings
+    from pathlib import Path
+
+    setuptools = pytest.importorskip("setuptools")
+    from setuptools.config.pyprojecttoml import apply_configuration
+    from setuptools.dist import Distribution
+
+    pyproject = Path(__file__).resolve().parent.parent / "pyproject.toml"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        dist = apply_configuration(Distribution(), str(pyproject))
+    assert dist.metadata.license_expression == "Apache-2.0"
+    requires = tomllib.loads(pyproject.read_text())["build-system"]["requires"]
+    assert "setuptools>=77" in requires and int(setuptools.__version__.split(".")[0]) >= 77

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 
 import numpy as np
@@ -344,3 +345,35 @@ def test_text_layout_option_reaches_the_config_and_keeps_the_manifest_form(monke
     assert seen[0].to_dict()["extra"] == {} and "text_layout" not in seen[0].to_dict()
     assert seen[1].to_dict()["extra"] == {"text_layout": "book"}
     assert CliRunner().invoke(run_command, [*base, "--text-layout", "novel"]).exit_code == 2
+
+
+def test_progress_lines_of_a_process_time_from_one_start_and_say_each_count_once(monkeypatch) -> None:
+    import io
+
+    from pipelines import progress
+
+    now = [100.0]
+    monkeypatch.setattr(progress, "PROCESS_START", 100.0)
+    monkeypatch.setattr(progress.time, "monotonic", lambda: now[0])
+    buf = io.StringIO()
+
+    class Stage(T._ReportingDoFn):
+        show_progress = True
+
+    read, write = Stage(), Stage()
+    read.setup()
+    read._progress.stream = buf
+    now[0] = 101.2
+    read._progress.add(files=1, documents=22)
+    now[0] = 101.4
+    write.setup()  # a later stage's DoFn, set up once the first has work done
+    write._progress.stream = buf
+    now[0] = 101.6
+    write._progress.add(records_written=5)
+    read.teardown()  # nothing since its last line: no second "1 files, 22 documents"
+    write._progress.add(records_written=5)  # within the interval: no line until teardown
+    now[0] = 103.0
+    write.teardown()
+    lines = buf.getvalue().splitlines()
+    assert [re.search(r", (\d+)s\]: (.*?)( \(|$)", line).group(1, 2) for line in lines] == [
+        ("1", "1 files, 22 documents"), ("2", "5 records written"), ("3", "10 records written")]

@@ -161,6 +161,38 @@ def test_inspect_stats_and_diff(datasets, tmp_path):
     assert CliRunner().invoke(main, ["diff", str(datasets["pairs"]), str(datasets["pairs"])]).exit_code == 0
 
 
+def test_inspect_and_stats_show_a_regression_target_as_written(tmp_path):
+    # Stored as float32: 3.4 reads back as 3.4000000953674316 unless printed as the float32 it is.
+    vocab = str(write_vocab(tmp_path / "vocab.txt"))
+    tsv = tmp_path / "train.tsv"
+    tsv.write_text("sentence\tscore\nthe cat sat .\t3.4\na dog ran .\t0.1\n", encoding="utf-8")
+    out = tmp_path / "reg"
+    generate_task_dataset(TaskConfig(kind="tsv", text_a="sentence", label="score", regression=True,
+                                     max_seq_length=16),
+                          splits=[f"train={tsv}"], vocab_path=vocab, output_dir=str(out))
+    r = CliRunner().invoke(main, ["inspect", str(out), "-n", "2"])
+    assert r.exit_code == 0, r.output
+    assert "label 3.4\n" in r.output and "label 0.1\n" in r.output and "0000000" not in r.output
+    r = CliRunner().invoke(main, ["inspect", str(out), "-n", "1", "--json"])
+    assert json.loads(r.output.splitlines()[0])["label"] == 3.4
+    st = json.loads(CliRunner().invoke(main, ["stats", str(out), "--json"]).output)
+    assert (st["splits"]["train"]["labels"]["min"], st["splits"]["train"]["labels"]["max"]) == (0.1, 3.4)
+
+
+def test_diff_of_task_datasets_fills_in_only_task_config_defaults(datasets, tmp_path):
+    other = _copy(datasets["pairs"], tmp_path / "other")
+    manifest = json.loads((other / "manifest.json").read_text())
+    assert "dupe_factor" not in manifest["config"]
+    manifest["config"]["dupe_factor"] = 2  # a field of pre-training configs only
+    del manifest["config"]["scheme"]  # as a manifest written before the field existed: its default
+    (other / "manifest.json").write_bytes(manifest_bytes(manifest))
+    r = CliRunner().invoke(main, ["diff", str(datasets["pairs"]), str(other)])
+    assert r.exit_code == 1, r.output
+    # Not "10 -> 2": the pre-training default of a field that task datasets do not have.
+    assert "config.dupe_factor: None -> 2" in r.output
+    assert "1 manifest field(s) differ" in r.output and "scheme" not in r.output
+
+
 def test_stats_of_task_records_that_do_not_parse_exits_1(datasets, tmp_path):
     out = _copy(datasets["pairs"], tmp_path / "d")
 

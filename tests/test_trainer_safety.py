@@ -217,6 +217,35 @@ def test_empty_train_split_is_a_clear_error_not_a_hang_and_tf_start_up_logs_are_
     assert not noise, noise
 
 
+@pytest.mark.parametrize("module", ["trainer.demo", "trainer.finetune_demo"])
+def test_the_demos_quiet_tensorflow_as_bert_train_does(module):
+    # `make pretrain` / `make finetune` run the demos with `python -m`: their entry must set up the
+    # same quieting as `bert-train` (tests/test_finetune_demo.py checks the stderr of a whole run).
+    import ast
+    import importlib
+
+    tree = ast.parse(Path(importlib.import_module(module).__file__).read_text())
+    [entry] = [node for node in tree.body if isinstance(node, ast.If) and "__main__" in ast.unparse(node.test)]
+    assert "run_quietly(main)" in ast.unparse(entry)
+
+
+def test_tensorflow_quieting_leaves_a_users_log_level_alone():
+    from trainer import cli
+    from trainer.quiet import TF_NATIVE_NOISE, quiet_tensorflow_logs
+
+    environ: dict[str, str] = {}
+    assert quiet_tensorflow_logs(environ) is TF_NATIVE_NOISE and environ == {"TF_CPP_MIN_LOG_LEVEL": "2"}
+    mine = {"TF_CPP_MIN_LOG_LEVEL": "0"}
+    assert quiet_tensorflow_logs(mine) is None and mine == {"TF_CPP_MIN_LOG_LEVEL": "0"}
+    assert cli.TrainGroup.stderr_noise in (TF_NATIVE_NOISE, None)  # the one setup, not a copy
+    for line in (b"WARNING: All log messages before absl::InitializeLog() is called are written to STDERR",
+                 b"I0000 00:00:1796176912.409377   11519 tf_record_dataset_op.cc:390] TFRecordDataset "
+                 b"`buffer_size` is unspecified, default to 262144",
+                 b"E0000 00:00:1796176910.618393   11168 cuda_platform.cc:52] failed call to cuInit: INTERNAL"):
+        assert TF_NATIVE_NOISE.match(line), line
+    assert not TF_NATIVE_NOISE.match(b"Error: run: a real problem")
+
+
 # ------------------------------------------------------------------ clean errors and output paths
 
 

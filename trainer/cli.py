@@ -3,19 +3,15 @@
 from __future__ import annotations
 
 import os
-import re
 
-# TensorFlow's C++ start-up lines (oneDNN notices, CUDA and TPU probing) carry no information for a
-# user. The legacy ones obey TF_CPP_MIN_LOG_LEVEL, which must be set before TensorFlow is imported;
-# the absl ones ignore it (absl writes everything to fd 2 until InitializeLog, which TensorFlow never
-# calls) and are dropped by the group's stderr filter. A user who set TF_CPP_MIN_LOG_LEVEL sees what
-# it lets through.
-USER_TF_LOG_LEVEL = os.environ.get("TF_CPP_MIN_LOG_LEVEL")
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+import click
 
-import click  # noqa: E402
+from contract.cliutil import DEBUG_HELP, CommandGroup
+from trainer.quiet import quiet_tensorflow_logs
 
-from contract.cliutil import DEBUG_HELP, CommandGroup  # noqa: E402
+# Before any command imports TensorFlow (trainer/quiet.py says why); None where the user set
+# TF_CPP_MIN_LOG_LEVEL.
+STDERR_NOISE = quiet_tensorflow_logs(os.environ)
 
 COMMANDS = {
     "pretrain": "trainer.train_cli:pretrain_command",
@@ -25,20 +21,11 @@ COMMANDS = {
     "predict": "trainer.finetune_cli:predict_command",
 }
 
-# absl INFO lines ("I0000 00:00:1796114780.736876  1234 port.cc:153] ..."), absl's own notice, and
-# the CUDA probing and registration complaints that every CPU-only or pip-installed TensorFlow prints.
-TF_NATIVE_NOISE = re.compile(
-    rb"^(I\d{4} [\d:.]+ +\d+ [\w.]+:\d+\] "
-    rb"|WARNING: All log messages before absl::InitializeLog\(\) is called"
-    rb"|[EW]\d{4} [\d:.]+ +\d+ [\w.]+:\d+\] .*(failed call to cuInit|Unable to register cu(DNN|FFT|BLAS) factory"
-    rb"|TF-TRT Warning|computation placer already))"
-)
-
 
 class TrainGroup(CommandGroup):
     """`bert-train`'s group: the shared one, whose stderr filter also drops TensorFlow's native noise."""
 
-    stderr_noise = TF_NATIVE_NOISE if USER_TF_LOG_LEVEL is None else None
+    stderr_noise = STDERR_NOISE
 
 
 @click.group(cls=TrainGroup, lazy_commands=COMMANDS)

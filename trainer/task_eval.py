@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -54,13 +55,34 @@ def is_squad_v2(dataset: TaskDataset) -> bool:
     return dataset.task_kind == "squad2" or bool(dataset.task.get("version_2_with_negative"))
 
 
+MODEL_INPUTS = ("input_ids", "input_mask", "segment_ids")
+
+# One traced prediction function per model and sequence length, kept for every later evaluation: a
+# function made per call traced the model again at each evaluation (and once more for the short
+# last batch), seconds each time, and TensorFlow warned of the retracing. The batch dimension is
+# left open, so full and short batches share the one trace. Weak keys: a model no longer used
+# takes its function with it.
+_PREDICT_FUNCTIONS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def predict_function(model, seq_length: int) -> tf.types.experimental.PolymorphicFunction:
+    """The model's inference step on batches of ``seq_length`` tokens, traced once."""
+    functions = _PREDICT_FUNCTIONS.setdefault(model, {})
+    if seq_length not in functions:
+        owner = weakref.ref(model)  # a strong reference here would keep the cache's key alive
+        spec = {k: tf.TensorSpec([None, seq_length], tf.int32, name=k) for k in MODEL_INPUTS}
+
+        @tf.function(input_signature=[spec])
+        def step(batch):
+            return owner()(batch, training=False)
+
+        functions[seq_length] = step
+    return functions[seq_length]
+
+
 def predict_arrays(model, split: SplitInfo, batch_size: int) -> dict[str, np.ndarray]:
     """Run the model over a split in record order; logits plus the label/id features, concatenated."""
-
-    @tf.function(reduce_retracing=True)
-    def step(batch):
-        return model(batch, training=False)
-
+    step = predict_function(model, split.features["input_ids"][1])
     parts: dict[str, list[np.ndarray]] = {}
     try:
         for batch in ordered_batches(split, batch_size):
@@ -73,7 +95,7 @@ def predict_arrays(model, split: SplitInfo, batch_size: int) -> dict[str, np.nda
 
 
 def _predict_batch(step, batch: dict, parts: dict[str, list[np.ndarray]]) -> None:
-    out = step({k: batch[k] for k in ("input_ids", "input_mask", "segment_ids")})
+    out = step({k: batch[k] for k in MODEL_INPUTS})
     for k, v in out.items():
         parts.setdefault(k, []).append(v.numpy())
     for k in ("label_ids", "unique_ids", "start_positions", "end_positions"):

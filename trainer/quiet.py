@@ -1,0 +1,49 @@
+"""TensorFlow's native start-up lines, kept from a user: one setup for every entry point that imports
+TensorFlow (`bert-train`, and the `make pretrain` / `make finetune` demos run with `python -m`).
+
+The lines (oneDNN notices, CUDA and TPU probing, CPU instruction sets, TFRecord buffer defaults)
+carry no information for a user. The legacy ones obey TF_CPP_MIN_LOG_LEVEL, which must be set
+before TensorFlow is imported; the absl ones ignore it (absl writes everything to fd 2 until
+InitializeLog, which TensorFlow never calls) and are dropped by a filter of the process's stderr. A
+user who set TF_CPP_MIN_LOG_LEVEL sees what it lets through. Nothing here imports TensorFlow.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+from collections.abc import Callable, MutableMapping
+
+from contract.cliutil import debug_requested, filter_process_stderr
+
+# absl INFO lines ("I0000 00:00:1796114780.736876  1234 port.cc:153] ..."), absl's own notice, and
+# the CUDA probing and registration complaints that every CPU-only or pip-installed TensorFlow prints.
+TF_NATIVE_NOISE = re.compile(
+    rb"^(I\d{4} [\d:.]+ +\d+ [\w.]+:\d+\] "
+    rb"|WARNING: All log messages before absl::InitializeLog\(\) is called"
+    rb"|[EW]\d{4} [\d:.]+ +\d+ [\w.]+:\d+\] .*(failed call to cuInit|Unable to register cu(DNN|FFT|BLAS) factory"
+    rb"|TF-TRT Warning|computation placer already))"
+)
+
+
+def quiet_tensorflow_logs(environ: MutableMapping[str, str]) -> re.Pattern[bytes] | None:
+    """Set TF_CPP_MIN_LOG_LEVEL in ``environ`` (the process's, before TensorFlow is imported) unless
+    the user did; returns the stderr lines to drop, None when the user chose their own level."""
+    if "TF_CPP_MIN_LOG_LEVEL" in environ:
+        return None
+    environ["TF_CPP_MIN_LOG_LEVEL"] = "2"
+    return TF_NATIVE_NOISE
+
+
+def run_quietly(main: Callable[[], int]) -> int:
+    """Run a `python -m` entry point that imports TensorFlow with the start-up lines kept from its
+    stderr and its child processes'; with BERT_DATAGEN_DEBUG=1 everything is shown."""
+    noise = quiet_tensorflow_logs(os.environ)
+    debug = debug_requested(sys.argv[1:])
+    restore = filter_process_stderr(noise) if noise is not None and not debug else None
+    try:
+        return main()
+    finally:
+        if restore is not None:
+            restore()
