@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 
 # TensorFlow's C++ start-up lines (oneDNN notices, CUDA and TPU probing) carry no information for a
 # user. The legacy ones obey TF_CPP_MIN_LOG_LEVEL, which must be set before TensorFlow is imported;
@@ -39,6 +40,19 @@ class TrainGroup(CommandGroup):
     """`bert-train`'s group: the shared one, whose stderr filter also drops TensorFlow's native noise."""
 
     stderr_noise = TF_NATIVE_NOISE if USER_TF_LOG_LEVEL is None else None
+
+    def main(self, args=None, *rest, **kwargs):  # type: ignore[override]
+        # A scheduler or `kill` stops a run with SIGTERM: it gets what Ctrl-C gets (the training
+        # loop saves the step it finished and says where). Not where SIGINT is ignored (a
+        # background job), where SIGTERM must keep ending the process.
+        if (args is None and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+                and signal.getsignal(signal.SIGINT) is signal.default_int_handler):
+            signal.signal(signal.SIGTERM, _terminate_as_interrupt)
+        return super().main(args, *rest, **kwargs)
+
+
+def _terminate_as_interrupt(signum, frame) -> None:
+    os.kill(os.getpid(), signal.SIGINT)
 
 
 @click.group(cls=TrainGroup, lazy_commands=COMMANDS)
