@@ -190,3 +190,130 @@ def test_predict_replaces_its_own_predictions_only_with_overwrite(tmp_path, task
     assert result.exit_code == 0, result.output
     assert sorted(p.name for p in out.iterdir()) == sorted(["notes.txt", PREDICTIONS_RECORD, "predictions.tsv"])
     assert json.loads((out / PREDICTIONS_RECORD).read_text())["split"] == "test"
+
+
+class _Process:
+    """One `python -m trainer.cli ...` process whose stdout is collected as it comes."""
+
+    def __init__(self, args: list[str], cwd: Path):
+        import os
+        import subprocess
+        import threading
+
+        repo = Path(__file__).resolve().parent.parent
+        env = dict(os.environ, PYTHONPATH=str(repo), PYTHONUNBUFFERED="1")
+        self.proc = subprocess.Popen([sys.executable, "-m", "trainer.cli", *args], stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, text=True, env=env, cwd=cwd)
+        self.lines: list[str] = []
+        self.errors: list[str] = []
+        self._readers = [threading.Thread(target=lambda s=s, into=into: into.extend(s), daemon=True)
+                         for s, into in ((self.proc.stdout, self.lines), (self.proc.stderr, self.errors))]
+        for reader in self._readers:
+            reader.start()
+
+    def wait_for(self, prefix: str, timeout: float = 180) -> None:
+        import time
+
+        deadline = time.monotonic() + timeout
+        while not any(line.startswith(prefix) for line in self.lines):
+            assert self.proc.poll() is None, f"ended before {prefix!r}: {''.join(self.lines)}{''.join(self.errors)}"
+            assert time.monotonic() < deadline, f"no {prefix!r} in {timeout} s"
+            time.sleep(0.01)
+
+    def finish(self, timeout: float = 300) -> tuple[int, str, str]:
+        self.proc.wait(timeout=timeout)
+        for reader in self._readers:
+            reader.join(timeout=10)
+        return self.proc.returncode, "".join(self.lines), "".join(self.errors)
+
+
+def _stopped_at_a_checkpoint(run: Path, code: int, stdout: str, stderr: str) -> int:
+    """SIGINT or SIGTERM: the step done is saved and named, "interrupted", exit 130, no traceback."""
+    from trainer import checkpoint as ckpt_lib
+
+    assert code == 130 and "interrupted" in stderr and "Traceback" not in stderr, stderr
+    step = ckpt_lib.list_checkpoints(run)[-1][0]
+    assert f"interrupted at step {step} (checkpoint {run / f'ckpt-{step:08d}'})" in stdout, stdout
+    return step
+
+
+@pytest.mark.integration
+def test_finetune_stops_on_sigint_and_sigterm_at_a_checkpoint_and_resumes(tmp_path, task_data, init_run):
+    import signal
+
+    run = tmp_path / "run"
+    args = ["finetune", "--data", task_data, "--out", str(run), "--init-from", init_run, "--epochs", "10",
+            "--batch-size", "8", "--log-every", "1", "--learning-rate", "1e-3"]
+    first = _Process(args, tmp_path)
+    first.wait_for("step      3/")
+    first.proc.send_signal(signal.SIGINT)
+    stopped = _stopped_at_a_checkpoint(run, *first.finish())
+    assert stopped % 12, "stopped at an epoch's end, where a checkpoint is saved anyway"
+    second = _Process(args, tmp_path)
+    second.wait_for(f"step {stopped + 2:>6}/")
+    second.proc.send_signal(signal.SIGTERM)
+    again = _stopped_at_a_checkpoint(run, *second.finish())
+    assert again > stopped and any(line.startswith(f"resumed from {run / f'ckpt-{stopped:08d}'}")
+                                   for line in second.lines)
+    code, stdout, stderr = _Process(args, tmp_path).finish()
+    assert code == 0, stderr
+    assert f"resumed from {run / f'ckpt-{again:08d}'}" in stdout
+    assert (run / "final_metrics.json").is_file()
+    assert not [p for p in (run, run / "eval") for q in p.iterdir() if q.name.startswith(rundir.TMP_MARK)]
+
+
+@pytest.mark.integration
+def test_pretrain_stops_on_sigterm_at_a_checkpoint(tmp_path):
+    import signal
+
+    from trainer.synthetic import write_synthetic_dataset
+
+    data = write_synthetic_dataset(str(tmp_path / "ds"), seq_len=16, max_pred=3, vocab_size=40, train_shards=2,
+                                   records_per_shard=24, eval_records=8)
+    run = tmp_path / "run"
+    args = ["pretrain", "--data", data, "--out", str(run), "--steps", "400", "--batch-size", "8",
+            "--warmup-steps", "2", "--checkpoint-every", "1000", "--log-every", "1", "--eval-batches", "1",
+            "--shuffle-buffer", "16"]
+    proc = _Process(args, tmp_path)
+    proc.wait_for("step       3/")
+    proc.proc.send_signal(signal.SIGTERM)
+    assert _stopped_at_a_checkpoint(run, *proc.finish()) >= 3
+
+
+def test_prediction_files_use_the_marked_temp_form_that_cleanup_removes(tmp_path, monkeypatch):
+    """Every file of RUN/eval/ and of a predictions directory goes through `.tmp-NAME-PID`, and a
+    rerun's `cleanup_temp` removes such leftovers in the run and in RUN/eval/."""
+    import os
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from trainer import squad_postprocess
+    from trainer.task_eval import SplitPredictions, write_outputs
+
+    renamed: list[str] = []
+    real_replace = os.replace
+
+    def record(src, dst):
+        renamed.append(Path(src).name)
+        real_replace(src, dst)
+
+    monkeypatch.setattr(os, "replace", record)
+    out = tmp_path / "run" / "eval"
+    dataset = SimpleNamespace(task_type="classification", labels=["neg", "pos"])
+    result = SplitPredictions("classification", {}, metrics={"accuracy": 1.0},
+                              outputs={"predicted": np.array([0, 1])})
+    write_outputs(out, dataset, result)
+    squad_postprocess.write_raw_logits(out, np.array([1]), np.zeros((1, 4)), np.zeros((1, 4)))
+    squad_postprocess.write_predictions(out, squad_postprocess.SquadPredictions({}, {}, {}), version_2=True)
+    assert len(renamed) == 6 and all(name.startswith(rundir.TMP_MARK) for name in renamed), renamed
+    monkeypatch.setattr(os, "replace", real_replace)
+
+    for leftover in (tmp_path / "run" / ".tmp-final_metrics.json-12", out / ".tmp-predictions.tsv-12"):
+        leftover.write_text("partial")
+    (out / "notes.tmp").write_text("not ours")
+    rundir.cleanup_temp(tmp_path / "run")
+    assert sorted(p.name for p in out.iterdir()) == ["logits.npz", "metrics.json", "nbest_predictions.json",
+                                                     "notes.tmp", "null_odds.json", "predictions.json",
+                                                     "predictions.tsv"]
+    assert not list((tmp_path / "run").glob(".tmp-*"))

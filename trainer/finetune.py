@@ -22,6 +22,7 @@ before any work; SIGINT (and SIGTERM) stop between steps with a checkpoint of th
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
@@ -393,14 +394,16 @@ def finetune(cfg: FinetuneConfig, log: Callable[[str], None] = print, stop_at: i
 def finetune_seeds(cfg: FinetuneConfig, seeds: list[int], log: Callable[[str], None] = print,
                    bert_config_file: str | None = None) -> dict:
     """One sub-run per seed in RUN/seed-N, then the spread of the primary metric in RUN/summary.json.
-    RUN is locked throughout, and each sub-run too. Every sub-run's --out and settings are checked
+    RUN and every sub-run are locked throughout; every sub-run's --out and settings are checked
     before the first one starts."""
     rundir.check_out_dir(cfg.out, rundir.FINETUNING_SEEDS)
-    with rundir.output_lock(cfg.out):
+    with contextlib.ExitStack() as locks:
+        locks.enter_context(rundir.output_lock(cfg.out))
         for seed in seeds:
             sub = _seed_config(cfg, seed)
             rundir.check_out_dir(sub.out, rundir.FINETUNING)
             rundir.check_settings(Path(sub.out), sub, CONFIG_FILE)
+            locks.enter_context(rundir.output_lock(sub.out))
         return _finetune_seeds(cfg, seeds, log, bert_config_file)
 
 
@@ -413,12 +416,15 @@ def _finetune_seeds(cfg: FinetuneConfig, seeds: list[int], log: Callable[[str], 
     parent = Path(cfg.out)
     rundir.make_run_dir(parent)
     # Written first: it marks RUN as a multi-seed run (`rundir.run_kind`) before any seed-N/ exists.
-    rundir.write_atomic(parent / rundir.SEEDS_FILE, json.dumps({"seeds": seeds}, indent=2) + "\n")
+    # A rerun with more seeds adds to the run: the record keeps every seed it holds.
+    earlier = rundir.recorded_seeds(parent)
+    every = earlier + [seed for seed in seeds if seed not in earlier]
+    rundir.write_atomic(parent / rundir.SEEDS_FILE, json.dumps({"seeds": every}, indent=2) + "\n")
     rows = []
     for seed in seeds:
         sub = _seed_config(cfg, seed)
         log(f"== seed {seed}: {sub.out}")
-        result = finetune(sub, log, bert_config_file=bert_config_file)
+        result = FinetuneRun(sub, log, bert_config_file).run()  # locked by finetune_seeds
         if "final" not in result:
             raise TrainingError(f"seed {seed}: no eval split, nothing to summarise")
         rows.append({"seed": seed, "run_dir": sub.out, "metrics": result["final"]})

@@ -45,11 +45,13 @@ _DATA_OPTIONS = frozenset({"data", "eval_data"})
 OWNED_SUBDIRS = ("eval",)
 
 PRETRAINING, FINETUNING, FINETUNING_SEEDS = "pre-training run", "fine-tuning run", "multi-seed fine-tuning run"
-# What to do instead when --out is a run of another kind.
+# What to do instead when --out is a run of another kind: (kind found, kind asked for) -> hint.
 _OTHER_KIND_HINT = {
-    PRETRAINING: "pre-train into a new or empty --out",
-    FINETUNING: "fine-tune it with a single --seed, or give a new or empty --out",
-    FINETUNING_SEEDS: "fine-tune it with --seeds (it holds one seed-N/ run per seed), or give a new or empty --out",
+    (PRETRAINING, FINETUNING): "it can be the --init-from of a fine-tuning run; give a new or empty --out",
+    (PRETRAINING, FINETUNING_SEEDS): "it can be the --init-from of a fine-tuning run; give a new or empty --out",
+    (FINETUNING, FINETUNING_SEEDS): "resume it with a single --seed, or give a new or empty --out",
+    (FINETUNING_SEEDS, FINETUNING): "resume it with --seeds (it holds one seed-N/ run per seed), or give a new "
+                                    "or empty --out",
 }
 _SEED_DIR = re.compile(r"seed-\d+")
 
@@ -155,11 +157,12 @@ def check_local_dir(given: str | Path, option: str = "--out") -> Path:
 
 
 def entries_of(out: Path, option: str = "--out") -> list[Path]:
-    """What `out` holds besides our lock ([] when it does not exist)."""
+    """What `out` holds besides lock files of ours (its own, or those of outputs inside it: a
+    `--seeds` run's seed-N/); [] when it does not exist."""
     if not out.is_dir():
         return []
     try:
-        return [e for e in out.iterdir() if e.name != INSIDE_LOCK_NAME]
+        return [e for e in out.iterdir() if not e.name.startswith(INSIDE_LOCK_NAME)]
     except OSError as exc:
         raise ConfigError(f"{option} {out}: cannot read the directory: {exc.strerror}") from exc
 
@@ -173,7 +176,8 @@ def check_out_dir(given: str | Path, kind: str = PRETRAINING) -> None:
         entries = entries_of(out)
         found = run_kind(out) if entries else None
         if found is not None and found != kind:
-            raise ConfigError(f"--out {out}: a {found}, not a {kind}; {_OTHER_KIND_HINT[found]}")
+            hint = _OTHER_KIND_HINT.get((found, kind), "give a new or empty --out")
+            raise ConfigError(f"--out {out}: a {found}, not a {kind}; {hint}")
         if entries and found is None:
             raise ConfigError(f"--out {out}: exists, is not empty and is not a bert-train run directory "
                               f"(no {TRAIN_CONFIG_FILE} or {FINETUNE_CONFIG_FILE}); give a new or empty directory")
@@ -255,6 +259,13 @@ def start(run: Path, records: Mapping[str, str], data: str, identity: dict) -> N
     if not resuming or not (run / DATASET_FILE).is_file():
         record = {"data": data, **identity}
         write_atomic(run / DATASET_FILE, json.dumps(record, indent=2, sort_keys=True) + "\n")
+
+
+def recorded_seeds(run: Path) -> list[int]:
+    """The seeds a `--seeds` run records (in SEEDS_FILE); [] when it records none."""
+    path = run / SEEDS_FILE
+    seeds = _read_json(path).get("seeds", []) if path.is_file() else []
+    return [int(s) for s in seeds] if isinstance(seeds, list) else []
 
 
 def recorded_dataset(run: Path) -> dict | None:
