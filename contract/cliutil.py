@@ -156,6 +156,17 @@ def _interrupt_with_children(signum, frame) -> None:
     raise KeyboardInterrupt
 
 
+def _terminate_as_interrupt(signum, frame) -> None:
+    """SIGTERM gets what SIGINT gets at this moment: the training loop's handler (which finishes the
+    step and saves it) or the CLI's (cleanup, exit 130). Where SIGINT is ignored (a background job)
+    the CLI's, so that SIGTERM still ends the command."""
+    handler = signal.getsignal(signal.SIGINT)
+    if callable(handler) and handler is not signal.default_int_handler:
+        handler(signal.SIGINT, frame)
+    else:
+        _interrupt_with_children(signum, frame)
+
+
 def interrupt_requested() -> bool:
     """True once SIGINT reached this process through the CLI's handler. Long commands check it at
     their first safe point: a KeyboardInterrupt raised inside a third-party import can be swallowed
@@ -217,7 +228,7 @@ class CleanErrorsGroup(click.Group):
         if from_command_line and signal.getsignal(signal.SIGINT) is signal.default_int_handler:
             signal.signal(signal.SIGINT, _interrupt_with_children)
         if from_command_line and self.sigterm_interrupts and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
-            signal.signal(signal.SIGTERM, _interrupt_with_children)
+            signal.signal(signal.SIGTERM, _terminate_as_interrupt)
         interrupted = False
         try:
             self._main_clean(args, prog_name, complete_var, debug, **extra)

@@ -125,16 +125,19 @@ def test_bad_input(tmp_path, init_run):
     pre = write_synthetic_dataset(str(tmp_path / "pre"), vocab_size=40)
     with pytest.raises(DataError, match="pre-training dataset"):
         finetune(_cfg(pre, tmp_path / "x", init_run), log=lambda _: None)
-    # Resuming with a dataset whose labels differ from the fine-tuned head.
+    # Resuming on a dataset whose labels differ from the fine-tuned head's, at the same path or
+    # another: not the dataset the run was started on (its record in RUN/dataset.json).
     finetune(_cfg(data, tmp_path / "run", init_run, max_steps=4, checkpoint_every=2), log=lambda _: None, stop_at=2)
     tags = tagging_dataset(str(tmp_path / "tags"))
     manifest = json.loads((tmp_path / "data" / "manifest.json").read_text())
     manifest["task"]["labels"] = ["a", "b", "c"]
     (tmp_path / "data" / "manifest.json").write_text(json.dumps(manifest))
-    with pytest.raises(TrainingError, match="2 labels .* 3 labels"):
+    with pytest.raises(TrainingError, match="not the dataset this run was started on"):
         finetune(_cfg(data, tmp_path / "run", init_run, max_steps=4, checkpoint_every=2), log=lambda _: None)
-    with pytest.raises(TrainingError, match="other settings"):
+    with pytest.raises(TrainingError, match="not the dataset this run was started on"):
         finetune(_cfg(tags, tmp_path / "run", init_run, max_steps=4, checkpoint_every=2), log=lambda _: None)
+    with pytest.raises(TrainingError, match="other settings"):
+        finetune(_cfg(data, tmp_path / "run", init_run, max_steps=5, checkpoint_every=2), log=lambda _: None)
 
 
 def test_nan_loss_stops_and_keeps_last_good_checkpoint(tmp_path, init_run):

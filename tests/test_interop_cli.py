@@ -81,8 +81,8 @@ def test_export_hf_and_init_a_new_run_from_it(run, tmp_path):
     out = tmp_path / "hf"
     bert_train("export", "--run", run["run"], "--format", "hf", "--out", out, "--vocab", run["vocab"],
                "--no-do-lower-case")
-    assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors", "tokenizer_config.json",
-                                                    "vocab.txt"]
+    assert sorted(p.name for p in out.iterdir()) == ["bert_train_export.json", "config.json", "model.safetensors",
+                                                    "tokenizer_config.json", "vocab.txt"]
     assert json.loads((out / "tokenizer_config.json").read_text())["do_lower_case"] is False
     back, _ = read_checkpoint_arrays(out, EXPECTED)
     assert_bitwise_equal(run_weights(run["run"]), back)

@@ -25,7 +25,7 @@ from trainer.cli import main  # noqa: E402
 from trainer.config import TrainConfig  # noqa: E402
 from trainer.data import open_pretraining_data  # noqa: E402
 from trainer.errors import CheckpointFormatError, DataError, TrainingError  # noqa: E402
-from trainer.export import export_hf, export_tf1  # noqa: E402
+from trainer.export import EXPORT_MARK, export_hf, export_tf1  # noqa: E402
 from trainer.synthetic import write_synthetic_dataset  # noqa: E402
 from trainer.train import pretrain  # noqa: E402
 from trainer.weights import expected_tf1_shapes  # noqa: E402
@@ -377,9 +377,16 @@ def test_export_replaces_only_an_earlier_export_of_ours(tmp_path):
     downloaded.mkdir()
     for name, text in (("config.json", "{}"), ("model.safetensors", "x"), ("README.md", "card")):
         (downloaded / name).write_text(text)
-    with pytest.raises(CheckpointFormatError, match=r"not an earlier export \(README.md\)"):
+    with pytest.raises(CheckpointFormatError, match=r"not an earlier export of ours \(no valid bert_train_export"):
         export_hf(downloaded, arrays, TINY, VOCAB, overwrite=True)
     assert sorted(p.name for p in downloaded.iterdir()) == ["README.md", "config.json", "model.safetensors"]
+    # Named as an export's files are, but nothing marks it as ours: a user's config alone.
+    users = tmp_path / "users"
+    users.mkdir()
+    (users / "config.json").write_text('{"mine": true}')
+    with pytest.raises(CheckpointFormatError, match=f"{users}: not an earlier export of ours"):
+        export_hf(users, arrays, TINY, VOCAB, overwrite=True)
+    assert (users / "config.json").read_text() == '{"mine": true}'
     afile = tmp_path / "afile"
     afile.write_text("mine")
     with pytest.raises(CheckpointFormatError, match="exists and is not a directory"):
@@ -389,6 +396,12 @@ def test_export_replaces_only_an_earlier_export_of_ours(tmp_path):
     ours = export_tf1(tmp_path / "ours", arrays, TINY, VOCAB)
     export_hf(ours, arrays, TINY, VOCAB, overwrite=True)
     assert (ours / "config.json").is_file() and not (ours / "bert_config.json").exists()
+    assert json.loads((ours / EXPORT_MARK).read_text())["written_by"] == "bert-train export"
+    # Ours, but a user has put a file of theirs in it: replacing it whole would lose that file.
+    (ours / "notes.txt").write_text("mine")
+    with pytest.raises(CheckpointFormatError, match=r"holds files an export does not write \(notes.txt\)"):
+        export_tf1(ours, arrays, TINY, VOCAB, overwrite=True)
+    (ours / "notes.txt").unlink()
     assert not [p for p in tmp_path.iterdir() if p.name.startswith((".tmp-", ".old-"))]
     # Killed mid-swap: the earlier export was set aside and a temp dir left; the next export puts the
     # earlier one back (so --overwrite is still needed) and removes the temp dir.
@@ -406,13 +419,13 @@ def test_a_sigint_swallowed_during_start_up_stops_the_loop_before_its_first_step
     import threading
 
     from contract import cliutil
-    from trainer.train import _interrupts_between_steps
+    from trainer.run_common import interrupts_between_steps
 
     seen = threading.Event()
     seen.set()
     monkeypatch.setattr(cliutil, "_SIGINT_SEEN", seen)
-    with _interrupts_between_steps() as interrupted:
+    with interrupts_between_steps() as interrupted:
         assert interrupted()
     monkeypatch.setattr(cliutil, "_SIGINT_SEEN", threading.Event())
-    with _interrupts_between_steps() as interrupted:
+    with interrupts_between_steps() as interrupted:
         assert not interrupted()

@@ -27,6 +27,10 @@ class TrainGroup(CommandGroup):
 
     stderr_noise = STDERR_NOISE
 
+    # SIGTERM (a scheduler's or `kill`'s stop) ends a command as Ctrl-C does: a training run saves
+    # the step it finished and says where.
+    sigterm_interrupts = True
+
 
 @click.group(cls=TrainGroup, lazy_commands=COMMANDS)
 @click.option("--debug", is_flag=True, expose_value=False, help=DEBUG_HELP)

@@ -1,9 +1,10 @@
 """`bert-train export`: a run's checkpoint as Google's TF1 release layout or a Hugging Face directory.
 
 An export is written into a temporary sibling directory and renamed into place last, so an
-interrupted export leaves nothing that looks complete. An existing `--out` is replaced only with
-`--overwrite`, and only when it holds nothing but the files an export of ours writes (an earlier
-export); any other directory, and any file, is refused and left as it was.
+interrupted export leaves nothing that looks complete. Every export holds `EXPORT_MARK` (what wrote
+it, which version, which format). An existing `--out` is replaced only with `--overwrite`, and only
+when it is an earlier export of ours: it holds a valid mark and nothing but the files an export
+writes; any other directory, and any file, is refused and left as it was.
 """
 
 from __future__ import annotations
@@ -37,6 +38,8 @@ _TF1_EXPORT_FILES = ("bert_config.json", "checkpoint", "vocab.txt")
 _TF1_EXPORT_PREFIX = "bert_model.ckpt."
 _HF_EXPORT_FILES = ("config.json", HF_WEIGHTS, "vocab.txt", "tokenizer_config.json")
 _TMP_PREFIX, _OLD_PREFIX = ".tmp-", ".old-"
+EXPORT_MARK = "bert_train_export.json"
+_WRITTEN_BY = "bert-train export"
 
 
 @dataclass(frozen=True)
@@ -132,8 +135,16 @@ def export_run(cfg: ExportConfig) -> tuple[Path, Path]:
 
 
 def _is_export_file(name: str, own_files: Collection[str]) -> bool:
-    return (name in _TF1_EXPORT_FILES or name in _HF_EXPORT_FILES or name in own_files
+    return (name in _TF1_EXPORT_FILES or name in _HF_EXPORT_FILES or name in own_files or name == EXPORT_MARK
             or name.startswith(_TF1_EXPORT_PREFIX))
+
+
+def _has_export_mark(out: Path) -> bool:
+    try:
+        mark = json.loads((out / EXPORT_MARK).read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(mark, dict) and mark.get("written_by") == _WRITTEN_BY
 
 
 def check_export_target(out: Path, overwrite: bool, own_files: Collection[str] = ()) -> None:
@@ -151,12 +162,16 @@ def check_export_target(out: Path, overwrite: bool, own_files: Collection[str] =
         return
     if not overwrite:
         raise CheckpointFormatError(f"{out}: output directory exists and is not empty (pass --overwrite)")
-    # --overwrite replaces an earlier export, never an arbitrary directory: every entry must be a
-    # file that an export writes, and it must hold a config (a partial copy is not ours either).
+    # --overwrite replaces an earlier export, never an arbitrary directory: file names prove nothing
+    # (a user's config.json is named as ours), the mark an export writes does; and the directory
+    # must hold nothing else, since it is replaced whole.
+    if not _has_export_mark(out):
+        raise CheckpointFormatError(f"{out}: not an earlier export of ours (no valid {EXPORT_MARK}); "
+                                    "refusing to replace it")
     foreign = sorted(name for name in entries if not (_is_export_file(name, own_files) and (out / name).is_file()))
-    if foreign or not any(name in ("bert_config.json", "config.json") for name in entries):
-        shown = ", ".join(foreign[:5]) or "no bert_config.json or config.json"
-        raise CheckpointFormatError(f"{out}: not an earlier export ({shown}); refusing to replace it")
+    if foreign:
+        raise CheckpointFormatError(f"{out}: holds files an export does not write ({', '.join(foreign[:5])}); "
+                                    "refusing to replace it")
 
 
 def _recover_interrupted(out: Path) -> None:
@@ -199,6 +214,14 @@ def _publish(tmp: Path, out: Path) -> None:
         os.replace(tmp, out)
 
 
+def _write_mark(directory: Path) -> None:
+    from datagen import __version__
+
+    fmt = "hf" if (directory / "config.json").is_file() else "tf1"
+    mark = {"written_by": _WRITTEN_BY, "version": __version__, "format": fmt}
+    (directory / EXPORT_MARK).write_text(json.dumps(mark, indent=2, sort_keys=True) + "\n")
+
+
 def _fsync_tree(directory: Path) -> None:
     for path in directory.iterdir():
         with open(path, "rb") as f:
@@ -224,6 +247,7 @@ def write_export_dir(out: str | os.PathLike, overwrite: bool, write: Callable[[P
         out, tmp = _atomic_dir(out, overwrite, own_files)
         try:
             write(tmp)
+            _write_mark(tmp)
             _default_modes(tmp)
             _publish(tmp, out)
         except BaseException:

@@ -9,14 +9,20 @@ batch b of epoch e a pure function of (seed, e): with op determinism the same da
 + seed give bitwise-identical weights and metrics on CPU, and a run resumed from any checkpoint
 ends bitwise identical to the uninterrupted one.
 
-RUN/ holds finetune_config.json, bert_config.json, task.json, ckpt-NNNNNNNN/ (the last ones;
+RUN/ holds finetune_config.json, bert_config.json, task.json, dataset.json, ckpt-NNNNNNNN/ (the last ones;
 weights under TF1 names incl. the head's), tensorboard/{train,eval}, final_metrics.json (metric
 history per epoch, the best epoch named; the LAST checkpoint is the model) and eval/ (the last
-epoch's prediction files). `--seeds` writes RUN/seed-N/ per seed and RUN/summary.json.
+epoch's prediction files). `--seeds` writes RUN/finetune_seeds.json, RUN/seed-N/ per seed and
+RUN/summary.json.
+
+Where a run may be written, and when a rerun resumes, restarts or is refused, is pre-training's
+(`trainer.rundir`): the same checks of --out, of the settings and of the dataset, in that order,
+before any work; SIGINT (and SIGTERM) stop between steps with a checkpoint of the last one.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
@@ -53,10 +59,12 @@ from trainer.loading import dtype_policy
 from trainer.optimizer import AdamWeightDecay, learning_rate
 from trainer.run_common import (
     checkpoint_arrays,
+    interrupts_between_steps,
     loss_scale_for,
     make_run_strategy,
     replica_slices,
     restore_checkpoint_arrays,
+    stop_interrupted,
     stop_on_non_finite_loss,
     tensorboard_writers,
     write_scalar,
@@ -74,7 +82,7 @@ from trainer.task_data import (
 from trainer.task_eval import evaluate_split, primary_metric, write_outputs
 
 FINETUNING_DROPOUT_SALT = 0xF17E  # other dropout masks than pre-training's at the same seed and step
-CONFIG_FILE = "finetune_config.json"
+CONFIG_FILE = rundir.FINETUNE_CONFIG_FILE
 TASK_FILE = "task.json"
 BERT_CONFIG_FILE = "bert_config.json"
 
@@ -158,22 +166,6 @@ class FinetuneConfig:
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n"
-
-
-def _check_run_config(run: Path, cfg: FinetuneConfig) -> None:
-    path = run / CONFIG_FILE
-    if not path.is_file():
-        if (run / "train_config.json").is_file():
-            raise TrainingError(f"{run}: a pre-training run; use a new --out for fine-tuning")
-        return
-    previous = json.loads(path.read_text())
-    current = cfg.to_dict()
-    differing = sorted(k for k in set(previous) | set(current)
-                       if k not in FinetuneConfig.RESUMABLE_CHANGES and previous.get(k) != current.get(k))
-    if differing:
-        detail = ", ".join(f"{k}: {previous.get(k)!r} -> {current.get(k)!r}" for k in differing)
-        raise TrainingError(f"{path}: the run was started with other settings ({detail}); "
-                            "use a new --out to start another run")
 
 
 def model_config_for(cfg: FinetuneConfig, bert_config_file: str | None = None) -> BertConfig:
@@ -264,9 +256,11 @@ class FinetuneRun:
     def __init__(self, cfg: FinetuneConfig, log: Callable[[str], None] = print, bert_config_file: str | None = None):
         self.cfg, self.log = cfg, log
         self.run_dir = Path(cfg.out)
-        _check_run_config(self.run_dir, cfg)
+        rundir.check_out_dir(cfg.out, rundir.FINETUNING)
+        rundir.check_settings(self.run_dir, cfg, CONFIG_FILE)
         enable_determinism(cfg.seed)
         self.data = open_task_dataset(cfg.data)
+        rundir.check_dataset(self.run_dir, cfg.data, self.data.identity)
         self.train_split = self.data.split(cfg.train_split)
         if not self.train_split.labelled or self.train_split.mode != "train":
             why = ("has no labels" if not self.train_split.labelled else
@@ -304,6 +298,7 @@ class FinetuneRun:
         self.train_step = make_train_step(finetuning_objective(self.model, self.data.task_type), self.optimizer,
                                           self.strategy, cfg, self.loss_scale)
         self.step = 0
+        self.saved_step: int | None = None
         self.history: list[dict] = []
 
     # -- state
@@ -328,7 +323,7 @@ class FinetuneRun:
                 f"{len(saved.get('labels', []))} labels {saved.get('labels')}, the dataset has a "
                 f"{self.data.task_type} task with {self.data.num_labels} labels {self.data.labels}")
         restore_checkpoint_arrays(path, self.named, self.optimizer, self.loss_scale)
-        self.step = step
+        self.step = self.saved_step = step
         self.history = list(state.get("history", []))
         return f"resumed from {path} (step {step})"
 
@@ -337,8 +332,14 @@ class FinetuneRun:
         state = {"step": self.step, "bert_config": self.bert.to_dict(), "task": self.task_record(),
                  "history": self.history, "data": self.data.source, "total_steps": self.total_steps,
                  "steps_per_epoch": self.steps_per_epoch}
-        return ckpt_lib.save_checkpoint(self.run_dir, self.step, model_arrays, opt_arrays, state,
-                                        keep=self.cfg.keep_checkpoints)
+        try:
+            path = ckpt_lib.save_checkpoint(self.run_dir, self.step, model_arrays, opt_arrays, state,
+                                            keep=self.cfg.keep_checkpoints)
+        except OSError as exc:
+            raise TrainingError(f"{self.run_dir}: cannot write the checkpoint of step {self.step}: "
+                                f"{exc.strerror or exc}") from exc
+        self.saved_step = self.step
+        return path
 
     # -- loop
 
@@ -365,10 +366,9 @@ class FinetuneRun:
 
     def run(self, stop_at: int | None = None) -> dict:
         cfg = self.cfg
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        write_atomic(self.run_dir / CONFIG_FILE, cfg.to_json())
-        write_atomic(self.run_dir / BERT_CONFIG_FILE, self.bert.to_json())
-        write_atomic(self.run_dir / TASK_FILE, json.dumps(self.task_record(), indent=2, sort_keys=True) + "\n")
+        rundir.start(self.run_dir, {CONFIG_FILE: cfg.to_json(), BERT_CONFIG_FILE: self.bert.to_json(),
+                                    TASK_FILE: json.dumps(self.task_record(), indent=2, sort_keys=True) + "\n"},
+                     cfg.data, self.data.identity)
         self.log(f"{self.restore_or_initialise()}; {self.data.source}: {task_summary(self.data)}, "
                  f"{self.train_split.records} train records, "
                  f"{self.total_steps} steps ({self.steps_per_epoch} per epoch), warmup {self.warmup_steps}")
@@ -382,34 +382,37 @@ class FinetuneRun:
         window_start, window_steps = time.perf_counter(), 0
         batches = self.batches_from(self.step)
         last_eval = None
-        while self.step < end:
-            lr = learning_rate(self.step, cfg.learning_rate, self.warmup_steps, self.total_steps)
-            sums = self.train_step(replica_slices(self.strategy, self._next_batch(batches), cfg.batch_size),
-                                   tf.constant(lr), tf.constant(self.step, tf.int64))
-            sums = {k: float(v) for k, v in sums.items()}
-            stop_on_non_finite_loss(sums["loss_sum"] / max(sums["loss_count"], 1.0), self.step, self.run_dir,
-                                    self.loss_scale)
-            self.step += 1
-            window_steps += 1
-            for k, v in sums.items():
-                window[k] = window.get(k, 0.0) + v
-            if self.step % cfg.log_every == 0 or self.step == end:
-                elapsed = time.perf_counter() - window_start
-                m = {"loss": window["loss_sum"] / max(window["loss_count"], 1.0),
-                     "accuracy": window["correct"] / max(window["count"], 1.0), "learning_rate": float(lr),
-                     "seconds_per_step": elapsed / window_steps}
-                self.log(f"step {self.step:>6}/{self.total_steps}  loss {m['loss']:.4f}  lr {m['learning_rate']:.3e}  "
-                         f"{m['seconds_per_step']:.3f} s/step")
-                with writer.as_default(step=self.step):
-                    for name, value in m.items():
-                        write_scalar(name, value)
-                window, window_start, window_steps = {}, time.perf_counter(), 0
-            epoch_done = self.step % self.steps_per_epoch == 0 or self.step == self.total_steps
-            if epoch_done:
-                last_eval = self.evaluate()
-                self._record_epoch(eval_writer, last_eval)
-            if epoch_done or (cfg.checkpoint_every and self.step % cfg.checkpoint_every == 0) or self.step == end:
-                self.save()
+        with interrupts_between_steps() as interrupted:
+            while self.step < end:
+                if interrupted():
+                    stop_interrupted(self.run_dir, self.step, self.saved_step, self.save, self.log)
+                lr = learning_rate(self.step, cfg.learning_rate, self.warmup_steps, self.total_steps)
+                sums = self.train_step(replica_slices(self.strategy, self._next_batch(batches), cfg.batch_size),
+                                       tf.constant(lr), tf.constant(self.step, tf.int64))
+                sums = {k: float(v) for k, v in sums.items()}
+                stop_on_non_finite_loss(sums["loss_sum"] / max(sums["loss_count"], 1.0), self.step, self.run_dir,
+                                        self.loss_scale)
+                self.step += 1
+                window_steps += 1
+                for k, v in sums.items():
+                    window[k] = window.get(k, 0.0) + v
+                if self.step % cfg.log_every == 0 or self.step == end:
+                    elapsed = time.perf_counter() - window_start
+                    m = {"loss": window["loss_sum"] / max(window["loss_count"], 1.0),
+                         "accuracy": window["correct"] / max(window["count"], 1.0), "learning_rate": float(lr),
+                         "seconds_per_step": elapsed / window_steps}
+                    self.log(f"step {self.step:>6}/{self.total_steps}  loss {m['loss']:.4f}  lr {m['learning_rate']:.3e}  "
+                             f"{m['seconds_per_step']:.3f} s/step")
+                    with writer.as_default(step=self.step):
+                        for name, value in m.items():
+                            write_scalar(name, value)
+                    window, window_start, window_steps = {}, time.perf_counter(), 0
+                epoch_done = self.step % self.steps_per_epoch == 0 or self.step == self.total_steps
+                if epoch_done:
+                    last_eval = self.evaluate()
+                    self._record_epoch(eval_writer, last_eval)
+                if epoch_done or (cfg.checkpoint_every and self.step % cfg.checkpoint_every == 0) or self.step == end:
+                    self.save()
         writer.flush()
         eval_writer.flush()
         result = {"step": self.step, "total_steps": self.total_steps, "run_dir": str(self.run_dir),
@@ -453,6 +456,7 @@ class FinetuneRun:
 def finetune(cfg: FinetuneConfig, log: Callable[[str], None] = print, stop_at: int | None = None,
              bert_config_file: str | None = None) -> dict:
     """Fine-tune (or resume) `cfg` in its run directory, which it holds locked until the end."""
+    rundir.check_out_dir(cfg.out, rundir.FINETUNING)
     with rundir.output_lock(cfg.out):
         return FinetuneRun(cfg, log, bert_config_file).run(stop_at=stop_at)
 
@@ -460,18 +464,37 @@ def finetune(cfg: FinetuneConfig, log: Callable[[str], None] = print, stop_at: i
 def finetune_seeds(cfg: FinetuneConfig, seeds: list[int], log: Callable[[str], None] = print,
                    bert_config_file: str | None = None) -> dict:
     """One sub-run per seed in RUN/seed-N, then the spread of the primary metric in RUN/summary.json.
-    RUN is locked throughout, and each sub-run too."""
-    with rundir.output_lock(cfg.out):
+    RUN and every sub-run are locked throughout; every sub-run's --out and settings are checked
+    before the first one starts."""
+    rundir.check_out_dir(cfg.out, rundir.FINETUNING_SEEDS)
+    with contextlib.ExitStack() as locks:
+        locks.enter_context(rundir.output_lock(cfg.out))
+        for seed in seeds:
+            sub = _seed_config(cfg, seed)
+            rundir.check_out_dir(sub.out, rundir.FINETUNING)
+            rundir.check_settings(Path(sub.out), sub, CONFIG_FILE)
+            locks.enter_context(rundir.output_lock(sub.out))
         return _finetune_seeds(cfg, seeds, log, bert_config_file)
+
+
+def _seed_config(cfg: FinetuneConfig, seed: int) -> FinetuneConfig:
+    return dataclasses.replace(cfg, seed=seed, out=str(Path(cfg.out) / f"seed-{seed}"))
 
 
 def _finetune_seeds(cfg: FinetuneConfig, seeds: list[int], log: Callable[[str], None],
                     bert_config_file: str | None) -> dict:
+    parent = Path(cfg.out)
+    rundir.make_run_dir(parent)
+    # Written first: it marks RUN as a multi-seed run (`rundir.run_kind`) before any seed-N/ exists.
+    # A rerun with more seeds adds to the run: the record keeps every seed it holds.
+    earlier = rundir.recorded_seeds(parent)
+    every = earlier + [seed for seed in seeds if seed not in earlier]
+    rundir.write_atomic(parent / rundir.SEEDS_FILE, json.dumps({"seeds": every}, indent=2) + "\n")
     rows = []
     for seed in seeds:
-        sub = dataclasses.replace(cfg, seed=seed, out=str(Path(cfg.out) / f"seed-{seed}"))
+        sub = _seed_config(cfg, seed)
         log(f"== seed {seed}: {sub.out}")
-        result = finetune(sub, log, bert_config_file=bert_config_file)
+        result = FinetuneRun(sub, log, bert_config_file).run()  # locked by finetune_seeds
         if "final" not in result:
             raise TrainingError(f"seed {seed}: no eval split, nothing to summarise")
         rows.append({"seed": seed, "run_dir": sub.out, "metrics": result["final"]})
@@ -482,8 +505,7 @@ def _finetune_seeds(cfg: FinetuneConfig, seeds: list[int], log: Callable[[str], 
         summary["metrics"][name] = {"mean": statistics.fmean(values),
                                     "std": statistics.stdev(values) if len(values) > 1 else 0.0,
                                     "min": min(values), "max": max(values)}
-    Path(cfg.out).mkdir(parents=True, exist_ok=True)
-    write_atomic(Path(cfg.out) / "summary.json", json.dumps(summary, indent=2, sort_keys=True) + "\n")
+    write_atomic(parent / "summary.json", json.dumps(summary, indent=2, sort_keys=True) + "\n")
     log(format_summary(summary))
     return summary
 

@@ -95,24 +95,31 @@ ALLOW_OTHER_TASK_HELP = ("Run the model on another task's data (another task nam
 
 def predict_run(run: str, data: str, split: str, out: str | None, batch_size: int = 64,
                 null_score_diff_threshold: float = 0.0, need_labels: bool = False,
-                allow_other_task: bool = False) -> dict:
+                allow_other_task: bool = False, overwrite: bool = False) -> dict:
     """Predictions (and metrics, for labelled splits) of a fine-tuned run on a split of a task dataset;
-    `out`, when given, is locked from the start to the end (reading a run takes no lock)."""
+    `out`, when given, is checked before any work (`task_eval.check_predictions_out`) and locked
+    from the start to the end (reading a run takes no lock)."""
     import contextlib
 
     from trainer.rundir import output_lock
+    from trainer.task_eval import check_predictions_out
 
+    if out:
+        check_predictions_out(out, overwrite)
     with output_lock(out) if out else contextlib.nullcontext():
-        return _predict(run, data, split, out, batch_size, null_score_diff_threshold, need_labels, allow_other_task)
+        previous = check_predictions_out(out, overwrite) if out else []
+        return _predict(run, data, split, out, batch_size, null_score_diff_threshold, need_labels, previous,
+                        allow_other_task)
 
 
 def _predict(run: str, data: str, split: str, out: str | None, batch_size: int,
-             null_score_diff_threshold: float, need_labels: bool, allow_other_task: bool = False) -> dict:
+             null_score_diff_threshold: float, need_labels: bool, previous: list[str],
+             allow_other_task: bool = False) -> dict:
     from trainer.devices import enable_determinism
     from trainer.finetune import check_data_fits, check_same_task
     from trainer.finetune_export import restore_finetuned
     from trainer.task_data import check_split_files, open_task_dataset
-    from trainer.task_eval import evaluate_split, write_outputs
+    from trainer.task_eval import evaluate_split, write_predictions_dir
 
     enable_determinism(0)
     model, bert, task, ckpt = restore_finetuned(run)
@@ -122,7 +129,10 @@ def _predict(run: str, data: str, split: str, out: str | None, batch_size: int,
     check_data_fits(dataset, bert, str(ckpt))
     result = evaluate_split(model, dataset, split, batch_size, need_labels=need_labels,
                             null_score_diff_threshold=null_score_diff_threshold)
-    written = [str(p) for p in write_outputs(out, dataset, result)] if out else []
+    written = []
+    if out:
+        about = {"run": str(run), "checkpoint": str(ckpt), "data": str(data), "split": split}
+        written = [str(p) for p in write_predictions_dir(out, dataset, result, about, previous)]
     return {"checkpoint": str(ckpt), "split": split, "metrics": result.metrics, "details": result.details,
             "files": written}
 
@@ -131,15 +141,19 @@ def _predict(run: str, data: str, split: str, out: str | None, batch_size: int,
 @click.option("--run", "run", required=True, help="Fine-tuned run directory (latest checkpoint) or checkpoint.")
 @click.option("--data", required=True, help="Task dataset directory.")
 @click.option("--split", required=True, help="Split to predict (labelled or not).")
-@click.option("--out", required=True, help="Directory for the prediction files.")
+@click.option("--out", required=True, help="Directory for the prediction files: new or empty (or, with "
+              "--overwrite, one an earlier predict wrote); never a dataset or a run.")
 @click.option("--batch-size", type=click.IntRange(min=1), default=64, show_default=True)
 @click.option("--null-score-diff-threshold", type=float, default=0.0, show_default=True, help="SQuAD v2.0.")
 @click.option("--allow-other-task", is_flag=True, help=ALLOW_OTHER_TASK_HELP)
-def predict_command(run, data, split, out, batch_size, null_score_diff_threshold, allow_other_task) -> None:
+@click.option("--overwrite", is_flag=True, help="Replace the predictions an earlier `bert-train predict` wrote "
+              "in --out (recognised by its predictions_record.json; nothing else is replaced).")
+def predict_command(run, data, split, out, batch_size, null_score_diff_threshold, allow_other_task,
+                    overwrite) -> None:
     """Write a fine-tuned run's predictions for a split (predictions.tsv / SQuAD JSON / predictions.conll)."""
     try:
         result = predict_run(run, data, split, out, batch_size, null_score_diff_threshold,
-                             allow_other_task=allow_other_task)
+                             allow_other_task=allow_other_task, overwrite=overwrite)
     except _user_errors() as exc:
         raise click.ClickException(str(exc)) from exc
     for path in result["files"]:

@@ -95,7 +95,8 @@ def main(argv: list[str] | None = None) -> int:
     finetune(FinetuneConfig(data=data, out=run, init_from=pretrain_run, epochs=args.epochs,
                             learning_rate=args.learning_rate, seed=args.seed, log_every=50))
     predictions = os.path.join(out, "predictions")
-    for path in predict_run(run, data, "dev", predictions)["files"]:
+    # The demo's own directory: a rerun replaces what the last one predicted (and only that).
+    for path in predict_run(run, data, "dev", predictions, overwrite=True)["files"]:
         stage(f"wrote {path}")
     final = json.load(open(os.path.join(run, "final_metrics.json")))
     with open(dev_tsv, encoding="utf-8") as f:

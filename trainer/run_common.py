@@ -1,18 +1,25 @@
 """What the pre-training run (trainer/train.py) and the fine-tuning run (trainer/finetune.py) share
 around their step: where they compute, the loss scale of their precision, a global batch cut into
 replica slices, the arrays a checkpoint holds and how they are restored, TensorBoard writers and
-scalars, and the stop on a non-finite loss. One implementation each, so the two runs cannot drift
+scalars, the stop on a non-finite loss, and the stop on SIGINT (or SIGTERM, which `bert-train`
+turns into a SIGINT) between steps with a checkpoint of the last one. One implementation each, so the two runs cannot drift
 apart in how they distribute, save or resume.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
+import signal
+import threading
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from types import FrameType
 
 import numpy as np
 import tensorflow as tf
 
+from contract.cliutil import interrupt_requested
 from trainer import checkpoint as ckpt_lib
 from trainer.devices import make_strategy
 from trainer.errors import ConfigError, TrainingError
@@ -97,3 +104,40 @@ def write_scalar(name: str, value: float) -> None:
 
     metadata = summary_pb2.SummaryMetadata(plugin_data=summary_pb2.SummaryMetadata.PluginData(plugin_name="scalars"))
     tf.summary.write(name, tf.constant(value, tf.float32), metadata=metadata)
+
+
+@contextlib.contextmanager
+def interrupts_between_steps() -> Iterator[Callable[[], bool]]:
+    """Hold a first SIGINT until the current step is done (the loop then saves a consistent checkpoint
+    and raises KeyboardInterrupt: `stop_interrupted`); a second SIGINT goes to the handler that was
+    there before, at once. Only in the main thread, and only where SIGINT has a Python handler (not
+    ignored). A SIGINT the start-up already received (and an import may have swallowed) stops the
+    loop before its first step."""
+    pending: list[int] = [signal.SIGINT] if interrupt_requested() else []
+    previous = signal.getsignal(signal.SIGINT)
+    if threading.current_thread() is not threading.main_thread() or not callable(previous):
+        yield lambda: False
+        return
+
+    def hold(signum: int, frame: FrameType | None) -> None:
+        if pending:
+            previous(signum, frame)
+        pending.append(signum)
+
+    signal.signal(signal.SIGINT, hold)
+    try:
+        yield lambda: bool(pending)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def stop_interrupted(run_dir: Path, step: int, saved_step: int | None, save: Callable[[], object],
+                     log: Callable[[str], None]) -> None:
+    """Between steps the state is consistent: save it (unless step `step` is saved already), say
+    where, and raise KeyboardInterrupt, so a rerun resumes exactly here."""
+    if step and saved_step != step:
+        save()
+    kept = ckpt_lib.list_checkpoints(run_dir)
+    where = f"checkpoint {kept[-1][1]}" if kept else "no checkpoint yet"
+    log(f"interrupted at step {step} ({where}); rerun the same command to resume")
+    raise KeyboardInterrupt

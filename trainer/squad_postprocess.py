@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -212,9 +211,9 @@ def postprocess(examples: Sequence[Mapping], windows: Sequence[Mapping], unique_
 
 
 def _write_json(path: Path, value) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(json.dumps(value, indent=4) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
+    from trainer.rundir import write_atomic
+
+    write_atomic(path, json.dumps(value, indent=4) + "\n")
 
 
 def write_predictions(out_dir: str | Path, result: SquadPredictions, version_2: bool) -> list[Path]:
@@ -233,11 +232,12 @@ def write_predictions(out_dir: str | Path, result: SquadPredictions, version_2: 
 def write_raw_logits(out_dir: str | Path, unique_ids: np.ndarray, start_logits: np.ndarray,
                      end_logits: np.ndarray) -> Path:
     """logits.npz (see the module docstring), atomically."""
+    from trainer.rundir import replacing
+
     path = Path(out_dir) / RAW_LOGITS_FILE
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}.npz")
-    np.savez(tmp, unique_ids=np.asarray(unique_ids, np.int64), start_logits=np.asarray(start_logits, np.float32),
-             end_logits=np.asarray(end_logits, np.float32))
-    os.replace(tmp, path)
+    with replacing(path, ".npz") as tmp:  # numpy appends .npz to any other name
+        np.savez(tmp, unique_ids=np.asarray(unique_ids, np.int64),
+                 start_logits=np.asarray(start_logits, np.float32), end_logits=np.asarray(end_logits, np.float32))
     return path
 
 

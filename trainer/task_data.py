@@ -9,6 +9,7 @@ alone, with no iterator state to save.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from dataclasses import dataclass, field
@@ -47,6 +48,7 @@ class TaskDataset:
     splits: dict[str, SplitInfo]
     task: dict
     vocab_sha256: str = ""  # the manifest's, of vocab_path's bytes
+    identity: dict = field(default_factory=dict)  # `task_identity`: what a run records and resumes on
 
     @property
     def num_labels(self) -> int:
@@ -67,6 +69,18 @@ def read_manifest(directory: str) -> dict:
         return load_manifest(directory, GFILE_FS)
     except ManifestError as exc:
         raise DataError(str(exc)) from exc
+
+
+def task_identity(manifest: dict) -> dict:
+    """What a task dataset IS, independent of how its path is spelled (as `trainer.data.dataset_identity`
+    for pre-training data): every shard and side file's split, path, record count and sha256 (from
+    the manifest), the vocab's sha256 and the task; the fingerprint is the sha256 of that."""
+    shards = [{"split": name, "path": s["path"], "records": int(s.get("records", 0)), "sha256": s.get("sha256")}
+              for name in sorted(manifest["splits"]) for key in ("shards", "side")
+              for s in manifest["splits"][name].get(key, [])]
+    content = {"task": manifest.get("task"), "vocab_sha256": manifest["vocab"].get("sha256"), "shards": shards}
+    digest = hashlib.sha256(json.dumps(content, sort_keys=True).encode()).hexdigest()
+    return {"fingerprint": digest, "shards": shards}
 
 
 def is_task_manifest(manifest: dict) -> bool:
@@ -95,7 +109,8 @@ def open_task_dataset(directory: str) -> TaskDataset:
                            labels=[str(x) for x in task.get("labels", [])],
                            max_seq_length=int(task["max_seq_length"]), vocab_size=int(vocab["size"]),
                            vocab_path=os.path.join(directory, vocab["path"]), do_lower_case=do_lower_case,
-                           splits=splits, task=dict(task), vocab_sha256=str(vocab["sha256"]))
+                           splits=splits, task=dict(task), vocab_sha256=str(vocab["sha256"]),
+                           identity=task_identity(manifest))
     except (KeyError, TypeError, ValueError) as exc:
         if isinstance(exc, DataError):
             raise

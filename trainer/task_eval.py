@@ -8,12 +8,15 @@
 - tagging: the tag of each word from the logits at its first piece in the window that owns it,
   conlleval scores; `predictions.conll` (word, gold, predicted per line; blank line between
   sentences; without gold column for unlabelled splits).
+
+`bert-train predict --out DIR` writes these files with `predictions_record.json` (what wrote them,
+from which run, data and split): DIR must be new, empty, or (with --overwrite) such a directory of
+ours; never a dataset, a run, or inside one (`check_predictions_out`).
 """
 
 from __future__ import annotations
 
 import json
-import os
 import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,8 +25,9 @@ import numpy as np
 import tensorflow as tf
 
 from trainer import metrics as metric_lib
-from trainer import squad_eval, squad_postprocess
-from trainer.errors import DataError
+from trainer import rundir, squad_eval, squad_postprocess
+from trainer.errors import ConfigError, DataError
+from trainer.rundir import write_atomic
 from trainer.task_data import (
     TF_DATA_ERRORS,
     SplitInfo,
@@ -187,12 +191,6 @@ def _tagging(result: SplitPredictions, dataset: TaskDataset, split: SplitInfo) -
 # ------------------------------------------------------------------ files
 
 
-def _atomic_text(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
-
-
 def write_outputs(out_dir: str | Path, dataset: TaskDataset, result: SplitPredictions) -> list[Path]:
     """The prediction files for the task type (see the module docstring), plus metrics.json when
     the split was labelled."""
@@ -205,7 +203,7 @@ def write_outputs(out_dir: str | Path, dataset: TaskDataset, result: SplitPredic
         rows = [f"{i}\t{v:.6g}" if kind == "regression" else f"{i}\t{dataset.labels[int(v)]}"
                 for i, v in enumerate(predicted)]
         path = out / "predictions.tsv"
-        _atomic_text(path, "index\tprediction\n" + "".join(r + "\n" for r in rows))
+        write_atomic(path, "index\tprediction\n" + "".join(r + "\n" for r in rows))
         written.append(path)
     elif kind == "span":
         arrays = result.arrays
@@ -221,11 +219,70 @@ def write_outputs(out_dir: str | Path, dataset: TaskDataset, result: SplitPredic
                 lines.append(f"{word}\t{gold[w]}\t{predicted[w]}" if gold else f"{word}\t{predicted[w]}")
             lines.append("")
         path = out / "predictions.conll"
-        _atomic_text(path, "\n".join(lines) + ("\n" if lines else ""))
+        write_atomic(path, "\n".join(lines) + ("\n" if lines else ""))
         written.append(path)
     if result.metrics:
         path = out / "metrics.json"
-        _atomic_text(path, json.dumps({"metrics": result.metrics, "details": result.details}, indent=2,
+        write_atomic(path, json.dumps({"metrics": result.metrics, "details": result.details}, indent=2,
                                       sort_keys=True) + "\n")
         written.append(path)
+    return written
+
+
+PREDICTIONS_RECORD = "predictions_record.json"
+_WRITTEN_BY = "bert-train predict"
+
+
+def _predictions_record(out: Path) -> dict | None:
+    try:
+        record = json.loads((out / PREDICTIONS_RECORD).read_text())
+    except (OSError, ValueError):
+        return None
+    return record if isinstance(record, dict) and record.get("written_by") == _WRITTEN_BY else None
+
+
+def check_predictions_out(given: str | Path, overwrite: bool) -> list[str]:
+    """Refuse (ConfigError naming --out) a directory predictions may not be written to, before any
+    work; returns the files an earlier `bert-train predict` wrote there (to replace)."""
+    out = rundir.check_local_dir(given)
+    rundir.refuse_inside_dataset(out)
+    kind = rundir.run_kind(out) if out.is_dir() else None
+    if kind is not None:
+        raise ConfigError(f"--out {out}: a {kind}; write predictions to a directory of their own")
+    run = rundir.enclosing(out.parent, rundir.has_run_record)
+    if run is not None:
+        raise ConfigError(f"--out {out}: inside the run {run}; write predictions outside it")
+    previous: list[str] = []
+    if rundir.entries_of(out):
+        record = _predictions_record(out)
+        if record is None:
+            raise ConfigError(f"--out {out}: exists, is not empty and holds no predictions of ours (no "
+                              f"{PREDICTIONS_RECORD}); give a new or empty directory")
+        if not overwrite:
+            raise ConfigError(f"--out {out}: holds the predictions of an earlier `bert-train predict` (run "
+                              f"{record.get('run')}, split {record.get('split')!r}); pass --overwrite to replace them")
+        previous = [str(name) for name in record.get("files", []) if Path(str(name)).name == name]
+    rundir.check_writable(out)
+    return previous
+
+
+def write_predictions_dir(out_dir: str | Path, dataset: TaskDataset, result: SplitPredictions, about: dict,
+                          previous: list[str]) -> list[Path]:
+    """`write_outputs` into a directory `check_predictions_out` accepted, marked as ours by its record
+    (written before the files, so an interrupted write leaves a directory --overwrite may replace);
+    files of an earlier prediction that this one does not write again are removed."""
+    from datagen import __version__
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    rundir.cleanup_temp(out)
+    record = {"written_by": _WRITTEN_BY, "version": __version__, **about}
+    write_atomic(out / PREDICTIONS_RECORD, json.dumps({**record, "files": previous, "complete": False},
+                                                      indent=2, sort_keys=True) + "\n")
+    written = write_outputs(out, dataset, result)
+    names = [p.name for p in written]
+    for stale in sorted(set(previous) - set(names)):
+        (out / stale).unlink(missing_ok=True)
+    write_atomic(out / PREDICTIONS_RECORD, json.dumps({**record, "files": names, "complete": True},
+                                                      indent=2, sort_keys=True) + "\n")
     return written

@@ -14,19 +14,14 @@ its first records parse with the model's lengths, that data and model fit.
 
 from __future__ import annotations
 
-import contextlib
 import json
-import signal
-import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
-from types import FrameType
 
 import numpy as np
 import tensorflow as tf
 
-from contract.cliutil import interrupt_requested
 from trainer import checkpoint as ckpt_lib
 from trainer import rundir
 from trainer.config import BertConfig, TrainConfig
@@ -50,10 +45,12 @@ from trainer.objective import losses_from_sums
 from trainer.optimizer import learning_rate, make_optimizer
 from trainer.run_common import (
     checkpoint_arrays,
+    interrupts_between_steps,
     loss_scale_for,
     make_run_strategy,
     replica_slices,
     restore_checkpoint_arrays,
+    stop_interrupted,
     stop_on_non_finite_loss,
     tensorboard_writers,
     write_scalar,
@@ -71,31 +68,6 @@ def load_bert_config_for(cfg: TrainConfig, info: DatasetInfo) -> BertConfig:
         raise ConfigError(f"{info.source}: the vocab size is unknown (no manifest): pass --bert-config "
                           "or --vocab-size")
     return BertConfig.from_name(cfg.model, int(vocab_size))
-
-
-@contextlib.contextmanager
-def _interrupts_between_steps() -> Iterator[Callable[[], bool]]:
-    """Hold a first SIGINT until the current step is done (the loop then saves a consistent checkpoint
-    and raises KeyboardInterrupt); a second SIGINT goes to the handler that was there before, at once.
-    Only in the main thread, and only where SIGINT has a Python handler (not ignored). A SIGINT
-    the start-up already received (and an import may have swallowed) stops the loop before its
-    first step."""
-    pending: list[int] = [signal.SIGINT] if interrupt_requested() else []
-    previous = signal.getsignal(signal.SIGINT)
-    if threading.current_thread() is not threading.main_thread() or not callable(previous):
-        yield lambda: False
-        return
-
-    def hold(signum: int, frame: FrameType | None) -> None:
-        if pending:
-            previous(signum, frame)
-        pending.append(signum)
-
-    signal.signal(signal.SIGINT, hold)
-    try:
-        yield lambda: bool(pending)
-    finally:
-        signal.signal(signal.SIGINT, previous)
 
 
 class Run:
@@ -201,7 +173,8 @@ class Run:
 
     def pretrain(self, stop_at: int | None = None) -> dict:
         cfg = self.cfg
-        rundir.start(self.run_dir, cfg, self.bert, cfg.data, self.info.identity)
+        rundir.start(self.run_dir, {rundir.TRAIN_CONFIG_FILE: cfg.to_json(), rundir.BERT_CONFIG_FILE: self.bert.to_json()},
+                     cfg.data, self.info.identity)
         self.log(f"{self.restore_or_initialise()}; {self.info.source}: seq {self.info.max_seq_length}, "
                  f"{self.strategy.num_replicas_in_sync} replica(s), {cfg.precision}")
         writer, eval_writer = tensorboard_writers(self.run_dir)
@@ -209,7 +182,7 @@ class Run:
         window: dict[str, float] = {}
         window_start, window_steps = time.perf_counter(), 0
         last: dict = {}
-        with _interrupts_between_steps() as interrupted:
+        with interrupts_between_steps() as interrupted:
             while self.step < end:
                 if interrupted():
                     self._stop_interrupted(last)
@@ -259,13 +232,7 @@ class Run:
         return sums
 
     def _stop_interrupted(self, metrics: dict) -> None:
-        """Between steps the state is consistent: save it, so a rerun resumes exactly here."""
-        if self.step and self.saved_step != self.step:
-            self.save(metrics)
-        kept = ckpt_lib.list_checkpoints(self.run_dir)
-        where = f"checkpoint {kept[-1][1]}" if kept else "no checkpoint yet"
-        self.log(f"interrupted at step {self.step} ({where}); rerun the same command to resume")
-        raise KeyboardInterrupt
+        stop_interrupted(self.run_dir, self.step, self.saved_step, lambda: self.save(metrics), self.log)
 
     def _report(self, writer, m: dict) -> None:
         nsp = f"nsp_acc {m['nsp_accuracy']:.4f}  " if "nsp_accuracy" in m else ""
