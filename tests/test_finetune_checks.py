@@ -187,6 +187,29 @@ def test_eval_and_predict_refuse_another_tasks_data_unless_asked(tmp_path, finet
     _one_line_error(result, "does not fit")
 
 
+def test_eval_and_predict_refuse_data_of_another_vocab_than_the_runs_unless_asked(tmp_path, finetuned, data):
+    """A fine-tuned run records its dataset's vocab; the same task rebuilt with another vocab of the
+    same size fits the model and would be scored with the ids read as other words."""
+    import hashlib
+
+    copy = _copy(data, tmp_path / "other-vocab")
+    tokens = (copy / "vocab.txt").read_text().splitlines()
+    tokens[10], tokens[11] = tokens[11], tokens[10]
+    (copy / "vocab.txt").write_text("".join(t + "\n" for t in tokens))
+    manifest = json.loads((copy / "manifest.json").read_text())
+    manifest["vocab"]["sha256"] = hashlib.sha256((copy / "vocab.txt").read_bytes()).hexdigest()
+    (copy / "manifest.json").write_text(json.dumps(manifest))
+    result = _invoke(["eval", "--run", finetuned, "--data", str(copy)])
+    _one_line_error(result, str(copy / "vocab.txt"), "--allow-vocab-mismatch")
+    result = _invoke(["predict", "--run", finetuned, "--data", str(copy), "--split", "dev",
+                      "--out", str(tmp_path / "p")])
+    _one_line_error(result, "--allow-vocab-mismatch")
+    assert not (tmp_path / "p").exists()
+    result = _invoke(["eval", "--run", finetuned, "--data", str(copy), "--allow-vocab-mismatch"])
+    assert result.exit_code == 0 and "accuracy" in result.output, result.output
+    assert _invoke(["eval", "--run", finetuned, "--data", data]).exit_code == 0
+
+
 def _tf1_checkpoint(directory: Path, vocab_text: str | None) -> str:
     from trainer.model import build_model
     from trainer.tf1 import write_tf1_checkpoint

@@ -210,7 +210,8 @@ def check_vocab(dataset: TaskDataset, cfg: FinetuneConfig) -> str | None:
                     "--allow-vocab-mismatch if the ids mean the same words")
 
 
-def check_same_task(dataset: TaskDataset, task: dict, model: str, allow_other_task: bool = False) -> None:
+def check_same_task(dataset: TaskDataset, task: dict, model: str, allow_other_task: bool = False,
+                    allow_vocab_mismatch: bool = False) -> None:
     """Refuse to predict or score `dataset` with a head fine-tuned for another task. Another head
     shape cannot run at all; another task of the same shape (SST-2's head on MRPC: both two labels
     "0"/"1") runs and prints figures that mean nothing, so it needs `allow_other_task`."""
@@ -222,6 +223,13 @@ def check_same_task(dataset: TaskDataset, task: dict, model: str, allow_other_ta
     if not allow_other_task and (dataset.task_kind != task.get("kind") or dataset.labels != task.get("labels")):
         raise DataError(f"{dataset.source}: task {mine}, but {model} was fine-tuned for task {theirs}; "
                         "pass --allow-other-task to run it on this task's data anyway")
+    # Runs fine-tuned before the vocab was recorded have nothing to compare.
+    recorded = task.get("vocab_sha256")
+    if recorded and recorded != dataset.vocab_sha256 and not allow_vocab_mismatch:
+        raise DataError(f"{dataset.vocab_path}: the dataset's vocab (sha256 {dataset.vocab_sha256[:16]}) is not the "
+                        f"one {model} was fine-tuned with (sha256 {recorded[:16]}): its ids would be read as "
+                        "other words; build the dataset with the run's vocab, or pass --allow-vocab-mismatch "
+                        "if the ids mean the same words")
 
 
 def task_summary(data: TaskDataset) -> str:
@@ -307,7 +315,7 @@ class FinetuneRun:
         return {"kind": self.data.task_kind, "type": self.data.task_type, "labels": self.data.labels,
                 "max_seq_length": self.data.max_seq_length, "vocab_size": self.data.vocab_size,
                 "do_lower_case": self.data.do_lower_case, "task": self.data.task,
-                "primary_metric": primary_metric(self.data)}
+                "primary_metric": primary_metric(self.data), "vocab_sha256": self.data.vocab_sha256}
 
     def restore_or_initialise(self) -> str:
         cleanup_temp(self.run_dir)  # what interrupted writes of ours left (checkpoints, marked files)

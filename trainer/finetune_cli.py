@@ -91,11 +91,14 @@ def finetune_command(bert_config_file, seeds, seed, epochs, learning_rate, batch
 
 ALLOW_OTHER_TASK_HELP = ("Run the model on another task's data (another task name or label names than "
                          "it was fine-tuned for); refused by default.")
+ALLOW_VOCAB_MISMATCH_HELP = ("Run the model on data made with another vocab than the one it was fine-tuned "
+                             "with (only if the ids mean the same words); refused by default.")
 
 
 def predict_run(run: str, data: str, split: str, out: str | None, batch_size: int = 64,
                 null_score_diff_threshold: float = 0.0, need_labels: bool = False,
-                allow_other_task: bool = False, overwrite: bool = False) -> dict:
+                allow_other_task: bool = False, overwrite: bool = False,
+                allow_vocab_mismatch: bool = False) -> dict:
     """Predictions (and metrics, for labelled splits) of a fine-tuned run on a split of a task dataset;
     `out`, when given, is checked before any work (`task_eval.check_predictions_out`) and locked
     from the start to the end (reading a run takes no lock)."""
@@ -109,12 +112,12 @@ def predict_run(run: str, data: str, split: str, out: str | None, batch_size: in
     with output_lock(out) if out else contextlib.nullcontext():
         previous = check_predictions_out(out, overwrite) if out else []
         return _predict(run, data, split, out, batch_size, null_score_diff_threshold, need_labels, previous,
-                        allow_other_task)
+                        allow_other_task, allow_vocab_mismatch)
 
 
 def _predict(run: str, data: str, split: str, out: str | None, batch_size: int,
              null_score_diff_threshold: float, need_labels: bool, previous: list[str],
-             allow_other_task: bool = False) -> dict:
+             allow_other_task: bool = False, allow_vocab_mismatch: bool = False) -> dict:
     from trainer.devices import enable_determinism
     from trainer.finetune import check_data_fits, check_same_task
     from trainer.finetune_export import restore_finetuned
@@ -125,7 +128,7 @@ def _predict(run: str, data: str, split: str, out: str | None, batch_size: int,
     model, bert, task, ckpt = restore_finetuned(run)
     dataset = open_task_dataset(data)
     check_split_files(dataset, [dataset.split(split)])
-    check_same_task(dataset, task, str(ckpt), allow_other_task)
+    check_same_task(dataset, task, str(ckpt), allow_other_task, allow_vocab_mismatch)
     check_data_fits(dataset, bert, str(ckpt))
     result = evaluate_split(model, dataset, split, batch_size, need_labels=need_labels,
                             null_score_diff_threshold=null_score_diff_threshold)
@@ -146,14 +149,16 @@ def _predict(run: str, data: str, split: str, out: str | None, batch_size: int,
 @click.option("--batch-size", type=click.IntRange(min=1), default=64, show_default=True)
 @click.option("--null-score-diff-threshold", type=float, default=0.0, show_default=True, help="SQuAD v2.0.")
 @click.option("--allow-other-task", is_flag=True, help=ALLOW_OTHER_TASK_HELP)
+@click.option("--allow-vocab-mismatch", is_flag=True, help=ALLOW_VOCAB_MISMATCH_HELP)
 @click.option("--overwrite", is_flag=True, help="Replace the predictions an earlier `bert-train predict` wrote "
               "in --out (recognised by its predictions_record.json; nothing else is replaced).")
 def predict_command(run, data, split, out, batch_size, null_score_diff_threshold, allow_other_task,
-                    overwrite) -> None:
+                    allow_vocab_mismatch, overwrite) -> None:
     """Write a fine-tuned run's predictions for a split (predictions.tsv / SQuAD JSON / predictions.conll)."""
     try:
         result = predict_run(run, data, split, out, batch_size, null_score_diff_threshold,
-                             allow_other_task=allow_other_task, overwrite=overwrite)
+                             allow_other_task=allow_other_task, overwrite=overwrite,
+                             allow_vocab_mismatch=allow_vocab_mismatch)
     except _user_errors() as exc:
         raise click.ClickException(str(exc)) from exc
     for path in result["files"]:
@@ -163,11 +168,11 @@ def predict_command(run, data, split, out, batch_size, null_score_diff_threshold
 
 
 def eval_finetuned(run: str, data: str, split: str | None, batch_size: int, as_json: bool,
-                   allow_other_task: bool = False) -> None:
+                   allow_other_task: bool = False, allow_vocab_mismatch: bool = False) -> None:
     """`bert-train eval --run FINETUNED_RUN`: the task metric on a labelled split (default dev)."""
     try:
         result = predict_run(run, data, split or "dev", None, batch_size, need_labels=True,
-                             allow_other_task=allow_other_task)
+                             allow_other_task=allow_other_task, allow_vocab_mismatch=allow_vocab_mismatch)
     except _user_errors() as exc:
         raise click.ClickException(str(exc)) from exc
     if as_json:

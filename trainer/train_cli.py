@@ -9,7 +9,7 @@ import click
 
 from trainer.config import MODEL_SIZES, OPTIMIZERS, PRECISIONS, STRATEGIES, BertConfig, TrainConfig
 from trainer.errors import ConfigError, TrainerError
-from trainer.finetune_cli import ALLOW_OTHER_TASK_HELP
+from trainer.finetune_cli import ALLOW_OTHER_TASK_HELP, ALLOW_VOCAB_MISMATCH_HELP
 
 
 def _train_config(options: dict) -> TrainConfig:
@@ -91,8 +91,9 @@ def pretrain_command(bert_config_file, **options) -> None:
 @click.option("--max-predictions-per-seq", type=click.IntRange(min=1), help="For TFRecord globs without a manifest.")
 @click.option("--json", "as_json", is_flag=True, help="Print the figures as JSON.")
 @click.option("--allow-other-task", is_flag=True, help="Fine-tuned runs: " + ALLOW_OTHER_TASK_HELP)
+@click.option("--allow-vocab-mismatch", is_flag=True, help="Fine-tuned runs: " + ALLOW_VOCAB_MISMATCH_HELP)
 def eval_command(run, init_checkpoint, bert_config_file, data, split, batch_size, max_batches, max_seq_length,
-                 max_predictions_per_seq, as_json, allow_other_task) -> None:
+                 max_predictions_per_seq, as_json, allow_other_task, allow_vocab_mismatch) -> None:
     """MLM/NSP loss and accuracy of a run's latest checkpoint on a dataset split; for a fine-tuned
     run, its task metric."""
     from trainer.finetune_export import is_finetune_run
@@ -100,7 +101,7 @@ def eval_command(run, init_checkpoint, bert_config_file, data, split, batch_size
     if run and is_finetune_run(run):
         from trainer.finetune_cli import eval_finetuned
 
-        return eval_finetuned(run, data, split, batch_size, as_json, allow_other_task)
+        return eval_finetuned(run, data, split, batch_size, as_json, allow_other_task, allow_vocab_mismatch)
     split = split or "eval"
     if split not in ("eval", "train"):
         raise click.BadParameter(f"{split!r} is not one of 'eval', 'train' for a pre-training run",
