@@ -221,8 +221,8 @@ def test_tf1_export_directory_like_googles_release(tmp_path, vocab_file):
     arrays = random_arrays(TINY, seed=4)
     out = export_tf1(tmp_path / "tf1", arrays, TINY, vocab_file.read_bytes())
     assert sorted(p.name for p in out.iterdir()) == [
-        "bert_config.json", "bert_model.ckpt.data-00000-of-00001", "bert_model.ckpt.index", "checkpoint",
-        "vocab.txt"]
+        "bert_config.json", "bert_model.ckpt.data-00000-of-00001", "bert_model.ckpt.index",
+        "bert_train_export.json", "checkpoint", "vocab.txt"]
     assert json.loads((out / "bert_config.json").read_text()) == TINY
     assert init_checkpoint_config(out / "bert_model.ckpt") == TINY
     back, _ = read_checkpoint_arrays(out / "bert_model.ckpt", expected_tf1_shapes(TINY))
