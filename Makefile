@@ -40,7 +40,7 @@ test-fast: $(VENV)/.stamp-dev
 	$(PY) -m pytest -n 2 -m "not integration" $(PYTEST_ARGS)
 
 lint: $(VENV)/.stamp-dev
-	$(VENV)/bin/ruff check datagen pipelines vocab trainer contract tests benchmarks
+	$(VENV)/bin/ruff check datagen pipelines vocab trainer contract tests benchmarks examples
 
 bench: $(VENV)/.stamp-dev
 	$(PY) -m benchmarks.run_all
@@ -54,13 +54,13 @@ ablation: $(VENV)/.stamp-dev
 
 # The whole pipeline on the embedded default corpus (no network, no files from outside the repo).
 pretrain: $(VENV)/.stamp-train
-	$(PY) -m trainer.demo --out $(RUN_DIR)
+	$(PY) -m examples.pretrain_demo --out $(RUN_DIR)
 
 # Fine-tune the model `make pretrain` trained (run first when missing) on a task built from the
 # same embedded corpus: help-topic vs docstring paragraphs of Python's documentation.
 finetune: $(VENV)/.stamp-train
 	@test -d $(RUN_DIR)/phase1 || $(MAKE) pretrain
-	$(PY) -m trainer.finetune_demo --pretrain $(RUN_DIR) --out $(FINETUNE_DIR)
+	$(PY) -m examples.finetune_demo --pretrain $(RUN_DIR) --out $(FINETUNE_DIR)
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache .ruff_cache .hypothesis build dist *.egg-info .bench

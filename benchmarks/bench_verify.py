@@ -20,8 +20,8 @@ from datagen import rng
 from datagen.config import DatagenConfig
 from datagen.records import InstanceBatch, encode_batch, feature_spec
 from datagen.tfrecord import frame_records
-from pipelines import fsio
-from pipelines.card import write_card
+from pipelines.beam import fsio
+from pipelines.pretraining.card import write_card
 
 SPECIALS = ["[PAD]"] + [f"[unused{i}]" for i in range(5)] + ["[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 PAD, UNK, CLS, SEP, MASK = 0, 6, 7, 8, 9
@@ -162,8 +162,8 @@ def _peak_rss_mb(args: list[str]) -> float:
 
 def main(records: int = 60_000, shards: int = 4) -> dict:
     from contract.dataset import open_dataset
-    from pipelines.fsio import BEAM_FS
-    from pipelines.verify import verify
+    from pipelines.beam.fsio import BEAM_FS
+    from pipelines.tools.verify import verify
 
     with tempfile.TemporaryDirectory(prefix="bench-verify-") as tmp:
         t0 = time.perf_counter()

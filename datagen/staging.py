@@ -1,7 +1,7 @@
 """The staging file format: a pool's documents, or a task's records for one shard, as one blob.
 
 Bulk data goes through files under ``DIR/.staging-<run>/`` and only paths and counts go through the
-runner's shuffle (``pipelines.transforms``); this module is the bytes of those files. They live
+runner's shuffle (``pipelines.pretraining.transforms``); this module is the bytes of those files. They live
 only for one run, so the format is whatever is fastest to write and to map back: named NumPy
 arrays behind a small JSON header, read back as views of the file's bytes (no copy, no pickle).
 """

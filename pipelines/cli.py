@@ -4,22 +4,22 @@ from __future__ import annotations
 
 import click
 
-from contract.cliutil import DEBUG_HELP, CommandGroup
+from contract.cli.plumbing import DEBUG_HELP, CommandGroup
 from datagen import __version__
 
 COMMANDS = {
     "vocab": "pipelines.vocab_cli:vocab_command",
-    "run": "pipelines.run_cli:run_command",
-    "task": "pipelines.task_cli:task_command",
-    "verify": "pipelines.tools_cli:verify_command",
-    "inspect": "pipelines.tools_cli:inspect_command",
-    "stats": "pipelines.tools_cli:stats_command",
-    "diff": "pipelines.tools_cli:diff_command",
+    "run": "pipelines.pretraining.cli:run_command",
+    "task": "pipelines.tasks.cli:task_command",
+    "verify": "pipelines.tools.cli:verify_command",
+    "inspect": "pipelines.tools.cli:inspect_command",
+    "stats": "pipelines.tools.cli:stats_command",
+    "diff": "pipelines.tools.cli:diff_command",
 }
 
 
 class DatagenGroup(CommandGroup):
-    # Every data command cleans up after SIGTERM as after Ctrl-C (one mechanism, `contract.cliutil`).
+    # Every data command cleans up after SIGTERM as after Ctrl-C (one mechanism, `contract.cli.plumbing`).
     sigterm_interrupts = True
 
 

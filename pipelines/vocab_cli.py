@@ -9,7 +9,7 @@ import click
 
 from contract.vocab_io import write_vocab
 from datagen.config import INPUT_FORMATS
-from pipelines import fsio
+from pipelines.beam import fsio
 from vocab.train import LAYOUTS, train_vocab
 from vocab.vocab_file import VocabError
 
@@ -53,8 +53,8 @@ def vocab_command(inputs, output, vocab_size, do_lower_case, input_format, text_
     """Train a WordPiece vocabulary in Google's vocab.txt layout."""
     from datagen.config import ConfigError, DatagenConfig
     from datagen.readers import InputError
-    from pipelines.fsio import InputNotFoundError, match_files
-    from pipelines.outputs import OutputError, check_file_output, lock_output
+    from pipelines.beam.fsio import InputNotFoundError, match_files
+    from pipelines.beam.outputs import OutputError, check_file_output, lock_output
 
     try:
         config = DatagenConfig(input_format=input_format, text_field=text_field,

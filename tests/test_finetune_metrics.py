@@ -10,7 +10,7 @@ import string
 import numpy as np
 import pytest
 
-from trainer import metrics, squad_eval
+from trainer.finetune import metrics, squad_eval
 
 sklearn_metrics = pytest.importorskip("sklearn.metrics", reason="scikit-learn is a dev extra")
 scipy_stats = pytest.importorskip("scipy.stats", reason="scipy is a dev extra")

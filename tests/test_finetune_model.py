@@ -12,11 +12,11 @@ import pytest
 
 tf = pytest.importorskip("tensorflow")
 
-from trainer import heads  # noqa: E402
-from trainer.config import BertConfig  # noqa: E402
-from trainer.errors import CheckpointMismatchError  # noqa: E402
-from trainer.finetune_init import init_checkpoint_config, initialise_encoder  # noqa: E402
-from trainer.model import gelu_exact  # noqa: E402
+from trainer.finetune.init import init_checkpoint_config, initialise_encoder  # noqa: E402
+from trainer.model import heads  # noqa: E402
+from trainer.model.bert import gelu_exact  # noqa: E402
+from trainer.run.config import BertConfig  # noqa: E402
+from trainer.run.errors import CheckpointMismatchError  # noqa: E402
 
 TINY = BertConfig(vocab_size=30, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
                   intermediate_size=24, max_position_embeddings=32)
@@ -148,14 +148,14 @@ def test_init_from_hf_bertmodel_dir_matches_transformers():
 def test_init_reports_every_missing_and_misshaped_weight(tmp_path):
     from safetensors.numpy import save_file
 
-    from trainer.hf import hf_config_from_bert_config
+    from trainer.interop.hf import hf_config_from_bert_config
 
     model = heads.build_finetune_model(TINY, "classification", 2, seed=1)
     hf_dir = tmp_path / "hf"
     hf_dir.mkdir()
     (hf_dir / "config.json").write_text(json.dumps(hf_config_from_bert_config(TINY.to_dict())))
-    from trainer.heads import encoder_variable_map
-    from trainer.hf import tf1_to_hf
+    from trainer.interop.hf import tf1_to_hf
+    from trainer.model.heads import encoder_variable_map
 
     state = tf1_to_hf({n: v.numpy() for n, v in encoder_variable_map(model).items()})
     state = {k[len("bert."):]: v for k, v in state.items()}  # BertModel names, no prefix
@@ -171,8 +171,8 @@ def test_init_reports_every_missing_and_misshaped_weight(tmp_path):
 
 
 def test_word_predictions_take_each_word_from_the_window_that_owns_it():
-    from trainer.errors import DataError
-    from trainer.task_eval import word_predictions
+    from trainer.finetune.evaluate import word_predictions
+    from trainer.run.errors import DataError
 
     examples = [{"index": 0, "words": ["a", "b", "c", "d"]}, {"index": 1, "words": ["e"]}]
     windows = [{"example_index": 0, "word_ids": [-1, 0, 1, -1, -1]},  # [CLS] a b [SEP] pad
@@ -187,10 +187,10 @@ def test_word_predictions_take_each_word_from_the_window_that_owns_it():
 
 
 def test_init_from_hf_bertforpretraining_dir_drops_the_heads(tmp_path):
-    from trainer.export import export_hf
-    from trainer.heads import encoder_variable_map
-    from trainer.model import build_model
-    from trainer.weights import model_tf1_arrays
+    from trainer.interop.export import export_hf
+    from trainer.model.bert import build_model
+    from trainer.model.heads import encoder_variable_map
+    from trainer.model.weights import model_tf1_arrays
 
     pre = build_model(TINY, seed=4)
     arrays = model_tf1_arrays(pre)
@@ -206,10 +206,9 @@ def test_init_from_hf_bertforpretraining_dir_drops_the_heads(tmp_path):
 def test_evaluations_reuse_one_trace_per_model_and_predict_the_same(tmp_path):
     # Each evaluation used to make and trace its own tf.function (twice: once more for the short
     # last batch), seconds per epoch and TensorFlow's retracing warning.
-    from task_fixtures import classification_dataset, tiny_bert
-
-    from trainer.task_data import open_task_dataset, ordered_batches
-    from trainer.task_eval import MODEL_INPUTS, evaluate_split, predict_function
+    from tests.support.task_fixtures import classification_dataset, tiny_bert
+    from trainer.finetune.data import open_task_dataset, ordered_batches
+    from trainer.finetune.evaluate import MODEL_INPUTS, evaluate_split, predict_function
 
     data = open_task_dataset(classification_dataset(str(tmp_path / "d"), n_dev=40))
     model = heads.build_finetune_model(tiny_bert(), "classification", 2, seed=1)

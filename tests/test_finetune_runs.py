@@ -12,17 +12,16 @@ tf = pytest.importorskip("tensorflow")
 
 pytestmark = pytest.mark.integration  # several short runs, ~1 min in all
 
-from task_fixtures import (  # noqa: E402
+from tests.support.task_fixtures import (  # noqa: E402
     classification_dataset,
     span_dataset,
     tagging_dataset,
     tiny_bert,
     write_pretrain_run,
 )
-
-from trainer import checkpoint as ckpt_lib  # noqa: E402
-from trainer.errors import DataError, TrainingError  # noqa: E402
-from trainer.finetune import FinetuneConfig, finetune, finetune_seeds  # noqa: E402
+from trainer.finetune.run import FinetuneConfig, finetune, finetune_seeds  # noqa: E402
+from trainer.run import checkpoint as ckpt_lib  # noqa: E402
+from trainer.run.errors import DataError, TrainingError  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -120,7 +119,7 @@ def test_bad_input(tmp_path, init_run):
     other = write_pretrain_run(str(tmp_path / "big"), tiny_bert(vocab_size=41))
     with pytest.raises(DataError, match="vocab has 40 tokens .* vocab_size 41"):
         finetune(_cfg(data, tmp_path / "x", other), log=lambda _: None)
-    from trainer.synthetic import write_synthetic_dataset
+    from tests.support.synthetic import write_synthetic_dataset
 
     pre = write_synthetic_dataset(str(tmp_path / "pre"), vocab_size=40)
     with pytest.raises(DataError, match="pre-training dataset"):
@@ -150,7 +149,7 @@ def test_nan_loss_stops_and_keeps_last_good_checkpoint(tmp_path, init_run):
 
 
 def test_task_dataset_given_to_pretraining_is_refused(tmp_path):
-    from trainer.data import open_pretraining_data
+    from trainer.pretrain.data import open_pretraining_data
 
     data = classification_dataset(str(tmp_path / "data"))
     with pytest.raises(DataError, match="a .task. dataset, not a pre-training dataset.*`bert-train finetune`"):
@@ -158,10 +157,10 @@ def test_task_dataset_given_to_pretraining_is_refused(tmp_path):
 
 
 def test_init_from_tf1_checkpoint_prefix(tmp_path):
-    from trainer.heads import encoder_variable_map
-    from trainer.model import build_model
-    from trainer.tf1 import write_tf1_checkpoint
-    from trainer.weights import model_tf1_arrays
+    from trainer.interop.tf1 import write_tf1_checkpoint
+    from trainer.model.bert import build_model
+    from trainer.model.heads import encoder_variable_map
+    from trainer.model.weights import model_tf1_arrays
 
     bert = tiny_bert()
     pre = build_model(bert, seed=9)
@@ -171,7 +170,7 @@ def test_init_from_tf1_checkpoint_prefix(tmp_path):
     data = classification_dataset(str(tmp_path / "data"))
     cfg = FinetuneConfig(data=data, out=str(tmp_path / "run"), init_checkpoint=str(tmp_path / "bert_model.ckpt"),
                          max_steps=1, batch_size=8)
-    from trainer.finetune import FinetuneRun
+    from trainer.finetune.run import FinetuneRun
 
     run = FinetuneRun(cfg, log=lambda _: None)
     summary = run.restore_or_initialise()

@@ -16,10 +16,10 @@ pytest.importorskip("tensorflow")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from click.testing import CliRunner  # noqa: E402
-from task_fixtures import classification_dataset, write_pretrain_run  # noqa: E402
 
-from trainer import rundir  # noqa: E402
+from tests.support.task_fixtures import classification_dataset, write_pretrain_run  # noqa: E402
 from trainer.cli import main  # noqa: E402
+from trainer.run import rundir  # noqa: E402
 
 
 def _invoke(args: list[str]):
@@ -62,7 +62,7 @@ def test_finetune_refuses_a_directory_of_a_users_files(tmp_path, task_data, init
 
 
 def test_runs_are_refused_in_a_dataset(tmp_path, task_data, init_run, tree_snapshot):
-    from trainer.synthetic import write_synthetic_dataset
+    from tests.support.synthetic import write_synthetic_dataset
 
     pre = write_synthetic_dataset(str(tmp_path / "pre"), vocab_size=40)
     before = {p: tree_snapshot(Path(p)) for p in (task_data, pre)}
@@ -75,7 +75,7 @@ def test_runs_are_refused_in_a_dataset(tmp_path, task_data, init_run, tree_snaps
 
 
 def test_pretrain_and_finetune_refuse_each_others_runs(tmp_path, task_data, init_run, tree_snapshot):
-    from trainer.synthetic import write_synthetic_dataset
+    from tests.support.synthetic import write_synthetic_dataset
 
     pre = write_synthetic_dataset(str(tmp_path / "pre"), vocab_size=40)
     tuned = tmp_path / "tuned"  # a fine-tuning run as it stands after its first write
@@ -123,8 +123,8 @@ def tuned_run(tmp_path_factory, task_data, init_run) -> Path:
 
 
 def test_finetune_resumes_only_on_its_dataset_and_settings(tmp_path, init_run):
-    from trainer.errors import TrainingError
-    from trainer.finetune import FinetuneConfig, finetune
+    from trainer.finetune.run import FinetuneConfig, finetune
+    from trainer.run.errors import TrainingError
 
     data = classification_dataset(str(tmp_path / "data"))
     cfg = FinetuneConfig(data=data, out=str(tmp_path / "run"), init_from=init_run, max_steps=4, batch_size=8,
@@ -142,7 +142,7 @@ def test_finetune_resumes_only_on_its_dataset_and_settings(tmp_path, init_run):
     classification_dataset(str(tmp_path / "data"), seed=1)
     with pytest.raises(TrainingError, match=f"not the dataset this run was started on.*{recorded['fingerprint']}"):
         finetune(cfg, log=lambda _: None)
-    assert [step for step, _ in __import__("trainer.checkpoint").checkpoint.list_checkpoints(tmp_path / "run")] == [2]
+    assert [step for step, _ in __import__("trainer.run.checkpoint").checkpoint.list_checkpoints(tmp_path / "run")] == [2]
     shutil.rmtree(tmp_path / "data")
     classification_dataset(str(tmp_path / "data"))
     lines: list[str] = []
@@ -172,7 +172,7 @@ def test_predict_never_replaces_what_it_did_not_write(tmp_path, task_data, tuned
 
 
 def test_predict_replaces_its_own_predictions_only_with_overwrite(tmp_path, task_data, tuned_run, tree_snapshot):
-    from trainer.task_eval import PREDICTIONS_RECORD
+    from trainer.finetune.evaluate import PREDICTIONS_RECORD
 
     out = tmp_path / "p"
     result = _invoke(_predict_args(tuned_run, task_data, out))
@@ -229,7 +229,7 @@ class _Process:
 
 def _stopped_at_a_checkpoint(run: Path, code: int, stdout: str, stderr: str) -> int:
     """SIGINT or SIGTERM: the step done is saved and named, "interrupted", exit 130, no traceback."""
-    from trainer import checkpoint as ckpt_lib
+    from trainer.run import checkpoint as ckpt_lib
 
     assert code == 130 and "interrupted" in stderr and "Traceback" not in stderr, stderr
     step = ckpt_lib.list_checkpoints(run)[-1][0]
@@ -266,7 +266,7 @@ def test_finetune_stops_on_sigint_and_sigterm_at_a_checkpoint_and_resumes(tmp_pa
 def test_pretrain_stops_on_sigterm_at_a_checkpoint(tmp_path):
     import signal
 
-    from trainer.synthetic import write_synthetic_dataset
+    from tests.support.synthetic import write_synthetic_dataset
 
     data = write_synthetic_dataset(str(tmp_path / "ds"), seq_len=16, max_pred=3, vocab_size=40, train_shards=2,
                                    records_per_shard=24, eval_records=8)
@@ -288,8 +288,8 @@ def test_prediction_files_use_the_marked_temp_form_that_cleanup_removes(tmp_path
 
     import numpy as np
 
-    from trainer import squad_postprocess
-    from trainer.task_eval import SplitPredictions, write_outputs
+    from trainer.finetune import squad_postprocess
+    from trainer.finetune.evaluate import SplitPredictions, write_outputs
 
     renamed: list[str] = []
     real_replace = os.replace

@@ -11,7 +11,7 @@ import math
 import numpy as np
 import pytest
 
-from trainer import squad_postprocess as sp
+from trainer.finetune import squad_postprocess as sp
 
 bert_tokenization = pytest.importorskip("transformers.models.bert.tokenization_bert_legacy",
                                         reason="transformers is a test extra")

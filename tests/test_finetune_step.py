@@ -1,6 +1,6 @@
 """The fine-tuning step under the settings the pre-training tests cover (tests/test_trainer_runs.py):
 two mirrored replicas, mixed precision and an XLA-compiled step. Fine-tuning shares that step
-(trainer/step.py), but through its own objective, heads and loop; tiny task datasets."""
+(trainer/run/step.py), but through its own objective, heads and loop; tiny task datasets."""
 
 from __future__ import annotations
 
@@ -18,10 +18,9 @@ import pytest
 
 tf = pytest.importorskip("tensorflow")
 
-from task_fixtures import classification_dataset, span_dataset, tiny_bert, write_pretrain_run  # noqa: E402
-
-from trainer import checkpoint as ckpt_lib  # noqa: E402
-from trainer.finetune import FinetuneConfig, finetune  # noqa: E402
+from tests.support.task_fixtures import classification_dataset, span_dataset, tiny_bert, write_pretrain_run  # noqa: E402
+from trainer.finetune.run import FinetuneConfig, finetune  # noqa: E402
+from trainer.run import checkpoint as ckpt_lib  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 TESTS = Path(__file__).resolve().parent
@@ -67,8 +66,8 @@ MIRRORED = textwrap.dedent("""
     import sys, numpy as np, tensorflow as tf
     cpu = tf.config.list_physical_devices("CPU")[0]
     tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
-    from trainer import checkpoint as ck
-    from trainer.finetune import FinetuneConfig, FinetuneRun
+    from trainer.run import checkpoint as ck
+    from trainer.finetune.run import FinetuneConfig, FinetuneRun
     data, init, out = sys.argv[1:4]
     runs = {"one-device": {"strategy": "one-device"}, "one-device-acc2": {"strategy": "one-device", "accumulation_steps": 2},
             "mirrored-acc2": {"strategy": "mirrored", "accumulation_steps": 2}}

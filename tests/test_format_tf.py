@@ -9,11 +9,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from pipeline_corpus import make_documents, manifest_of, write_text_files, write_vocab
 
 from datagen.config import DatagenConfig
 from datagen.example_codec import decode_example
-from pipelines.run import generate_dataset
+from pipelines.pretraining.run import generate_dataset
+from tests.support.pipeline_corpus import make_documents, manifest_of, write_text_files, write_vocab
 
 tf = pytest.importorskip("tensorflow")
 

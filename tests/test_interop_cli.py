@@ -12,13 +12,13 @@ tf = pytest.importorskip("tensorflow")
 from click.testing import CliRunner  # noqa: E402
 from test_interop_names import VOCAB, assert_bitwise_equal  # noqa: E402
 
-from trainer import checkpoint as ckpt_lib  # noqa: E402
+from tests.support.synthetic import write_synthetic_dataset  # noqa: E402
 from trainer.cli import main  # noqa: E402
-from trainer.config import BertConfig  # noqa: E402
-from trainer.errors import ConfigError  # noqa: E402
-from trainer.loading import read_checkpoint_arrays  # noqa: E402
-from trainer.synthetic import write_synthetic_dataset  # noqa: E402
-from trainer.weights import expected_tf1_shapes  # noqa: E402
+from trainer.interop.loading import read_checkpoint_arrays  # noqa: E402
+from trainer.model.weights import expected_tf1_shapes  # noqa: E402
+from trainer.run import checkpoint as ckpt_lib  # noqa: E402
+from trainer.run.config import BertConfig  # noqa: E402
+from trainer.run.errors import ConfigError  # noqa: E402
 
 BERT = {"vocab_size": 40, "hidden_size": 16, "num_hidden_layers": 2, "num_attention_heads": 2,
         "intermediate_size": 24, "max_position_embeddings": 16}
@@ -137,7 +137,7 @@ def test_init_checkpoint_with_wrong_config_is_a_clear_cli_error(run, tmp_path):
 def test_export_takes_vocab_and_casing_from_the_manifest(tmp_path):
     import hashlib
 
-    from trainer.export import ExportConfig, resolve_vocab
+    from trainer.interop.export import ExportConfig, resolve_vocab
 
     data = write_synthetic_dataset(str(tmp_path / "ds"), seq_len=16, max_pred=3, vocab_size=40,
                                    train_shards=1, records_per_shard=4, eval_records=0)

@@ -9,13 +9,18 @@ tf = pytest.importorskip("tensorflow")
 
 from test_interop_names import VOCAB, assert_bitwise_equal, write_with_v1_saver  # noqa: E402
 
-from trainer.config import BertConfig  # noqa: E402
-from trainer.errors import CheckpointMismatchError  # noqa: E402
-from trainer.export import export_hf, export_tf1  # noqa: E402
-from trainer.loading import init_checkpoint_config, load_init_checkpoint  # noqa: E402
-from trainer.model import build_model  # noqa: E402
-from trainer.tf1 import write_tf1_checkpoint  # noqa: E402
-from trainer.weights import assign_tf1_arrays, expected_tf1_shapes, model_expected_shapes, model_tf1_arrays  # noqa: E402
+from trainer.interop.export import export_hf, export_tf1  # noqa: E402
+from trainer.interop.loading import init_checkpoint_config, load_init_checkpoint  # noqa: E402
+from trainer.interop.tf1 import write_tf1_checkpoint  # noqa: E402
+from trainer.model.bert import build_model  # noqa: E402
+from trainer.model.weights import (  # noqa: E402
+    assign_tf1_arrays,
+    expected_tf1_shapes,
+    model_expected_shapes,
+    model_tf1_arrays,
+)
+from trainer.run.config import BertConfig  # noqa: E402
+from trainer.run.errors import CheckpointMismatchError  # noqa: E402
 
 CONFIG = BertConfig(vocab_size=len(VOCAB), hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
                     intermediate_size=24, max_position_embeddings=12)

@@ -9,9 +9,8 @@ import pytest
 
 tf = pytest.importorskip("tensorflow")
 
-from trainer.errors import CheckpointFormatError, CheckpointMismatchError  # noqa: E402
-from trainer.export import export_hf, export_tf1  # noqa: E402
-from trainer.hf import (  # noqa: E402
+from trainer.interop.export import export_hf, export_tf1  # noqa: E402
+from trainer.interop.hf import (  # noqa: E402
     bert_config_from_hf_config,
     hf_config_from_bert_config,
     hf_name_table,
@@ -19,9 +18,10 @@ from trainer.hf import (  # noqa: E402
     read_safetensors,
     tf1_to_hf,
 )
-from trainer.loading import init_checkpoint_config, read_checkpoint_arrays  # noqa: E402
-from trainer.tf1 import read_tf1_checkpoint, write_tf1_checkpoint  # noqa: E402
-from trainer.weights import expected_tf1_shapes  # noqa: E402
+from trainer.interop.loading import init_checkpoint_config, read_checkpoint_arrays  # noqa: E402
+from trainer.interop.tf1 import read_tf1_checkpoint, write_tf1_checkpoint  # noqa: E402
+from trainer.model.weights import expected_tf1_shapes  # noqa: E402
+from trainer.run.errors import CheckpointFormatError, CheckpointMismatchError  # noqa: E402
 
 TINY = {
     "attention_probs_dropout_prob": 0.1, "hidden_act": "gelu", "hidden_dropout_prob": 0.1,

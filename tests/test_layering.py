@@ -3,7 +3,7 @@
 Bottom up, each layer imports only from below: ``vocab`` (nothing of ours) -> ``datagen`` ->
 ``contract`` -> ``pipelines`` and ``trainer``, which never import each other. No import cycles
 between modules. Every import counts, at module level or inside a function, ``TYPE_CHECKING`` ones
-too: a lazy import is still a dependency. ``tests`` and ``benchmarks`` may import anything.
+too: a lazy import is still a dependency. ``tests``, ``benchmarks`` and ``examples`` may import anything.
 
 And the trainer's entry points load no Beam: ``import trainer`` and ``bert-train --help`` leave
 neither ``apache_beam`` nor its GCP modules in ``sys.modules``.

@@ -6,10 +6,15 @@ commit and say why: every dataset made before no longer reproduces.
 
 from __future__ import annotations
 
-from pipeline_corpus import make_documents, manifest_of, shard_digests, write_sentence_files, write_vocab
-
 from datagen.config import DatagenConfig
-from pipelines.run import generate_dataset
+from pipelines.pretraining.run import generate_dataset
+from tests.support.pipeline_corpus import (
+    make_documents,
+    manifest_of,
+    shard_digests,
+    write_sentence_files,
+    write_vocab,
+)
 
 CONFIG = DatagenConfig(max_seq_length=32, max_predictions_per_seq=5, dupe_factor=2, num_shards=2,
                        eval_fraction=0.2, notnext_pool_size=10, random_seed=12345,

@@ -19,8 +19,15 @@ import time
 from pathlib import Path
 
 import pytest
-from pipeline_corpus import make_documents, manifest_of, shard_digests, write_sentence_files, write_vocab
 from test_pipeline_golden import CONFIG, GOLDEN_FINGERPRINT, GOLDEN_SHARDS
+
+from tests.support.pipeline_corpus import (
+    make_documents,
+    manifest_of,
+    shard_digests,
+    write_sentence_files,
+    write_vocab,
+)
 
 pytestmark = pytest.mark.integration
 

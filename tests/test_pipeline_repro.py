@@ -15,7 +15,11 @@ import time
 from pathlib import Path
 
 import pytest
-from pipeline_corpus import (
+
+from datagen.config import DatagenConfig
+from datagen.tfrecord import iter_tfrecords
+from pipelines.pretraining.run import generate_dataset, read_tasks
+from tests.support.pipeline_corpus import (
     make_documents,
     manifest_of,
     shard_digests,
@@ -23,10 +27,6 @@ from pipeline_corpus import (
     write_text_files,
     write_vocab,
 )
-
-from datagen.config import DatagenConfig
-from datagen.tfrecord import iter_tfrecords
-from pipelines.run import generate_dataset, read_tasks
 
 pytestmark = pytest.mark.integration
 

@@ -10,17 +10,17 @@ from pathlib import Path
 import numpy as np
 import pytest
 from click.testing import CliRunner
-from pipeline_corpus import (
+
+from datagen.example_codec import decode_example
+from datagen.tfrecord import iter_tfrecords
+from pipelines.cli import main
+from tests.support.pipeline_corpus import (
     make_documents,
     manifest_of,
     shard_digests,
     write_text_files,
     write_vocab,
 )
-
-from datagen.example_codec import decode_example
-from datagen.tfrecord import iter_tfrecords
-from pipelines.cli import main
 
 
 def run_cli(*args: str) -> tuple[int, str]:

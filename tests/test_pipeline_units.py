@@ -16,9 +16,9 @@ from datagen import placement as P
 from datagen import staging as S
 from datagen.config import DatagenConfig
 from datagen.documents import unique_documents
-from pipelines import run as R
-from pipelines import runners
-from pipelines import transforms as T
+from pipelines.beam import runners
+from pipelines.pretraining import run as R
+from pipelines.pretraining import transforms as T
 
 
 @given(st.lists(st.integers(0, 2**64 - 1), min_size=1, max_size=50), st.integers(1, 2**32 - 1))
@@ -278,7 +278,7 @@ def test_every_dofn_round_trips_through_beam_pickler_and_cloudpickle(tmp_path) -
 
 
 def test_beam_options_with_values_pass_and_stray_words_do_not() -> None:
-    from pipelines.options import stray_arguments
+    from pipelines.beam.options import stray_arguments
 
     assert stray_arguments(["--project", "p", "--region=r", "--streaming", "--temp_location", "gs://t"]) == []
     assert stray_arguments(["--region=r", "oops"]) == ["oops"]
@@ -327,7 +327,7 @@ def test_bench_two_worker_bound_is_serial_part_plus_half_the_task_cpu() -> None:
 def test_text_layout_option_reaches_the_config_and_keeps_the_manifest_form(monkeypatch, tmp_path) -> None:
     from click.testing import CliRunner
 
-    from pipelines.run_cli import run_command
+    from pipelines.pretraining.cli import run_command
 
     seen = []
 
@@ -350,7 +350,7 @@ def test_text_layout_option_reaches_the_config_and_keeps_the_manifest_form(monke
 def test_progress_lines_of_a_process_time_from_one_start_and_say_each_count_once(monkeypatch) -> None:
     import io
 
-    from pipelines import progress
+    from pipelines.beam import progress
 
     now = [100.0]
     monkeypatch.setattr(progress, "PROCESS_START", 100.0)

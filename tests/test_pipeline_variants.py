@@ -11,7 +11,14 @@ import dataclasses
 import io
 
 import pytest
-from pipeline_corpus import (
+from test_pipeline_golden import CONFIG as GOLDEN_CONFIG
+
+from datagen.config import DatagenConfig
+from datagen.example_codec import decode_example
+from datagen.records import feature_spec
+from datagen.tfrecord import iter_tfrecords
+from pipelines.pretraining.run import generate_dataset
+from tests.support.pipeline_corpus import (
     make_documents,
     manifest_of,
     shard_digests,
@@ -19,13 +26,6 @@ from pipeline_corpus import (
     write_text_files,
     write_vocab,
 )
-from test_pipeline_golden import CONFIG as GOLDEN_CONFIG
-
-from datagen.config import DatagenConfig
-from datagen.example_codec import decode_example
-from datagen.records import feature_spec
-from datagen.tfrecord import iter_tfrecords
-from pipelines.run import generate_dataset
 
 VARIANTS = {
     "span": dict(masking_unit="span"),

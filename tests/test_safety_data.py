@@ -11,7 +11,13 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from pipeline_corpus import (
+
+from datagen.config import DatagenConfig
+from datagen.documents import document_id, document_sentences
+from datagen.readers import read_documents
+from pipelines.beam.outputs import MARK
+from pipelines.cli import main
+from tests.support.pipeline_corpus import (
     document_text,
     make_documents,
     manifest_of,
@@ -20,12 +26,6 @@ from pipeline_corpus import (
     write_text_files,
     write_vocab,
 )
-
-from datagen.config import DatagenConfig
-from datagen.documents import document_id, document_sentences
-from datagen.readers import read_documents
-from pipelines.cli import main
-from pipelines.outputs import MARK
 
 
 def cli(*args: str) -> tuple[int, str]:

@@ -1,4 +1,4 @@
-"""Two commands never write the same output at once (`contract.lock`): the second is refused with one
+"""Two commands never write the same output at once (`contract.cli.lock`): the second is refused with one
 line naming the path and the holder, before it changes anything; a holder that dies (kill -9)
 blocks nobody; a file at the lock path that is not ours is never touched; object stores take no
 lock. The holder is a real second process (flock locks belong to an open file description)."""
@@ -15,16 +15,16 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from pipeline_corpus import make_documents, tree_snapshot, write_text_files, write_vocab
-from taskdata_corpus import write_pair_tsv
 
-from contract import lock
+from contract.cli import lock
 from pipelines.cli import main
+from tests.support.pipeline_corpus import make_documents, tree_snapshot, write_text_files, write_vocab
+from tests.support.taskdata_corpus import write_pair_tsv
 
 REPO = Path(__file__).resolve().parent.parent
 HOLD = """
 import os, subprocess, sys
-from contract.lock import lock_output
+from contract.cli.lock import lock_output
 held = lock_output(sys.argv[1])
 children = []
 if len(sys.argv) > 2:  # children that outlive us: an exec'd one (close_fds off) and a plain fork

@@ -8,10 +8,10 @@ import math
 
 import pytest
 from click.testing import CliRunner
-from pipeline_corpus import make_documents, tree_snapshot, write_text_files, write_vocab
 
 from datagen.config import ConfigError, DatagenConfig
 from pipelines.cli import main
+from tests.support.pipeline_corpus import make_documents, tree_snapshot, write_text_files, write_vocab
 
 
 @pytest.fixture(scope="module")
@@ -44,8 +44,8 @@ def test_every_float_option_rejects_nan_and_infinities(corpus, option: str, valu
 
 def test_float_options_are_exactly_the_checked_ones() -> None:
     """A float option added later without the finite check would slip through: list them all."""
-    from contract.cliutil import FiniteFloat
-    from pipelines.run_cli import run_command
+    from contract.cli.plumbing import FiniteFloat
+    from pipelines.pretraining.cli import run_command
 
     floats = sorted(o.opts[0] for o in run_command.params if isinstance(o.type, click_float_types()))
     assert floats == sorted(FLOAT_OPTIONS)
@@ -55,7 +55,7 @@ def test_float_options_are_exactly_the_checked_ones() -> None:
 def click_float_types():
     import click
 
-    from contract.cliutil import FiniteFloat
+    from contract.cli.plumbing import FiniteFloat
 
     return (click.types.FloatParamType, FiniteFloat)
 

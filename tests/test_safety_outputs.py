@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from pipeline_corpus import make_documents, tree_snapshot, write_text_files, write_vocab
 
-from pipelines import fsio, outputs
+from pipelines.beam import fsio, outputs
 from pipelines.cli import main
+from tests.support.pipeline_corpus import make_documents, tree_snapshot, write_text_files, write_vocab
 
 
 def cli(*args: str) -> tuple[int, str]:

@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from pipeline_corpus import make_documents, tree_snapshot, write_text_files, write_vocab
 from test_tools_remote import FakeObjectStore
 
-from pipelines import outputs
+from pipelines.beam import outputs
 from pipelines.cli import main
+from tests.support.pipeline_corpus import make_documents, tree_snapshot, write_text_files, write_vocab
 
 SCHEME = "fakestore"
 PREFIX = f"{SCHEME}://"

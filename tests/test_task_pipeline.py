@@ -8,8 +8,6 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from pipeline_corpus import manifest_of, write_vocab
-from taskdata_corpus import write_conll, write_pair_tsv, write_squad
 
 from contract.fs import LOCAL_FS
 from contract.vocab_io import load_vocab
@@ -17,8 +15,10 @@ from datagen.tasks import build
 from datagen.tasks.config import TaskConfig
 from datagen.tasks.encode import encode_framed
 from pipelines.cli import main
-from pipelines.run import DatagenError
-from pipelines.task_run import generate_task_dataset
+from pipelines.pretraining.run import DatagenError
+from pipelines.tasks.run import generate_task_dataset
+from tests.support.pipeline_corpus import manifest_of, write_vocab
+from tests.support.taskdata_corpus import write_conll, write_pair_tsv, write_squad
 from vocab.tokenizer import BertTokenizer
 
 # Pinned: a change that alters these bytes on purpose must update them and say why.

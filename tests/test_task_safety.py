@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from pipeline_corpus import write_vocab
-from taskdata_corpus import write_conll, write_pair_tsv, write_squad
 
 from pipelines.cli import main
+from tests.support.pipeline_corpus import write_vocab
+from tests.support.taskdata_corpus import write_conll, write_pair_tsv, write_squad
 
 
 def cli(*args: str) -> tuple[int, str]:
@@ -205,7 +205,7 @@ def test_sigterm_cleans_up_like_ctrl_c(files, tree_snapshot) -> None:
     import sys
     import time
 
-    from pipelines.outputs import MARK
+    from pipelines.beam.outputs import MARK
 
     out = files["root"] / "ds"
     code, output = cli(*tsv_args(files, out))

@@ -9,16 +9,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 from click.testing import CliRunner
-from pipeline_corpus import write_vocab
-from taskdata_corpus import write_conll, write_pair_tsv, write_squad
 
 from contract.fs import LOCAL_FS
 from contract.manifest import manifest_bytes
 from datagen.tasks.config import TaskConfig
 from datagen.tasks.encode import encode_framed
 from pipelines.cli import main
-from pipelines.task_run import generate_task_dataset
-from pipelines.task_tools import read_split
+from pipelines.tasks.run import generate_task_dataset
+from pipelines.tasks.tools import read_split
+from tests.support.pipeline_corpus import write_vocab
+from tests.support.taskdata_corpus import write_conll, write_pair_tsv, write_squad
 
 
 @pytest.fixture(scope="module")
@@ -269,7 +269,7 @@ def test_stats_plot_of_a_task_dataset_is_safe(datasets, tmp_path, monkeypatch):
 
 def test_plot_draws_tags_and_regression_targets(datasets, tmp_path):
     from contract.dataset import open_dataset
-    from pipelines.task_tools import plot_task_stats, task_stats
+    from pipelines.tasks.tools import plot_task_stats, task_stats
 
     st = task_stats(open_dataset(str(datasets["ner"]), LOCAL_FS))
     for s in st["splits"].values():

@@ -7,13 +7,13 @@ import io
 
 import numpy as np
 import pytest
-from taskdata_fixtures import build_file, build_split, minilm_tokenizer, task_file
-from taskdata_reference import Tok, convert_single_example, read_tsv, truncate_seq_pair
 
 from datagen.config import ConfigError
 from datagen.tasks.classify import classification_records, truncate_pair_lengths
 from datagen.tasks.config import CLASSIFICATION, REGRESSION, TaskConfig, TaskInputError
 from datagen.tasks.delimited import read_table
+from tests.support.taskdata_fixtures import build_file, build_split, minilm_tokenizer, task_file
+from tests.support.taskdata_reference import Tok, convert_single_example, read_tsv, truncate_seq_pair
 
 FEATURES = ("input_ids", "input_mask", "segment_ids", "label_ids", "is_real_example")
 

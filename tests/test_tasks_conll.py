@@ -6,10 +6,10 @@ import json
 
 import numpy as np
 import pytest
-from taskdata_fixtures import build_file, build_split, minilm_tokenizer, task_file
-from taskdata_reference import Tok, read_conll_reference, tagging_features
 
 from datagen.tasks.config import TaskConfig, TaskInputError
+from tests.support.taskdata_fixtures import build_file, build_split, minilm_tokenizer, task_file
+from tests.support.taskdata_reference import Tok, read_conll_reference, tagging_features
 
 FEATURES = ("input_ids", "input_mask", "segment_ids", "label_ids")
 

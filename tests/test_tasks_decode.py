@@ -4,13 +4,13 @@ and hands it every odd record."""
 from __future__ import annotations
 
 import numpy as np
-from taskdata_fixtures import build_file, minilm_tokenizer, task_file
 
 from datagen.example_codec import decode_batch, decode_exact
 from datagen.records import _varint
 from datagen.tasks.config import TaskConfig
 from datagen.tasks.encode import encode_payloads
 from datagen.tasks.features import task_feature_spec
+from tests.support.taskdata_fixtures import build_file, minilm_tokenizer, task_file
 
 
 def _entries(payload: bytes) -> bytes:

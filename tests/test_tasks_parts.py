@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from taskdata_fixtures import minilm_tokenizer, task_file
 
 from datagen.tasks import build
 from datagen.tasks.config import TaskConfig
+from tests.support.taskdata_fixtures import minilm_tokenizer, task_file
 
 
 def _equal(a, b) -> None:

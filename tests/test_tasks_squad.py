@@ -6,11 +6,11 @@ import json
 
 import numpy as np
 import pytest
-from taskdata_fixtures import build_file, minilm_tokenizer, squad_slice, task_file
-from taskdata_reference import Tok, convert_examples_to_features, read_squad_examples
 
 from datagen.tasks.config import TaskConfig, TaskInputError
 from datagen.tasks.squad import doc_windows, improve_answer_span, max_context_window
+from tests.support.taskdata_fixtures import build_file, minilm_tokenizer, squad_slice, task_file
+from tests.support.taskdata_reference import Tok, convert_examples_to_features, read_squad_examples
 
 SEQ = ("unique_ids", "input_ids", "input_mask", "segment_ids")
 TRAIN = ("start_positions", "end_positions", "is_impossible")
@@ -159,7 +159,7 @@ def test_invalid_json_names_line_and_column(tmp_path):
 
 
 def test_window_helpers_match_the_original_loops():
-    from taskdata_reference import check_is_max_context
+    from tests.support.taskdata_reference import check_is_max_context
 
     for n in (1, 5, 37, 129):
         for max_doc in (1, 7, 40):

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from taskdata_fixtures import build_file, minilm_tokenizer, squad_slice, task_file
 
 from datagen.tasks.config import TaskConfig, split_is_training
 from datagen.tasks.encode import encode_framed, encode_payloads
 from datagen.tasks.features import task_feature_spec
+from tests.support.taskdata_fixtures import build_file, minilm_tokenizer, squad_slice, task_file
 
 tf = pytest.importorskip("tensorflow")
 

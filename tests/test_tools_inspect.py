@@ -18,8 +18,8 @@ from contract.fs import LOCAL_FS  # noqa: E402
 from contract.manifest import ManifestError, build_manifest, load_manifest, write_manifest  # noqa: E402
 from datagen.records import encode_batch  # noqa: E402
 from datagen.tfrecord import frame_records  # noqa: E402
-from pipelines.card import render_card  # noqa: E402
-from pipelines.tools_cli import diff_command, inspect_command, stats_command, verify_command  # noqa: E402
+from pipelines.pretraining.card import render_card  # noqa: E402
+from pipelines.tools.cli import diff_command, inspect_command, stats_command, verify_command  # noqa: E402
 
 SEQ, PREDS = 64, 10
 VOCAB = fixture_vocab()

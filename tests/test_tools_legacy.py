@@ -14,7 +14,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # benchmarks/ h
 from benchmarks.bench_verify import fixture_instances, fixture_vocab  # noqa: E402
 from datagen.records import encode_batch  # noqa: E402
 from datagen.tfrecord import frame_records  # noqa: E402
-from pipelines.tools_cli import diff_command, inspect_command, stats_command, verify_command  # noqa: E402
+from pipelines.tools.cli import diff_command, inspect_command, stats_command, verify_command  # noqa: E402
 
 SEQ, PREDS = 48, 8
 VOCAB = fixture_vocab()

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from pipelines.tools_cli import diff_command, inspect_command, stats_command, verify_command
+from pipelines.tools.cli import diff_command, inspect_command, stats_command, verify_command
 
 pytestmark = pytest.mark.integration
 
@@ -28,7 +28,7 @@ def _vocab_for(text: str, path: Path) -> Path:
 
 @pytest.fixture(scope="module")
 def generated(shared_corpora: Path, tmp_path_factory) -> dict[str, Path]:
-    from pipelines.run_cli import run_command
+    from pipelines.pretraining.cli import run_command
 
     corpus = shared_corpora / "bert_sample_text" / "sample_text.txt"
     root = tmp_path_factory.mktemp("gen")

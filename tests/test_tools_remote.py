@@ -19,7 +19,7 @@ from click.testing import CliRunner
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # benchmarks/ holds the fixture writer
 
 from benchmarks.bench_verify import make_dataset  # noqa: E402
-from pipelines.tools_cli import diff_command, inspect_command, stats_command, verify_command  # noqa: E402
+from pipelines.tools.cli import diff_command, inspect_command, stats_command, verify_command  # noqa: E402
 
 SCHEME = "fakegcs"
 PREFIX = f"{SCHEME}://"
@@ -114,9 +114,9 @@ def test_dataset_written_and_verified_through_the_object_store(store) -> None:
 
 def test_remote_shards_are_read_by_spawned_workers(store) -> None:
     from contract.dataset import open_dataset
-    from pipelines.fsio import BEAM_FS
-    from pipelines.shards import pool_start_method
-    from pipelines.verify import ShardTask
+    from pipelines.beam.fsio import BEAM_FS
+    from pipelines.tools.shards import pool_start_method
+    from pipelines.tools.verify import ShardTask
 
     ds = open_dataset(store["a"], BEAM_FS)
     assert pool_start_method([ShardTask(r, ds.shape) for r in ds.shards]) == "spawn"

@@ -17,7 +17,7 @@ from click.testing import CliRunner
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # benchmarks/ holds the fixture writer
 
 from benchmarks.bench_verify import fixture_instances, fixture_vocab  # noqa: E402
-from pipelines.tools_cli import inspect_command, stats_command, verify_command  # noqa: E402
+from pipelines.tools.cli import inspect_command, stats_command, verify_command  # noqa: E402
 
 tf = pytest.importorskip("tensorflow")
 

@@ -10,17 +10,17 @@ from pathlib import Path
 import numpy as np
 import pytest
 from click.testing import CliRunner
-from pipeline_corpus import make_documents, write_sentence_files, write_vocab
 from test_pipeline_golden import CONFIG as GOLDEN_CONFIG
 
 from contract.dataset import open_dataset
 from datagen.example_codec import decode_batch
 from datagen.record_rules import check_batch
 from datagen.tfrecord import iter_tfrecords
-from pipelines.fsio import BEAM_FS
-from pipelines.run import generate_dataset
-from pipelines.tools_cli import inspect_command, stats_command, verify_command
-from pipelines.verify import verify
+from pipelines.beam.fsio import BEAM_FS
+from pipelines.pretraining.run import generate_dataset
+from pipelines.tools.cli import inspect_command, stats_command, verify_command
+from pipelines.tools.verify import verify
+from tests.support.pipeline_corpus import make_documents, write_sentence_files, write_vocab
 
 KINDS = {
     "span": dict(masking_unit="span"),

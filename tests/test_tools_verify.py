@@ -19,9 +19,9 @@ from contract.dataset import open_dataset  # noqa: E402
 from datagen.example_codec import _fields, decode_batch  # noqa: E402
 from datagen.records import encode_batch  # noqa: E402
 from datagen.tfrecord import frame_records  # noqa: E402
-from pipelines.fsio import BEAM_FS  # noqa: E402
-from pipelines.tools_cli import verify_command  # noqa: E402
-from pipelines.verify import verify  # noqa: E402
+from pipelines.beam.fsio import BEAM_FS  # noqa: E402
+from pipelines.tools.cli import verify_command  # noqa: E402
+from pipelines.tools.verify import verify  # noqa: E402
 
 SEQ, PREDS = 64, 10
 SHARD0 = "train/part-00000-of-00002.tfrecord"
@@ -395,7 +395,7 @@ def test_vectorized_crc32c_matches_google_crc32c() -> None:
 
 def test_spawned_workers_give_the_same_report(ds_dir: Path, monkeypatch) -> None:
     """Remote datasets use 'spawn' pools: tasks and results must survive pickling into fresh processes."""
-    import pipelines.shards as shards
+    import pipelines.tools.shards as shards
 
     data = bytearray((ds_dir / SHARD0).read_bytes())
     data[700] ^= 0x04

@@ -9,20 +9,19 @@ import pytest
 
 tf = pytest.importorskip("tensorflow")
 
-from pipeline_corpus import make_documents, write_sentence_files, write_vocab  # noqa: E402
-
 from contract.fs import LOCAL_FS  # noqa: E402
 from contract.vocab_io import load_vocab  # noqa: E402
 from datagen.config import DatagenConfig  # noqa: E402
 from datagen.dynamic import mask_records  # noqa: E402
 from datagen.example_codec import decode_example  # noqa: E402
 from datagen.tfrecord import iter_tfrecords  # noqa: E402
-from pipelines.run import generate_dataset  # noqa: E402
-from trainer import checkpoint as ckpt_lib  # noqa: E402
-from trainer.config import TrainConfig  # noqa: E402
-from trainer.data import open_pretraining_data, train_dataset  # noqa: E402
-from trainer.dynamic_input import masking_config  # noqa: E402
-from trainer.train import pretrain  # noqa: E402
+from pipelines.pretraining.run import generate_dataset  # noqa: E402
+from tests.support.pipeline_corpus import make_documents, write_sentence_files, write_vocab  # noqa: E402
+from trainer.pretrain.data import open_pretraining_data, train_dataset  # noqa: E402
+from trainer.pretrain.dynamic_input import masking_config  # noqa: E402
+from trainer.pretrain.train import pretrain  # noqa: E402
+from trainer.run import checkpoint as ckpt_lib  # noqa: E402
+from trainer.run.config import TrainConfig  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -98,7 +97,7 @@ def test_dynamic_run_resumes_bitwise_mid_epoch_without_nsp(dataset, tmp_path):
 def test_accumulation_sees_the_same_masks(dataset, tmp_path):
     """Masks are drawn before a batch is cut into micro-steps: accumulation computes the same update
     (another mask would move the weights far more than the summation order does)."""
-    from trainer.config import BertConfig
+    from trainer.run.config import BertConfig
 
     bert = BertConfig.from_name("tiny", json_vocab_size(dataset), hidden_dropout_prob=0.0,
                                 attention_probs_dropout_prob=0.0).to_dict()

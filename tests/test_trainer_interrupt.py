@@ -17,8 +17,8 @@ import pytest
 
 pytest.importorskip("tensorflow")
 
-from trainer import checkpoint as ckpt_lib  # noqa: E402
-from trainer.synthetic import write_synthetic_dataset  # noqa: E402
+from tests.support.synthetic import write_synthetic_dataset  # noqa: E402
+from trainer.run import checkpoint as ckpt_lib  # noqa: E402
 
 pytestmark = pytest.mark.integration
 

@@ -16,12 +16,12 @@ tf = pytest.importorskip("tensorflow")
 
 from click.testing import CliRunner  # noqa: E402
 
-from trainer import checkpoint as ckpt_lib  # noqa: E402
+from tests.support.synthetic import write_synthetic_dataset  # noqa: E402
 from trainer.cli import main as train_cli  # noqa: E402
-from trainer.config import ConfigError, TrainConfig  # noqa: E402
-from trainer.optimizer import LAMB_UPDATES_KEY, AdamWeightDecay, Lamb, make_optimizer  # noqa: E402
-from trainer.synthetic import write_synthetic_dataset  # noqa: E402
-from trainer.train import pretrain  # noqa: E402
+from trainer.pretrain.train import pretrain  # noqa: E402
+from trainer.run import checkpoint as ckpt_lib  # noqa: E402
+from trainer.run.config import ConfigError, TrainConfig  # noqa: E402
+from trainer.run.optimizer import LAMB_UPDATES_KEY, AdamWeightDecay, Lamb, make_optimizer  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 NAMES = ["layer_0/dense/kernel", "layer_0/dense/bias", "layer_0/LayerNorm/gamma", "embeddings/word_embeddings"]
@@ -142,9 +142,9 @@ MIRRORED_LAMB = textwrap.dedent("""
     import sys, numpy as np, tensorflow as tf
     cpu = tf.config.list_physical_devices("CPU")[0]
     tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
-    from trainer import checkpoint as ck
-    from trainer.config import BertConfig, TrainConfig
-    from trainer.train import pretrain
+    from trainer.run import checkpoint as ck
+    from trainer.run.config import BertConfig, TrainConfig
+    from trainer.pretrain.train import pretrain
     data, out = sys.argv[1], sys.argv[2]
     bert = BertConfig.from_name("tiny", 60, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0).to_dict()
     for strategy in ("one-device", "mirrored"):

@@ -31,10 +31,10 @@ tf = pytest.importorskip("tensorflow")
 
 from click.testing import CliRunner  # noqa: E402
 
-from trainer.config import TrainConfig  # noqa: E402
-from trainer.data import eval_dataset, open_pretraining_data  # noqa: E402
-from trainer.loading import restore_model  # noqa: E402
-from trainer.train import pretrain  # noqa: E402
+from trainer.interop.loading import restore_model  # noqa: E402
+from trainer.pretrain.data import eval_dataset, open_pretraining_data  # noqa: E402
+from trainer.pretrain.train import pretrain  # noqa: E402
+from trainer.run.config import TrainConfig  # noqa: E402
 
 pytestmark = pytest.mark.integration
 

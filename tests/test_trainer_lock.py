@@ -1,5 +1,5 @@
 """`bert-train` commands that write (pretrain, finetune, export, predict) hold their output's lock
-(`contract.lock`): a second command on the same path is refused before any work, with one line
+(`contract.cli.lock`): a second command on the same path is refused before any work, with one line
 naming the path and the holder; a resumed run is locked too."""
 
 from __future__ import annotations
@@ -14,16 +14,16 @@ import pytest
 pytest.importorskip("tensorflow")
 
 from click.testing import CliRunner  # noqa: E402
-from pipeline_corpus import tree_snapshot  # noqa: E402
 from test_safety_lock import Holder  # noqa: E402
 
-from contract import lock  # noqa: E402
-from trainer import rundir  # noqa: E402
+from contract.cli import lock  # noqa: E402
+from tests.support.pipeline_corpus import tree_snapshot  # noqa: E402
 from trainer.cli import main  # noqa: E402
-from trainer.errors import TrainingError  # noqa: E402
-from trainer.export import write_export_dir  # noqa: E402
-from trainer.finetune import FinetuneConfig, finetune, finetune_seeds  # noqa: E402
-from trainer.finetune_cli import predict_run  # noqa: E402
+from trainer.finetune.cli import predict_run  # noqa: E402
+from trainer.finetune.run import FinetuneConfig, finetune, finetune_seeds  # noqa: E402
+from trainer.interop.export import write_export_dir  # noqa: E402
+from trainer.run import rundir  # noqa: E402
+from trainer.run.errors import TrainingError  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -10,10 +10,10 @@ import pytest
 
 tf = pytest.importorskip("tensorflow")
 
-from trainer.config import BertConfig, ConfigError  # noqa: E402
-from trainer.model import LayerNorm, build_model, gelu, tf1_variable_map  # noqa: E402
-from trainer.objective import masked_lm_loss, next_sentence_loss  # noqa: E402
-from trainer.optimizer import AdamWeightDecay, learning_rate, uses_weight_decay  # noqa: E402
+from trainer.model.bert import LayerNorm, build_model, gelu, tf1_variable_map  # noqa: E402
+from trainer.pretrain.objective import masked_lm_loss, next_sentence_loss  # noqa: E402
+from trainer.run.config import BertConfig, ConfigError  # noqa: E402
+from trainer.run.optimizer import AdamWeightDecay, learning_rate, uses_weight_decay  # noqa: E402
 
 # ---------------------------------------------------------------- a NumPy BERT from the recipe
 

@@ -17,11 +17,11 @@ tf = pytest.importorskip("tensorflow")
 
 from click.testing import CliRunner  # noqa: E402
 
-from trainer import checkpoint as ckpt_lib  # noqa: E402
-from trainer.config import BertConfig, TrainConfig  # noqa: E402
-from trainer.data import DataError, open_pretraining_data, train_dataset  # noqa: E402
-from trainer.synthetic import write_synthetic_dataset  # noqa: E402
-from trainer.train import TrainingError, pretrain  # noqa: E402
+from tests.support.synthetic import write_synthetic_dataset  # noqa: E402
+from trainer.pretrain.data import DataError, open_pretraining_data, train_dataset  # noqa: E402
+from trainer.pretrain.train import TrainingError, pretrain  # noqa: E402
+from trainer.run import checkpoint as ckpt_lib  # noqa: E402
+from trainer.run.config import BertConfig, TrainConfig  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -102,9 +102,9 @@ MIRRORED_SCRIPT = textwrap.dedent("""
     import sys, numpy as np, tensorflow as tf
     cpu = tf.config.list_physical_devices("CPU")[0]
     tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
-    from trainer import checkpoint as ck
-    from trainer.config import BertConfig, TrainConfig
-    from trainer.train import pretrain
+    from trainer.run import checkpoint as ck
+    from trainer.run.config import BertConfig, TrainConfig
+    from trainer.pretrain.train import pretrain
     data, out = sys.argv[1], sys.argv[2]
     bert = BertConfig.from_name("tiny", 120, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0).to_dict()
     res = {}

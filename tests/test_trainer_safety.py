@@ -20,15 +20,15 @@ tf = pytest.importorskip("tensorflow")
 
 from click.testing import CliRunner  # noqa: E402
 
-from trainer import checkpoint as ckpt_lib  # noqa: E402
+from tests.support.synthetic import write_synthetic_dataset  # noqa: E402
 from trainer.cli import main  # noqa: E402
-from trainer.config import TrainConfig  # noqa: E402
-from trainer.data import open_pretraining_data  # noqa: E402
-from trainer.errors import CheckpointFormatError, DataError, TrainingError  # noqa: E402
-from trainer.export import EXPORT_MARK, export_hf, export_tf1  # noqa: E402
-from trainer.synthetic import write_synthetic_dataset  # noqa: E402
-from trainer.train import pretrain  # noqa: E402
-from trainer.weights import expected_tf1_shapes  # noqa: E402
+from trainer.interop.export import EXPORT_MARK, export_hf, export_tf1  # noqa: E402
+from trainer.model.weights import expected_tf1_shapes  # noqa: E402
+from trainer.pretrain.data import open_pretraining_data  # noqa: E402
+from trainer.pretrain.train import pretrain  # noqa: E402
+from trainer.run import checkpoint as ckpt_lib  # noqa: E402
+from trainer.run.config import TrainConfig  # noqa: E402
+from trainer.run.errors import CheckpointFormatError, DataError, TrainingError  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 SHAPE = dict(seq_len=16, max_pred=3, vocab_size=40)
@@ -161,7 +161,7 @@ def test_a_step_that_fails_on_good_data_is_not_blamed_on_the_data(data, tmp_path
     this process) on records that are all fine is a failed step, not 'corrupt input'."""
     import tensorflow as tf
 
-    from trainer import train as train_module
+    from trainer.pretrain import train as train_module
 
     real = train_module.make_step_functions
 
@@ -217,7 +217,7 @@ def test_empty_train_split_is_a_clear_error_not_a_hang_and_tf_start_up_logs_are_
     assert not noise, noise
 
 
-@pytest.mark.parametrize("module", ["trainer.demo", "trainer.finetune_demo"])
+@pytest.mark.parametrize("module", ["examples.pretrain_demo", "examples.finetune_demo"])
 def test_the_demos_quiet_tensorflow_as_bert_train_does(module):
     # `make pretrain` / `make finetune` run the demos with `python -m`: their entry must set up the
     # same quieting as `bert-train` (tests/test_finetune_demo.py checks the stderr of a whole run).
@@ -418,8 +418,8 @@ def test_a_sigint_swallowed_during_start_up_stops_the_loop_before_its_first_step
     handler has recorded the SIGINT, and the loop honours it at its first safe point."""
     import threading
 
-    from contract import cliutil
-    from trainer.run_common import interrupts_between_steps
+    from contract.cli import plumbing as cliutil
+    from trainer.run.common import interrupts_between_steps
 
     seen = threading.Event()
     seen.set()

@@ -6,7 +6,7 @@ import os
 
 import click
 
-from contract.cliutil import DEBUG_HELP, CommandGroup
+from contract.cli.plumbing import DEBUG_HELP, CommandGroup
 from trainer.quiet import quiet_tensorflow_logs
 
 # Before any command imports TensorFlow (trainer/quiet.py says why); None where the user set
@@ -14,11 +14,11 @@ from trainer.quiet import quiet_tensorflow_logs
 STDERR_NOISE = quiet_tensorflow_logs(os.environ)
 
 COMMANDS = {
-    "pretrain": "trainer.train_cli:pretrain_command",
-    "eval": "trainer.train_cli:eval_command",
-    "export": "trainer.export_cli:export_command",
-    "finetune": "trainer.finetune_cli:finetune_command",
-    "predict": "trainer.finetune_cli:predict_command",
+    "pretrain": "trainer.pretrain.cli:pretrain_command",
+    "eval": "trainer.pretrain.cli:eval_command",
+    "export": "trainer.interop.cli:export_command",
+    "finetune": "trainer.finetune.cli:finetune_command",
+    "predict": "trainer.finetune.cli:predict_command",
 }
 
 

@@ -2,5 +2,5 @@
 
 Pure per-example logic (no Beam, no TensorFlow): reading task files (`delimited`, `glue`, `squad`,
 `conll`), building features (`classify`, `squad`, `tagging`), the task config (`config`) and the
-record layouts (`features`). `pipelines/task.py` wires them into a dataset.
+record layouts (`features`). `pipelines/tasks/graph.py` wires them into a dataset.
 """

@@ -1,0 +1,1 @@
+"""What both command lines share besides the data contract: the click group plumbing and the output lock."""

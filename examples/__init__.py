@@ -1,0 +1,1 @@
+"""Runnable end-to-end demos (`make pretrain`, `make finetune`); not part of the library."""

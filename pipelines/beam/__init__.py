@@ -1,0 +1,1 @@
+"""Beam plumbing the commands share: runners, options, filesystems, output safety, progress."""

@@ -1,0 +1,145 @@
+"""The options of the commands that run a Beam pipeline (`bert-datagen run` and `task`).
+
+They pass options they do not define to Beam's PipelineOptions. Beam discards the ones it does not
+know either with a warning, so a misspelled option of ours (`--max-seq-lenght 64`) would silently run
+with the default. Here every such option is checked against what Beam defines and parsed with Beam's
+own parser before any work: an unknown one or a bad value is a usage error naming the option (with
+the closest known spelling). The options both commands have (vocab, output, runner) are declared
+once, here, and so is how a driver's error becomes the command's one `Error:` line.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator, Sequence
+from typing import TypeVar
+
+import click
+
+from contract.cli.plumbing import closest_option
+from pipelines.beam.runners import RUNNERS
+
+F = TypeVar("F", bound=Callable[..., object])
+
+# A command that passes the options it does not define on to Beam.
+PASS_THROUGH_SETTINGS = {"ignore_unknown_options": True, "allow_extra_args": True}
+
+
+class BeamOptionError(ValueError):
+    """A Beam option with a value Beam's parser rejects."""
+
+
+def _beam_parser():
+    from apache_beam.options.pipeline_options import PipelineOptions, _BeamArgumentParser
+
+    try:  # registers DaskOptions, when the dask extra is installed
+        import apache_beam.runners.dask.dask_runner  # noqa: F401
+    except ImportError:
+        pass
+
+    class CheckingParser(_BeamArgumentParser):
+        def error(self, message: str):  # argparse would print its own usage and exit
+            raise BeamOptionError(message)
+
+    parser = CheckingParser(allow_abbrev=False)
+    seen: dict[str, type] = {}
+    for cls in PipelineOptions.__subclasses__():
+        seen.setdefault(str(cls), cls)
+    for cls in seen.values():
+        cls._add_argparse_args(parser)  # same construction as PipelineOptions.get_all_options
+    return parser
+
+
+def beam_option_names() -> list[str]:
+    return sorted(s for s in _beam_parser()._option_string_actions if s.startswith("--"))
+
+
+def check_pass_through_options(args: Sequence[str], own_options: Sequence[str], command: str) -> None:
+    """Raise click.UsageError (exit 2) unless every option in ``args`` is Beam's, with a valid value."""
+    parser = _beam_parser()
+    beam_names = [s for s in parser._option_string_actions if s.startswith("--")]
+    for arg in args:
+        if arg.startswith("-") and arg != "--":
+            name = arg.split("=", 1)[0]
+            if name not in parser._option_string_actions:
+                hint = closest_option(name, [*own_options, *beam_names])
+                raise click.UsageError(f"no such option: {name}{hint}; neither {command} nor Beam's "
+                                       "PipelineOptions define it")
+    try:
+        parser.parse_known_args(list(args))
+    except BeamOptionError as e:
+        raise click.UsageError(f"Beam option: {e}") from e
+
+
+def stray_arguments(args: list[str]) -> list[str]:
+    """Words that are neither a Beam option (``--name=value``, ``--name value``, ``--flag``) nor its value."""
+    stray, may_take_value = [], False
+    for arg in args:
+        if arg.startswith("--"):
+            may_take_value = "=" not in arg
+        elif may_take_value:
+            may_take_value = False
+        else:
+            stray.append(arg)
+    return stray
+
+
+def beam_args_of(ctx: click.Context) -> list[str]:
+    """The command's arguments it does not define, checked as Beam options (click.UsageError if not)."""
+    args = list(ctx.args)
+    own = [o for p in ctx.command.params for o in (*p.opts, *p.secondary_opts)]
+    check_pass_through_options(args, own, f"bert-datagen {ctx.command.name}")
+    bad = stray_arguments(args)
+    if bad:
+        raise click.UsageError(f"unexpected argument(s) {' '.join(bad)}; Beam options look like --name=value")
+    return args
+
+
+def refuse_unused_options(ctx: click.Context, unused: dict[str, str]) -> None:
+    """Usage error (exit 2) for an option the user gave (on the command line or through the
+    environment) that this run would ignore; ``unused`` maps a parameter name to why it does not
+    apply. A default is never an error: only what the user asked for and would not get."""
+    from click.core import ParameterSource
+
+    given = (ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT)
+    for param in ctx.command.params:
+        if param.name in unused and ctx.get_parameter_source(param.name) in given:
+            raise click.UsageError(f"{param.opts[0]} does not apply here: {unused[param.name]}")
+
+
+def dataset_options(f: F) -> F:
+    """--vocab, --output, --overwrite and the runner options of a command that writes a dataset."""
+    decorators = [
+        click.option("--vocab", "vocab_path", required=True, help="WordPiece vocab file (one token per line)."),
+        click.option("--output", "output_dir", required=True, help="Dataset directory to write."),
+        click.option("--overwrite", is_flag=True, default=False, help="Replace an existing dataset in --output."),
+        click.option("--runner", type=click.Choice(RUNNERS, case_sensitive=False), default="DirectRunner",
+                     show_default=True),
+        click.option("--dask-scheduler", default=None,
+                     help="DaskRunner: address of a running dask.distributed scheduler (default: a local cluster)."),
+        click.option("--dask-workers", type=click.IntRange(min=1), default=2, show_default=True,
+                     help="DaskRunner without --dask-scheduler: worker processes of the local cluster."),
+    ]
+    for decorate in reversed(decorators):  # applied bottom up, so --help lists them in this order
+        f = decorate(f)
+    return f
+
+
+def summary_lines(rows: list[tuple[str, str]]) -> str:
+    """A run's summary table: one indented `name  value` line per row, the values aligned."""
+    width = max(len(k) for k, _ in rows)
+    return "\n".join(f"  {k.ljust(width)}  {v}" for k, v in rows)
+
+
+@contextlib.contextmanager
+def driver_errors() -> Iterator[None]:
+    """A driver's refusal (bad input, runner, config or output) as the command's `Error:` line, exit 1."""
+    from datagen.config import ConfigError
+    from pipelines.beam.outputs import OutputError
+    from pipelines.beam.runners import RunnerError
+    from pipelines.pretraining.run import DatagenError
+
+    try:
+        yield
+    except (DatagenError, RunnerError, ConfigError, OutputError) as e:
+        raise click.ClickException(str(e)) from e

@@ -1,0 +1,205 @@
+"""Beam runner setup: DirectRunner (default), DaskRunner, DataflowRunner, PortableRunner.
+
+Runner options never change the bytes of a dataset; they only decide where the work runs.
+
+- DirectRunner: in memory by default; ``--direct_num_workers N`` (N > 1) switches to the
+  ``multi_processing`` mode so N worker processes share the work.
+- DaskRunner: ``--dask-scheduler ADDRESS`` connects to a running ``dask.distributed`` scheduler;
+  without it a local cluster of ``--dask-workers`` processes is started for the run and closed after.
+  Beam's Dask translation puts everything created by ``beam.Create`` into one partition unless told
+  otherwise, so ``--dask_npartitions`` defaults to enough partitions to keep every worker busy.
+- DataflowRunner: this package must be installed on the workers. Unless the user passes
+  ``--setup_file`` or ``--extra_package`` already, a wheel of this package is built into a temporary
+  directory and shipped with ``--extra_package``.
+- PortableRunner: Beam's portable job API, the way Flink, Spark and Dataflow Runner v2 run Python
+  pipelines. Its options (``--job_endpoint``, ``--environment_type``, ``--environment_config``,
+  ...) pass through as given; the SDK workers must have this package installed.
+
+Beam itself is imported only when a runner is set up, so the CLI's ``--help`` stays fast.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from apache_beam.options.pipeline_options import PipelineOptions
+
+RUNNERS = ("DirectRunner", "DaskRunner", "DataflowRunner", "PortableRunner")
+_ALIASES = {name.lower(): name for name in RUNNERS} | {
+    "direct": "DirectRunner",
+    "dask": "DaskRunner",
+    "dataflow": "DataflowRunner",
+    "portable": "PortableRunner",
+}
+# Beam resolves only its built-in runners by short name; Dask needs the qualified class path.
+DASK_RUNNER_PATH = "apache_beam.runners.dask.dask_runner.DaskRunner"
+PACKAGE_ROOT = Path(__file__).resolve().parent.parent.parent
+
+
+class RunnerError(ValueError):
+    """A runner name or runner option that cannot work."""
+
+
+@dataclass
+class RunnerSetup:
+    """What the driver needs to run a pipeline on one runner."""
+
+    runner: str
+    options: PipelineOptions
+    args: list[str] = field(default_factory=list)  # the final Beam argv, for the manifest/logs
+    local: bool = True  # work runs on this machine (progress lines reach this terminal)
+    workers: int = 1
+
+
+def canonical_runner(name: str) -> str:
+    runner = _ALIASES.get(name.strip().lower())
+    if runner is None:
+        raise RunnerError(f"--runner {name!r} is not one of {', '.join(RUNNERS)}")
+    return runner
+
+
+def _flag_value(args: list[str], flag: str) -> str | None:
+    """The value of ``--flag=value`` or ``--flag value`` in a Beam argv (last one wins)."""
+    value = None
+    for i, arg in enumerate(args):
+        if arg == flag and i + 1 < len(args):
+            value = args[i + 1]
+        elif arg.startswith(flag + "="):
+            value = arg.split("=", 1)[1]
+    return value
+
+
+def _has_flag(args: list[str], *flags: str) -> bool:
+    return any(arg == f or arg.startswith(f + "=") for arg in args for f in flags)
+
+
+def direct_args(beam_args: list[str]) -> tuple[list[str], int]:
+    args = list(beam_args)
+    workers_text = _flag_value(args, "--direct_num_workers")
+    workers = int(workers_text) if workers_text else 1
+    if workers < 0:
+        raise RunnerError(f"--direct_num_workers {workers} must be >= 0 (0: one per CPU)")
+    if workers == 0:
+        import os
+
+        workers = os.cpu_count() or 1
+        args = [a for a in args if not a.startswith("--direct_num_workers")] + [
+            f"--direct_num_workers={workers}"
+        ]
+    if workers > 1 and not _has_flag(args, "--direct_running_mode"):
+        args.append("--direct_running_mode=multi_processing")
+    if not _has_flag(args, "--allow_unsafe_triggers"):
+        # Beam's DirectRunner otherwise first tries Prism, a Go runner it downloads at run time:
+        # offline that costs a failed download on every run, online it runs the job on another
+        # engine that ignores --direct_num_workers. This flag (which only relaxes checks on
+        # triggers, and this pipeline sets none) is the one switch that keeps the DirectRunner on
+        # its own FnApiRunner, the engine every reproducibility test here runs on.
+        args.append("--allow_unsafe_triggers")
+    if not _has_flag(args, "--default_sdk_harness_log_level"):
+        # Worker processes otherwise log every bundle at INFO onto the user's terminal.
+        args.append("--default_sdk_harness_log_level=WARNING")
+    return args, workers
+
+
+def build_wheel(out_dir: str) -> str:
+    """A wheel of this package (pure Python) for Dataflow's ``--extra_package``."""
+    cmd = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
+           "-w", out_dir, str(PACKAGE_ROOT)]
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RunnerError(f"building a wheel of bert-datagen for Dataflow failed:\n{done.stderr[-2000:]}")
+    wheels = sorted(Path(out_dir).glob("bert_datagen-*.whl"))
+    if not wheels:
+        raise RunnerError(f"pip wheel produced no bert_datagen wheel in {out_dir}")
+    return str(wheels[-1])
+
+
+def dataflow_args(beam_args: list[str], wheel_dir: str, wheel_builder=build_wheel) -> list[str]:
+    args = list(beam_args)
+    missing = [f for f in ("--project", "--region", "--temp_location") if not _has_flag(args, f)]
+    if missing:
+        raise RunnerError(f"--runner DataflowRunner needs {', '.join(missing)} (Beam pipeline options)")
+    if not _has_flag(args, "--setup_file", "--extra_package", "--extra_packages", "--sdk_container_image"):
+        args.append(f"--extra_package={wheel_builder(wheel_dir)}")
+    return args
+
+
+def portable_args(beam_args: list[str]) -> list[str]:
+    if not _has_flag(beam_args, "--job_endpoint"):
+        raise RunnerError("--runner PortableRunner needs --job_endpoint (a job service address, or embed)")
+    return list(beam_args)
+
+
+@contextlib.contextmanager
+def local_dask_cluster(workers: int) -> Iterator[str]:
+    """A local dask.distributed cluster of worker processes; yields the scheduler address."""
+    try:
+        from distributed import LocalCluster
+    except ImportError as e:  # pragma: no cover - depends on the install
+        raise RunnerError("--runner DaskRunner needs dask[distributed]: pip install 'bert-datagen[dask]'") from e
+    import logging
+
+    for name in ("distributed", "distributed.scheduler", "distributed.nanny", "distributed.core"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+    cluster = LocalCluster(n_workers=workers, threads_per_worker=1, processes=True,
+                           dashboard_address=None, silence_logs=40)
+    try:
+        yield cluster.scheduler_address
+    finally:
+        cluster.close()
+
+
+@contextlib.contextmanager
+def runner_setup(
+    runner: str,
+    beam_args: list[str] | None = None,
+    *,
+    dask_scheduler: str | None = None,
+    dask_workers: int = 2,
+    parallel_elements: int = 1,
+) -> Iterator[RunnerSetup]:
+    """PipelineOptions for ``runner`` (plus a local Dask cluster when needed), cleaned up on exit.
+
+    ``parallel_elements`` is how many independent elements the pipeline starts from (input files);
+    Dask gets at least that many partitions, capped at 4 per worker.
+    """
+    runner = canonical_runner(runner)
+    args = list(beam_args or [])
+    if _has_flag(args, "--runner"):
+        raise RunnerError("pass the runner with --runner NAME of bert-datagen, not as a Beam option")
+    with contextlib.ExitStack() as stack:
+        if runner == "DirectRunner":
+            args, workers = direct_args(args)
+            local = True
+        elif runner == "DaskRunner":
+            address = dask_scheduler or _flag_value(args, "--dask_client_address")
+            if address is None:
+                address = stack.enter_context(local_dask_cluster(dask_workers))
+            if not _has_flag(args, "--dask_client_address"):
+                args.append(f"--dask_client_address={address}")
+            workers = dask_workers
+            if not _has_flag(args, "--dask_npartitions", "--dask_partition_size"):
+                args.append(f"--dask_npartitions={max(1, min(parallel_elements, 4 * workers))}")
+            local = dask_scheduler is None
+        elif runner == "DataflowRunner":
+            wheel_dir = stack.enter_context(tempfile.TemporaryDirectory(prefix="bert-datagen-wheel-"))
+            args = dataflow_args(args, wheel_dir)
+            workers = 0
+            local = False
+        else:  # PortableRunner: the job service and the SDK workers are the user's (docs/pipeline.md)
+            args = portable_args(args)
+            workers = 0
+            local = False
+        from apache_beam.options.pipeline_options import PipelineOptions
+
+        runner_arg = DASK_RUNNER_PATH if runner == "DaskRunner" else runner
+        options = PipelineOptions([f"--runner={runner_arg}", *args])
+        yield RunnerSetup(runner=runner, options=options, args=args, local=local, workers=workers)

@@ -1,0 +1,1 @@
+"""`bert-datagen run`: the pre-training data pipeline, its DoFns, driver and card."""

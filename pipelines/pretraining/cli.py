@@ -1,0 +1,202 @@
+"""`bert-datagen run`: options -> DatagenConfig -> the Beam pipeline -> a dataset directory."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from contract.cli.plumbing import FiniteFloat
+from datagen.config import (
+    INPUT_FORMATS,
+    MASKING_UNITS,
+    MASKINGS,
+    OBJECTIVES,
+    TEXT_LAYOUTS,
+    ConfigError,
+    DatagenConfig,
+)
+from pipelines.beam.options import (
+    PASS_THROUGH_SETTINGS,
+    beam_args_of,
+    dataset_options,
+    driver_errors,
+    refuse_unused_options,
+    summary_lines,
+)
+
+
+def parse_mask_ratios(text: str) -> tuple[float, float, float]:
+    try:
+        values = tuple(float(x) for x in text.split(","))
+    except ValueError as e:
+        raise click.BadParameter(f"{text!r}: expected three numbers like 0.8,0.1,0.1") from e
+    if len(values) != 3:
+        raise click.BadParameter(f"{text!r}: expected three numbers (mask, keep, random)")
+    return values  # type: ignore[return-value]
+
+
+def summary_table(manifest: dict, wall_seconds: float, cpu_seconds: dict[str, float] | None = None) -> str:
+    totals = manifest["totals"]
+    rows = [
+        ("input files", f"{manifest['input']['files']:,}"),
+        ("input MB", f"{manifest['input']['bytes'] / 1e6:,.2f}"),
+        ("documents", f"{totals['documents']:,}"),
+        ("duplicate documents", f"{totals['duplicate_documents']:,}"),
+        ("dropped documents", f"{totals['dropped_documents']:,}"),
+        ("decode errors", f"{totals['decode_errors']:,}"),
+        ("sentences", f"{totals['sentences']:,}"),
+        ("tokens", f"{totals['tokens']:,}"),
+        ("instances", f"{totals['instances']:,}"),
+    ]
+    config = manifest.get("config", {})
+    if config.get("objective", "nsp") == "nsp":
+        rows.append(("NotNext fraction", f"{totals['notnext_fraction']:.4f}"))
+    else:
+        rows.append(("objective", f"{config['objective']} (no NSP)"))
+    if config.get("masking", "static") == "dynamic":
+        rows.append(("masking", "dynamic (unmasked records; the trainer masks them)"))
+    else:
+        rows.append(("masked tokens", f"{totals['masked_tokens']:,}"))
+    for split, info in manifest["splits"].items():
+        rows.append((f"{split} shards / records / MB",
+                     f"{len(info['shards'])} / {info['records']:,} / {info['bytes'] / 1e6:,.2f}"))
+    rate = totals["instances"] / wall_seconds if wall_seconds > 0 else 0.0
+    rows += [("wall seconds", f"{wall_seconds:,.1f}"), ("instances/s", f"{rate:,.0f}")]
+    if cpu_seconds:
+        rows.append(("CPU seconds in tasks", ", ".join(f"{k} {v:,.1f}" for k, v in cpu_seconds.items())))
+    rows.append(("input fingerprint", manifest["input"]["fingerprint"][:16] + "..."))
+    return summary_lines(rows)
+
+
+@click.command(
+    "run",
+    context_settings=PASS_THROUGH_SETTINGS,
+    epilog="Any other --name=value option is passed to Beam's PipelineOptions "
+    "(e.g. --direct_num_workers=2, --project, --region, --temp_location).",
+)
+@click.option("--input", "inputs", multiple=True, required=True, metavar="PATTERN",
+              help="Input file or glob (local or any Beam filesystem, e.g. gs://); repeatable. .gz/.bz2 by extension.")
+@dataset_options
+@click.option("--input-format", type=click.Choice(INPUT_FORMATS), default="text", show_default=True)
+@click.option("--text-layout", type=click.Choice(TEXT_LAYOUTS), default="auto", show_default=True,
+              help="--input-format text: auto-detect per file, or read every file as plain, book or wikitext.")
+@click.option("--text-field", default="text", show_default=True, help="JSON field holding the text (jsonl).")
+@click.option("--max-seq-length", type=int, default=128, show_default=True)
+@click.option("--max-predictions-per-seq", type=int, default=20, show_default=True)
+@click.option("--masked-lm-prob", type=FiniteFloat(), default=0.15, show_default=True)
+@click.option("--short-seq-prob", type=FiniteFloat(), default=0.1, show_default=True)
+@click.option("--dupe-factor", type=int, default=None,
+              help="Masked copies of each instance, static masking only  [default: 10]")
+@click.option("--random-seed", type=int, default=12345, show_default=True)
+@click.option("--whole-word-mask", is_flag=True, default=False,
+              help="Mask whole words (## pieces together); the same as --masking-unit word.")
+@click.option("--masking-unit", type=click.Choice(MASKING_UNITS), default=None,
+              help="token, word (whole words) or span (SpanBERT spans of whole words)  [default: token]")
+@click.option("--objective", type=click.Choice(OBJECTIVES), default="nsp", show_default=True,
+              help="nsp: sentence pairs with NSP labels; doc-sentences / full-sentences: packed sentences "
+                   "without NSP, within / across documents.")
+@click.option("--masking", type=click.Choice(MASKINGS), default="static", show_default=True,
+              help="static: --dupe-factor masked copies; dynamic: one unmasked copy, masked by the trainer "
+                   "anew each epoch.")
+@click.option("--do-lower-case/--no-lower-case", default=True, show_default=True)
+@click.option("--mask-ratios", default="0.8,0.1,0.1", show_default=True,
+              help="Fractions of chosen positions that become [MASK], keep the token, get a random token.")
+@click.option("--num-shards", type=int, default=None, help="Train shards (default: from --target-shard-mb).")
+@click.option("--target-shard-mb", type=FiniteFloat(0, min_open=True), default=64.0, show_default=True,
+              help="Shard size target in MiB when --num-shards is not given.")
+@click.option("--eval-fraction", type=FiniteFloat(), default=0.0, show_default=True,
+              help="Fraction of documents held out (by document identity) as the eval split.")
+@click.option("--notnext-pool-size", type=int, default=10000, show_default=True,
+              help="Documents per NotNext pool (the whole corpus when smaller).")
+@click.option("--sentence-splitter", default="nupunkt", show_default=True)
+@click.option("--strict", is_flag=True, default=False, help="Fail on invalid UTF-8 instead of replacing it.")
+@click.option("--read-chunk-mb", type=FiniteFloat(0, min_open=True), default=64.0, show_default=True,
+              help="Read bigger uncompressed jsonl, sentences and wikiextractor files as byte ranges of "
+                   "this size, one task each (never changes the output).")
+@click.option("--quiet", is_flag=True, default=False, help="No progress lines or summary table.")
+@click.pass_context
+def run_command(ctx: click.Context, inputs: tuple[str, ...], vocab_path: str, output_dir: str,
+                input_format: str, text_layout: str, text_field: str, max_seq_length: int, max_predictions_per_seq: int,
+                masked_lm_prob: float, short_seq_prob: float, dupe_factor: int, random_seed: int,
+                whole_word_mask: bool, masking_unit: str | None, objective: str, masking: str,
+                do_lower_case: bool, mask_ratios: str, num_shards: int | None,
+                target_shard_mb: float, eval_fraction: float, notnext_pool_size: int,
+                sentence_splitter: str, strict: bool, overwrite: bool, runner: str,
+                dask_scheduler: str | None, dask_workers: int, read_chunk_mb: float, quiet: bool) -> None:
+    """Generate BERT pre-training data (MLM + NSP TFRecords, manifest.json) from raw documents.
+
+    Variants: --objective doc-sentences|full-sentences (no NSP), --masking dynamic, --masking-unit span.
+    """
+    beam_args = beam_args_of(ctx)
+    unused = {}
+    if objective != "nsp":
+        unused["short_seq_prob"] = (f"--objective {objective} packs whole sentences up to --max-seq-length; "
+                                    "only --objective nsp draws short targets")
+    if input_format != "jsonl":
+        unused["text_field"] = f"--input-format {input_format} has no fields (only jsonl does)"
+    if input_format != "text":
+        unused["text_layout"] = f"--input-format {input_format} has one layout (only text has several)"
+    refuse_unused_options(ctx, unused)
+    if masking == "dynamic" and dupe_factor is not None:
+        raise click.BadParameter("not with --masking dynamic: dynamic data is written once, unmasked, and the "
+                                 "trainer draws a new mask each epoch", param_hint="'--dupe-factor'")
+    if whole_word_mask and masking_unit not in (None, "word"):
+        raise click.BadParameter(f"--whole-word-mask is --masking-unit word, not {masking_unit}",
+                                 param_hint="'--whole-word-mask'")
+    if dupe_factor is None:
+        dupe_factor = 1 if masking == "dynamic" else 10
+    try:
+        config = DatagenConfig(
+            max_seq_length=max_seq_length,
+            max_predictions_per_seq=max_predictions_per_seq,
+            masked_lm_prob=masked_lm_prob,
+            short_seq_prob=short_seq_prob,
+            dupe_factor=dupe_factor,
+            random_seed=random_seed,
+            whole_word_mask=whole_word_mask,
+            masking_unit=masking_unit or ("word" if whole_word_mask else "token"),
+            objective=objective,
+            masking=masking,
+            do_lower_case=do_lower_case,
+            mask_ratios=parse_mask_ratios(mask_ratios),
+            input_format=input_format,
+            text_layout=text_layout,
+            text_field=text_field,
+            sentence_splitter=sentence_splitter,
+            strict_utf8=strict,
+            num_shards=num_shards,
+            target_shard_mb=target_shard_mb,
+            eval_fraction=eval_fraction,
+            notnext_pool_size=notnext_pool_size,
+        )
+    except ConfigError as e:
+        raise click.UsageError(str(e)) from e
+    from datagen.sentences import available_splitters
+
+    if sentence_splitter not in available_splitters():
+        raise click.UsageError(f"--sentence-splitter {sentence_splitter!r} is not one of "
+                               f"{', '.join(available_splitters())}")
+
+    from pipelines.pretraining.run import generate_dataset
+
+    with driver_errors():
+        result = generate_dataset(
+            config,
+            inputs=list(inputs),
+            vocab_path=vocab_path,
+            output_dir=output_dir,
+            runner=runner,
+            beam_args=beam_args,
+            overwrite=overwrite,
+            dask_scheduler=dask_scheduler,
+            dask_workers=dask_workers,
+            show_progress=not quiet,
+            read_chunk_mb=read_chunk_mb,
+        )
+    if not quiet:
+        click.echo(f"bert-datagen run: wrote {result.output_dir}", err=True)
+        click.echo(summary_table(result.manifest, result.wall_seconds, result.cpu_seconds), err=True)
+    for warning in result.warnings:  # even with --quiet: each says what to change
+        click.echo(f"warning: {warning}", err=True)
+    sys.stderr.flush()

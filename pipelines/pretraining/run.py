@@ -1,0 +1,366 @@
+"""The data-generation pipeline: raw documents -> byte-reproducible sharded TFRecords.
+
+This module is the driver (``generate_dataset``) and the graph (``build_pipeline``); the DoFns are in
+``pipelines.pretraining.transforms``, the placement rules they apply in ``datagen.placement``.
+
+Stages (every element is coarse: a batch of documents, a pool, a pool's pass, a shard):
+
+1. ``ReadFiles``: one element per input file (listed in the driver), or per byte range of a big one
+   (``read_tasks``); the DoFn reads, decodes, splits and tokenizes it in batches and tags each
+   document train/eval by a seeded hash of its identity (``split_of``).
+2. ``IdentityCensus``: per-split counts of distinct document identities and their tokens (a
+   singleton side input) fix the number of NotNext pools, ``max(1, n_docs // notnext_pool_size)``,
+   and the shard count, from the corpus alone; the same census gives the input fingerprint.
+3. ``AssignPools`` + ``GroupByKey``: each document goes to the pool a seeded hash of its ``doc_id``
+   picks (``pool_of``); a pool is its documents sorted by ``doc_id`` with duplicates collapsed
+   (``unique_documents``, the only dedupe). Neither the file layout nor the worker count can change a pool.
+4. ``ShardCount``: ``--num-shards``, or the target shard size applied to a deterministic estimate
+   of the record bytes from the census's document and token counts (known before any instance exists).
+5. ``StagePools`` + ``FanOutPasses`` + ``Reshuffle``: each pool is written once to a staging file
+   and one small task per (pool, pass) names it, so even a one-pool corpus keeps several workers
+   busy; ``BuildInstances`` turns the pass into records in key order (``datagen.framed.encode_pool_pass``:
+   plan, lay out, mask, encode, frame, a block at a time) and cuts them by shard =
+   ``(key * num_shards) >> 64`` (contiguous ranges of the 64-bit key space) into staging
+   fragments: only paths and counts go through the runner's shuffle.
+6. ``GroupByKey`` on (split, shard): ``WriteShard`` merges the shard's fragments by key and writes
+   it atomically. Empty shards are written too.
+7. ``Summarize``: totals, shard checksums and the input fingerprint go to a summary file that the
+   driver reads to write ``vocab.txt``, the dataset card and, last, ``manifest.json``.
+
+All of it is written inside the run's staging directory in the output directory; the driver swaps
+the complete dataset in at the end (``pipelines.beam.outputs``: nothing the run did not create is ever
+replaced, and a failed or killed run leaves the old dataset as it was).
+
+Every result is a function of the set of documents and the config: groups are sorted before use and
+totals are sums, so the runner, the worker count, bundle boundaries and ``PYTHONHASHSEED`` cannot
+change a byte.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import platform
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import apache_beam as beam
+from apache_beam.pvalue import AsSingleton
+
+from datagen.config import DatagenConfig
+from datagen.placement import identity_census, shard_counts_of, splits_of
+from pipelines.beam import fsio, outputs
+from pipelines.beam.split_checks import empty_split_error, run_warnings
+from pipelines.pretraining.transforms import (
+    BUSY_PREFIX,
+    TOTAL_KEYS,
+    AssignPools,
+    BuildInstances,
+    ReadFiles,
+    WriteShard,
+    build_pool,
+    empty_shards,
+    extract_input_error,
+    fan_out_passes,
+    read_counts,
+    read_identities,
+    stage_pool,
+    summarize,
+)
+
+if TYPE_CHECKING:
+    from pipelines.beam.runners import RunnerSetup
+    from vocab.vocab_file import Vocab
+
+
+class DatagenError(RuntimeError):
+    """A run that cannot produce a dataset; the message names the file or option and the reason."""
+
+
+DEFAULT_READ_CHUNK_MB = 64.0
+
+
+def read_tasks(files: list[tuple[str, int]], input_format: str,
+               chunk_mb: float = DEFAULT_READ_CHUNK_MB) -> list[tuple[str, int, int, int | None]]:
+    """``(path, size, start, end)`` per read task: one per file (``end`` None: read it whole), or
+    one per byte range of ``chunk_mb`` of a bigger uncompressed file in a format whose documents
+    a range can find on its own (``datagen.ranges``), so one big file is read by many workers and
+    none holds more than a range of it."""
+    from datagen.ranges import byte_ranges, splittable
+
+    chunk = max(1, int(chunk_mb * 2**20))
+    tasks: list[tuple[str, int, int, int | None]] = []
+    for path, size in files:
+        if size > chunk and splittable(path, input_format):
+            tasks.extend((path, size, lo, hi) for lo, hi in byte_ranges(size, chunk))
+        else:
+            tasks.append((path, size, 0, None))
+    return tasks
+
+
+@dataclass
+class PipelinePlan:
+    """What the driver hands to the pipeline builder."""
+
+    config: DatagenConfig
+    vocab: Vocab
+    files: list[tuple[str, int, int, int | None]]  # read tasks (``read_tasks``)
+    output_dir: str
+    summary_path: str
+    staging_dir: str = ""
+    show_progress: bool = False
+    # A worker is one core: its tokenizer uses one thread, unless it is the only worker.
+    single_thread_tokenizer: bool = True
+
+
+def build_pipeline(p: beam.Pipeline, plan: PipelinePlan) -> None:
+    """Add the data-generation transforms to ``p``. The last transform depends on every branch
+    (Beam's DaskRunner computes only the graph behind the last transform)."""
+    config = plan.config
+    read = (
+        p
+        | "ListFiles" >> beam.Create(plan.files)
+        | "ReadFiles" >> beam.ParDo(ReadFiles(config, plan.vocab, plan.show_progress, plan.single_thread_tokenizer))
+    )
+    census = (
+        read
+        | "ReadIdentities" >> beam.Map(read_identities)
+        | "IdentitiesKey" >> beam.Map(lambda d: (0, d))
+        | "GroupIdentities" >> beam.GroupByKey()
+        | "IdentityCensus" >> beam.Map(identity_census)
+    )
+    # The shard count comes from the census, so instances can be cut by shard as soon as they
+    # exist; every other total is summed once, at the end (fewer stages, each a barrier).
+    num_shards = census | "ShardCount" >> beam.Map(shard_counts_of, config)
+    pools = (
+        read
+        | "AssignPools" >> beam.ParDo(AssignPools(config), AsSingleton(census))
+        | "GroupPools" >> beam.GroupByKey()
+        | "BuildPools" >> beam.Map(build_pool)
+    )
+    staged = pools | "StagePools" >> beam.Map(stage_pool, plan.staging_dir)
+    pool_info = staged | "PoolStats" >> beam.Map(lambda d: {k: v for k, v in d.items()
+                                                            if k not in ("path", "split", "pool")})
+    parts = (
+        staged
+        | "FanOutPasses" >> beam.FlatMap(fan_out_passes, config.dupe_factor)
+        | "SpreadTasks" >> beam.Reshuffle()
+        | "BuildInstances" >> beam.ParDo(BuildInstances(config, plan.vocab, plan.staging_dir, plan.show_progress),
+                                         AsSingleton(num_shards))
+    )
+    placeholders = num_shards | "EmptyShards" >> beam.FlatMap(empty_shards)
+    shard_info = (
+        (parts, placeholders)
+        | "AllShardParts" >> beam.Flatten()
+        | "GroupShards" >> beam.GroupByKey()
+        | "WriteShards" >> beam.ParDo(WriteShard(plan.output_dir, plan.show_progress), AsSingleton(num_shards))
+    )
+    read_info = read | "ReadCounts" >> beam.Map(lambda element: {**read_counts(element), "kind": "read"})
+    census_info = census | "CensusInfo" >> beam.Map(lambda d: {"kind": "census", "fingerprint": d["fingerprint"]})
+    (
+        (read_info, census_info, pool_info, shard_info)
+        | "AllResults" >> beam.Flatten()
+        | "ResultsKey" >> beam.Map(lambda d: (0, d))
+        | "GroupResults" >> beam.GroupByKey()
+        | "Summarize" >> beam.Map(summarize, plan.summary_path)
+    )
+
+
+# ---------------------------------------------------------------- the driver
+
+
+# Further counters worth a line in the manifest, when the reader or the instance builder reports them.
+EXTRA_TOTALS = ("empty_documents", "nul_bytes", "notnext_forced", "notnext_same_document",
+                "truncated_instances", "truncated_tokens", "short_target_documents",
+                "cross_document_instances")
+
+
+def finalize_totals(totals: dict[str, Any]) -> dict[str, Any]:
+    out = {k: int(totals.get(k, 0)) for k in TOTAL_KEYS if k != "notnext_fraction"}
+    instances = out["instances"]
+    out["notnext_fraction"] = round(totals.get("notnext", 0) / instances, 6) if instances else 0.0
+    out.update({k: int(totals[k]) for k in EXTRA_TOTALS if k in totals})
+    return out
+
+
+@dataclass
+class RunResult:
+    output_dir: str
+    manifest: dict[str, Any]
+    wall_seconds: float
+    cpu_seconds: dict[str, float] = field(default_factory=dict)  # per kind of task, summed over workers
+    warnings: list[str] = field(default_factory=list)  # for the run summary (pipelines.beam.split_checks)
+
+
+def generate_dataset(
+    config: DatagenConfig,
+    *,
+    inputs: list[str],
+    vocab_path: str,
+    output_dir: str,
+    runner: str = "DirectRunner",
+    beam_args: list[str] | None = None,
+    overwrite: bool = False,
+    dask_scheduler: str | None = None,
+    dask_workers: int = 2,
+    show_progress: bool = False,
+    read_chunk_mb: float = DEFAULT_READ_CHUNK_MB,
+) -> RunResult:
+    """Run the pipeline and write vocab.txt, the dataset card and, last, manifest.json.
+
+    ``read_chunk_mb`` is the largest piece of one file a read task takes (see ``read_tasks``);
+    like the runner options, it never changes a byte of the dataset.
+    """
+    start = time.monotonic()
+    if not read_chunk_mb > 0:
+        raise DatagenError(f"--read-chunk-mb {read_chunk_mb} must be > 0")
+    # Workers may run in another directory (Dask): local paths become absolute here.
+    inputs = [local_abspath(p) for p in inputs]
+    output_dir = local_abspath(output_dir).rstrip("/") or "/"
+    try:
+        files = fsio.match_files(list(inputs))
+    except fsio.InputNotFoundError as e:
+        raise DatagenError(str(e)) from e
+    vocab, vocab_path, vocab_bytes = read_vocab(vocab_path)
+    with staged_dataset(output_dir, overwrite, inputs=[vocab_path, *(f.path for f in files)]) as out:
+        return _generate_into(out, config, files, vocab, vocab_bytes, inputs, runner, beam_args,
+                              dask_scheduler, dask_workers, show_progress, read_chunk_mb, start)
+
+
+def _generate_into(out: outputs.DatasetOutput, config: DatagenConfig, files: list[fsio.FileInfo], vocab: Vocab,
+                   vocab_bytes: bytes, inputs: list[str], runner: str, beam_args: list[str] | None,
+                   dask_scheduler: str | None, dask_workers: int, show_progress: bool, read_chunk_mb: float,
+                   start: float) -> RunResult:
+    """Run the pipeline and write the complete dataset into ``out.staging``, manifest last."""
+    from contract.manifest import build_manifest
+    from datagen.records import feature_spec
+    from pipelines.beam.runners import runner_setup
+
+    staging = out.staging
+    summary_path = fsio.join(staging, "work", "summary.json")
+    tasks = read_tasks([(f.path, f.size) for f in files], config.input_format, read_chunk_mb)
+    plan = PipelinePlan(config=config, vocab=vocab, files=tasks, output_dir=staging, summary_path=summary_path,
+                        staging_dir=fsio.join(staging, "work"))
+    with runner_setup(runner, beam_args, dask_scheduler=dask_scheduler, dask_workers=dask_workers,
+                      parallel_elements=len(tasks)) as setup:
+        plan.show_progress = show_progress and setup.local
+        # The only worker of a local run may spread tokenizing over the idle cores; where there
+        # are several workers (or a cluster's), each is one core and tokenizes on one thread.
+        plan.single_thread_tokenizer = not (setup.runner == "DirectRunner" and setup.workers == 1)
+        run_pipeline(setup, lambda pipeline: build_pipeline(pipeline, plan))
+    summary = json.loads(fsio.read_bytes(summary_path).decode())
+    totals = finalize_totals(summary["totals"])
+    if totals["documents"] == 0:
+        names = ", ".join(f.path for f in files[:3]) + (" ..." if len(files) > 3 else "")
+        raise DatagenError(
+            f"no documents with any tokens in {len(files)} input file(s) ({names}): "
+            f"{totals['dropped_documents']} empty document(s) dropped; check --input-format "
+            f"({config.input_format}) and the files"
+        )
+    splits = {split: {"shards": summary["shards"].get(split, [])} for split in splits_of(config)}
+    manifest = build_manifest(
+        config=config.to_dict(),
+        input_info={"patterns": list(inputs), "files": len(files),
+                    "bytes": int(sum(f.size for f in files)), "fingerprint": summary["fingerprint"]},
+        features=feature_spec(config.max_seq_length, config.max_predictions_per_seq, config.objective,
+                              config.masking),
+        splits=splits,
+        totals=totals,
+        **provenance(setup, vocab, vocab_bytes, config.do_lower_case),
+    )
+    problem = empty_split_error(manifest, config)
+    if problem:
+        raise DatagenError(problem)
+    write_dataset_files(out, manifest, vocab_bytes)
+    cpu = {k.removeprefix(BUSY_PREFIX): round(float(v), 3) for k, v in sorted(summary["totals"].items())
+           if k.startswith(BUSY_PREFIX)}
+    return RunResult(out.directory, manifest, time.monotonic() - start, cpu,
+                     warnings=run_warnings(manifest, config, summary["totals"]))
+
+
+# ---------------------------------------------------------------- driver steps of `run` and `task`
+# (pipelines.tasks.run): one implementation each, so both commands read inputs, run Beam and write
+# their datasets the same way.
+
+
+def local_abspath(path: str) -> str:
+    return path if "://" in path else os.path.abspath(os.path.expanduser(path))
+
+
+def read_vocab(vocab_path: str) -> tuple[Vocab, str, bytes]:
+    """The run's vocab, its absolute path (an input the output must not replace) and its bytes (the
+    dataset's vocab.txt); DatagenError naming the file when it cannot be read."""
+    from contract.vocab_io import load_vocab
+
+    try:
+        vocab = load_vocab(vocab_path, fsio.BEAM_FS)
+    except (OSError, ValueError) as e:
+        message = str(e)
+        raise DatagenError(message if vocab_path in message else f"{vocab_path}: {message}") from e
+    vocab_path = local_abspath(vocab_path)
+    return vocab, vocab_path, fsio.read_bytes(vocab_path)
+
+
+@contextlib.contextmanager
+def staged_dataset(output_dir: str, overwrite: bool, **layout: Any) -> Iterator[outputs.DatasetOutput]:
+    """The run's staging directory in `output_dir` (`outputs.prepare_dataset_output`; `layout`: its
+    split directories and side files), under the directory's lock (`outputs.lock_output`: a second
+    command on it is refused): nothing in the directory changes before this point, and the old
+    dataset is replaced only once the body has written a complete one; a failure or an interrupt, of
+    the body or of the swap, undoes the run."""
+    try:
+        lock = outputs.lock_output(output_dir)
+    except outputs.OutputError as e:
+        raise DatagenError(str(e)) from e
+    with lock:  # held from before DIR is looked at until the swap is done or undone
+        try:
+            out = outputs.prepare_dataset_output(output_dir, overwrite, **layout)
+        except outputs.OutputError as e:
+            raise DatagenError(str(e)) from e
+        try:
+            yield out
+            outputs.commit(out)
+        except BaseException:
+            outputs.discard(out)
+            raise
+
+
+def run_pipeline(setup: RunnerSetup, build: Callable[[beam.Pipeline], None]) -> None:
+    """Build a pipeline on the runner's options and run it to the end; an input error a worker raised
+    comes back as a DatagenError with its message (naming the file and line)."""
+    pipeline = beam.Pipeline(options=setup.options)
+    build(pipeline)
+    try:
+        result = pipeline.run()
+        result.wait_until_finish()
+        client = getattr(result, "client", None)  # DaskRunner leaves its client open
+        if client is not None:
+            client.close()
+    except Exception as e:
+        message = extract_input_error(e)
+        if message is not None:
+            raise DatagenError(message) from e
+        raise
+
+
+def provenance(setup: RunnerSetup, vocab: Vocab, vocab_bytes: bytes, do_lower_case: bool) -> dict[str, dict]:
+    """The manifest's "vocab" and "created_by" fields (keyword arguments of build_manifest)."""
+    from contract.manifest import VOCAB_NAME
+
+    return {"vocab": {"path": VOCAB_NAME, "sha256": hashlib.sha256(vocab_bytes).hexdigest(),
+                      "size": int(vocab.size), "do_lower_case": do_lower_case},
+            "created_by": {"runner": setup.runner, "python": platform.python_version()}}
+
+
+def write_dataset_files(out: outputs.DatasetOutput, manifest: dict, vocab_bytes: bytes) -> None:
+    """vocab.txt, the dataset card, then manifest.json, into the staging directory (the shards are there)."""
+    from contract.manifest import CARD_NAME, VOCAB_NAME, write_manifest
+    from pipelines.pretraining.card import render_card
+
+    fsio.write_atomic(fsio.join(out.staging, VOCAB_NAME), vocab_bytes)
+    fsio.write_atomic(fsio.join(out.staging, CARD_NAME), render_card(out.directory, manifest).encode("utf-8"))
+    write_manifest(out.staging, manifest, fsio.BEAM_FS)

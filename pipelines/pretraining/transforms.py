@@ -1,0 +1,356 @@
+"""The pipeline's transforms: the DoFns and per-element functions that ``pipelines.pretraining.run.build_pipeline``
+wires together (its module docstring walks through the stages).
+
+Every rule that decides where a document or a record goes is in ``datagen.placement``; how a pool
+pass becomes record bytes in ``datagen.framed``; the staging file bytes in ``datagen.staging``.
+What is here is Beam: reading files in workers, grouping, staging through files, writing shards.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import re
+import time
+from collections.abc import Iterable, Iterator
+from typing import TYPE_CHECKING, Any
+
+import apache_beam as beam
+import numpy as np
+
+from datagen.config import DatagenConfig
+from datagen.documents import TokenizedDocument, unique_documents
+from datagen.framed import EncodedRecords, encode_pool_pass, sorted_shard
+from datagen.placement import fingerprint, num_pools_for, pool_of, shard_name, shard_of_keys, split_of
+from datagen.staging import pool_from_bytes, pool_to_bytes, records_from_bytes, records_to_bytes
+from pipelines.beam import fsio
+from pipelines.beam.progress import Progress
+
+if TYPE_CHECKING:
+    from datagen.readers import RawDocument
+    from vocab.vocab_file import Vocab
+
+ERROR_TAG = "[bert-datagen error] "
+TOTAL_KEYS = ("documents", "sentences", "tokens", "instances", "notnext_fraction", "masked_tokens",
+              "decode_errors", "dropped_documents", "duplicate_documents")
+DOCS_PER_TOKENIZE_BATCH = 256
+# CPU seconds each kind of task took, summed over workers: where the time goes, and how well the
+# work spread (the summary table shows them; the manifest does not: they differ run to run).
+BUSY_PREFIX = "cpu_seconds/"
+
+
+def input_error(message: str) -> RuntimeError:
+    """An error raised inside a DoFn whose message the driver can find in any runner's wrapping."""
+    return RuntimeError(ERROR_TAG + message.replace("\n", " "))
+
+
+def extract_input_error(exc: BaseException) -> str | None:
+    """The clean message of an ``input_error`` raised in a worker, from a runner's wrapped exception."""
+    seen: list[BaseException] = []
+    while exc is not None and exc not in seen:
+        seen.append(exc)
+        match = re.search(re.escape(ERROR_TAG) + r"([^\n]*)", str(exc))
+        if match:
+            message = re.sub(r"\s*\[while running [^\]]*\].*$", "", match.group(1))
+            return message.strip().rstrip("'\"")
+        exc = exc.__cause__ or exc.__context__  # type: ignore[assignment]
+    return None
+
+
+def add_counts(total: dict[str, Any], part: dict[str, Any]) -> dict[str, Any]:
+    for k, v in part.items():
+        if isinstance(v, bool) or not isinstance(v, int | float | np.integer | np.floating):
+            continue
+        total[k] = total.get(k, 0) + (int(v) if isinstance(v, int | np.integer) else float(v))
+    return total
+
+
+class _ReportingDoFn(beam.DoFn):
+    """A DoFn that reports its counts as progress lines when the run shows progress."""
+
+    show_progress: bool = False
+
+    def setup(self) -> None:
+        self._progress = Progress() if self.show_progress else None
+
+    def teardown(self) -> None:
+        if getattr(self, "_progress", None):
+            self._progress.finish()  # the final counts of this worker
+
+
+class ReadFiles(_ReportingDoFn):
+    """Input file -> batches of tokenized documents tagged train/eval, then the file's stats."""
+
+    def __init__(self, config: DatagenConfig, vocab: Vocab, show_progress: bool = False,
+                 single_thread_tokenizer: bool = True) -> None:
+        self.config = config
+        self.vocab = vocab
+        self.show_progress = show_progress
+        self.single_thread_tokenizer = single_thread_tokenizer
+
+    def setup(self) -> None:
+        from vocab.tokenizer import BertTokenizer
+
+        self._tokenizer = BertTokenizer(self.vocab, self.config.do_lower_case, self.single_thread_tokenizer)
+        self._unk_id = self.vocab.unk_id
+        super().setup()
+
+    def process(self, task: tuple[str, int, int, int | None]) -> Iterator[dict[str, Any]]:
+        from datagen.ranges import read_range_documents
+        from datagen.readers import read_documents
+
+        path, size, start, end = task
+        started = time.process_time()
+        with contextlib.ExitStack() as stack:
+            try:
+                if end is None:
+                    data = fsio.read_bytes(path)
+                    stats: dict[str, Any] = {"files": 1, "input_bytes": len(data)}
+                    raws = read_documents(path, data, self.config, stats)
+                else:  # one byte range of a big file (see datagen.ranges)
+                    stream = stack.enter_context(fsio.open_read(path))
+                    stats = {"files": int(start == 0), "input_bytes": end - start}
+                    raws = read_range_documents(path, stream, size, start, end, self.config, stats)
+            except Exception as e:
+                raise input_error(f"{path}: cannot read: {e}") from e
+            yield from self._tokenized(path, raws, stats, started)
+
+    def _tokenized(self, path: str, raws: Iterator[RawDocument], stats: dict[str, Any],
+                   started: float) -> Iterator[dict[str, Any]]:
+        from datagen.documents import tokenize_documents
+        from datagen.readers import InputError
+
+        batch: list[RawDocument] = []
+        n_docs = 0
+        try:
+            for raw in raws:
+                batch.append(raw)
+                if len(batch) >= DOCS_PER_TOKENIZE_BATCH:
+                    docs = tokenize_documents(batch, self._tokenizer, self.config, stats)
+                    n_docs += len(docs)
+                    yield self._tagged(docs, stats)
+                    batch = []
+            if batch:
+                docs = tokenize_documents(batch, self._tokenizer, self.config, stats)
+                n_docs += len(docs)
+                yield self._tagged(docs, stats)
+        except InputError as e:
+            message = str(e)
+            raise input_error(message if path in message else f"{path}: {message}") from e
+        except OSError as e:
+            raise input_error(f"{path}: cannot read: {e}") from e
+        if self._progress:
+            self._progress.add(files=stats["files"], documents=n_docs)
+        stats[f"{BUSY_PREFIX}read"] = time.process_time() - started
+        yield {"docs": {}, "stats": stats}
+
+    def _tagged(self, docs: list[TokenizedDocument], stats: dict[str, Any]) -> dict[str, Any]:
+        # Unknown tokens, counted for the run summary's warning (a vocab that does not fit the corpus).
+        stats["unk_tokens"] = stats.get("unk_tokens", 0) + sum(
+            int(np.count_nonzero(doc.tokens == self._unk_id)) for doc in docs)
+        by_split: dict[str, list[TokenizedDocument]] = {}
+        for doc in docs:
+            by_split.setdefault(split_of(doc.doc_id, self.config), []).append(doc)
+        return {"docs": by_split, "stats": {}}
+
+
+def read_counts(element: dict[str, Any]) -> dict[str, Any]:
+    # Documents, sentences and tokens count once, after duplicates collapse (pool_stats); the
+    # reader's own counts (duplicates included) are kept under other names.
+    counts = {(f"read_{k}" if k in ("documents", "sentences", "tokens") else k): v
+              for k, v in element["stats"].items()}
+    for split, docs in element["docs"].items():
+        counts[f"read_docs/{split}"] = counts.get(f"read_docs/{split}", 0) + len(docs)
+    return counts
+
+
+def read_identities(element: dict[str, Any]) -> dict[str, np.ndarray]:
+    """Per split: each document's identity and token count, as a (2, n) uint64 array."""
+    return {split: np.array([[int(d.doc_id) for d in docs], [int(d.num_tokens) for d in docs]], dtype=np.uint64)
+            .reshape(2, len(docs))
+            for split, docs in element["docs"].items()}
+
+
+class AssignPools(beam.DoFn):
+    def __init__(self, config: DatagenConfig) -> None:
+        self.config = config
+
+    def process(self, element: dict[str, Any], counts: dict[str, Any]):
+        for split, docs in element["docs"].items():
+            num_pools = num_pools_for(int(counts.get(f"distinct_docs/{split}", 0)), self.config)
+            pools: dict[int, list[TokenizedDocument]] = {}
+            for doc in docs:
+                pools.setdefault(pool_of(doc.doc_id, num_pools, self.config), []).append(doc)
+            for pool, members in sorted(pools.items()):
+                yield (split, pool), members
+
+
+def build_pool(element: tuple[tuple[str, int], Iterable[list[TokenizedDocument]]]
+               ) -> tuple[tuple[str, int], list[TokenizedDocument], int]:
+    """A pool's documents sorted by ``doc_id``, duplicates collapsed (counted): its only dedupe."""
+    key, batches = element
+    docs = [doc for batch in batches for doc in batch]
+    unique, duplicates = unique_documents(docs)
+    return key, unique, duplicates
+
+
+# ---------------------------------------------------------------- staging files
+# Bulk data (a pool's documents, a task's records for one shard) goes through files under
+# DIR/.staging-<run>/ and only paths and counts go through the runner's shuffle: Beam's local
+# runners hold every shuffled byte in the driver several times over, and a pool read by
+# `dupe_factor` tasks would otherwise be shuffled `dupe_factor` times. Their bytes: datagen.staging.
+
+
+def pool_from_file(path: str) -> list[TokenizedDocument]:
+    return pool_from_bytes(fsio.read_bytes(path), path)
+
+
+def records_from_file(path: str) -> EncodedRecords:
+    return records_from_bytes(fsio.read_bytes(path), path)
+
+
+def stage_pool(pool: tuple[tuple[str, int], list[TokenizedDocument], int], staging: str) -> dict[str, Any]:
+    """Write the pool's documents to a staging file; return its stats (with the path)."""
+    (split, index), docs, duplicates = pool
+    path = fsio.join(staging, "pools", f"{split}-{index:06d}.bin")
+    fsio.write_atomic(path, pool_to_bytes(docs))
+    return {**pool_stats(pool), "path": path, "split": split, "pool": index}
+
+
+def pool_stats(pool: tuple[tuple[str, int], list[TokenizedDocument], int]) -> dict[str, Any]:
+    (split, _), docs, duplicates = pool
+    return {
+        "kind": "pool",
+        "documents": len(docs),
+        f"documents/{split}": len(docs),
+        "duplicate_documents": duplicates,
+        "sentences": sum(len(d.sentence_ends) for d in docs),
+        "tokens": (tokens := sum(int(np.asarray(d.tokens).shape[0]) for d in docs)),
+        f"tokens/{split}": tokens,
+    }
+
+
+def fan_out_passes(staged: dict[str, Any], dupe_factor: int):
+    if staged["documents"] == 0:
+        return
+    for pass_index in range(dupe_factor):
+        yield (staged["split"], staged["pool"], pass_index), staged["path"]
+
+
+def part_stats(records: EncodedRecords, labels: np.ndarray, masked: np.ndarray, split: str) -> dict[str, int]:
+    return {"instances": len(records), f"instances/{split}": len(records), "notnext": int(labels.sum()),
+            "masked_tokens": int(masked.sum())}
+
+
+class BuildInstances(_ReportingDoFn):
+    """(pool, pass) -> the pass's instances, encoded and framed, cut by shard into staging files.
+
+    Emits ((split, shard), (fragment path, stats of its records)): the runner shuffles no records.
+    A retried task rewrites the same fragments with the same bytes.
+    """
+
+    def __init__(self, config: DatagenConfig, vocab: Vocab, staging: str, show_progress: bool = False) -> None:
+        self.config = config
+        self.vocab = vocab
+        self.staging = staging
+        self.show_progress = show_progress
+
+    def process(self, task: tuple[tuple[str, int, int], str], num_shards: dict[str, int]):
+        (split, pool, pass_index), pool_path = task
+        started = time.process_time()
+        # The pool file's bytes are let go once the pass is planned (see encode_pool_pass).
+        built = encode_pool_pass(pool_from_file(pool_path), pass_index, self.config, self.vocab)
+        if built is None:
+            return
+        records, labels, masked = built.records, built.labels, built.masked
+        # Counts this DoFn takes from the records themselves are not taken twice from the plan.
+        extra = {k: v for k, v in built.stats.items() if k not in TOTAL_KEYS and k != "notnext"}
+        del built
+        if self._progress:
+            self._progress.add(instances=len(records))
+        if not len(records):
+            if extra:
+                yield (split, 0), (None, extra)
+            return
+        # Keys are sorted, so each shard's records are one contiguous run.
+        shards = shard_of_keys(records.keys, num_shards[split])
+        bounds = np.searchsorted(shards, np.arange(num_shards[split] + 1))
+        for shard in range(num_shards[split]):
+            lo, hi = int(bounds[shard]), int(bounds[shard + 1])
+            if hi > lo:
+                part = records.slice(lo, hi)
+                path = fsio.join(self.staging, "parts", f"{split}-{shard:05d}-{pool:06d}-{pass_index:04d}.bin")
+                fsio.write_atomic(path, records_to_bytes(part))
+                stats = part_stats(part, labels[lo:hi], masked[lo:hi], split)
+                if extra:  # the pass's own counters ride on its first part only
+                    stats, extra = add_counts(stats, extra), {}
+                yield (split, shard), (path, stats)
+        yield (split, 0), (None, {f"{BUSY_PREFIX}build": time.process_time() - started})
+
+
+def empty_shards(num_shards: dict[str, int]):
+    for split, n in sorted(num_shards.items()):
+        for shard in range(n):
+            yield (split, shard), (None, {})
+
+
+class WriteShard(_ReportingDoFn):
+    """All fragments of one shard -> the shard file, records sorted by key, written atomically."""
+
+    def __init__(self, output_dir: str, show_progress: bool = False) -> None:
+        self.output_dir = output_dir
+        self.show_progress = show_progress
+
+    def process(self, element: tuple[tuple[str, int], Iterable[tuple[str | None, dict]]],
+                num_shards: dict[str, int]):
+        (split, shard), parts = element
+        started = time.process_time()
+        name = shard_name(split, shard, num_shards[split])
+        parts = sorted(parts, key=lambda part: part[0] or "")
+        records = sorted_shard([records_from_file(path) for path, _ in parts if path], name)
+        stats = sum_all(stats for _, stats in parts)
+        fsio.write_atomic(fsio.join(self.output_dir, *name.split("/")), records.blob)
+        stats[f"{BUSY_PREFIX}write"] = stats.get(f"{BUSY_PREFIX}write", 0.0) + time.process_time() - started
+        if self._progress:
+            self._progress.add(records_written=len(records), shards_written=1)
+        yield {
+            "kind": "shard",
+            "split": split,
+            "index": shard,
+            "shard": {"path": name, "records": len(records), "bytes": len(records.blob),
+                      "sha256": hashlib.sha256(records.blob).hexdigest()},
+            "stats": stats,
+        }
+
+
+def sum_all(parts: Iterable[dict[str, Any]]) -> dict[str, Any]:
+    total: dict[str, Any] = {}
+    for part in parts:
+        add_counts(total, part)
+    return total
+
+
+def summarize(element: tuple[int, Iterable[dict[str, Any]]], summary_path: str) -> str:
+    """Combine every stats/shard/census element into the run summary and write it (JSON)."""
+    _, items = element
+    totals: dict[str, Any] = {}
+    shards: dict[str, list[tuple[int, dict]]] = {}
+    digest = fingerprint([])
+    for item in items:
+        kind = item.get("kind")
+        if kind == "shard":
+            shards.setdefault(item["split"], []).append((item["index"], item["shard"]))
+            add_counts(totals, item["stats"])
+        elif kind == "census":
+            digest = item["fingerprint"]
+        else:
+            add_counts(totals, {k: v for k, v in item.items() if k != "kind"})
+    summary = {
+        "totals": totals,
+        "fingerprint": digest,
+        "shards": {split: [s for _, s in sorted(entries, key=lambda e: e[0])]
+                   for split, entries in sorted(shards.items())},
+    }
+    fsio.write_atomic(summary_path, (json.dumps(summary, sort_keys=True, indent=1) + "\n").encode())
+    return summary_path

@@ -1,0 +1,1 @@
+"""`bert-datagen task`: the task data pipeline, its driver, card and tools."""

@@ -1,0 +1,129 @@
+"""`bert-datagen task`: options -> TaskConfig -> the task pipeline -> a task dataset directory."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from contract.cli.plumbing import FiniteFloat
+from datagen.config import ConfigError
+from datagen.tasks.config import KINDS, SCHEMES, SPAN, SPAN_KINDS, TAGGING, TAGGING_KINDS, TaskConfig
+from pipelines.beam.options import (
+    PASS_THROUGH_SETTINGS,
+    beam_args_of,
+    dataset_options,
+    driver_errors,
+    refuse_unused_options,
+    summary_lines,
+)
+
+# Options that only one type of task reads: (the type, the kinds that have it).
+TYPE_OPTIONS = {"doc_stride": (SPAN, SPAN_KINDS), "max_query_length": (SPAN, SPAN_KINDS),
+                "token_column": (TAGGING, TAGGING_KINDS), "tag_column": (TAGGING, TAGGING_KINDS),
+                "scheme": (TAGGING, TAGGING_KINDS)}
+
+
+def parse_labels(text: str | None) -> tuple[str, ...] | None:
+    if text is None:
+        return None
+    return tuple(label.strip() for label in text.split(","))
+
+
+def summary_table(result) -> str:
+    manifest = result.manifest
+    rows = [("task", f"{manifest['task']['kind']} ({manifest['task']['type']})"),
+            ("input files / MB", f"{manifest['input']['files']} / {manifest['input']['bytes'] / 1e6:,.2f}")]
+    for split, info in manifest["splits"].items():
+        counts = info["counts"]
+        rows.append((f"{split} ({info['mode']})", f"{counts.get('examples', 0):,} examples, {info['records']:,} "
+                     f"records, {len(info['shards'])} shard(s), {counts.get('truncated_examples', 0):,} truncated"
+                     + (f", {counts['skipped_answers']:,} skipped answers" if counts.get("skipped_answers") else "")))
+    rows.append(("wall seconds", f"{result.wall_seconds:,.1f} (pipeline {result.pipeline_seconds:,.1f})"))
+    if result.cpu_seconds:
+        rows.append(("CPU seconds in tasks", ", ".join(f"{k} {v:,.2f}" for k, v in result.cpu_seconds.items())))
+    return summary_lines(rows)
+
+
+@click.command(
+    "task",
+    context_settings=PASS_THROUGH_SETTINGS,
+    epilog="Any other --name=value option is passed to Beam's PipelineOptions (e.g. --direct_num_workers=2).",
+)
+@click.option("--task", "kind", required=True, type=click.Choice(KINDS), metavar="KIND",
+              help=f"Task kind: {', '.join(KINDS)}.")
+@click.option("--split", "splits", multiple=True, required=True, metavar="NAME=PATTERN",
+              help="A split and its file(s); repeatable. Training splits (see --train-splits) are shuffled "
+                   "(seeded) and, for SQuAD, labelled; every other split keeps its input order, to predict.")
+@click.option("--train-splits", default=None, metavar="NAME,...",
+              help="The splits written for training (bert-train finetune --train-split NAME)  [default: train]")
+@dataset_options
+@click.option("--max-seq-length", type=int, default=None, help="Default 384 for squad/squad2, else 128.")
+@click.option("--do-lower-case/--no-lower-case", default=True, show_default=True)
+@click.option("--text-a", default=None, help="tsv/csv/jsonl: column name, 0-based index or field of text A.")
+@click.option("--text-b", default=None, help="tsv/csv/jsonl: the same for text B (pair tasks).")
+@click.option("--label", default=None, help="tsv/csv/jsonl: the same for the label.")
+@click.option("--header/--no-header", default=None, help="tsv/csv: the first line names the columns (default: yes).")
+@click.option("--labels", default=None, metavar="L1,L2,...",
+              help="Fixed label order (default: sorted labels of the first split; GLUE: the official list).")
+@click.option("--regression", is_flag=True, default=False, help="tsv/csv/jsonl: the label is a number.")
+@click.option("--doc-stride", type=int, default=128, show_default=True, help="squad: window stride in tokens.")
+@click.option("--max-query-length", type=int, default=64, show_default=True, help="squad: question tokens kept.")
+@click.option("--token-column", type=int, default=0, show_default=True, help="conll: column of the token.")
+@click.option("--tag-column", type=int, default=-1, show_default=True, help="conll: column of the tag.")
+@click.option("--scheme", type=click.Choice(SCHEMES), default="iob2", show_default=True,
+              help="conll: tag scheme (iob1 is converted to iob2).")
+@click.option("--random-seed", type=int, default=12345, show_default=True, help="Order of the train split.")
+@click.option("--num-shards", type=int, default=None, help="Shards per split (default: from --target-shard-mb).")
+@click.option("--target-shard-mb", type=FiniteFloat(0, min_open=True), default=64.0, show_default=True)
+@click.option("--quiet", is_flag=True, default=False, help="No summary table.")
+@click.pass_context
+def task_command(ctx: click.Context, kind: str, splits: tuple[str, ...], vocab_path: str, output_dir: str,
+                 max_seq_length: int | None, do_lower_case: bool, text_a: str | None, text_b: str | None,
+                 label: str | None, header: bool | None, labels: str | None, regression: bool,
+                 train_splits: str | None, doc_stride: int,
+                 max_query_length: int, token_column: int, tag_column: int, scheme: str, random_seed: int,
+                 num_shards: int | None, target_shard_mb: float, overwrite: bool, runner: str,
+                 dask_scheduler: str | None, dask_workers: int, quiet: bool) -> None:
+    """Turn labelled task files (GLUE, SQuAD, CoNLL, any TSV/CSV/JSONL) into a fine-tuning dataset."""
+    beam_args = beam_args_of(ctx)
+    task_type = TaskConfig.type_of(kind, regression)
+    refuse_unused_options(ctx, {name: f"--task {kind} does not read it (only {', '.join(kinds)} do)"
+                                for name, (wanted, kinds) in TYPE_OPTIONS.items() if task_type != wanted})
+    try:
+        config = TaskConfig(kind=kind, max_seq_length=max_seq_length, do_lower_case=do_lower_case, text_a=text_a,
+                            text_b=text_b, label=label, header=header, labels=parse_labels(labels),
+                            regression=regression, doc_stride=doc_stride, max_query_length=max_query_length,
+                            token_column=token_column, tag_column=tag_column, scheme=scheme,
+                            random_seed=random_seed, num_shards=num_shards, target_shard_mb=target_shard_mb,
+                            **({} if train_splits is None else {"train_splits": parse_labels(train_splits)}))
+    except ConfigError as e:
+        raise click.UsageError(str(e)) from e
+    from pipelines.pretraining.run import DatagenError
+    from pipelines.tasks.graph import parse_split
+
+    names = []
+    for option in splits:
+        try:
+            names.append(parse_split(option)[0])
+        except DatagenError as e:
+            raise click.UsageError(str(e)) from e
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise click.UsageError(f"--split: split {twice[0]!r} is given twice")
+    unknown = [n for n in config.train_splits if n not in names]
+    if train_splits is not None and unknown:
+        raise click.UsageError(f"--train-splits: {unknown[0]!r} is not one of the --split names ({', '.join(names)})")
+
+    from pipelines.tasks.run import generate_task_dataset
+
+    with driver_errors():
+        result = generate_task_dataset(config, splits=list(splits), vocab_path=vocab_path, output_dir=output_dir,
+                                       runner=runner, beam_args=beam_args, overwrite=overwrite,
+                                       dask_scheduler=dask_scheduler, dask_workers=dask_workers)
+    if not quiet:
+        click.echo(f"bert-datagen task: wrote {result.output_dir}", err=True)
+        click.echo(summary_table(result), err=True)
+    for warning in result.warnings:  # even with --quiet, as `run` does: each says what to change
+        click.echo(f"warning: {warning}", err=True)
+    sys.stderr.flush()

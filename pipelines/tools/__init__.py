@@ -1,0 +1,1 @@
+"""`bert-datagen verify | inspect | stats | diff` on pre-training datasets."""

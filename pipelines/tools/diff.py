@@ -1,0 +1,182 @@
+"""`bert-datagen diff`: are two datasets the same data? Manifests, shard checksums, first differing record."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+from contract.dataset import Dataset, DatasetError, ShardRef
+from datagen.example_codec import decode_batch
+from pipelines.tools.inspection import record_view, shown_token
+from pipelines.tools.shards import iter_payloads
+
+# Manifest fields that say how or from where a dataset was made, not what it holds: two datasets that
+# differ only here are the same data (the input's content is pinned by input.fingerprint).
+# Where the documents came from, not what they are: the same documents gzip-compressed, split into
+# other files or listed by other patterns give the same fingerprint and shards.
+INFORMATIONAL = ("created_by", "tool", "input.patterns", "input.files", "input.bytes")
+
+
+@dataclass
+class DiffReport:
+    fields: list[tuple[str, object, object]]  # manifest fields (config.*, vocab.*, ...) that differ
+    shards: list[tuple[str, str | None, str | None]]  # (path, sha256 in A or None, sha256 in B or None)
+    first_record: dict | None = None
+    notes: list[tuple[str, object, object]] = field(default_factory=list)  # informational differences
+
+    @property
+    def identical(self) -> bool:
+        return not self.fields and not self.shards
+
+
+def _flat(d: object, prefix: str = "") -> dict[str, object]:
+    if isinstance(d, dict):
+        out: dict[str, object] = {}
+        for k, v in d.items():
+            out.update(_flat(v, f"{prefix}{k}."))
+        return out if out or not prefix else {prefix[:-1]: {}}
+    return {prefix[:-1]: d}
+
+
+def _split_records(ds: Dataset, split: str) -> Iterator[tuple[ShardRef, int, bytes]]:
+    for ref in ds.shards:
+        if ref.split == split:
+            for i, payload in iter_payloads(ref):
+                yield ref, i, payload
+
+
+def _first_difference(a: Dataset, b: Dataset, splits: list[str]) -> dict | None:
+    """The first record that differs between the two datasets, split by split, across shard boundaries."""
+    for split in splits:
+        ia, ib = _split_records(a, split), _split_records(b, split)
+        n = 0
+        while True:
+            ra, rb = next(ia, None), next(ib, None)
+            if ra is None and rb is None:
+                break
+            if ra is not None and rb is not None and ra[2] == rb[2]:
+                n += 1
+                continue
+            side = {}
+            for key, ds, rec in (("a", a, ra), ("b", b, rb)):
+                if rec is None:
+                    side[key] = None
+                    continue
+                if ds.shape is None:  # a task dataset
+                    view, problems = _task_view(ds, split, rec[2])
+                else:
+                    batch, problems = decode_batch([rec[2]], [rec[1]], ds.shape)
+                    view = record_view(batch, 0, ds.vocab, ds.shape) if len(batch) else None
+                side[key] = {"shard": rec[0].name, "index": rec[1], "view": view,
+                             "problem": problems[0][1] if problems else None}
+            return {"split": split, "position": n, **side}
+    return None
+
+
+def _with_config_defaults(manifest: dict) -> dict:
+    """A config field added after a dataset was made has its default there (it made no difference).
+    The defaults are those of the manifest's own kind: a task dataset's config has no dupe_factor."""
+    import dataclasses
+
+    from contract.features import DEFAULT_KIND, TASK
+    from datagen.config import DatagenConfig
+    from datagen.tasks.config import TaskConfig
+
+    if manifest.get("kind", DEFAULT_KIND) == TASK:
+        # None defaults are resolved per task kind when a config is built (max_seq_length, header):
+        # a manifest always holds the resolved value, so there is no default to fill in.
+        defaults = {f.name: f.default for f in dataclasses.fields(TaskConfig)
+                    if f.default is not dataclasses.MISSING and f.default is not None}
+    else:
+        defaults = {k: v for k, v in DatagenConfig().to_dict().items() if k != "extra"}
+    return {**manifest, "config": {**defaults, **manifest.get("config", {})}}
+
+
+def _task_view(ds: Dataset, split: str, payload: bytes) -> tuple[dict | None, list[tuple[int, str]]]:
+    from pipelines.tasks.tools import decode_record
+    from pipelines.tasks.tools import record_view as task_record_view
+
+    try:
+        f = decode_record(ds, split, payload)
+    except ValueError as e:
+        return None, [(0, str(e))]
+    return task_record_view(ds, split, f, 0), []
+
+
+def diff_datasets(a: Dataset, b: Dataset, *, records: bool = True) -> DiffReport:
+    if a.manifest is None or b.manifest is None:
+        raise DatasetError("diff compares two datasets with manifests")
+    fa = {k: v for k, v in _flat(_with_config_defaults(a.manifest)).items() if ".shards" not in k}
+    fb = {k: v for k, v in _flat(_with_config_defaults(b.manifest)).items() if ".shards" not in k}
+    differ = [(k, fa.get(k), fb.get(k)) for k in sorted(set(fa) | set(fb)) if fa.get(k) != fb.get(k)]
+    info = [d for d in differ if any(d[0] == p or d[0].startswith(p + ".") for p in INFORMATIONAL)]
+    fields = [d for d in differ if d not in info]
+    sha_a = {s.name: s.expected["sha256"] for s in a.shards if s.expected}
+    sha_b = {s.name: s.expected["sha256"] for s in b.shards if s.expected}
+    shards = [(p, sha_a.get(p), sha_b.get(p)) for p in sorted(set(sha_a) | set(sha_b), key=_shard_order(a, b))
+              if sha_a.get(p) != sha_b.get(p)]
+    report = DiffReport(fields, shards, notes=info)
+    if records and shards:
+        splits = list(dict.fromkeys(a.splits + b.splits))
+        report.first_record = _first_difference(a, b, splits)
+    return report
+
+
+def _shard_order(a: Dataset, b: Dataset) -> Callable[[str], int]:
+    order = {s.name: i for i, s in enumerate(a.shards + b.shards) if s.name}
+    return lambda p: order.get(p, 0)
+
+
+def _side_by_side(first: dict, width: int = 28) -> list[str]:
+    va = first["a"]["view"] if first["a"] else None
+    vb = first["b"]["view"] if first["b"] else None
+    lines = [f"{'pos':>5} {'seg':>3}  {'A':<{width}} {'B':<{width}}"]
+    ta = va["tokens"] if va else []
+    tb = vb["tokens"] if vb else []
+    for i in range(max(len(ta), len(tb))):
+        x = shown_token(ta[i]) if i < len(ta) else ""
+        y = shown_token(tb[i]) if i < len(tb) else ""
+        seg = ta[i]["segment"] if i < len(ta) else tb[i]["segment"]
+        mark = " " if x == y and (i >= len(ta) or i >= len(tb) or ta[i]["segment"] == tb[i]["segment"]) else "*"
+        lines.append(f"{i:>5} {seg:>3}{mark} {x[:width]:<{width}} {y[:width]:<{width}}")
+    def label(v: dict | None) -> str:
+        if v is None:
+            return "-"
+        if "next_sentence_label" in v:
+            return f"{v['next_sentence_label']} {v['relation']}"
+        return str(v.get("label_text", v.get("label", v.get("unique_id", ""))))
+
+    name = "NSP" if (va or vb or {}).get("next_sentence_label") is not None else "label"
+    lines.append(f"{name:>9}  {label(va):<{width}} {label(vb):<{width}}")
+    return lines
+
+
+def format_diff(report: DiffReport, a_name: str, b_name: str) -> str:
+    notes = [f"  (informational) {k}: {va!r} -> {vb!r}" for k, va, vb in report.notes]
+    if report.identical:
+        return "\n".join([f"identical: {a_name} and {b_name} hold the same data (same config, vocab, counts "
+                          "and shard checksums)"] + notes)
+    lines = [f"different: {a_name} (A) and {b_name} (B)"] + notes
+    if report.fields:
+        lines.append(f"{len(report.fields)} manifest field(s) differ:")
+        lines += [f"  {k}: {va!r} -> {vb!r}" for k, va, vb in report.fields]
+    if report.shards:
+        lines.append(f"{len(report.shards)} shard(s) differ:")
+        for path, x, y in report.shards:
+            if x is None or y is None:
+                lines.append(f"  {path}: only in {'B' if x is None else 'A'}")
+            else:
+                lines.append(f"  {path}: sha256 {x[:16]}... -> {y[:16]}...")
+    first = report.first_record
+    if first:
+        where = ", ".join(f"{k.upper()} {first[k]['shard']} record {first[k]['index']}"
+                          for k in ("a", "b") if first[k])
+        lines.append(f"first differing record: split {first['split']}, record {first['position']} of the split "
+                     f"({where})")
+        for k in ("a", "b"):
+            if first[k] is None:
+                lines.append(f"  {k.upper()} has no record there (the split ends)")
+            elif first[k]["problem"]:
+                lines.append(f"  {k.upper()} record does not parse: {first[k]['problem']}")
+        lines += ["  " + line for line in _side_by_side(first)]
+    return "\n".join(lines)

@@ -1,0 +1,79 @@
+"""Reading a dataset's shards: a shard's record stream, particular records, and a process pool.
+
+Shards are spread over a process pool, so a check uses every core and constant memory per worker.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+from collections.abc import Callable, Iterator
+
+import numpy as np
+
+from contract.dataset import Dataset, DatasetError, ShardRef
+from datagen.example_codec import Batch, decode_batch
+from datagen.record_rules import RecordShape
+from datagen.tfrecord import CHUNK_BYTES, ShardStream
+from pipelines.beam import fsio
+
+
+def shard_stream(ref: ShardRef, chunk_bytes: int = CHUNK_BYTES) -> ShardStream:
+    """The shard's TFRecord stream, opened through Beam's filesystems (local, gs://)."""
+    return ShardStream(ref.path, ref.name, chunk_bytes=chunk_bytes, opener=fsio.open_read)
+
+
+def pool_start_method(tasks: list) -> str:
+    """'fork' for local files (cheap); 'spawn' when a task reads a remote filesystem, because a forked
+    child would share the parent's open HTTP connections (the manifest and vocab were read with them)."""
+    remote = any("://" in getattr(t.ref, "path", "") for t in tasks)
+    return "spawn" if remote else "fork"
+
+
+def map_shards(fn: Callable, tasks: list, workers: int | None = None) -> list:
+    """fn over tasks in order, on a process pool when there is more than one worker and task."""
+    workers = workers or os.cpu_count() or 1
+    workers = min(workers, len(tasks))
+    if workers <= 1:
+        return [fn(t) for t in tasks]
+    with multiprocessing.get_context(pool_start_method(tasks)).Pool(workers) as pool:
+        return list(pool.imap(fn, tasks, chunksize=1))
+
+
+def read_records(ref: ShardRef, shape: RecordShape, start: int, count: int) -> tuple[Batch, list[str]]:
+    """Records [start, start+count) of a shard, decoded; problems met on the way as strings."""
+    stream = shard_stream(ref, chunk_bytes=1 << 20)
+    got_idx: list[int] = []
+    got: list[bytes] = []
+    for indices, payloads in stream.batches():
+        for i, p in zip(indices, payloads, strict=True):
+            if start <= i < start + count:
+                got_idx.append(i)
+                got.append(p)
+        if indices and indices[-1] >= start + count - 1:
+            break
+    if not got:
+        empty = {k: np.zeros((0, c), np.float32 if d == "float32" else np.int64)
+                 for k, (d, c) in shape.spec().items()}
+        return Batch(np.zeros(0, np.int64), empty), [f"{ref.name}: {m}" for _, m in stream.problems]
+    batch, problems = decode_batch(got, got_idx, shape)
+    msgs = [f"{ref.name}: record {i}: {m}" for i, m in problems] + [f"{ref.name}: {m}" for _, m in stream.problems]
+    return batch, msgs
+
+
+def iter_payloads(ref: ShardRef) -> Iterator[tuple[int, bytes]]:
+    stream = shard_stream(ref)
+    for indices, payloads in stream.batches():
+        yield from zip(indices, payloads, strict=True)
+
+
+def pick_shard(ds: Dataset, split: str | None, shard: int) -> ShardRef:
+    if split is None:
+        split = "train" if "train" in ds.splits else ds.splits[0]
+    refs = [r for r in ds.shards if r.split == split]
+    if not refs:
+        known = ", ".join(ds.splits)
+        raise DatasetError(f"no shards in split {split!r} (splits: {known})")
+    if not 0 <= shard < len(refs):
+        raise DatasetError(f"--shard {shard} is out of range: split {refs[0].split!r} has {len(refs)} shards")
+    return refs[shard]

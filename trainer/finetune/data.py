@@ -1,0 +1,207 @@
+"""Reading a task dataset (TASK_CONTRACT: `bert-datagen task` output) for fine-tuning.
+
+A task dataset is a directory with manifest.json ("kind": "task"), vocab.txt and one directory per
+split of fixed-length tf.train.Example shards, plus examples.jsonl / windows.jsonl for span and
+tagging splits. Training batches come from a per-epoch shuffle seeded by (seed, epoch), so batch b
+of epoch e is a pure function of the seed: a resumed run re-creates its position from the step
+alone, with no iterator state to save.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass, field
+
+import tensorflow as tf
+
+from trainer.model.heads import TASK_TYPES
+from trainer.pretrain.data import check_first_record, check_shard_file, find_bad_record
+from trainer.run.errors import DataError
+
+MANIFEST = "manifest.json"
+
+
+@dataclass
+class SplitInfo:
+    name: str
+    files: list[str]
+    records: int
+    labelled: bool
+    mode: str
+    features: dict[str, tuple[str, int]]
+    side: dict[str, str] = field(default_factory=dict)  # file name -> path
+    sizes: dict[str, int] = field(default_factory=dict)  # shard path -> bytes, as the manifest lists them
+
+
+@dataclass
+class TaskDataset:
+    source: str
+    task_kind: str
+    task_type: str
+    labels: list[str]
+    max_seq_length: int
+    vocab_size: int
+    vocab_path: str
+    do_lower_case: bool
+    splits: dict[str, SplitInfo]
+    task: dict
+    vocab_sha256: str = ""  # the manifest's, of vocab_path's bytes
+    identity: dict = field(default_factory=dict)  # `task_identity`: what a run records and resumes on
+
+    @property
+    def num_labels(self) -> int:
+        return len(self.labels)
+
+    def split(self, name: str) -> SplitInfo:
+        if name not in self.splits:
+            raise DataError(f"{self.source}: no split {name!r} (the dataset has {', '.join(sorted(self.splits))})")
+        return self.splits[name]
+
+
+def read_manifest(directory: str) -> dict:
+    """The validated manifest (contract/: schema, kind-aware required fields), as a DataError if not."""
+    from contract.manifest import ManifestError, load_manifest
+    from trainer.run.gfs import GFILE_FS
+
+    try:
+        return load_manifest(directory, GFILE_FS)
+    except ManifestError as exc:
+        raise DataError(str(exc)) from exc
+
+
+def task_identity(manifest: dict) -> dict:
+    """What a task dataset IS, independent of how its path is spelled (as `trainer.pretrain.data.dataset_identity`
+    for pre-training data): every shard and side file's split, path, record count and sha256 (from
+    the manifest), the vocab's sha256 and the task; the fingerprint is the sha256 of that."""
+    shards = [{"split": name, "path": s["path"], "records": int(s.get("records", 0)), "sha256": s.get("sha256")}
+              for name in sorted(manifest["splits"]) for key in ("shards", "side")
+              for s in manifest["splits"][name].get(key, [])]
+    content = {"task": manifest.get("task"), "vocab_sha256": manifest["vocab"].get("sha256"), "shards": shards}
+    digest = hashlib.sha256(json.dumps(content, sort_keys=True).encode()).hexdigest()
+    return {"fingerprint": digest, "shards": shards}
+
+
+def is_task_manifest(manifest: dict) -> bool:
+    return manifest.get("kind") == "task"
+
+
+def open_task_dataset(directory: str) -> TaskDataset:
+    """Describe a task dataset; DataError (naming the file) for anything else, e.g. pre-training data."""
+    manifest = read_manifest(directory)
+    path = os.path.join(directory, MANIFEST)
+    if not is_task_manifest(manifest):
+        raise DataError(f"{directory}: a pre-training dataset (manifest kind {manifest.get('kind', 'pretraining')!r}), "
+                        "not a task dataset; fine-tune on the output of `bert-datagen task`, or pre-train "
+                        "on this one with `bert-train pretrain`")
+    try:
+        task = manifest["task"]
+        task_type = task["type"]
+        if task_type not in TASK_TYPES:
+            raise DataError(f"{path}: task type {task_type!r} is not one of {', '.join(TASK_TYPES)}")
+        vocab = manifest["vocab"]
+        splits = {name: _split_info(directory, name, info, path) for name, info in manifest["splits"].items()}
+        # docs/tasks.md records it in "task"; older writers only beside the vocab or in the config.
+        do_lower_case = bool(task.get("do_lower_case", vocab.get("do_lower_case",
+                                                                 manifest.get("config", {}).get("do_lower_case", True))))
+        return TaskDataset(source=directory, task_kind=str(task["kind"]), task_type=task_type,
+                           labels=[str(x) for x in task.get("labels", [])],
+                           max_seq_length=int(task["max_seq_length"]), vocab_size=int(vocab["size"]),
+                           vocab_path=os.path.join(directory, vocab["path"]), do_lower_case=do_lower_case,
+                           splits=splits, task=dict(task), vocab_sha256=str(vocab["sha256"]),
+                           identity=task_identity(manifest))
+    except (KeyError, TypeError, ValueError) as exc:
+        if isinstance(exc, DataError):
+            raise
+        raise DataError(f"{path}: not a valid task manifest ({type(exc).__name__}: {exc})") from exc
+
+
+def _split_info(directory: str, name: str, info: dict, manifest_path: str) -> SplitInfo:
+    files = [os.path.join(directory, s["path"]) for s in info.get("shards", [])]
+    for f in files:
+        if not tf.io.gfile.exists(f):
+            raise DataError(f"{f}: shard listed in {manifest_path} is missing")
+    side = {os.path.basename(s["path"]): os.path.join(directory, s["path"]) for s in info.get("side", [])}
+    features = {k: (str(v[0]), int(v[1])) for k, v in info["features"].items()}
+    sizes = {path: int(s["bytes"]) for path, s in zip(files, info.get("shards", []), strict=True)}
+    return SplitInfo(name=name, files=files, records=int(info.get("records", 0)),
+                     labelled=bool(info.get("labelled", True)), mode=str(info.get("mode", "predict")),
+                     features=features, side=side, sizes=sizes)
+
+
+def check_split_files(dataset: TaskDataset, splits: list[SplitInfo | None]) -> None:
+    """What pre-training checks before its first step (trainer.pretrain.data), for the splits a command will
+    read: each shard has the size the manifest gives and its first record parses with the split's
+    features. A truncated dev shard would otherwise surface only after training, as a TensorFlow
+    error that names no file."""
+    manifest = os.path.join(dataset.source, MANIFEST)
+    for split in splits:
+        if split is None:
+            continue
+        for path in split.files:
+            if path in split.sizes:
+                check_shard_file(path, split.sizes[path], manifest)
+            check_first_record(path, split.features)
+
+
+# What tf.data raises on a record it cannot read (a failed CRC, a truncated file) or parse.
+TF_DATA_ERRORS = (tf.errors.DataLossError, tf.errors.InvalidArgumentError)
+
+
+def split_data_error(split: SplitInfo, exc: Exception) -> DataError:
+    """The DataError for a tf.data failure while reading `split`: the shard and record at fault,
+    found as pre-training finds them (trainer.pretrain.data.find_bad_record)."""
+    where = find_bad_record(split.files, 0, 0, split.features)
+    if where is not None:
+        return DataError(f"corrupt input: {where}")
+    # TensorFlow's message goes on with the graph's stack trace: its first line is the reason.
+    reason = str(getattr(exc, "message", exc)).strip().splitlines()[0]
+    return DataError(f"{', '.join(split.files)}: reading split {split.name!r} failed: {type(exc).__name__}: {reason}")
+
+
+def read_side_file(split: SplitInfo, name: str, source: str) -> list[dict]:
+    if name not in split.side:
+        raise DataError(f"{source}: split {split.name!r} lists no {name} side file")
+    path = split.side[name]
+    rows = []
+    with tf.io.gfile.GFile(path, "r") as f:
+        for line_number, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError as exc:
+                raise DataError(f"{path}: line {line_number}: not JSON ({exc})") from exc
+    return rows
+
+
+def parse_batch(serialized: tf.Tensor, features: dict[str, tuple[str, int]]) -> dict[str, tf.Tensor]:
+    spec = {name: tf.io.FixedLenFeature([length], tf.int64 if dtype == "int64" else tf.float32)
+            for name, (dtype, length) in features.items()}
+    parsed = tf.io.parse_example(serialized, spec)
+    return {k: tf.cast(v, tf.int32) if v.dtype == tf.int64 else v for k, v in parsed.items()}
+
+
+def _options() -> tf.data.Options:
+    options = tf.data.Options()
+    options.deterministic = True
+    return options
+
+
+def train_batches(split: SplitInfo, batch_size: int, seed: int, epoch: int) -> tf.data.Dataset:
+    """One epoch of full batches, shuffled over the whole split by (seed, epoch)."""
+    records = tf.data.TFRecordDataset(split.files, num_parallel_reads=1)
+    records = records.shuffle(max(split.records, 1), seed=(seed * 1000003 + epoch) & 0x7FFFFFFF,
+                              reshuffle_each_iteration=False)
+    ds = records.batch(batch_size, drop_remainder=True)
+    ds = ds.map(lambda s: parse_batch(s, split.features), num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+    return ds.with_options(_options()).prefetch(tf.data.AUTOTUNE)
+
+
+def ordered_batches(split: SplitInfo, batch_size: int) -> tf.data.Dataset:
+    """The split in record order, once; the last batch may be short."""
+    records = tf.data.TFRecordDataset(split.files, num_parallel_reads=1)
+    ds = records.batch(batch_size).map(lambda s: parse_batch(s, split.features),
+                                       num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+    return ds.with_options(_options()).prefetch(tf.data.AUTOTUNE)

@@ -1,0 +1,289 @@
+"""Predictions and task metrics of a fine-tuned model on one split, and the files they are written to.
+
+- classification / regression: GLUE metrics (`trainer.finetune.metrics`); `predictions.tsv` in GLUE's
+  submission layout (header `index<TAB>prediction`, then one row per example, label strings);
+- span: RECIPE.md section 10 post-processing (`trainer.finetune.squad_postprocess`) and the official SQuAD
+  v1.1 / v2.0 scores (`trainer.finetune.squad_eval`); `predictions.json`, `nbest_predictions.json`,
+  `null_odds.json` (v2.0) and the raw per-window logits `logits.npz`;
+- tagging: the tag of each word from the logits at its first piece in the window that owns it,
+  conlleval scores; `predictions.conll` (word, gold, predicted per line; blank line between
+  sentences; without gold column for unlabelled splits).
+
+`bert-train predict --out DIR` writes these files with `predictions_record.json` (what wrote them,
+from which run, data and split): DIR must be new, empty, or (with --overwrite) such a directory of
+ours; never a dataset, a run, or inside one (`check_predictions_out`).
+"""
+
+from __future__ import annotations
+
+import json
+import weakref
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import tensorflow as tf
+
+from trainer.finetune import metrics as metric_lib
+from trainer.finetune import squad_eval, squad_postprocess
+from trainer.finetune.data import (
+    TF_DATA_ERRORS,
+    SplitInfo,
+    TaskDataset,
+    ordered_batches,
+    read_side_file,
+    split_data_error,
+)
+from trainer.run import rundir
+from trainer.run.errors import ConfigError, DataError
+from trainer.run.rundir import write_atomic
+
+
+@dataclass
+class SplitPredictions:
+    """What a model predicted on a split, ready for metrics and files."""
+
+    task_type: str
+    arrays: dict[str, np.ndarray]  # logits (and labels / unique ids) in record order
+    metrics: dict[str, float] = field(default_factory=dict)
+    details: dict = field(default_factory=dict)  # per-type NER scores, SQuAD extras
+    outputs: dict = field(default_factory=dict)  # what the files are written from
+
+
+def primary_metric(dataset: TaskDataset) -> str:
+    if dataset.task_type in ("classification", "regression"):
+        return metric_lib.task_metric_names(dataset.task_kind, dataset.task_type)[1]
+    return "f1"
+
+
+def is_squad_v2(dataset: TaskDataset) -> bool:
+    return dataset.task_kind == "squad2" or bool(dataset.task.get("version_2_with_negative"))
+
+
+MODEL_INPUTS = ("input_ids", "input_mask", "segment_ids")
+
+# One traced prediction function per model and sequence length, kept for every later evaluation: a
+# function made per call traced the model again at each evaluation (and once more for the short
+# last batch), seconds each time, and TensorFlow warned of the retracing. The batch dimension is
+# left open, so full and short batches share the one trace. Weak keys: a model no longer used
+# takes its function with it.
+_PREDICT_FUNCTIONS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def predict_function(model, seq_length: int) -> tf.types.experimental.PolymorphicFunction:
+    """The model's inference step on batches of ``seq_length`` tokens, traced once."""
+    functions = _PREDICT_FUNCTIONS.setdefault(model, {})
+    if seq_length not in functions:
+        owner = weakref.ref(model)  # a strong reference here would keep the cache's key alive
+        spec = {k: tf.TensorSpec([None, seq_length], tf.int32, name=k) for k in MODEL_INPUTS}
+
+        @tf.function(input_signature=[spec])
+        def step(batch):
+            return owner()(batch, training=False)
+
+        functions[seq_length] = step
+    return functions[seq_length]
+
+
+def predict_arrays(model, split: SplitInfo, batch_size: int) -> dict[str, np.ndarray]:
+    """Run the model over a split in record order; logits plus the label/id features, concatenated."""
+    step = predict_function(model, split.features["input_ids"][1])
+    parts: dict[str, list[np.ndarray]] = {}
+    try:
+        for batch in ordered_batches(split, batch_size):
+            _predict_batch(step, batch, parts)
+    except TF_DATA_ERRORS as exc:
+        raise split_data_error(split, exc) from exc
+    if not parts:
+        raise DataError(f"split {split.name!r} has no records")
+    return {k: np.concatenate(v) for k, v in parts.items()}
+
+
+def _predict_batch(step, batch: dict, parts: dict[str, list[np.ndarray]]) -> None:
+    out = step({k: batch[k] for k in MODEL_INPUTS})
+    for k, v in out.items():
+        parts.setdefault(k, []).append(v.numpy())
+    for k in ("label_ids", "unique_ids", "start_positions", "end_positions"):
+        if k in batch:
+            parts.setdefault(k, []).append(batch[k].numpy())
+
+
+def evaluate_split(model, dataset: TaskDataset, split_name: str, batch_size: int, *, need_labels: bool,
+                   null_score_diff_threshold: float = 0.0) -> SplitPredictions:
+    split = dataset.split(split_name)
+    if need_labels and not split.labelled:
+        raise DataError(f"{dataset.source}: split {split_name!r} is unlabelled; it can be predicted "
+                        "(`bert-train predict`) but not evaluated")
+    arrays = predict_arrays(model, split, batch_size)
+    result = SplitPredictions(dataset.task_type, arrays)
+    kind = dataset.task_type
+    if kind in ("classification", "regression"):
+        _classification(result, dataset, split)
+    elif kind == "span":
+        _span(result, dataset, split, null_score_diff_threshold)
+    else:
+        _tagging(result, dataset, split)
+    return result
+
+
+def _classification(result: SplitPredictions, dataset: TaskDataset, split: SplitInfo) -> None:
+    logits = result.arrays["logits"]
+    predicted = logits if dataset.task_type == "regression" else np.argmax(logits, axis=-1)
+    result.outputs["predicted"] = predicted
+    if split.labelled:
+        gold = result.arrays["label_ids"].reshape(-1)
+        result.metrics = metric_lib.classification_metrics(dataset.task_kind, dataset.task_type, gold, predicted)
+
+
+def _span(result: SplitPredictions, dataset: TaskDataset, split: SplitInfo, threshold: float) -> None:
+    examples = read_side_file(split, "examples.jsonl", dataset.source)
+    windows = read_side_file(split, "windows.jsonl", dataset.source)
+    v2 = is_squad_v2(dataset)
+    post = squad_postprocess.postprocess(
+        examples, windows, result.arrays["unique_ids"].reshape(-1), result.arrays["start_logits"],
+        result.arrays["end_logits"], version_2=v2, do_lower_case=dataset.do_lower_case,
+        null_score_diff_threshold=threshold)
+    result.outputs["squad"] = post
+    if not split.labelled:
+        return
+    gold = [{"paragraphs": [{"qas": [
+        {"id": e["id"], "answers": [] if e.get("is_impossible") else [{"text": t} for t in e.get("answers", [])]}
+        for e in examples]}]}]
+    if v2:
+        scores = squad_eval.evaluate_v2(gold, post.predictions, post.null_odds)
+        result.metrics = {"exact": scores["exact"], "f1": scores["f1"]}
+        result.details = scores
+    else:
+        scores = squad_eval.evaluate_v1(gold, post.predictions)
+        result.metrics = {"exact_match": scores["exact_match"], "f1": scores["f1"]}
+        result.details = scores
+
+
+def word_predictions(windows: list[dict], logits: np.ndarray, examples: list[dict]) -> list[list[int]]:
+    """Per example, the predicted tag index of every word (from the window that owns it)."""
+    out = [[-1] * len(e["words"]) for e in examples]
+    index_of = {int(e["index"]): i for i, e in enumerate(examples)}
+    for row, window in enumerate(windows):
+        word_ids = np.asarray(window["word_ids"])
+        owned = np.flatnonzero(word_ids >= 0)
+        tags = np.argmax(logits[row, owned], axis=-1)
+        example = out[index_of[int(window["example_index"])]]
+        for position, tag in zip(word_ids[owned], tags, strict=True):
+            example[int(position)] = int(tag)
+    missing = [i for i, tags in enumerate(out) if -1 in tags]
+    if missing:
+        raise DataError(f"{len(missing)} examples have words no window owns (first: example {missing[0]})")
+    return out
+
+
+def _tagging(result: SplitPredictions, dataset: TaskDataset, split: SplitInfo) -> None:
+    examples = read_side_file(split, "examples.jsonl", dataset.source)
+    windows = read_side_file(split, "windows.jsonl", dataset.source)
+    predicted = word_predictions(windows, result.arrays["logits"], examples)
+    tags = [[dataset.labels[i] for i in sentence] for sentence in predicted]
+    result.outputs["tagging"] = (examples, tags)
+    if split.labelled:
+        score = metric_lib.conlleval([e["tags"] for e in examples], tags)
+        result.metrics = {k: float(score.overall[k]) for k in ("precision", "recall", "f1")}
+        result.metrics["token_accuracy"] = score.token_accuracy
+        result.details = score.to_dict()
+
+
+# ------------------------------------------------------------------ files
+
+
+def write_outputs(out_dir: str | Path, dataset: TaskDataset, result: SplitPredictions) -> list[Path]:
+    """The prediction files for the task type (see the module docstring), plus metrics.json when
+    the split was labelled."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    written: list[Path] = []
+    kind = dataset.task_type
+    if kind in ("classification", "regression"):
+        predicted = result.outputs["predicted"]
+        rows = [f"{i}\t{v:.6g}" if kind == "regression" else f"{i}\t{dataset.labels[int(v)]}"
+                for i, v in enumerate(predicted)]
+        path = out / "predictions.tsv"
+        write_atomic(path, "index\tprediction\n" + "".join(r + "\n" for r in rows))
+        written.append(path)
+    elif kind == "span":
+        arrays = result.arrays
+        written.append(squad_postprocess.write_raw_logits(out, arrays["unique_ids"].reshape(-1),
+                                                          arrays["start_logits"], arrays["end_logits"]))
+        written += squad_postprocess.write_predictions(out, result.outputs["squad"], is_squad_v2(dataset))
+    else:
+        examples, tags = result.outputs["tagging"]
+        lines = []
+        for example, predicted in zip(examples, tags, strict=True):
+            gold = example.get("tags")
+            for w, word in enumerate(example["words"]):
+                lines.append(f"{word}\t{gold[w]}\t{predicted[w]}" if gold else f"{word}\t{predicted[w]}")
+            lines.append("")
+        path = out / "predictions.conll"
+        write_atomic(path, "\n".join(lines) + ("\n" if lines else ""))
+        written.append(path)
+    if result.metrics:
+        path = out / "metrics.json"
+        write_atomic(path, json.dumps({"metrics": result.metrics, "details": result.details}, indent=2,
+                                      sort_keys=True) + "\n")
+        written.append(path)
+    return written
+
+
+PREDICTIONS_RECORD = "predictions_record.json"
+_WRITTEN_BY = "bert-train predict"
+
+
+def _predictions_record(out: Path) -> dict | None:
+    try:
+        record = json.loads((out / PREDICTIONS_RECORD).read_text())
+    except (OSError, ValueError):
+        return None
+    return record if isinstance(record, dict) and record.get("written_by") == _WRITTEN_BY else None
+
+
+def check_predictions_out(given: str | Path, overwrite: bool) -> list[str]:
+    """Refuse (ConfigError naming --out) a directory predictions may not be written to, before any
+    work; returns the files an earlier `bert-train predict` wrote there (to replace)."""
+    out = rundir.check_local_dir(given)
+    rundir.refuse_inside_dataset(out)
+    kind = rundir.run_kind(out) if out.is_dir() else None
+    if kind is not None:
+        raise ConfigError(f"--out {out}: a {kind}; write predictions to a directory of their own")
+    run = rundir.enclosing(out.parent, rundir.has_run_record)
+    if run is not None:
+        raise ConfigError(f"--out {out}: inside the run {run}; write predictions outside it")
+    previous: list[str] = []
+    if rundir.entries_of(out):
+        record = _predictions_record(out)
+        if record is None:
+            raise ConfigError(f"--out {out}: exists, is not empty and holds no predictions of ours (no "
+                              f"{PREDICTIONS_RECORD}); give a new or empty directory")
+        if not overwrite:
+            raise ConfigError(f"--out {out}: holds the predictions of an earlier `bert-train predict` (run "
+                              f"{record.get('run')}, split {record.get('split')!r}); pass --overwrite to replace them")
+        previous = [str(name) for name in record.get("files", []) if Path(str(name)).name == name]
+    rundir.check_writable(out)
+    return previous
+
+
+def write_predictions_dir(out_dir: str | Path, dataset: TaskDataset, result: SplitPredictions, about: dict,
+                          previous: list[str]) -> list[Path]:
+    """`write_outputs` into a directory `check_predictions_out` accepted, marked as ours by its record
+    (written before the files, so an interrupted write leaves a directory --overwrite may replace);
+    files of an earlier prediction that this one does not write again are removed."""
+    from datagen import __version__
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    rundir.cleanup_temp(out)
+    record = {"written_by": _WRITTEN_BY, "version": __version__, **about}
+    write_atomic(out / PREDICTIONS_RECORD, json.dumps({**record, "files": previous, "complete": False},
+                                                      indent=2, sort_keys=True) + "\n")
+    written = write_outputs(out, dataset, result)
+    names = [p.name for p in written]
+    for stale in sorted(set(previous) - set(names)):
+        (out / stale).unlink(missing_ok=True)
+    write_atomic(out / PREDICTIONS_RECORD, json.dumps({**record, "files": names, "complete": True},
+                                                      indent=2, sort_keys=True) + "\n")
+    return written

@@ -1,0 +1,528 @@
+"""`bert-train finetune`: one fine-tuning run (or one sub-run per seed) on a task dataset.
+
+Like pre-training (trainer/pretrain/train.py), with the same step (trainer/run/step.py's `make_train_step`,
+given the task's `finetuning_objective`), optimizer, clipping and schedule: one optimizer step = one
+global batch, split over replicas and `accumulation_steps` micro-batches, each part's loss divided
+by the WHOLE batch's denominator (examples; labelled positions for tagging) so the summed gradient
+is the whole batch's. Dropout masks are a pure function of (seed, step, micro-step, replica) and
+batch b of epoch e a pure function of (seed, e): with op determinism the same data + init + config
++ seed give bitwise-identical weights and metrics on CPU, and a run resumed from any checkpoint
+ends bitwise identical to the uninterrupted one.
+
+RUN/ holds finetune_config.json, bert_config.json, task.json, dataset.json, ckpt-NNNNNNNN/ (the last ones;
+weights under TF1 names incl. the head's), tensorboard/{train,eval}, final_metrics.json (metric
+history per epoch, the best epoch named; the LAST checkpoint is the model) and eval/ (the last
+epoch's prediction files). `--seeds` writes RUN/finetune_seeds.json, RUN/seed-N/ per seed and
+RUN/summary.json.
+
+Where a run may be written, and when a rerun resumes, restarts or is refused, is pre-training's
+(`trainer.run.rundir`): the same checks of --out, of the settings and of the dataset, in that order,
+before any work; SIGINT (and SIGTERM) stop between steps with a checkpoint of the last one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import math
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar
+
+import tensorflow as tf
+
+from trainer.finetune.data import (
+    TF_DATA_ERRORS,
+    TaskDataset,
+    check_split_files,
+    open_task_dataset,
+    split_data_error,
+    train_batches,
+)
+from trainer.finetune.evaluate import evaluate_split, primary_metric, write_outputs
+from trainer.finetune.init import (
+    init_checkpoint_config,
+    init_from_run_config,
+    init_vocab,
+    initialise_encoder,
+    same_vocab,
+)
+from trainer.interop.loading import dtype_policy
+from trainer.model.heads import (
+    IGNORE_LABEL,
+    FineTuneModel,
+    build_finetune_model,
+    finetune_variable_map,
+    task_sums,
+    trained_variable_map,
+)
+from trainer.run import checkpoint as ckpt_lib
+from trainer.run import rundir
+from trainer.run.common import (
+    checkpoint_arrays,
+    interrupts_between_steps,
+    loss_scale_for,
+    make_run_strategy,
+    replica_slices,
+    restore_checkpoint_arrays,
+    stop_interrupted,
+    stop_on_non_finite_loss,
+    tensorboard_writers,
+    write_scalar,
+)
+from trainer.run.config import PRECISIONS, STRATEGIES, BertConfig, ConfigError, check_seed
+from trainer.run.devices import enable_determinism
+from trainer.run.errors import DataError, TrainingError
+from trainer.run.optimizer import AdamWeightDecay, learning_rate
+from trainer.run.rundir import cleanup_temp, write_atomic
+from trainer.run.step import Objective, make_train_step, replica_sum
+
+FINETUNING_DROPOUT_SALT = 0xF17E  # other dropout masks than pre-training's at the same seed and step
+CONFIG_FILE = rundir.FINETUNE_CONFIG_FILE
+TASK_FILE = "task.json"
+BERT_CONFIG_FILE = "bert_config.json"
+
+# RECIPE.md section 10: run_classifier.py and run_squad.py defaults (tagging follows the classifier).
+TASK_DEFAULTS: dict[str, dict[str, float]] = {
+    "classification": {"learning_rate": 5e-5, "epochs": 3, "batch_size": 32},
+    "regression": {"learning_rate": 5e-5, "epochs": 3, "batch_size": 32},
+    "tagging": {"learning_rate": 5e-5, "epochs": 3, "batch_size": 32},
+    "span": {"learning_rate": 3e-5, "epochs": 2, "batch_size": 12},
+}
+
+
+@dataclass
+class FinetuneConfig:
+    """One fine-tuning run. Serialized into RUN/finetune_config.json."""
+
+    data: str
+    out: str
+    init_from: str | None = None
+    init_checkpoint: str | None = None
+    bert_config: dict[str, Any] | None = None
+    epochs: float = 3
+    learning_rate: float = 5e-5
+    batch_size: int = 32
+    warmup_proportion: float = 0.1
+    seed: int = 12345
+    max_steps: int | None = None
+    train_split: str = "train"
+    eval_split: str | None = "dev"
+    weight_decay: float = 0.01
+    clip_norm: float = 1.0
+    accumulation_steps: int = 1
+    checkpoint_every: int = 0  # 0: at the end of each epoch only
+    keep_checkpoints: int = 1
+    log_every: int = 50
+    eval_batch_size: int = 64
+    null_score_diff_threshold: float = 0.0
+    strategy: str = "auto"
+    precision: str = "float32"
+    jit: bool = False
+    tpu: str | None = None
+    allow_vocab_mismatch: bool = False
+
+    RESUMABLE_CHANGES: ClassVar[frozenset[str]] = frozenset({
+        "out", "checkpoint_every", "keep_checkpoints", "log_every", "eval_batch_size", "strategy", "jit", "tpu",
+        "allow_vocab_mismatch"})
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        if (self.init_from is None) == (self.init_checkpoint is None):
+            raise ConfigError("pass exactly one of --init-from and --init-checkpoint")
+        for name in ("batch_size", "accumulation_steps", "keep_checkpoints", "log_every", "eval_batch_size"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise ConfigError(f"--{name.replace('_', '-')} must be a positive integer, got {value!r}")
+        if self.batch_size % self.accumulation_steps:
+            raise ConfigError(f"--batch-size {self.batch_size} is not a multiple of --accumulation-steps "
+                              f"{self.accumulation_steps}")
+        check_seed(self.seed, "--seed")
+        if self.max_steps is not None and self.max_steps <= 0:
+            raise ConfigError(f"--max-steps must be positive, got {self.max_steps}")
+        if not (math.isfinite(self.epochs) and self.epochs > 0):
+            raise ConfigError(f"--epochs must be a positive number, got {self.epochs}")
+        if not (math.isfinite(self.learning_rate) and self.learning_rate > 0):
+            raise ConfigError(f"--learning-rate must be a positive number, got {self.learning_rate}")
+        if not (math.isfinite(self.warmup_proportion) and 0 <= self.warmup_proportion < 1):
+            raise ConfigError(f"--warmup-proportion must be in [0, 1), got {self.warmup_proportion}")
+        if not math.isfinite(self.null_score_diff_threshold):
+            raise ConfigError("--null-score-diff-threshold must be a finite number")
+        if self.checkpoint_every < 0:
+            raise ConfigError("--checkpoint-every must be >= 0")
+        if self.strategy not in STRATEGIES:
+            raise ConfigError(f"strategy {self.strategy!r} not in {STRATEGIES}")
+        if self.precision not in PRECISIONS:
+            raise ConfigError(f"precision {self.precision!r} not in {PRECISIONS}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n"
+
+
+def model_config_for(cfg: FinetuneConfig, bert_config_file: str | None = None) -> BertConfig:
+    if cfg.bert_config is not None:
+        return BertConfig.from_dict(cfg.bert_config)
+    if cfg.init_from:
+        return init_from_run_config(cfg.init_from)
+    return init_checkpoint_config(cfg.init_checkpoint, bert_config_file)
+
+
+def check_data_fits(dataset: TaskDataset, bert: BertConfig, what: str) -> None:
+    problems = []
+    if dataset.vocab_size != bert.vocab_size:
+        problems.append(f"the dataset's vocab has {dataset.vocab_size} tokens but {what} has vocab_size "
+                        f"{bert.vocab_size} (build the task dataset with the checkpoint's vocab.txt)")
+    if dataset.max_seq_length > bert.max_position_embeddings:
+        problems.append(f"sequences of {dataset.max_seq_length} tokens exceed max_position_embeddings "
+                        f"{bert.max_position_embeddings}")
+    if dataset.task_type in ("classification", "tagging") and dataset.num_labels < 2:
+        problems.append(f"a {dataset.task_type} task needs at least 2 labels, the manifest lists {dataset.num_labels}")
+    if problems:
+        raise DataError(f"{dataset.source}: data and model do not fit: " + "; ".join(problems))
+
+
+def check_vocab(dataset: TaskDataset, cfg: FinetuneConfig) -> str | None:
+    """Refuse a task dataset made with another vocab than the init checkpoint's, even of the same
+    size (any two 30,522-token vocabs fit each other's embeddings, and fine-tuning would silently
+    read other words). Returns a line for the log when there is nothing to compare, or when
+    --allow-vocab-mismatch let a mismatch through."""
+    model = cfg.init_from or cfg.init_checkpoint
+    ref = init_vocab(cfg.init_from, cfg.init_checkpoint)
+    if ref is None:
+        return (f"note: {model} records no vocab (no vocab.txt beside it, no dataset record), so the "
+                f"task dataset's vocab {dataset.vocab_path} cannot be compared with the checkpoint's")
+    if same_vocab(ref, dataset.vocab_sha256, dataset.vocab_path):
+        return None
+    mismatch = (f"{dataset.vocab_path}: the task dataset's vocab (sha256 {dataset.vocab_sha256[:16]}) is not "
+                f"{ref.described} (sha256 {ref.sha256[:16]})")
+    if cfg.allow_vocab_mismatch:
+        return f"warning: {mismatch}; fine-tuning anyway (--allow-vocab-mismatch)"
+    raise DataError(f"{mismatch}: build the task dataset with the checkpoint's vocab, or pass "
+                    "--allow-vocab-mismatch if the ids mean the same words")
+
+
+def check_same_task(dataset: TaskDataset, task: dict, model: str, allow_other_task: bool = False,
+                    allow_vocab_mismatch: bool = False) -> None:
+    """Refuse to predict or score `dataset` with a head fine-tuned for another task. Another head
+    shape cannot run at all; another task of the same shape (SST-2's head on MRPC: both two labels
+    "0"/"1") runs and prints figures that mean nothing, so it needs `allow_other_task`."""
+    mine = f"{dataset.task_kind} ({dataset.task_type}, labels {dataset.labels})"
+    theirs = f"{task.get('kind')} ({task.get('type')}, labels {task.get('labels')})"
+    if dataset.task_type != task.get("type") or dataset.num_labels != len(task.get("labels") or []):
+        raise DataError(f"{dataset.source}: task {mine}, but {model} was fine-tuned for task {theirs}: "
+                        "its head does not fit this task")
+    if not allow_other_task and (dataset.task_kind != task.get("kind") or dataset.labels != task.get("labels")):
+        raise DataError(f"{dataset.source}: task {mine}, but {model} was fine-tuned for task {theirs}; "
+                        "pass --allow-other-task to run it on this task's data anyway")
+    # Runs fine-tuned before the vocab was recorded have nothing to compare.
+    recorded = task.get("vocab_sha256")
+    if recorded and recorded != dataset.vocab_sha256 and not allow_vocab_mismatch:
+        raise DataError(f"{dataset.vocab_path}: the dataset's vocab (sha256 {dataset.vocab_sha256[:16]}) is not the "
+                        f"one {model} was fine-tuned with (sha256 {recorded[:16]}): its ids would be read as "
+                        "other words; build the dataset with the run's vocab, or pass --allow-vocab-mismatch "
+                        "if the ids mean the same words")
+
+
+def task_summary(data: TaskDataset) -> str:
+    """E.g. `glue/sst2 (classification, 2 labels)`; regression and span heads have no label set to count."""
+    labels = f", {data.num_labels} labels" if data.task_type in ("classification", "tagging") else ""
+    return f"{data.task_kind} ({data.task_type}{labels})"
+
+
+def finetuning_objective(model: FineTuneModel, task_type: str) -> Objective:
+    """The task's mean loss over the whole batch: its examples, or for tagging its labelled positions."""
+
+    def local_denominator(batch):
+        if task_type == "tagging":
+            return tf.reduce_sum(tf.cast(tf.not_equal(batch["label_ids"], IGNORE_LABEL), tf.float32))
+        return tf.cast(tf.shape(batch["input_ids"])[0], tf.float32)
+
+    def whole_batch_total(batch):
+        # At least 1: a tagging batch may hold no labelled position (its loss sum is then 0).
+        return tf.maximum(replica_sum(local_denominator(batch)), 1.0)
+
+    def micro_loss(part, denominator, seed):
+        out = model(part, training=True, dropout_seed=seed)
+        sums = task_sums(task_type, out, part)
+        return sums["loss_sum"] / denominator, sums
+
+    return Objective(whole_batch_total, micro_loss, FINETUNING_DROPOUT_SALT)
+
+
+class FinetuneRun:
+    """Everything one fine-tuning run holds; `run()` drives it."""
+
+    def __init__(self, cfg: FinetuneConfig, log: Callable[[str], None] = print, bert_config_file: str | None = None):
+        self.cfg, self.log = cfg, log
+        self.run_dir = Path(cfg.out)
+        rundir.check_out_dir(cfg.out, rundir.FINETUNING)
+        rundir.check_settings(self.run_dir, cfg, CONFIG_FILE)
+        enable_determinism(cfg.seed)
+        self.data = open_task_dataset(cfg.data)
+        rundir.check_dataset(self.run_dir, cfg.data, self.data.identity)
+        self.train_split = self.data.split(cfg.train_split)
+        if not self.train_split.labelled or self.train_split.mode != "train":
+            why = ("has no labels" if not self.train_split.labelled else
+                   f"was written to predict on (mode {self.train_split.mode!r}: in input order, without "
+                   "training labels); rebuild the dataset with bert-datagen task --train-splits "
+                   f"{cfg.train_split}")
+            raise DataError(f"{cfg.data}: split {cfg.train_split!r} cannot be trained on: it {why}")
+        self.eval_split = None
+        if cfg.eval_split:
+            self.eval_split = self.data.split(cfg.eval_split)
+            if not self.eval_split.labelled:
+                raise DataError(f"{cfg.data}: split {cfg.eval_split!r} is unlabelled and cannot be evaluated; "
+                                "pass --eval-split with a labelled split (or --eval-split none)")
+        check_split_files(self.data, [self.train_split, self.eval_split])
+        self.bert = model_config_for(cfg, bert_config_file)
+        check_data_fits(self.data, self.bert, cfg.init_from or cfg.init_checkpoint)
+        vocab_note = check_vocab(self.data, cfg)
+        if vocab_note:
+            log(vocab_note)
+        self.strategy = make_run_strategy(cfg.strategy, cfg.tpu, cfg.batch_size, cfg.accumulation_steps)
+        self.steps_per_epoch = self.train_split.records // cfg.batch_size
+        if self.steps_per_epoch == 0:
+            raise DataError(f"{cfg.data}: split {cfg.train_split!r} has {self.train_split.records} records, "
+                            f"fewer than one batch of {cfg.batch_size}")
+        self.total_steps = max(1, int(cfg.epochs * self.steps_per_epoch))
+        if cfg.max_steps is not None:
+            self.total_steps = min(self.total_steps, cfg.max_steps)
+        self.warmup_steps = int(self.total_steps * cfg.warmup_proportion)
+        with self.strategy.scope():
+            self.model = build_finetune_model(self.bert, self.data.task_type, self.data.num_labels, seed=cfg.seed,
+                                              dtype=dtype_policy(cfg.precision))
+            self.named = finetune_variable_map(self.model)
+            self.optimizer = AdamWeightDecay(trained_variable_map(self.model), weight_decay=cfg.weight_decay)
+            self.loss_scale = loss_scale_for(cfg.precision)
+        self.train_step = make_train_step(finetuning_objective(self.model, self.data.task_type), self.optimizer,
+                                          self.strategy, cfg, self.loss_scale)
+        self.step = 0
+        self.saved_step: int | None = None
+        self.history: list[dict] = []
+
+    # -- state
+
+    def task_record(self) -> dict:
+        return {"kind": self.data.task_kind, "type": self.data.task_type, "labels": self.data.labels,
+                "max_seq_length": self.data.max_seq_length, "vocab_size": self.data.vocab_size,
+                "do_lower_case": self.data.do_lower_case, "task": self.data.task,
+                "primary_metric": primary_metric(self.data), "vocab_sha256": self.data.vocab_sha256}
+
+    def restore_or_initialise(self) -> str:
+        cleanup_temp(self.run_dir)  # what interrupted writes of ours left (checkpoints, marked files)
+        found = ckpt_lib.list_checkpoints(self.run_dir)
+        if not found:
+            return initialise_encoder(self.model, self.cfg.init_from, self.cfg.init_checkpoint)
+        step, path = found[-1]
+        state = ckpt_lib.load_state(path)
+        saved = state.get("task", {})
+        if saved.get("labels") != self.data.labels or saved.get("type") != self.data.task_type:
+            raise TrainingError(
+                f"{path}: the run's head was fine-tuned for a {saved.get('type')} task with "
+                f"{len(saved.get('labels', []))} labels {saved.get('labels')}, the dataset has a "
+                f"{self.data.task_type} task with {self.data.num_labels} labels {self.data.labels}")
+        restore_checkpoint_arrays(path, self.named, self.optimizer, self.loss_scale)
+        self.step = self.saved_step = step
+        self.history = list(state.get("history", []))
+        return f"resumed from {path} (step {step})"
+
+    def save(self) -> Path:
+        model_arrays, opt_arrays = checkpoint_arrays(self.named, self.optimizer, self.loss_scale, self.step)
+        state = {"step": self.step, "bert_config": self.bert.to_dict(), "task": self.task_record(),
+                 "history": self.history, "data": self.data.source, "total_steps": self.total_steps,
+                 "steps_per_epoch": self.steps_per_epoch}
+        try:
+            path = ckpt_lib.save_checkpoint(self.run_dir, self.step, model_arrays, opt_arrays, state,
+                                            keep=self.cfg.keep_checkpoints)
+        except OSError as exc:
+            raise TrainingError(f"{self.run_dir}: cannot write the checkpoint of step {self.step}: "
+                                f"{exc.strerror or exc}") from exc
+        self.saved_step = self.step
+        return path
+
+    # -- loop
+
+    def batches_from(self, step: int):
+        """Batches from global step `step` on, epoch after epoch (each epoch its own shuffle)."""
+        epoch, offset = divmod(step, self.steps_per_epoch)
+        while True:
+            ds = train_batches(self.train_split, self.cfg.batch_size, self.cfg.seed, epoch)
+            yield from (iter(ds.skip(offset)) if offset else iter(ds))
+            epoch, offset = epoch + 1, 0
+
+    def _next_batch(self, batches):
+        try:
+            return next(batches)
+        except TF_DATA_ERRORS as exc:
+            raise split_data_error(self.train_split, exc) from exc
+
+    def evaluate(self) -> dict | None:
+        if self.eval_split is None:
+            return None
+        result = evaluate_split(self.model, self.data, self.eval_split.name, self.cfg.eval_batch_size,
+                                need_labels=True, null_score_diff_threshold=self.cfg.null_score_diff_threshold)
+        return {"metrics": result.metrics, "result": result}
+
+    def run(self, stop_at: int | None = None) -> dict:
+        cfg = self.cfg
+        rundir.start(self.run_dir, {CONFIG_FILE: cfg.to_json(), BERT_CONFIG_FILE: self.bert.to_json(),
+                                    TASK_FILE: json.dumps(self.task_record(), indent=2, sort_keys=True) + "\n"},
+                     cfg.data, self.data.identity)
+        self.log(f"{self.restore_or_initialise()}; {self.data.source}: {task_summary(self.data)}, "
+                 f"{self.train_split.records} train records, "
+                 f"{self.total_steps} steps ({self.steps_per_epoch} per epoch), warmup {self.warmup_steps}")
+        writer, eval_writer = tensorboard_writers(self.run_dir)
+        end = self.total_steps if stop_at is None else min(stop_at, self.total_steps)
+        if self.step >= self.total_steps and (self.run_dir / "final_metrics.json").is_file():
+            self.log(f"{self.run_dir}: the run is complete (step {self.step})")
+            return {**json.loads((self.run_dir / "final_metrics.json").read_text()), "step": self.step,
+                    "total_steps": self.total_steps, "run_dir": str(self.run_dir)}
+        window: dict[str, float] = {}
+        window_start, window_steps = time.perf_counter(), 0
+        batches = self.batches_from(self.step)
+        last_eval = None
+        with interrupts_between_steps() as interrupted:
+            while self.step < end:
+                if interrupted():
+                    stop_interrupted(self.run_dir, self.step, self.saved_step, self.save, self.log)
+                lr = learning_rate(self.step, cfg.learning_rate, self.warmup_steps, self.total_steps)
+                sums = self.train_step(replica_slices(self.strategy, self._next_batch(batches), cfg.batch_size),
+                                       tf.constant(lr), tf.constant(self.step, tf.int64))
+                sums = {k: float(v) for k, v in sums.items()}
+                stop_on_non_finite_loss(sums["loss_sum"] / max(sums["loss_count"], 1.0), self.step, self.run_dir,
+                                        self.loss_scale)
+                self.step += 1
+                window_steps += 1
+                for k, v in sums.items():
+                    window[k] = window.get(k, 0.0) + v
+                if self.step % cfg.log_every == 0 or self.step == end:
+                    elapsed = time.perf_counter() - window_start
+                    m = {"loss": window["loss_sum"] / max(window["loss_count"], 1.0),
+                         "accuracy": window["correct"] / max(window["count"], 1.0), "learning_rate": float(lr),
+                         "seconds_per_step": elapsed / window_steps}
+                    self.log(f"step {self.step:>6}/{self.total_steps}  loss {m['loss']:.4f}  lr {m['learning_rate']:.3e}  "
+                             f"{m['seconds_per_step']:.3f} s/step")
+                    with writer.as_default(step=self.step):
+                        for name, value in m.items():
+                            write_scalar(name, value)
+                    window, window_start, window_steps = {}, time.perf_counter(), 0
+                epoch_done = self.step % self.steps_per_epoch == 0 or self.step == self.total_steps
+                if epoch_done:
+                    last_eval = self.evaluate()
+                    self._record_epoch(eval_writer, last_eval)
+                if epoch_done or (cfg.checkpoint_every and self.step % cfg.checkpoint_every == 0) or self.step == end:
+                    self.save()
+        writer.flush()
+        eval_writer.flush()
+        result = {"step": self.step, "total_steps": self.total_steps, "run_dir": str(self.run_dir),
+                  "history": self.history}
+        if self.step >= self.total_steps:
+            result.update(self._final(last_eval))
+        return result
+
+    def _record_epoch(self, writer, evaluation: dict | None) -> None:
+        epoch = self.step / self.steps_per_epoch
+        entry = {"epoch": round(epoch, 4), "step": self.step}
+        if evaluation is not None:
+            entry["metrics"] = evaluation["metrics"]
+            shown = "  ".join(f"{k} {v:.4f}" for k, v in evaluation["metrics"].items())
+            self.log(f"eval ({self.eval_split.name}) after epoch {entry['epoch']:g}: {shown}")
+            with writer.as_default(step=self.step):
+                for name, value in evaluation["metrics"].items():
+                    write_scalar(name, value)
+        self.history.append(entry)
+
+    def _final(self, last_eval: dict | None) -> dict:
+        primary = primary_metric(self.data)
+        final: dict[str, Any] = {"primary_metric": primary, "task": self.data.task_kind, "seed": self.cfg.seed}
+        scored = [h for h in self.history if "metrics" in h]
+        if scored:
+            best = max(scored, key=lambda h: h["metrics"][primary])
+            final["best_epoch"] = {"epoch": best["epoch"], "step": best["step"], primary: best["metrics"][primary]}
+            final["final"] = scored[-1]["metrics"]
+            if last_eval is not None:
+                final["details"] = last_eval["result"].details
+                write_outputs(self.run_dir / "eval", self.data, last_eval["result"])
+        final["history"] = self.history
+        write_atomic(self.run_dir / "final_metrics.json", json.dumps(final, indent=2, sort_keys=True) + "\n")
+        if scored:
+            self.log(f"best epoch {final['best_epoch']['epoch']:g} ({primary} {final['best_epoch'][primary]:.4f}); "
+                     f"the run keeps the last checkpoint (epoch {scored[-1]['epoch']:g}, "
+                     f"{primary} {final['final'][primary]:.4f})")
+        return final
+
+
+def finetune(cfg: FinetuneConfig, log: Callable[[str], None] = print, stop_at: int | None = None,
+             bert_config_file: str | None = None) -> dict:
+    """Fine-tune (or resume) `cfg` in its run directory, which it holds locked until the end."""
+    rundir.check_out_dir(cfg.out, rundir.FINETUNING)
+    with rundir.output_lock(cfg.out):
+        return FinetuneRun(cfg, log, bert_config_file).run(stop_at=stop_at)
+
+
+def finetune_seeds(cfg: FinetuneConfig, seeds: list[int], log: Callable[[str], None] = print,
+                   bert_config_file: str | None = None) -> dict:
+    """One sub-run per seed in RUN/seed-N, then the spread of the primary metric in RUN/summary.json.
+    RUN and every sub-run are locked throughout; every sub-run's --out and settings are checked
+    before the first one starts."""
+    rundir.check_out_dir(cfg.out, rundir.FINETUNING_SEEDS)
+    with contextlib.ExitStack() as locks:
+        locks.enter_context(rundir.output_lock(cfg.out))
+        for seed in seeds:
+            sub = _seed_config(cfg, seed)
+            rundir.check_out_dir(sub.out, rundir.FINETUNING)
+            rundir.check_settings(Path(sub.out), sub, CONFIG_FILE)
+            locks.enter_context(rundir.output_lock(sub.out))
+        return _finetune_seeds(cfg, seeds, log, bert_config_file)
+
+
+def _seed_config(cfg: FinetuneConfig, seed: int) -> FinetuneConfig:
+    return dataclasses.replace(cfg, seed=seed, out=str(Path(cfg.out) / f"seed-{seed}"))
+
+
+def _finetune_seeds(cfg: FinetuneConfig, seeds: list[int], log: Callable[[str], None],
+                    bert_config_file: str | None) -> dict:
+    parent = Path(cfg.out)
+    rundir.make_run_dir(parent)
+    # Written first: it marks RUN as a multi-seed run (`rundir.run_kind`) before any seed-N/ exists.
+    # A rerun with more seeds adds to the run: the record keeps every seed it holds.
+    earlier = rundir.recorded_seeds(parent)
+    every = earlier + [seed for seed in seeds if seed not in earlier]
+    rundir.write_atomic(parent / rundir.SEEDS_FILE, json.dumps({"seeds": every}, indent=2) + "\n")
+    rows = []
+    for seed in seeds:
+        sub = _seed_config(cfg, seed)
+        log(f"== seed {seed}: {sub.out}")
+        result = FinetuneRun(sub, log, bert_config_file).run()  # locked by finetune_seeds
+        if "final" not in result:
+            raise TrainingError(f"seed {seed}: no eval split, nothing to summarise")
+        rows.append({"seed": seed, "run_dir": sub.out, "metrics": result["final"]})
+    primary = result["primary_metric"]
+    summary = {"primary_metric": primary, "seeds": rows, "metrics": {}}
+    for name in rows[0]["metrics"]:
+        values = [r["metrics"][name] for r in rows]
+        summary["metrics"][name] = {"mean": statistics.fmean(values),
+                                    "std": statistics.stdev(values) if len(values) > 1 else 0.0,
+                                    "min": min(values), "max": max(values)}
+    write_atomic(parent / "summary.json", json.dumps(summary, indent=2, sort_keys=True) + "\n")
+    log(format_summary(summary))
+    return summary
+
+
+def format_summary(summary: dict) -> str:
+    names = list(summary["metrics"])
+    lines = ["seed    " + "  ".join(f"{n:>10}" for n in names)]
+    for row in summary["seeds"]:
+        lines.append(f"{row['seed']:<8}" + "  ".join(f"{row['metrics'][n]:>10.4f}" for n in names))
+    for stat in ("mean", "std", "min", "max"):
+        lines.append(f"{stat:<8}" + "  ".join(f"{summary['metrics'][n][stat]:>10.4f}" for n in names))
+    return "\n".join(lines)

@@ -1,0 +1,296 @@
+"""`bert-train export`: a run's checkpoint as Google's TF1 release layout or a Hugging Face directory.
+
+An export is written into a temporary sibling directory and renamed into place last, so an
+interrupted export leaves nothing that looks complete. Every export holds `EXPORT_MARK` (what wrote
+it, which version, which format). An existing `--out` is replaced only with `--overwrite`, and only
+when it is an earlier export of ours: it holds a valid mark and nothing but the files an export
+writes; any other directory, and any file, is refused and left as it was.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import uuid
+from collections.abc import Callable, Collection, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import tensorflow as tf
+
+from trainer.interop.hf import HF_WEIGHTS, hf_config_from_bert_config, tf1_to_hf, write_hf_tokenizer
+from trainer.interop.loading import restore_model
+from trainer.interop.tf1 import write_tf1_checkpoint
+from trainer.model.weights import check_arrays, expected_tf1_shapes, model_tf1_arrays
+from trainer.pretrain.data import load_dataset_manifest
+from trainer.run import checkpoint as ckpt_lib
+from trainer.run.errors import CheckpointFormatError, ConfigError
+from trainer.run.rundir import output_lock
+from vocab.vocab_file import SPECIAL_TOKENS
+
+FORMATS = ("tf1", "hf")
+# Every name an export writes; a directory holding only these is an earlier export of ours.
+_TF1_EXPORT_FILES = ("bert_config.json", "checkpoint", "vocab.txt")
+_TF1_EXPORT_PREFIX = "bert_model.ckpt."
+_HF_EXPORT_FILES = ("config.json", HF_WEIGHTS, "vocab.txt", "tokenizer_config.json")
+_TMP_PREFIX, _OLD_PREFIX = ".tmp-", ".old-"
+EXPORT_MARK = "bert_train_export.json"
+_WRITTEN_BY = "bert-train export"
+
+
+@dataclass(frozen=True)
+class ExportConfig:
+    run: str  # run directory (latest checkpoint) or one RUN/ckpt-NNNNNNNN directory
+    format: str
+    out: str
+    vocab: str | None = None  # overrides the vocab of the run's dataset
+    do_lower_case: bool | None = None  # overrides the dataset's setting
+    overwrite: bool = False
+
+    def __post_init__(self) -> None:
+        if self.format not in FORMATS:
+            raise ConfigError(f"format {self.format!r} not in {FORMATS}")
+
+
+@dataclass(frozen=True)
+class VocabSource:
+    data: bytes
+    origin: str
+    do_lower_case: bool | None
+
+
+def vocab_tokens(vocab: bytes, source: str, vocab_size: int) -> list[str]:
+    """The tokens of a vocab.txt (id = line number), checked against the model's vocab_size."""
+    try:
+        tokens = vocab.decode("utf-8").splitlines()
+    except UnicodeDecodeError as e:
+        raise CheckpointFormatError(f"{source}: vocab is not UTF-8: {e}") from e
+    if len(tokens) > vocab_size:
+        raise CheckpointFormatError(f"{source}: vocab has {len(tokens)} tokens but the model only "
+                                    f"{vocab_size} embeddings")
+    missing = [t for t in SPECIAL_TOKENS if t not in tokens]
+    if missing:
+        raise CheckpointFormatError(f"{source}: vocab lacks the special tokens {missing}")
+    return tokens
+
+
+# --- the vocab to ship -----------------------------------------------------------------------------
+
+
+def _read(path: str) -> bytes:
+    try:  # gfile reads local and gs:// paths alike
+        with tf.io.gfile.GFile(path, "rb") as f:
+            return f.read()
+    except tf.errors.OpError as exc:
+        raise ConfigError(f"{path}: cannot read: {exc.message}") from exc
+
+
+def dataset_vocab(data: str) -> VocabSource | None:
+    """The vocab a bert-datagen dataset was made with (checked against its manifest's sha256)."""
+    manifest = load_dataset_manifest(data)
+    if manifest is None:
+        return None
+    vocab = manifest["vocab"]
+    path = os.path.join(data, vocab["path"])
+    content = _read(path)
+    if hashlib.sha256(content).hexdigest() != vocab["sha256"]:
+        raise ConfigError(f"{path}: does not match the sha256 in {data}/manifest.json; pass --vocab")
+    return VocabSource(content, path, vocab.get("do_lower_case"))
+
+
+def resolve_vocab(cfg: ExportConfig, data: str | None) -> VocabSource:
+    if cfg.vocab:
+        source = VocabSource(_read(cfg.vocab), cfg.vocab, cfg.do_lower_case)
+    else:
+        source = dataset_vocab(data) if data else None
+        if source is None:
+            raise ConfigError(f"the run's dataset ({data}) has no manifest naming its vocab: pass --vocab FILE")
+    lower = cfg.do_lower_case if cfg.do_lower_case is not None else source.do_lower_case
+    if lower is None:
+        raise ConfigError(f"{source.origin}: whether the text was lowercased is unknown: "
+                          "pass --do-lower-case or --no-do-lower-case")
+    return VocabSource(source.data, source.origin, bool(lower))
+
+
+def export_run(cfg: ExportConfig) -> tuple[Path, Path]:
+    """Write the export; returns (output directory, checkpoint it came from)."""
+    check_export_target(Path(cfg.out), cfg.overwrite)  # before any work
+    # The trainer's own loader: the weights are checked against the model they belong to.
+    model, bert, ckpt = restore_model(cfg.run)
+    state = ckpt_lib.load_state(ckpt)
+    vocab = resolve_vocab(cfg, state.get("data"))
+    arrays = model_tf1_arrays(model)
+    if cfg.format == "tf1":
+        out = export_tf1(cfg.out, arrays, bert.to_dict(), vocab.data, overwrite=cfg.overwrite)
+    else:
+        out = export_hf(cfg.out, arrays, bert.to_dict(), vocab.data, vocab.do_lower_case, overwrite=cfg.overwrite)
+    return out, ckpt
+
+
+# --- whole exports (atomic: written into a temporary sibling, renamed into place last) -------------
+
+
+def _is_export_file(name: str, own_files: Collection[str]) -> bool:
+    return (name in _TF1_EXPORT_FILES or name in _HF_EXPORT_FILES or name in own_files or name == EXPORT_MARK
+            or name.startswith(_TF1_EXPORT_PREFIX))
+
+
+def _has_export_mark(out: Path) -> bool:
+    try:
+        mark = json.loads((out / EXPORT_MARK).read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(mark, dict) and mark.get("written_by") == _WRITTEN_BY
+
+
+def check_export_target(out: Path, overwrite: bool, own_files: Collection[str] = ()) -> None:
+    """Refuse an `--out` the export may not replace (raises CheckpointFormatError naming it);
+    `own_files` names what an export of another kind writes besides the model files."""
+    if out.exists() and not out.is_dir():
+        raise CheckpointFormatError(f"{out}: exists and is not a directory")
+    if not out.is_dir():
+        return
+    try:
+        entries = [p.name for p in out.iterdir()]
+    except OSError as exc:
+        raise CheckpointFormatError(f"{out}: cannot read the output directory: {exc.strerror}") from exc
+    if not entries:
+        return
+    if not overwrite:
+        raise CheckpointFormatError(f"{out}: output directory exists and is not empty (pass --overwrite)")
+    # --overwrite replaces an earlier export, never an arbitrary directory: file names prove nothing
+    # (a user's config.json is named as ours), the mark an export writes does; and the directory
+    # must hold nothing else, since it is replaced whole.
+    if not _has_export_mark(out):
+        raise CheckpointFormatError(f"{out}: not an earlier export of ours (no valid {EXPORT_MARK}); "
+                                    "refusing to replace it")
+    foreign = sorted(name for name in entries if not (_is_export_file(name, own_files) and (out / name).is_file()))
+    if foreign:
+        raise CheckpointFormatError(f"{out}: holds files an export does not write ({', '.join(foreign[:5])}); "
+                                    "refusing to replace it")
+
+
+def _recover_interrupted(out: Path) -> None:
+    """Undo what a killed export of `out` left beside it (only names with our marks): a temp dir is
+    removed; an earlier export set aside for a swap that never happened is put back."""
+    if not out.parent.is_dir():
+        return
+    marked = re.compile(rf"^({re.escape(_TMP_PREFIX)}|{re.escape(_OLD_PREFIX)})[0-9a-f]{{32}}-{re.escape(out.name)}$")
+    for sibling in sorted(out.parent.iterdir()):
+        if not (marked.match(sibling.name) and sibling.is_dir()):
+            continue
+        if sibling.name.startswith(_OLD_PREFIX) and not out.exists():
+            os.replace(sibling, out)
+        else:
+            shutil.rmtree(sibling, ignore_errors=True)
+
+
+def _atomic_dir(out: str | os.PathLike, overwrite: bool, own_files: Collection[str]) -> tuple[Path, Path]:
+    out = Path(out)
+    _recover_interrupted(out)
+    check_export_target(out, overwrite, own_files)
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = out.parent / f"{_TMP_PREFIX}{uuid.uuid4().hex}-{out.name}"
+        tmp.mkdir()
+    except OSError as exc:
+        raise CheckpointFormatError(f"{out}: cannot write the export here: {exc.strerror}") from exc
+    return out, tmp
+
+
+def _publish(tmp: Path, out: Path) -> None:
+    _fsync_tree(tmp)
+    if out.exists():
+        # Two renames: the old export stays whole until the new one is complete beside it.
+        old = out.parent / f"{_OLD_PREFIX}{uuid.uuid4().hex}-{out.name}"
+        os.replace(out, old)
+        os.replace(tmp, out)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.replace(tmp, out)
+
+
+def _write_mark(directory: Path) -> None:
+    from datagen import __version__
+
+    fmt = "hf" if (directory / "config.json").is_file() else "tf1"
+    mark = {"written_by": _WRITTEN_BY, "version": __version__, "format": fmt}
+    (directory / EXPORT_MARK).write_text(json.dumps(mark, indent=2, sort_keys=True) + "\n")
+
+
+def _fsync_tree(directory: Path) -> None:
+    for path in directory.iterdir():
+        with open(path, "rb") as f:
+            os.fsync(f.fileno())
+
+
+def _default_modes(directory: Path) -> None:
+    """Give every file the mode a plain open() gives it (0666 less the umask): writers such as
+    safetensors' create theirs 0600, so one file of the export would be private and the rest not."""
+    umask = os.umask(0)
+    os.umask(umask)
+    for path in directory.rglob("*"):
+        if path.is_file() and not path.is_symlink():
+            path.chmod(0o666 & ~umask)
+
+
+def write_export_dir(out: str | os.PathLike, overwrite: bool, write: Callable[[Path], None],
+                     own_files: Collection[str] = ()) -> Path:
+    """The one way an export directory is written: `write(tmp)` fills a temp sibling of `out`, which
+    is renamed into place when complete (see the module docstring for what may be replaced). The
+    export holds `out`'s lock (beside it) throughout: its recovery removes temp siblings of `out`."""
+    with output_lock(out, replaced_whole=True):
+        out, tmp = _atomic_dir(out, overwrite, own_files)
+        try:
+            write(tmp)
+            _write_mark(tmp)
+            _default_modes(tmp)
+            _publish(tmp, out)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+    return out
+
+
+def export_tf1(out: str | os.PathLike, arrays: Mapping[str, np.ndarray], bert_config: Mapping,
+               vocab: bytes | None, overwrite: bool = False) -> Path:
+    """DIR/bert_model.ckpt.{index,data-*}, DIR/bert_config.json and DIR/vocab.txt, like Google's release."""
+    check_arrays(arrays, expected_tf1_shapes(bert_config), "export")
+    if vocab is not None:
+        vocab_tokens(vocab, "export", int(bert_config["vocab_size"]))
+
+    def write(tmp: Path) -> None:
+        write_tf1_checkpoint(tmp / "bert_model.ckpt", arrays)
+        (tmp / "bert_config.json").write_text(json.dumps(dict(bert_config), indent=2, sort_keys=True) + "\n")
+        if vocab is not None:
+            (tmp / "vocab.txt").write_bytes(vocab)
+
+    return write_export_dir(out, overwrite, write)
+
+
+def export_hf(out: str | os.PathLike, arrays: Mapping[str, np.ndarray], bert_config: Mapping,
+              vocab: bytes | None, do_lower_case: bool = True, overwrite: bool = False) -> Path:
+    """config.json, model.safetensors (BertForPreTraining names) and tokenizer files.
+
+    Tied copies are left out, as `save_pretrained` does: transformers re-ties the MLM decoder to the
+    word embeddings and its bias to `cls.predictions.bias` on load.
+    """
+    from safetensors.numpy import save_file
+
+    check_arrays(arrays, expected_tf1_shapes(bert_config), "export")
+    pad_id = 0
+    if vocab is not None:
+        pad_id = vocab_tokens(vocab, "export", int(bert_config["vocab_size"])).index("[PAD]")
+
+    def write(tmp: Path) -> None:
+        config = hf_config_from_bert_config(bert_config, pad_token_id=pad_id)
+        (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+        save_file(tf1_to_hf(arrays), str(tmp / HF_WEIGHTS), metadata={"format": "pt"})
+        if vocab is not None:
+            write_hf_tokenizer(tmp, vocab, do_lower_case, int(bert_config["max_position_embeddings"]))
+
+    return write_export_dir(out, overwrite, write)

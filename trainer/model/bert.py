@@ -1,0 +1,302 @@
+"""BERT for pre-training (MLM + NSP), Keras 3 on TensorFlow, numerics of the original.
+
+Everything RECIPE.md section 6 fixes is written out here rather than taken from Keras defaults,
+because the defaults differ: GELU is the tanh approximation (`hidden_act="gelu_new"`, the default;
+`"gelu"` selects the exact erf form of Hugging Face models), LayerNorm uses epsilon 1e-12, weights
+start truncated-normal (stddev `initializer_range`, cut at 2 stddev), biases at zero, layers are
+post-LayerNorm, padding gets an additive -10000 in the attention scores.
+
+Forward pass::
+
+    out = model(
+        {"input_ids": [B,S] int, "input_mask": [B,S] 0/1, "segment_ids": [B,S] int,
+         "masked_lm_positions": [B,P] int},          # optional; without it no mlm_logits
+        training=False,                              # True applies dropout
+        dropout_seed=None,                           # [2] int tensor; required when training
+    )
+    out["mlm_logits"]      # [B,P,V] float32
+    out["nsp_logits"]      # [B,2]   float32 (index 0 = IsNext, 1 = NotNext)
+    out["sequence_output"] # [B,S,H] final hidden states
+    out["pooled_output"]   # [B,H]   tanh pooler on position 0
+
+Dropout is stateless: every mask is a pure function of `dropout_seed` and the dropout site, so a
+run that restarts from a checkpoint draws exactly the masks the uninterrupted run would have, and no
+random state needs saving. The trainer derives `dropout_seed` from (run seed, step, micro-step,
+replica).
+
+All kernels are plain `[in, out]` matrices and every weight has an original TF1 name
+(`tf1_variable_map`), so checkpoints convert without reshaping.
+"""
+
+from __future__ import annotations
+
+import math
+
+import keras
+import tensorflow as tf
+
+from datagen.rng import derive_key
+from trainer.run.config import BertConfig
+
+LAYER_NORM_EPSILON = 1e-12
+ATTENTION_MASK_VALUE = -10000.0
+
+
+def gelu(x: tf.Tensor) -> tf.Tensor:
+    """The tanh approximation of GELU used by the original BERT (`hidden_act="gelu_new"`)."""
+    cdf = 0.5 * (1.0 + tf.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * tf.pow(x, 3))))
+    return x * cdf
+
+
+def gelu_exact(x: tf.Tensor) -> tf.Tensor:
+    """The exact GELU, x * Phi(x) with erf (`hidden_act="gelu"`, Hugging Face's default)."""
+    return 0.5 * x * (1.0 + tf.math.erf(x * (1.0 / math.sqrt(2.0))))
+
+
+ACTIVATIONS = {"gelu": gelu, "gelu_new": gelu, "gelu_exact": gelu_exact}
+
+
+def dropout(x: tf.Tensor, rate: float, seed: tf.Tensor | None, site: int) -> tf.Tensor:
+    """Inverted dropout whose mask depends only on (seed, site)."""
+    if seed is None or rate == 0.0:
+        return x
+    # Philox named explicitly: "auto_select" may pick another generator under XLA or on another
+    # device, and then --jit or a GPU would draw other masks than the plain CPU run.
+    site_seed = tf.random.experimental.stateless_fold_in(seed, site, alg="philox")
+    return tf.nn.experimental.stateless_dropout(x, rate=rate, seed=site_seed, rng_alg="philox")
+
+
+def truncated_normal(config: BertConfig, seed: int, name: str) -> keras.initializers.Initializer:
+    # One seed per weight, derived from its name: initial weights do not depend on the order in
+    # which layers happen to be built.
+    key = derive_key(seed, "bert-init", name) & 0x7FFFFFFF
+    return keras.initializers.TruncatedNormal(stddev=config.initializer_range, seed=key)
+
+
+class LayerNorm(keras.layers.Layer):
+    """LayerNorm over the last axis with epsilon 1e-12, computed in float32."""
+
+    def __init__(self, hidden_size: int, **kwargs):
+        super().__init__(**kwargs)
+        self.gamma = self.add_weight(name="gamma", shape=(hidden_size,), initializer="ones")
+        self.beta = self.add_weight(name="beta", shape=(hidden_size,), initializer="zeros")
+        self.built = True
+
+    def call(self, x: tf.Tensor) -> tf.Tensor:
+        dtype = x.dtype
+        x = tf.cast(x, tf.float32)
+        mean, variance = tf.nn.moments(x, axes=[-1], keepdims=True)
+        y = (x - mean) * tf.math.rsqrt(variance + LAYER_NORM_EPSILON)
+        y = y * tf.cast(self.gamma, tf.float32) + tf.cast(self.beta, tf.float32)
+        return tf.cast(y, dtype)
+
+
+def dense(config: BertConfig, seed: int, key: str, units: int, in_dim: int,
+          dtype: str | None = None) -> keras.layers.Dense:
+    """A plain `[in, out]` Dense; `key` (its TF1 name) seeds its initial kernel."""
+    layer = keras.layers.Dense(
+        units, kernel_initializer=truncated_normal(config, seed, key), bias_initializer="zeros",
+        name=key.replace("/", "_"), dtype=dtype,
+    )
+    layer.build((None, in_dim))
+    return layer
+
+
+class Embeddings(keras.layers.Layer):
+    """word + token type + position embeddings, summed, LayerNorm, dropout."""
+
+    def __init__(self, config: BertConfig, seed: int, **kwargs):
+        super().__init__(**kwargs)
+        c, h = config, config.hidden_size
+        self.config = c
+        self.word_embeddings = self.add_weight(
+            name="word_embeddings", shape=(c.vocab_size, h),
+            initializer=truncated_normal(c, seed, "bert/embeddings/word_embeddings"))
+        self.token_type_embeddings = self.add_weight(
+            name="token_type_embeddings", shape=(c.type_vocab_size, h),
+            initializer=truncated_normal(c, seed, "bert/embeddings/token_type_embeddings"))
+        self.position_embeddings = self.add_weight(
+            name="position_embeddings", shape=(c.max_position_embeddings, h),
+            initializer=truncated_normal(c, seed, "bert/embeddings/position_embeddings"))
+        self.layer_norm = LayerNorm(h, name="LayerNorm", dtype=self.dtype_policy)
+        self.built = True
+
+    def call(self, input_ids: tf.Tensor, segment_ids: tf.Tensor, dropout_seed: tf.Tensor | None = None) -> tf.Tensor:
+        seq_len = tf.shape(input_ids)[1]
+        # Same summation order as the original: word, then token type, then position.
+        x = tf.gather(self.word_embeddings, input_ids)
+        x = x + tf.gather(self.token_type_embeddings, segment_ids)
+        x = x + self.position_embeddings[None, :seq_len, :]
+        x = tf.cast(x, self.compute_dtype)
+        x = self.layer_norm(x)
+        return dropout(x, self.config.hidden_dropout_prob, dropout_seed, site=0)
+
+
+class EncoderLayer(keras.layers.Layer):
+    """Post-LayerNorm transformer layer: self-attention block, then the GELU feed-forward block."""
+
+    def __init__(self, config: BertConfig, seed: int, index: int, **kwargs):
+        super().__init__(**kwargs)
+        c, h = config, config.hidden_size
+        self.config = c
+        self.index = index
+        self.activation = ACTIVATIONS[c.hidden_act]
+        p = f"bert/encoder/layer_{index}/"
+        policy = self.dtype_policy
+        self.query = dense(c, seed, p + "attention/self/query", h, h, policy)
+        self.key = dense(c, seed, p + "attention/self/key", h, h, policy)
+        self.value = dense(c, seed, p + "attention/self/value", h, h, policy)
+        self.attention_output = dense(c, seed, p + "attention/output/dense", h, h, policy)
+        self.attention_norm = LayerNorm(h, name="attention_LayerNorm", dtype=policy)
+        self.intermediate = dense(c, seed, p + "intermediate/dense", c.intermediate_size, h, policy)
+        self.output_dense = dense(c, seed, p + "output/dense", h, c.intermediate_size, policy)
+        self.output_norm = LayerNorm(h, name="output_LayerNorm", dtype=policy)
+        self.built = True
+
+    def call(self, x: tf.Tensor, attention_bias: tf.Tensor, dropout_seed: tf.Tensor | None = None) -> tf.Tensor:
+        c = self.config
+        site = 1 + 3 * self.index
+        batch, seq_len = tf.shape(x)[0], tf.shape(x)[1]
+        heads, size = c.num_attention_heads, c.head_size
+
+        def split_heads(t):  # [B,S,H] -> [B,A,S,d]
+            return tf.transpose(tf.reshape(t, [batch, seq_len, heads, size]), [0, 2, 1, 3])
+
+        q, k, v = split_heads(self.query(x)), split_heads(self.key(x)), split_heads(self.value(x))
+        scores = tf.matmul(q, k, transpose_b=True) * (1.0 / math.sqrt(size))
+        scores = scores + tf.cast(attention_bias, scores.dtype)
+        probs = tf.nn.softmax(scores, axis=-1)
+        probs = dropout(probs, c.attention_probs_dropout_prob, dropout_seed, site)
+        context = tf.reshape(tf.transpose(tf.matmul(probs, v), [0, 2, 1, 3]), [batch, seq_len, c.hidden_size])
+
+        attended = dropout(self.attention_output(context), c.hidden_dropout_prob, dropout_seed, site + 1)
+        x = self.attention_norm(attended + x)
+        ffn = self.output_dense(self.activation(self.intermediate(x)))
+        ffn = dropout(ffn, c.hidden_dropout_prob, dropout_seed, site + 2)
+        return self.output_norm(ffn + x)
+
+
+class BertPretrainer(keras.Model):
+    """BERT encoder with the pooler, the masked-LM head and the next-sentence head.
+
+    With `pretraining_heads=False` only the encoder and pooler exist (the backbone a fine-tuning
+    task head sits on, `trainer.model.heads`); the outputs then lack mlm/nsp logits.
+    """
+
+    def __init__(self, config: BertConfig, seed: int = 12345, dtype: str | None = None,
+                 pretraining_heads: bool = True, **kwargs) -> None:
+        super().__init__(name=kwargs.pop("name", "bert"), dtype=dtype, **kwargs)
+        c, h = config, config.hidden_size
+        self.config = c
+        self.seed = seed
+        policy = self.dtype_policy
+        self.embeddings = Embeddings(c, seed, name="embeddings", dtype=policy)
+        self.encoder_layers = [EncoderLayer(c, seed, i, name=f"layer_{i}", dtype=policy)
+                               for i in range(c.num_hidden_layers)]
+        self.pooler = dense(c, seed, "bert/pooler/dense", h, h, policy)
+        self.pretraining_heads = pretraining_heads
+        if not pretraining_heads:
+            self.built = True
+            return
+        self.mlm_transform = dense(c, seed, "cls/predictions/transform/dense", h, h, policy)
+        self.mlm_norm = LayerNorm(h, name="cls_predictions_LayerNorm", dtype=policy)
+        self.mlm_output_bias = self.add_weight(name="mlm_output_bias", shape=(c.vocab_size,),
+                                               initializer="zeros")
+        self.nsp_output_weights = self.add_weight(
+            name="nsp_output_weights", shape=(2, h),
+            initializer=truncated_normal(c, seed, "cls/seq_relationship/output_weights"))
+        self.nsp_output_bias = self.add_weight(name="nsp_output_bias", shape=(2,), initializer="zeros")
+        self.built = True
+
+    def call(self, inputs: dict[str, tf.Tensor], training: bool = False,
+             dropout_seed: tf.Tensor | None = None) -> dict[str, tf.Tensor]:
+        if training and dropout_seed is None and (
+            self.config.hidden_dropout_prob > 0 or self.config.attention_probs_dropout_prob > 0
+        ):
+            raise ValueError("training=True needs a dropout_seed ([2] int tensor)")
+        seed = tf.convert_to_tensor(dropout_seed) if training and dropout_seed is not None else None
+        input_ids = tf.cast(inputs["input_ids"], tf.int32)
+        segment_ids = tf.cast(inputs["segment_ids"], tf.int32)
+        mask = tf.cast(inputs["input_mask"], tf.float32)
+        # [B,1,1,S]: 0 where attending is allowed, -10000 on padding.
+        attention_bias = (1.0 - mask[:, None, None, :]) * ATTENTION_MASK_VALUE
+
+        x = self.embeddings(input_ids, segment_ids, dropout_seed=seed)
+        for layer in self.encoder_layers:
+            x = layer(x, attention_bias, dropout_seed=seed)
+        pooled = tf.tanh(self.pooler(x[:, 0, :]))
+
+        out = {"sequence_output": x, "pooled_output": pooled}
+        if not self.pretraining_heads:
+            return out
+        # Logits leave the model in float32 whatever the compute dtype (losses need the range).
+        out["nsp_logits"] = tf.cast(
+            tf.matmul(pooled, self.nsp_output_weights, transpose_b=True) + self.nsp_output_bias, tf.float32
+        )
+        if "masked_lm_positions" in inputs:
+            out["mlm_logits"] = self.masked_lm_logits(x, inputs["masked_lm_positions"])
+        return out
+
+    def masked_lm_logits(self, sequence_output: tf.Tensor, positions: tf.Tensor) -> tf.Tensor:
+        positions = tf.cast(positions, tf.int32)
+        picked = tf.gather(sequence_output, positions, batch_dims=1)  # [B,P,H]
+        h = self.mlm_norm(ACTIVATIONS[self.config.hidden_act](self.mlm_transform(picked)))
+        # Tied output matrix: the word embeddings, transposed. Flattened to 2-D first: a [B,P,H] x
+        # [V,H] matmul would broadcast the matrix over B and build a [B,V,H] gradient.
+        flat = tf.reshape(h, [-1, self.config.hidden_size])
+        logits = tf.matmul(flat, self.embeddings.word_embeddings, transpose_b=True) + self.mlm_output_bias
+        logits = tf.reshape(logits, tf.concat([tf.shape(positions), [self.config.vocab_size]], axis=0))
+        return tf.cast(logits, tf.float32)
+
+
+def build_model(config: BertConfig, seed: int = 12345, dtype: str | None = None,
+                pretraining_heads: bool = True) -> BertPretrainer:
+    """A fully built model (all weights created and initialised from `seed`)."""
+    return BertPretrainer(config, seed=seed, dtype=dtype, pretraining_heads=pretraining_heads)
+
+
+def tf1_variable_map(model: BertPretrainer) -> dict[str, keras.Variable]:
+    """Every weight of `model` under its original TF1 checkpoint name, in original shapes.
+
+    Kernels are `[in, out]`, `cls/seq_relationship/output_weights` is `[2, H]`: exactly the shapes
+    of Google's checkpoints. Raises if a weight of the model is missing from the map.
+    """
+    m: dict[str, keras.Variable] = {}
+    e = model.embeddings
+    m["bert/embeddings/word_embeddings"] = e.word_embeddings
+    m["bert/embeddings/token_type_embeddings"] = e.token_type_embeddings
+    m["bert/embeddings/position_embeddings"] = e.position_embeddings
+    _put_norm(m, "bert/embeddings/LayerNorm", e.layer_norm)
+    for i, layer in enumerate(model.encoder_layers):
+        p = f"bert/encoder/layer_{i}/"
+        _put_dense(m, p + "attention/self/query", layer.query)
+        _put_dense(m, p + "attention/self/key", layer.key)
+        _put_dense(m, p + "attention/self/value", layer.value)
+        _put_dense(m, p + "attention/output/dense", layer.attention_output)
+        _put_norm(m, p + "attention/output/LayerNorm", layer.attention_norm)
+        _put_dense(m, p + "intermediate/dense", layer.intermediate)
+        _put_dense(m, p + "output/dense", layer.output_dense)
+        _put_norm(m, p + "output/LayerNorm", layer.output_norm)
+    _put_dense(m, "bert/pooler/dense", model.pooler)
+    if model.pretraining_heads:
+        _put_dense(m, "cls/predictions/transform/dense", model.mlm_transform)
+        _put_norm(m, "cls/predictions/transform/LayerNorm", model.mlm_norm)
+        m["cls/predictions/output_bias"] = model.mlm_output_bias
+        m["cls/seq_relationship/output_weights"] = model.nsp_output_weights
+        m["cls/seq_relationship/output_bias"] = model.nsp_output_bias
+
+    mapped = {id(v) for v in m.values()}
+    missing = [v.path for v in model.weights if id(v) not in mapped]
+    if missing or len(mapped) != len(model.weights):
+        raise RuntimeError(f"tf1_variable_map does not cover the model: unmapped {missing}")
+    return m
+
+
+def _put_dense(m: dict, prefix: str, layer: keras.layers.Dense) -> None:
+    m[prefix + "/kernel"] = layer.kernel
+    m[prefix + "/bias"] = layer.bias
+
+
+def _put_norm(m: dict, prefix: str, layer: LayerNorm) -> None:
+    m[prefix + "/gamma"] = layer.gamma
+    m[prefix + "/beta"] = layer.beta

@@ -1,0 +1,134 @@
+"""`bert-train pretrain` and `bert-train eval`."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import click
+
+from trainer.finetune.cli import ALLOW_OTHER_TASK_HELP, ALLOW_VOCAB_MISMATCH_HELP
+from trainer.run.config import MODEL_SIZES, OPTIMIZERS, PRECISIONS, STRATEGIES, BertConfig, TrainConfig
+from trainer.run.errors import ConfigError, TrainerError
+
+
+def _train_config(options: dict) -> TrainConfig:
+    """The run's config; a value no run can take is a usage error naming the option (exit 2)."""
+    try:
+        return TrainConfig(**options)
+    except ConfigError as exc:
+        message = str(exc)
+        for name in sorted(options, key=len, reverse=True):
+            message = re.sub(rf"(?<![-\w]){name}\b", "--" + name.replace("_", "-"), message)
+        raise click.UsageError(message) from exc
+
+
+@click.command("pretrain")
+@click.option("--data", required=True, help="Dataset directory (manifest.json) or TFRecord glob(s), comma-separated.")
+@click.option("--out", "out", required=True, help="Run directory; rerunning the same command resumes it.")
+@click.option("--model", type=click.Choice(list(MODEL_SIZES)), default="tiny", show_default=True,
+              help="Model size (RECIPE.md section 6). Ignored with --bert-config.")
+@click.option("--bert-config", "bert_config_file", type=click.Path(exists=True, dir_okay=False),
+              help="An original bert_config.json (or a Hugging Face config.json) defining the model.")
+@click.option("--batch-size", type=click.IntRange(min=1), default=32, show_default=True, help="Global batch: sequences per step.")
+@click.option("--accumulation-steps", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Split each step's batch into this many micro-batches (same result, less memory).")
+@click.option("--steps", type=click.IntRange(min=1), required=True, help="Total optimizer steps (also the end of the lr decay).")
+@click.option("--learning-rate", type=float, default=1e-4, show_default=True)
+@click.option("--warmup-steps", type=click.IntRange(min=0), default=10000, show_default=True)
+@click.option("--weight-decay", type=float, default=0.01, show_default=True)
+@click.option("--optimizer", type=click.Choice(OPTIMIZERS), default="adamw", show_default=True,
+              help="adamw: the original AdamWeightDecay; lamb: layer-wise trust ratio (large batches).")
+@click.option("--seed", type=click.IntRange(min=0), default=12345, show_default=True)
+@click.option("--max-seq-length", type=click.IntRange(min=1), help="For TFRecord globs without a manifest.")
+@click.option("--max-predictions-per-seq", type=click.IntRange(min=1), help="For TFRecord globs without a manifest.")
+@click.option("--vocab-size", type=click.IntRange(min=1), help="For TFRecord globs without a manifest (or use --bert-config).")
+@click.option("--eval-data", help="Eval TFRecord glob, for --data globs without a manifest.")
+@click.option("--shuffle-buffer", type=click.IntRange(min=1), default=10000, show_default=True)
+@click.option("--checkpoint-every", type=click.IntRange(min=1), default=1000, show_default=True)
+@click.option("--keep-checkpoints", type=click.IntRange(min=1), default=3, show_default=True)
+@click.option("--eval-every", type=click.IntRange(min=0), default=0, show_default=True, help="0: evaluate at the end only.")
+@click.option("--eval-batches", type=click.IntRange(min=1), default=20, show_default=True)
+@click.option("--log-every", type=click.IntRange(min=1), default=50, show_default=True)
+@click.option("--strategy", type=click.Choice(STRATEGIES), default="auto", show_default=True)
+@click.option("--tpu", default=None, help="TPU name or address for --strategy tpu.")
+@click.option("--precision", type=click.Choice(PRECISIONS), default="float32", show_default=True)
+@click.option("--jit/--no-jit", default=False, show_default=True, help="Compile the step with XLA.")
+@click.option("--init-from", help="Phase 2: start from the weights of a run (its latest checkpoint) or checkpoint.")
+@click.option("--init-checkpoint", help="Start from an original TF1 checkpoint or a Hugging Face directory.")
+def pretrain_command(bert_config_file, **options) -> None:
+    """Pre-train BERT (MLM + NSP) from a dataset; resumes RUN when it has checkpoints."""
+    try:
+        if options.get("init_checkpoint"):
+            from trainer.interop.loading import init_checkpoint_config
+
+            # The checkpoint fixes the model: --bert-config, its bert_config.json, or HF config.json.
+            options["bert_config"] = BertConfig.from_dict(
+                init_checkpoint_config(options["init_checkpoint"], bert_config_file)).to_dict()
+        elif bert_config_file:
+            options["bert_config"] = BertConfig.from_json_file(bert_config_file).to_dict()
+        cfg = _train_config(options)
+        from trainer.pretrain.train import pretrain
+
+        result = pretrain(cfg, log=lambda line: click.echo(line))
+    except TrainerError as exc:
+        raise click.ClickException(str(exc)) from exc
+    click.echo(f"run directory: {result['run_dir']}")
+
+
+@click.command("eval")
+@click.option("--run", "run", default=None, help="Run directory (latest checkpoint) or a checkpoint directory.")
+@click.option("--init-checkpoint", default=None,
+              help="Instead of --run: an original TF1 checkpoint (PATH/bert_model.ckpt) or a Hugging Face dir.")
+@click.option("--bert-config", "bert_config_file", type=click.Path(exists=True, dir_okay=False),
+              help="bert_config.json of --init-checkpoint (default: the one beside it).")
+@click.option("--data", required=True, help="Dataset directory (manifest.json) or TFRecord glob(s).")
+@click.option("--split", default=None,
+              help="Pre-training: eval (default) or train. Fine-tuned runs: any labelled split (default dev).")
+@click.option("--batch-size", type=click.IntRange(min=1), default=32, show_default=True)
+@click.option("--max-batches", type=click.IntRange(min=1), default=None, help="Default: the whole split.")
+@click.option("--max-seq-length", type=click.IntRange(min=1), help="For TFRecord globs without a manifest.")
+@click.option("--max-predictions-per-seq", type=click.IntRange(min=1), help="For TFRecord globs without a manifest.")
+@click.option("--json", "as_json", is_flag=True, help="Print the figures as JSON.")
+@click.option("--allow-other-task", is_flag=True, help="Fine-tuned runs: " + ALLOW_OTHER_TASK_HELP)
+@click.option("--allow-vocab-mismatch", is_flag=True, help="Fine-tuned runs: " + ALLOW_VOCAB_MISMATCH_HELP)
+def eval_command(run, init_checkpoint, bert_config_file, data, split, batch_size, max_batches, max_seq_length,
+                 max_predictions_per_seq, as_json, allow_other_task, allow_vocab_mismatch) -> None:
+    """MLM/NSP loss and accuracy of a run's latest checkpoint on a dataset split; for a fine-tuned
+    run, its task metric."""
+    from trainer.interop.finetune_export import is_finetune_run
+
+    if run and is_finetune_run(run):
+        from trainer.finetune.cli import eval_finetuned
+
+        return eval_finetuned(run, data, split, batch_size, as_json, allow_other_task, allow_vocab_mismatch)
+    split = split or "eval"
+    if split not in ("eval", "train"):
+        raise click.BadParameter(f"{split!r} is not one of 'eval', 'train' for a pre-training run",
+                                 param_hint="--split")
+    try:
+        from trainer.pretrain.evaluate import evaluate_external, evaluate_run
+        from trainer.run.devices import enable_determinism
+
+        enable_determinism(0)
+        if (run is None) == (init_checkpoint is None):
+            raise ConfigError("pass exactly one of --run and --init-checkpoint")
+        if init_checkpoint:
+            result = evaluate_external(init_checkpoint, data, bert_config_file, batch_size=batch_size,
+                                       max_batches=max_batches, split=split, max_seq_length=max_seq_length,
+                                       max_predictions_per_seq=max_predictions_per_seq)
+        else:
+            result = evaluate_run(run, data, batch_size=batch_size, max_batches=max_batches, split=split,
+                                  max_seq_length=max_seq_length, max_predictions_per_seq=max_predictions_per_seq)
+    except TrainerError as exc:
+        raise click.ClickException(str(exc)) from exc
+    if as_json:
+        click.echo(json.dumps(result, indent=2, sort_keys=True))
+        return
+    step = "" if result.get("step") is None else f" (step {result['step']})"
+    click.echo(f"checkpoint {result['checkpoint']}{step}, {split} split, "
+               f"{int(result['examples'])} sequences")
+    click.echo(f"  mlm_loss {result['mlm_loss']:.4f}  mlm_accuracy {result['mlm_accuracy']:.4f}")
+    if "nsp_loss" in result:  # data without NSP has no NSP figures
+        click.echo(f"  nsp_loss {result['nsp_loss']:.4f}  nsp_accuracy {result['nsp_accuracy']:.4f}")
+    click.echo(f"  loss {result['loss']:.4f}")

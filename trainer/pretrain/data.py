@@ -1,0 +1,411 @@
+"""Input: a bert-datagen dataset (through its manifest) or TFRecord globs of the original tool.
+
+The tf.data pipeline is deterministic for a seed: seeded file order (reshuffled each epoch from that
+seed), deterministic parallel interleave, a seeded shuffle buffer, batched parsing, prefetch. Its
+position is saved with each checkpoint (tf.data iterator state), so a resumed run reads exactly the
+batches the uninterrupted run would have read.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import struct
+from dataclasses import dataclass, field
+
+import tensorflow as tf
+
+from contract.features import PRETRAINING
+from contract.manifest import ManifestError, load_manifest, manifest_kind
+from datagen.example_codec import decode_example
+from datagen.records import INSTANCE_KEY, feature_spec
+from datagen.tfrecord import RecordError, iter_tfrecords, masked_crc32c
+from trainer.run.config import BertConfig
+from trainer.run.errors import DataError
+from trainer.run.gfs import GFILE_FS
+
+MANIFEST_NAME = "manifest.json"
+
+
+@dataclass
+class DatasetInfo:
+    source: str
+    max_seq_length: int
+    max_predictions_per_seq: int
+    train_files: list[str]
+    eval_files: list[str] = field(default_factory=list)
+    vocab_size: int | None = None
+    train_records: int | None = None
+    eval_records: int | None = None
+    manifest: dict | None = None
+    identity: dict = field(default_factory=dict)  # {"fingerprint", "shards"}: see dataset_identity
+    objective: str = "nsp"  # from the manifest's config: nsp | doc-sentences | full-sentences
+    masking: str = "static"  # static | dynamic (the input pipeline masks, trainer.pretrain.dynamic_input)
+
+    @property
+    def has_nsp(self) -> bool:
+        return self.objective == "nsp"
+
+    def features(self) -> dict[str, tuple[str, int]]:
+        return feature_spec(self.max_seq_length, self.max_predictions_per_seq, self.objective, self.masking)
+
+
+def open_pretraining_data(data: str, max_seq_length: int | None = None, max_predictions_per_seq: int | None = None,
+                 eval_data: str | None = None) -> DatasetInfo:
+    """Describe `data`: a dataset directory with manifest.json, or a TFRecord glob (comma-separated
+    globs allowed) from the original tool, for which the two lengths must be given."""
+    if tf.io.gfile.isdir(data):
+        if not tf.io.gfile.exists(os.path.join(data, MANIFEST_NAME)) and max_seq_length is not None:
+            info = _from_globs(os.path.join(data, "*"), max_seq_length, max_predictions_per_seq, eval_data)
+        else:
+            info = _from_manifest(data)
+    else:
+        info = _from_globs(data, max_seq_length, max_predictions_per_seq, eval_data)
+    info.identity = dataset_identity(info)
+    return info
+
+
+def _load_manifest(directory: str) -> dict:
+    try:
+        return load_manifest(directory, GFILE_FS)
+    except ManifestError as exc:
+        raise DataError(str(exc)) from exc
+    except (OSError, tf.errors.OpError) as exc:  # a directory we may not read
+        reason = getattr(exc, "message", None) or getattr(exc, "strerror", None) or exc
+        raise DataError(f"{directory}/{MANIFEST_NAME}: cannot read: {reason}") from exc
+
+
+def load_dataset_manifest(data: str) -> dict | None:
+    """The manifest of a dataset directory; None for TFRecord globs and unreadable manifests."""
+    if "://" not in data and not os.path.exists(os.path.join(data, MANIFEST_NAME)):
+        return None
+    try:
+        return _load_manifest(data)
+    except DataError:
+        return None
+
+
+def _from_manifest(directory: str) -> DatasetInfo:
+    from contract import dataset as contract_dataset
+
+    # The kind first: the shape of a task dataset's features is not a pre-training one.
+    kind = manifest_kind(_load_manifest(directory), f"{directory}/{MANIFEST_NAME}")
+    if kind != PRETRAINING:
+        raise DataError(f"{directory}/{MANIFEST_NAME}: a {kind!r} dataset, not a pre-training dataset: "
+                        "bert-train pretrain and eval read the output of `bert-datagen run`"
+                        + ("; fine-tune on it with `bert-train finetune`" if kind == "task" else ""))
+    try:
+        ds = contract_dataset.open_dataset(directory, GFILE_FS, need_vocab=False)
+    except (ManifestError, contract_dataset.DatasetError) as exc:
+        raise DataError(str(exc)) from exc
+    manifest = ds.manifest
+    assert manifest is not None
+    seq_len, max_pred = ds.max_seq_length, ds.max_predictions
+    objective, masking = data_kind(manifest)
+    expected = feature_spec(seq_len, max_pred, objective, masking)
+    got = {k: (v[0], int(v[1])) for k, v in manifest["features"].items()}
+    for name, spec in expected.items():
+        if got.get(name) != spec:
+            raise DataError(f"{directory}/manifest.json: feature {name} is {got.get(name)}, expected {spec}")
+
+    def split_files(split: str) -> tuple[list[str], int]:
+        records = int(manifest["splits"].get(split, {"records": 0})["records"])
+        return [ref.path for ref in ds.split_shards(split)], records
+
+    train, n_train = split_files("train")
+    evals, n_eval = split_files("eval")
+    if not train:
+        raise DataError(f"{directory}/manifest.json: the train split has no shards")
+    for ref in ds.split_shards("train") + ds.split_shards("eval"):
+        check_shard_file(ref.path, int(ref.expected["bytes"]), f"{directory}/{MANIFEST_NAME}")
+    vocab = manifest["vocab"]
+    return DatasetInfo(source=directory, max_seq_length=seq_len, max_predictions_per_seq=max_pred,
+                       train_files=train, eval_files=evals, vocab_size=int(vocab["size"]),
+                       train_records=n_train,
+                       eval_records=n_eval, manifest=manifest, objective=objective, masking=masking)
+
+
+def data_kind(manifest: dict) -> tuple[str, str]:
+    """(objective, masking) of a dataset; manifests from before these options are nsp + static."""
+    config = manifest.get("config", {})
+    return str(config.get("objective", "nsp")), str(config.get("masking", "static"))
+
+
+def _glob(patterns: str) -> list[str]:
+    files: list[str] = []
+    for pattern in patterns.split(","):
+        matched = sorted(tf.io.gfile.glob(pattern.strip()))
+        if not matched:
+            raise DataError(f"{pattern}: no files match")
+        files.extend(matched)
+    return files
+
+
+def _from_globs(patterns: str, max_seq_length, max_predictions_per_seq, eval_data) -> DatasetInfo:
+    if max_seq_length is None or max_predictions_per_seq is None:
+        raise DataError(
+            f"{patterns}: not a dataset directory with manifest.json; for TFRecords of the original tool "
+            "give --max-seq-length and --max-predictions-per-seq"
+        )
+    files = [f for f in _glob(patterns) if not f.endswith(".json")]
+    return DatasetInfo(source=patterns, max_seq_length=max_seq_length,
+                       max_predictions_per_seq=max_predictions_per_seq, train_files=files,
+                       eval_files=_glob(eval_data) if eval_data else [])
+
+
+def check_shard_file(path: str, size: int, manifest: str) -> None:
+    """The shard exists, can be opened and has the size the manifest gives (a cheap stat, no read)."""
+    try:
+        stat = tf.io.gfile.stat(path)
+    except tf.errors.NotFoundError as exc:
+        raise DataError(f"{path}: shard listed in {manifest} is missing") from exc
+    except tf.errors.OpError as exc:
+        raise DataError(f"{path}: cannot read: {exc.message}") from exc
+    if stat.length != size:
+        raise DataError(f"{path}: has {stat.length} bytes, {manifest} says {size}: the shard was changed "
+                        "or truncated after the dataset was written (bert-datagen verify tells more)")
+
+
+def dataset_identity(info: DatasetInfo) -> dict:
+    """What the dataset IS, independent of how its path is spelled.
+
+    With a manifest: every shard's split, relative path, record count and sha256 (from the manifest),
+    the vocab's sha256 and the features; the fingerprint is the sha256 of that list. For TFRecord
+    globs (no checksums without reading everything): file names and sizes.
+    """
+    if info.manifest is not None:
+        m = info.manifest
+        shards = [{"split": split, "path": s["path"], "records": int(s["records"]), "sha256": s["sha256"]}
+                  for split in sorted(m["splits"]) for s in m["splits"][split]["shards"]]
+        content = {"features": m["features"], "vocab_sha256": m["vocab"]["sha256"], "shards": shards}
+    else:
+        shards = [{"split": split, "path": os.path.basename(path), "bytes": _size(path)}
+                  for split, files in (("train", info.train_files), ("eval", info.eval_files)) for path in files]
+        content = {"max_seq_length": info.max_seq_length,
+                   "max_predictions_per_seq": info.max_predictions_per_seq, "shards": shards}
+    digest = hashlib.sha256(json.dumps(content, sort_keys=True).encode()).hexdigest()
+    identity = {"fingerprint": digest, "shards": shards}
+    if info.manifest is not None:
+        # Outside the fingerprint (runs recorded before it keep theirs): what fine-tuning from the
+        # run compares its task dataset's vocab with.
+        identity["vocab_sha256"] = info.manifest["vocab"]["sha256"]
+    return identity
+
+
+def _size(path: str) -> int:
+    try:
+        return int(tf.io.gfile.stat(path).length)
+    except tf.errors.OpError as exc:
+        raise DataError(f"{path}: cannot read: {exc.message}") from exc
+
+
+def count_records(path: str) -> int:
+    """Records in one TFRecord file, walking the length headers only (checking their CRCs)."""
+    size = _size(path)
+    count, offset = 0, 0
+    try:
+        with tf.io.gfile.GFile(path, "rb") as stream:
+            while offset < size:
+                header = stream.read(12)
+                if len(header) < 12 or masked_crc32c(header[:8]) != struct.unpack("<I", header[8:])[0]:
+                    raise DataError(f"corrupt input: {path}: record {count} at byte {offset}: "
+                                    "not a TFRecord length header")
+                offset += 16 + struct.unpack("<Q", header[:8])[0]
+                if offset > size:
+                    raise DataError(f"corrupt input: {path}: record {count}: truncated payload")
+                stream.seek(offset)
+                count += 1
+    except tf.errors.OpError as exc:
+        raise DataError(f"{path}: cannot read: {exc.message}") from exc
+    return count
+
+
+def split_records(info: DatasetInfo, split: str) -> int:
+    """Records of the train or eval split: from the manifest, else counted."""
+    known = info.train_records if split == "train" else info.eval_records
+    if known is not None:
+        return known
+    files = info.train_files if split == "train" else info.eval_files
+    return sum(count_records(path) for path in files)
+
+
+def check_split_size(info: DatasetInfo, split: str, batch_size: int) -> int:
+    """Raise DataError unless the split holds at least one full batch (the input would never yield
+    a batch and the run would wait forever); returns its record count."""
+    n = split_records(info, split)
+    if n < batch_size:
+        what = "is empty" if n == 0 else f"has {n} records"
+        raise DataError(f"{info.source}: the {split} split {what}, fewer than one batch of {batch_size}: "
+                        f"use a smaller --batch-size or a dataset with more {split} records")
+    return n
+
+
+def check_first_records(info: DatasetInfo) -> None:
+    """Parse the first record of every shard with the expected feature lengths: a dataset of other
+    lengths, or files that are not pre-training records, fail here, before the first step."""
+    spec = info.features()
+    for path in info.train_files + info.eval_files:
+        check_first_record(path, spec)
+
+
+def check_first_record(path: str, spec: dict[str, tuple[str, int]]) -> None:
+    """Raise DataError naming `path` unless its first record (if any) parses with `spec`."""
+    try:
+        with tf.io.gfile.GFile(path, "rb") as stream:
+            payload = next(iter_tfrecords(stream, name=path), None)
+    except RecordError as exc:
+        raise DataError(f"corrupt input: {exc}") from exc
+    except tf.errors.OpError as exc:
+        raise DataError(f"{path}: cannot read: {exc.message}") from exc
+    if payload is not None:
+        problem = _record_problem(payload, spec)
+        if problem:
+            raise DataError(f"{path}: record 0: {problem}")
+
+
+# The features that index the word embeddings (and the MLM output layer).
+TOKEN_ID_FEATURES = ("input_ids", "masked_lm_ids")
+
+
+def _record_problem(payload: bytes, spec: dict[str, tuple[str, int]], vocab_size: int | None = None) -> str | None:
+    try:
+        features = decode_example(payload)
+    except RecordError as exc:
+        return f"not a tf.train.Example ({exc})"
+    for name, (_, length) in spec.items():
+        if name not in features or features[name].size != length:
+            got = None if name not in features else features[name].size
+            return f"feature {name} has {got} values, expected {length}"
+    if vocab_size is not None:
+        for name in TOKEN_ID_FEATURES:
+            ids = features.get(name)
+            if name in spec and ids is not None and ids.size and not 0 <= int(ids.min()) <= int(ids.max()) < vocab_size:
+                bad = int(ids.max()) if int(ids.max()) >= vocab_size else int(ids.min())
+                return (f"{name} holds token id {bad}, outside the model's vocab_size {vocab_size} "
+                        "(the model's vocab size must be that of the vocab the data was made with)")
+    return None
+
+
+def check_token_ids(info: DatasetInfo, vocab_size: int, records_per_shard: int) -> None:
+    """Raise DataError naming the record unless the first records of every shard index only
+    embeddings the model has: data of a larger vocab than --vocab-size (TFRecord globs state none)
+    would otherwise fail inside the first step with a graph stack trace."""
+    spec = info.features()
+    for path in info.train_files + info.eval_files:
+        try:
+            with tf.io.gfile.GFile(path, "rb") as stream:
+                for index, payload in enumerate(iter_tfrecords(stream, name=path)):
+                    if index >= records_per_shard:
+                        break
+                    problem = _record_problem(payload, spec, vocab_size)
+                    if problem:
+                        raise DataError(f"{path}: record {index}: {problem}")
+        except RecordError as exc:
+            raise DataError(f"corrupt input: {exc}") from exc
+        except tf.errors.OpError as exc:
+            raise DataError(f"{path}: cannot read: {exc.message}") from exc
+
+
+def check_fits(info: DatasetInfo, bert: BertConfig) -> None:
+    """Raise DataError unless the data can feed the model."""
+    problems = []
+    if info.max_seq_length > bert.max_position_embeddings:
+        problems.append(f"sequences of {info.max_seq_length} tokens exceed the model's "
+                        f"max_position_embeddings {bert.max_position_embeddings}")
+    if info.max_predictions_per_seq > info.max_seq_length:
+        problems.append(f"max_predictions_per_seq {info.max_predictions_per_seq} exceeds the sequence "
+                        f"length {info.max_seq_length}")
+    if info.vocab_size is not None and info.vocab_size != bert.vocab_size:
+        problems.append(f"the data's vocab has {info.vocab_size} tokens, the model's vocab_size is "
+                        f"{bert.vocab_size}")
+    if bert.type_vocab_size < 2:
+        problems.append("type_vocab_size must be at least 2 for sentence pairs")
+    if problems:
+        raise DataError(f"{info.source}: data and model do not fit: " + "; ".join(problems))
+
+
+def parse_batch(serialized: tf.Tensor, max_seq_length: int, max_predictions_per_seq: int,
+                spec: dict[str, tuple[str, int]] | None = None) -> dict[str, tf.Tensor]:
+    """Parse a batch of serialized examples with fixed-length features (the original's unless
+    `spec` says otherwise); ints -> int32, but a record's 64-bit identity stays int64."""
+    spec = spec or feature_spec(max_seq_length, max_predictions_per_seq)
+    features = {name: tf.io.FixedLenFeature([length], tf.int64 if dtype == "int64" else tf.float32)
+                for name, (dtype, length) in spec.items()}
+    parsed = tf.io.parse_example(serialized, features)
+    return {k: tf.cast(v, tf.int32) if v.dtype == tf.int64 and k != INSTANCE_KEY else v for k, v in parsed.items()}
+
+
+def train_dataset(info: DatasetInfo, batch_size: int, seed: int, shuffle_buffer: int = 10000,
+                  cycle_length: int = 8, keep_identity: bool = False) -> tf.data.Dataset:
+    """Endless, deterministic, shuffled batches of the train split.
+
+    With dynamic masking each record travels with the epoch it was read in (the pass over the
+    files its file was read in), and each batch is masked from (seed, record identity, epoch).
+    """
+    n_files = len(info.train_files)
+    files = tf.data.Dataset.from_tensor_slices(info.train_files)
+    files = files.shuffle(n_files, seed=seed, reshuffle_each_iteration=True).repeat()
+    if info.masking == "dynamic":
+        from trainer.pretrain.dynamic_input import dynamic_batches
+
+        records = files.enumerate().interleave(
+            lambda i, f: tf.data.TFRecordDataset(f, buffer_size=1 << 20).map(lambda r: (r, i // n_files)),
+            cycle_length=min(cycle_length, n_files), block_length=1,
+            num_parallel_calls=tf.data.AUTOTUNE, deterministic=True,
+        )
+        records = records.shuffle(shuffle_buffer, seed=seed + 1, reshuffle_each_iteration=True)
+        return dynamic_batches(records, info, batch_size, seed, parse_batch, keep_identity)
+    records = files.interleave(
+        lambda f: tf.data.TFRecordDataset(f, buffer_size=1 << 20),
+        cycle_length=min(cycle_length, n_files), block_length=1,
+        num_parallel_calls=tf.data.AUTOTUNE, deterministic=True,
+    )
+    records = records.shuffle(shuffle_buffer, seed=seed + 1, reshuffle_each_iteration=True)
+    return _batched(records, info, batch_size)
+
+
+def eval_dataset(info: DatasetInfo, batch_size: int, files: list[str] | None = None) -> tf.data.Dataset:
+    """The eval split (or `files`) in file order, once, full batches only.
+
+    Dynamic-masking data is masked as in epoch 0 with the dataset's own seed, so every run (any
+    training seed) is evaluated on the same masks.
+    """
+    files = files if files is not None else info.eval_files
+    records = tf.data.TFRecordDataset(files, buffer_size=1 << 20, num_parallel_reads=1)
+    if info.masking == "dynamic":
+        from trainer.pretrain.dynamic_input import dynamic_batches
+
+        seed = int((info.manifest or {}).get("config", {}).get("random_seed", 0))
+        return dynamic_batches(records.map(lambda r: (r, tf.constant(0, tf.int64))), info, batch_size, seed,
+                               parse_batch)
+    return _batched(records, info, batch_size)
+
+
+def _batched(records: tf.data.Dataset, info: DatasetInfo, batch_size: int) -> tf.data.Dataset:
+    ds = records.batch(batch_size, drop_remainder=True)
+    spec = info.features()
+    ds = ds.map(lambda s: parse_batch(s, info.max_seq_length, info.max_predictions_per_seq, spec),
+                num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+    options = tf.data.Options()
+    options.deterministic = True
+    return ds.with_options(options).prefetch(tf.data.AUTOTUNE)
+
+
+def find_bad_record(files: list[str], max_seq_length: int, max_predictions_per_seq: int,
+                    spec: dict[str, tuple[str, int]] | None = None, vocab_size: int | None = None) -> str | None:
+    """Scan `files` without TensorFlow; describe the first corrupt record (file, index) or None.
+
+    Called after tf.data fails, because TensorFlow's own errors do not name the file.
+    """
+    spec = spec or feature_spec(max_seq_length, max_predictions_per_seq)
+    for path in files:
+        try:
+            with tf.io.gfile.GFile(path, "rb") as stream:
+                for index, payload in enumerate(iter_tfrecords(stream, name=path)):
+                    problem = _record_problem(payload, spec, vocab_size)
+                    if problem:
+                        return f"{path}: record {index}: {problem}"
+        except RecordError as exc:
+            return str(exc)
+    return None

@@ -1,0 +1,87 @@
+"""MLM/NSP loss and accuracy of a model on a dataset split: during a run, of a finished run
+(`bert-train eval --run`), and of an external checkpoint (`bert-train eval --init-checkpoint`)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+
+import tensorflow as tf
+
+from trainer.interop.loading import restore_external_model, restore_model
+from trainer.interop.tf1 import checkpoint_step
+from trainer.model.bert import BertPretrainer
+from trainer.pretrain.data import (
+    DatasetInfo,
+    check_fits,
+    check_split_size,
+    eval_dataset,
+    open_pretraining_data,
+)
+from trainer.pretrain.objective import batch_sums, losses_from_sums
+from trainer.run import checkpoint as ckpt_lib
+from trainer.run.config import BertConfig
+from trainer.run.errors import DataError
+
+
+def evaluate_model(eval_step: Callable, strategy: tf.distribute.Strategy, info: DatasetInfo, batch_size: int,
+                   max_batches: int | None, files: list[str] | None = None) -> dict[str, float]:
+    """MLM/NSP loss and accuracy over the first `max_batches` full batches (all when None)."""
+    dataset = eval_dataset(info, batch_size, files)
+    if max_batches:
+        dataset = dataset.take(max_batches)
+    if strategy.num_replicas_in_sync > 1:
+        dataset = strategy.experimental_distribute_dataset(dataset)
+    totals: dict[str, float] = {}
+    for batch in dataset:
+        for k, v in eval_step(batch).items():
+            totals[k] = totals.get(k, 0.0) + float(v)
+    if not totals:
+        raise DataError(f"{info.source}: fewer eval records than one batch of {batch_size}")
+    result = losses_from_sums(totals)
+    result["examples"] = totals["examples"]
+    return result
+
+
+def evaluate_restored(model: BertPretrainer, bert: BertConfig, data: str, batch_size: int = 32,
+                      max_batches: int | None = None, split: str = "eval", max_seq_length: int | None = None,
+                      max_predictions_per_seq: int | None = None) -> dict[str, float]:
+    """MLM/NSP loss and accuracy of an already restored model on a dataset's eval (or train) split."""
+    info = open_pretraining_data(data, max_seq_length, max_predictions_per_seq)
+    check_fits(info, bert)
+    files = info.eval_files if split == "eval" else info.train_files
+    if not files:
+        raise DataError(f"{data}: the {split} split has no shards")
+    check_split_size(info, split, batch_size)
+
+    @tf.function
+    def eval_step(batch):
+        return batch_sums(model(batch, training=False), batch)
+
+    return evaluate_model(eval_step, tf.distribute.get_strategy(), info, batch_size, max_batches, files)
+
+
+def evaluate_run(run: str, data: str, batch_size: int = 32, max_batches: int | None = None,
+                 split: str = "eval", max_seq_length: int | None = None,
+                 max_predictions_per_seq: int | None = None, precision: str = "float32") -> dict[str, float]:
+    """`bert-train eval --run`: the latest checkpoint of RUN on a dataset's eval (or train) split."""
+    model, bert, ckpt = restore_model(run, precision)
+    result = evaluate_restored(model, bert, data, batch_size, max_batches, split, max_seq_length,
+                               max_predictions_per_seq)
+    result["checkpoint"] = str(ckpt)
+    result["step"] = ckpt_lib.load_state(ckpt)["step"]
+    return result
+
+
+def evaluate_external(path: str | os.PathLike, data: str, bert_config_path: str | os.PathLike | None = None,
+                      batch_size: int = 32, max_batches: int | None = None, split: str = "eval",
+                      max_seq_length: int | None = None,
+                      max_predictions_per_seq: int | None = None) -> dict[str, float]:
+    """`bert-train eval --init-checkpoint`: MLM/NSP figures of a TF1 checkpoint or Hugging Face dir."""
+    model, bert, report = restore_external_model(path, bert_config_path)
+    result = evaluate_restored(model, bert, data, batch_size, max_batches, split, max_seq_length,
+                               max_predictions_per_seq)
+    result["checkpoint"] = report.source
+    result["step"] = checkpoint_step(report)
+    result["load_report"] = report.summary()
+    return result

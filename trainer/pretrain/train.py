@@ -1,0 +1,265 @@
+"""The pre-training loop (the model is `trainer.model.bert`, one step `trainer.run.step`): start or resume a
+run, feed batches, log, evaluate, checkpoint.
+
+Reproducibility: weights start from seeds derived per weight name, dropout masks are a pure function
+of (seed, step, micro-step, replica), the input pipeline is seeded and its position is checkpointed.
+With op determinism on, the same data + config + seed give bitwise-identical weights, and a run
+stopped at any checkpoint (or interrupted, or killed) and resumed ends bitwise identical to the
+uninterrupted run.
+
+Every check on the data that can fail runs before the first step (`Run.__init__`): the dataset's
+kind, shards and sizes, its identity against the run's record, that each split holds a batch, that
+its first records parse with the model's lengths, that data and model fit.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import tensorflow as tf
+
+from trainer.interop.loading import dtype_policy, init_weights_from, load_init_checkpoint
+from trainer.model.bert import build_model, tf1_variable_map
+from trainer.pretrain.data import (
+    DatasetInfo,
+    check_first_records,
+    check_fits,
+    check_split_size,
+    check_token_ids,
+    dataset_identity,
+    find_bad_record,
+    open_pretraining_data,
+    train_dataset,
+)
+from trainer.pretrain.evaluate import evaluate_model
+from trainer.pretrain.objective import losses_from_sums
+from trainer.run import checkpoint as ckpt_lib
+from trainer.run import rundir
+from trainer.run.common import (
+    checkpoint_arrays,
+    interrupts_between_steps,
+    loss_scale_for,
+    make_run_strategy,
+    replica_slices,
+    restore_checkpoint_arrays,
+    stop_interrupted,
+    stop_on_non_finite_loss,
+    tensorboard_writers,
+    write_scalar,
+)
+from trainer.run.config import BertConfig, TrainConfig
+from trainer.run.devices import enable_determinism
+from trainer.run.errors import CheckpointError, ConfigError, DataError, TrainingError
+from trainer.run.optimizer import learning_rate, make_optimizer
+from trainer.run.step import make_step_functions
+
+_TF_DATA_ERRORS = (tf.errors.DataLossError, tf.errors.InvalidArgumentError)
+
+
+def load_bert_config_for(cfg: TrainConfig, info: DatasetInfo) -> BertConfig:
+    if cfg.bert_config is not None:
+        return BertConfig.from_dict(cfg.bert_config)
+    vocab_size = info.vocab_size or cfg.vocab_size
+    if not vocab_size:
+        raise ConfigError(f"{info.source}: the vocab size is unknown (no manifest): pass --bert-config "
+                          "or --vocab-size")
+    return BertConfig.from_name(cfg.model, int(vocab_size))
+
+
+class Run:
+    """Everything one `bert-train pretrain` invocation holds; `pretrain()` drives it."""
+
+    def __init__(self, cfg: TrainConfig, log: Callable[[str], None] = print):
+        self.cfg, self.log = cfg, log
+        self.run_dir = Path(cfg.out)
+        rundir.check_out_dir(cfg.out)
+        rundir.check_settings(self.run_dir, cfg)
+        if cfg.init_from:
+            ckpt_lib.resolve_checkpoint(cfg.init_from)  # a bad --init-from fails before any work
+        enable_determinism(cfg.seed)
+        self.info = open_pretraining_data(cfg.data, cfg.max_seq_length, cfg.max_predictions_per_seq, cfg.eval_data)
+        rundir.check_dataset(self.run_dir, cfg.data, self.info.identity)
+        self.bert = load_bert_config_for(cfg, self.info)
+        check_fits(self.info, self.bert)
+        check_split_size(self.info, "train", cfg.batch_size)
+        if self.info.eval_files:
+            check_split_size(self.info, "eval", cfg.batch_size)
+        check_first_records(self.info)
+        check_token_ids(self.info, self.bert.vocab_size, cfg.batch_size)
+        self.strategy = make_run_strategy(cfg.strategy, cfg.tpu, cfg.batch_size, cfg.accumulation_steps)
+        with self.strategy.scope():
+            self.model = build_model(self.bert, seed=cfg.seed, dtype=dtype_policy(cfg.precision))
+            self.named = tf1_variable_map(self.model)
+            self.optimizer = make_optimizer(cfg.optimizer, self.named, weight_decay=cfg.weight_decay)
+            self.loss_scale = loss_scale_for(cfg.precision)
+        self.steps = make_step_functions(self.model, self.optimizer, self.strategy, cfg, self.loss_scale)
+        self.step = 0
+        self.saved_step: int | None = None
+        # One host pipeline whose iterator state can be checkpointed (a tf.distribute iterator
+        # cannot be); each step's global batch is then cut into per-replica slices.
+        self.iterator = iter(train_dataset(self.info, cfg.batch_size, cfg.seed, cfg.shuffle_buffer))
+        self.iterator_ckpt = tf.train.Checkpoint(iterator=self.iterator)
+
+    # -- state
+
+    def restore_or_initialise(self) -> str:
+        rundir.cleanup_temp(self.run_dir)
+        found = ckpt_lib.list_checkpoints(self.run_dir)
+        if found:
+            step, path = found[-1]
+            restore_checkpoint_arrays(path, self.named, self.optimizer, self.loss_scale)
+            try:
+                self.iterator_ckpt.read(str(path / ckpt_lib.INPUT_PREFIX)).assert_consumed()
+            except (tf.errors.OpError, AssertionError, ValueError) as exc:
+                raise CheckpointError(f"{path / ckpt_lib.INPUT_PREFIX}: cannot restore the input position: "
+                                      f"{getattr(exc, 'message', exc)}") from exc
+            self.step = self.saved_step = step
+            return f"resumed from {path} (step {step})"
+        if self.cfg.init_from:
+            return f"initialised from {init_weights_from(self.model, self.cfg.init_from)}"
+        if self.cfg.init_checkpoint:
+            load_init_checkpoint(self.model, self.cfg.init_checkpoint)
+            return f"initialised from {self.cfg.init_checkpoint}"
+        return f"new run (seed {self.cfg.seed})"
+
+    def save(self, metrics: dict | None = None) -> Path:
+        model_arrays, opt_arrays = checkpoint_arrays(self.named, self.optimizer, self.loss_scale, self.step)
+        state = {"step": self.step, "bert_config": self.bert.to_dict(), "metrics": metrics or {},
+                 "data": self.info.source, "data_fingerprint": self.info.identity["fingerprint"],
+                 "max_seq_length": self.info.max_seq_length,
+                 "max_predictions_per_seq": self.info.max_predictions_per_seq}
+        try:
+            path = ckpt_lib.save_checkpoint(self.run_dir, self.step, model_arrays, opt_arrays, state,
+                                            iterator_saver=self.iterator_ckpt.write,
+                                            keep=self.cfg.keep_checkpoints)
+        except OSError as exc:
+            raise TrainingError(f"{self.run_dir}: cannot write the checkpoint of step {self.step}: "
+                                f"{exc.strerror or exc}") from exc
+        self.saved_step = self.step
+        return path
+
+    # -- loop
+
+    def next_batch(self) -> dict[str, tf.Tensor]:
+        try:
+            batch = next(self.iterator)
+        except _TF_DATA_ERRORS as exc:
+            raise self._data_error(exc) from exc
+        return replica_slices(self.strategy, batch, self.cfg.batch_size)
+
+    def _bad_record(self) -> str | None:
+        return find_bad_record(self.info.train_files, self.info.max_seq_length,
+                               self.info.max_predictions_per_seq, self.info.features(), self.bert.vocab_size)
+
+    def _data_error(self, exc: Exception) -> DataError:
+        detail = self._bad_record() or f"{self.info.source}: {type(exc).__name__}: {getattr(exc, 'message', exc)}"
+        return DataError(f"corrupt input: {detail}")
+
+    def evaluate(self, max_batches: int) -> dict[str, float] | None:
+        if not self.info.eval_files:
+            return None
+        self._check_data_unchanged()
+        return evaluate_model(self.steps.eval_step, self.strategy, self.info, self.cfg.batch_size, max_batches)
+
+    def _check_data_unchanged(self) -> None:
+        now = open_pretraining_data(self.cfg.data, self.cfg.max_seq_length, self.cfg.max_predictions_per_seq,
+                           self.cfg.eval_data)
+        recorded = {"data": self.cfg.data, **self.info.identity}
+        rundir.check_same_dataset(recorded, self.cfg.data, dataset_identity(now), "the start of this run")
+
+    def pretrain(self, stop_at: int | None = None) -> dict:
+        cfg = self.cfg
+        rundir.start(self.run_dir, {rundir.TRAIN_CONFIG_FILE: cfg.to_json(), rundir.BERT_CONFIG_FILE: self.bert.to_json()},
+                     cfg.data, self.info.identity)
+        self.log(f"{self.restore_or_initialise()}; {self.info.source}: seq {self.info.max_seq_length}, "
+                 f"{self.strategy.num_replicas_in_sync} replica(s), {cfg.precision}")
+        writer, eval_writer = tensorboard_writers(self.run_dir)
+        end = cfg.steps if stop_at is None else min(stop_at, cfg.steps)
+        window: dict[str, float] = {}
+        window_start, window_steps = time.perf_counter(), 0
+        last: dict = {}
+        with interrupts_between_steps() as interrupted:
+            while self.step < end:
+                if interrupted():
+                    self._stop_interrupted(last)
+                lr = learning_rate(self.step, cfg.learning_rate, cfg.warmup_steps, cfg.steps)
+                sums = self._train_step(lr)
+                self.step += 1
+                window_steps += 1
+                for k, v in sums.items():
+                    window[k] = window.get(k, 0.0) + v
+                if self.step % cfg.log_every == 0 or self.step == end:
+                    elapsed = time.perf_counter() - window_start
+                    last = losses_from_sums(window)
+                    last.update(learning_rate=float(lr), grad_norm=window["grad_norm"] / window_steps,
+                                sequences_per_second=window_steps * cfg.batch_size / elapsed)
+                    self._report(writer, last)
+                    window, window_start, window_steps = {}, time.perf_counter(), 0
+                if cfg.eval_every and self.step % cfg.eval_every == 0 and self.step < cfg.steps:
+                    self._report_eval(eval_writer, self.evaluate(cfg.eval_batches))
+                if self.step % cfg.checkpoint_every == 0 or self.step == end:
+                    self.save(last)
+        result = {"step": self.step, "train": last, "run_dir": str(self.run_dir)}
+        if self.step >= cfg.steps:
+            ev = self.evaluate(cfg.eval_batches)
+            self._report_eval(eval_writer, ev)
+            result["eval"] = ev
+            rundir.write_atomic(self.run_dir / "final_metrics.json",
+                                json.dumps(result, indent=2, sort_keys=True) + "\n")
+        writer.flush()
+        eval_writer.flush()
+        return result
+
+    def _train_step(self, lr: np.float32) -> dict[str, float]:
+        batch = self.next_batch()
+        try:
+            sums = self.steps.train_step(batch, tf.constant(lr), tf.constant(self.step, tf.int64))
+        except _TF_DATA_ERRORS as exc:
+            # The step can fail on input the pipeline let through, or for reasons of its own (e.g. a
+            # collective of another strategy in this process): blame the data only when a record is bad.
+            where = self._bad_record()
+            if where:
+                raise DataError(f"corrupt input: {where}") from exc
+            # TensorFlow's message goes on with the graph's stack trace: its first line is the reason.
+            reason = str(getattr(exc, "message", exc)).strip().splitlines()[0]
+            raise TrainingError(f"training step {self.step + 1} failed: {type(exc).__name__}: {reason}") from exc
+        sums = {k: float(v) for k, v in sums.items()}
+        stop_on_non_finite_loss(losses_from_sums(sums)["loss"], self.step, self.run_dir, self.loss_scale)
+        return sums
+
+    def _stop_interrupted(self, metrics: dict) -> None:
+        stop_interrupted(self.run_dir, self.step, self.saved_step, lambda: self.save(metrics), self.log)
+
+    def _report(self, writer, m: dict) -> None:
+        nsp = f"nsp_acc {m['nsp_accuracy']:.4f}  " if "nsp_accuracy" in m else ""
+        self.log(f"step {self.step:>7}/{self.cfg.steps}  loss {m['loss']:.4f}  mlm_acc {m['mlm_accuracy']:.4f}  "
+                 f"{nsp}lr {m['learning_rate']:.3e}  {m['sequences_per_second']:.1f} seq/s")
+        with writer.as_default(step=self.step):
+            for name in ("loss", "mlm_loss", "nsp_loss", "mlm_accuracy", "nsp_accuracy", "learning_rate",
+                         "sequences_per_second", "grad_norm"):
+                if name in m:
+                    write_scalar(name, m[name])
+
+    def _report_eval(self, writer, m: dict | None) -> None:
+        if m is None:
+            self.log("eval: the dataset has no eval split; skipped")
+            return
+        nsp = f"nsp_acc {m['nsp_accuracy']:.4f}  " if "nsp_accuracy" in m else ""
+        self.log(f"eval at step {self.step}: loss {m['loss']:.4f}  mlm_acc {m['mlm_accuracy']:.4f}  "
+                 f"{nsp}({int(m['examples'])} sequences)")
+        with writer.as_default(step=self.step):
+            for name in ("loss", "mlm_loss", "nsp_loss", "mlm_accuracy", "nsp_accuracy"):
+                if name in m:
+                    write_scalar(name, m[name])
+
+
+def pretrain(cfg: TrainConfig, log: Callable[[str], None] = print, stop_at: int | None = None) -> dict:
+    """Run (or resume) `cfg`; with `stop_at`, stop after that step as if interrupted. The run
+    directory is locked from its check until the end (`rundir.output_lock`)."""
+    rundir.check_out_dir(cfg.out)
+    with rundir.output_lock(cfg.out):
+        return Run(cfg, log).pretrain(stop_at=stop_at)

@@ -1,0 +1,227 @@
+"""Model and run configuration.
+
+`BertConfig` reads and writes the ORIGINAL `bert_config.json` format (the file Google ships with
+its checkpoints), so a config can travel between this trainer, the original code and Hugging Face
+converters unchanged. `TrainConfig` is everything one `bert-train pretrain` run needs; the CLI
+builds it and the run directory keeps a copy (`train_config.json`) so a rerun can check it resumes
+the same run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar
+
+from trainer.run.errors import ConfigError
+
+# Sizes by name: RECIPE.md section 6 (layers, hidden, heads, FFN).
+MODEL_SIZES: dict[str, tuple[int, int, int, int]] = {
+    "tiny": (2, 128, 2, 512),
+    "mini": (4, 256, 4, 1024),
+    "small": (4, 512, 8, 2048),
+    "medium": (8, 512, 8, 2048),
+    "base": (12, 768, 12, 3072),
+    "large": (24, 1024, 16, 4096),
+}
+
+
+# The original bert_config.json's names: "gelu" is the tanh approximation (the original code's own
+# `gelu`), "gelu_new" Hugging Face's name of the same; "gelu_exact" is the erf GELU, which Hugging Face
+# calls "gelu". Only trainer/interop/hf.py translates between the two vocabularies.
+HIDDEN_ACTS = ("gelu", "gelu_new", "gelu_exact")
+
+
+@dataclass
+class BertConfig:
+    """The original `BertConfig` fields, with the original defaults.
+
+    `hidden_act` keeps the original's meaning, so Google's `bert_config.json` files and earlier runs
+    load unchanged: `"gelu"` (the default; alias `"gelu_new"`) is the tanh approximation the original
+    code trained with; `"gelu_exact"` is the erf GELU of Hugging Face BERT models (their `"gelu"`,
+    e.g. all-MiniLM-L6-v2).
+    """
+
+    vocab_size: int
+    hidden_size: int = 768
+    num_hidden_layers: int = 12
+    num_attention_heads: int = 12
+    intermediate_size: int = 3072
+    hidden_act: str = "gelu"
+    hidden_dropout_prob: float = 0.1
+    attention_probs_dropout_prob: float = 0.1
+    max_position_embeddings: int = 512
+    type_vocab_size: int = 2
+    initializer_range: float = 0.02
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        for name in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+                     "intermediate_size", "max_position_embeddings", "type_vocab_size"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise ConfigError(f"BertConfig.{name} must be a positive integer, got {value!r}")
+        if self.hidden_size % self.num_attention_heads:
+            raise ConfigError(
+                f"hidden_size {self.hidden_size} is not a multiple of num_attention_heads "
+                f"{self.num_attention_heads}"
+            )
+        if self.hidden_act not in HIDDEN_ACTS:
+            raise ConfigError(f"hidden_act {self.hidden_act!r} is not supported (choose one of "
+                              f"{', '.join(HIDDEN_ACTS)})")
+        for name in ("hidden_dropout_prob", "attention_probs_dropout_prob"):
+            value = getattr(self, name)
+            if not 0.0 <= float(value) < 1.0:
+                raise ConfigError(f"BertConfig.{name} must be in [0, 1), got {value!r}")
+        if not float(self.initializer_range) > 0:
+            raise ConfigError(f"initializer_range must be positive, got {self.initializer_range!r}")
+
+    @property
+    def head_size(self) -> int:
+        return self.hidden_size // self.num_attention_heads
+
+    @classmethod
+    def from_name(cls, name: str, vocab_size: int, **overrides: Any) -> BertConfig:
+        """A named size from RECIPE.md section 6 (tiny, mini, small, medium, base, large)."""
+        if name not in MODEL_SIZES:
+            raise ConfigError(f"unknown model size {name!r}; choose one of {', '.join(MODEL_SIZES)}")
+        layers, hidden, heads, ffn = MODEL_SIZES[name]
+        return cls(vocab_size=vocab_size, hidden_size=hidden, num_hidden_layers=layers,
+                   num_attention_heads=heads, intermediate_size=ffn, **overrides)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> BertConfig:
+        # Original files carry only these keys; Hugging Face config.json files carry many more,
+        # which are ignored so that either can be read.
+        known = {f.name for f in dataclasses.fields(cls)}
+        if "vocab_size" not in data:
+            raise ConfigError("bert config has no vocab_size")
+        return cls(**{k: v for k, v in data.items() if k in known})
+
+    @classmethod
+    def from_json_file(cls, path: str | Path) -> BertConfig:
+        try:
+            data = json.loads(Path(path).read_text(encoding="utf-8"))
+        except (OSError, json.JSONDecodeError) as exc:
+            raise ConfigError(f"{path}: cannot read bert config: {exc}") from exc
+        if not isinstance(data, dict):
+            raise ConfigError(f"{path}: bert config must be a JSON object")
+        try:
+            return cls.from_dict(data)
+        except (ConfigError, TypeError) as exc:
+            raise ConfigError(f"{path}: {exc}") from exc
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def to_json(self) -> str:
+        """The original `bert_config.json` text (sorted keys, 2-space indent)."""
+        return json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n"
+
+
+# keras.utils.set_random_seed seeds NumPy too, whose seeds are unsigned 32-bit: a seed outside this
+# range fails inside TensorFlow's start-up with a ValueError that names no option.
+MAX_SEED = 2**32 - 1
+
+
+def check_seed(value: object, option: str) -> None:
+    """Raise ConfigError naming `option` unless `value` is a seed every RNG we seed accepts."""
+    if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= MAX_SEED:
+        raise ConfigError(f"{option} must be an integer in [0, {MAX_SEED}], got {value!r}")
+
+
+STRATEGIES = ("auto", "one-device", "mirrored", "tpu", "multi-worker")
+PRECISIONS = ("float32", "mixed_bfloat16", "mixed_float16")
+OPTIMIZERS = ("adamw", "lamb")  # the original AdamWeightDecay; LAMB (trainer/run/optimizer.py)
+
+
+@dataclass
+class TrainConfig:
+    """One pre-training run. Serialized into RUN/train_config.json."""
+
+    data: str  # dataset directory (manifest.json) or a TFRecord glob of the original tool
+    out: str
+    model: str = "tiny"  # a size name; ignored when bert_config is given
+    bert_config: dict[str, Any] | None = None  # explicit model (from --bert-config FILE)
+    batch_size: int = 32  # global batch (sequences per optimizer step, all replicas, all micro-steps)
+    accumulation_steps: int = 1
+    steps: int = 1000
+    learning_rate: float = 1e-4
+    warmup_steps: int = 100
+    weight_decay: float = 0.01
+    optimizer: str = "adamw"
+    clip_norm: float = 1.0
+    seed: int = 12345
+    # Only for TFRecord globs (a manifest states them).
+    max_seq_length: int | None = None
+    max_predictions_per_seq: int | None = None
+    vocab_size: int | None = None
+    eval_data: str | None = None  # eval TFRecord glob for --data globs
+    shuffle_buffer: int = 10000
+    checkpoint_every: int = 1000
+    keep_checkpoints: int = 3
+    eval_every: int = 0  # 0: only at the end
+    eval_batches: int = 20
+    log_every: int = 50
+    strategy: str = "auto"
+    precision: str = "float32"
+    jit: bool = False
+    init_from: str | None = None  # phase 2: weights from a run or a checkpoint of ours
+    init_checkpoint: str | None = None  # original TF1 checkpoint / Hugging Face dir (trainer.interop.loading)
+    tpu: str | None = None  # TPU address for --strategy tpu
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        positive = ("batch_size", "accumulation_steps", "steps", "checkpoint_every", "keep_checkpoints",
+                    "eval_batches", "log_every", "shuffle_buffer")
+        for name in positive:
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+        check_seed(self.seed, "seed")
+        if self.warmup_steps < 0 or self.eval_every < 0:
+            raise ConfigError("warmup_steps and eval_every must be >= 0")
+        if self.batch_size % self.accumulation_steps:
+            raise ConfigError(
+                f"batch_size {self.batch_size} is not a multiple of accumulation_steps {self.accumulation_steps}"
+            )
+        if not (math.isfinite(self.learning_rate) and self.learning_rate > 0):
+            raise ConfigError(f"learning_rate must be positive and finite, got {self.learning_rate}")
+        if not (math.isfinite(self.weight_decay) and self.weight_decay >= 0):
+            raise ConfigError(f"weight_decay must be >= 0 and finite, got {self.weight_decay}")
+        if not (math.isfinite(self.clip_norm) and self.clip_norm > 0):
+            raise ConfigError(f"clip_norm must be positive and finite, got {self.clip_norm}")
+        if self.strategy not in STRATEGIES:
+            raise ConfigError(f"strategy {self.strategy!r} not in {STRATEGIES}")
+        if self.optimizer not in OPTIMIZERS:
+            raise ConfigError(f"optimizer {self.optimizer!r} not in {OPTIMIZERS}")
+        if self.precision not in PRECISIONS:
+            raise ConfigError(f"precision {self.precision!r} not in {PRECISIONS}")
+        if self.model not in MODEL_SIZES and self.bert_config is None:
+            raise ConfigError(f"unknown model size {self.model!r}; choose one of {', '.join(MODEL_SIZES)}")
+        if self.init_from and self.init_checkpoint:
+            raise ConfigError("--init-from and --init-checkpoint are exclusive")
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def field_defaults(cls) -> dict[str, Any]:
+        """Each option that has a plain default, with it."""
+        return {f.name: f.default for f in dataclasses.fields(cls) if f.default is not dataclasses.MISSING}
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n"
+
+    # Options that may change between invocations of the same run without changing what it
+    # computes (how often it reports, which devices run it). `steps` is not one: it sets the
+    # learning-rate decay. `extra` is a field that runs of earlier versions recorded.
+    RESUMABLE_CHANGES: ClassVar[frozenset[str]] = frozenset({"out", "checkpoint_every", "keep_checkpoints", "eval_every",
+                                   "eval_batches", "log_every", "strategy", "jit", "tpu", "extra"})

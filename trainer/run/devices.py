@@ -1,0 +1,40 @@
+"""Where a run computes: the tf.distribute strategy, and op determinism for bitwise-repeatable runs."""
+
+from __future__ import annotations
+
+import keras
+import tensorflow as tf
+
+from trainer.run.errors import ConfigError
+
+
+def enable_determinism(seed: int) -> None:
+    keras.utils.set_random_seed(seed)
+    tf.config.experimental.enable_op_determinism()
+
+
+def make_strategy(name: str, tpu: str | None = None) -> tf.distribute.Strategy:
+    """`auto`: all GPUs mirrored if more than one, else one device (GPU if any, else CPU)."""
+    gpus = tf.config.list_logical_devices("GPU")
+    cpus = tf.config.list_logical_devices("CPU")
+    if name == "auto":
+        name = "mirrored" if len(gpus) > 1 else "one-device"
+    if name == "one-device":
+        return tf.distribute.OneDeviceStrategy(gpus[0].name if gpus else cpus[0].name)
+    if name == "mirrored":
+        if gpus:
+            return tf.distribute.MirroredStrategy([d.name for d in gpus])
+        # Without GPUs, mirror over the logical CPU devices (tests split the CPU in two). TF's
+        # default there, collective ops, keys its collectives per process, so a second mirrored
+        # run of another model shape in the same process failed with "Shape mismatch in the
+        # collective instance"; reducing on one device has no such state.
+        return tf.distribute.MirroredStrategy([d.name for d in cpus],
+                                              cross_device_ops=tf.distribute.ReductionToOneDevice())
+    if name == "tpu":
+        resolver = tf.distribute.cluster_resolver.TPUClusterResolver(tpu=tpu or "")
+        tf.config.experimental_connect_to_cluster(resolver)
+        tf.tpu.experimental.initialize_tpu_system(resolver)
+        return tf.distribute.TPUStrategy(resolver)
+    if name == "multi-worker":
+        return tf.distribute.MultiWorkerMirroredStrategy()
+    raise ConfigError(f"unknown strategy {name!r}")

@@ -1,0 +1,170 @@
+"""One optimizer step as a tf.function, distributed over replicas; the pre-training eval step.
+
+One optimizer step = one global batch of `batch_size` sequences, split over replicas and then over
+`accumulation_steps` micro-batches. Every part's loss is normalised by a total of the WHOLE batch
+(pre-training: its MLM weight sum and example count; fine-tuning: its examples, or labelled
+positions for tagging), so the summed gradient equals the gradient of the original loss on the
+whole batch: distribution and accumulation change the arithmetic order, not what is computed.
+Dropout masks are a pure function of (seed, step, micro-step, replica).
+
+Pre-training and fine-tuning differ only in their `Objective` (what is minimised); the step around
+it (accumulation, all-reduce, loss-scale unscaling, skipped non-finite steps, clipping, the update)
+is the one `make_train_step` builds, so both keep the same numerics by construction.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+import tensorflow as tf
+
+from trainer.model.bert import BertPretrainer
+from trainer.pretrain.objective import MLM_DENOMINATOR_EPSILON, batch_sums
+from trainer.run.config import TrainConfig
+from trainer.run.optimizer import AdamWeightDecay, DynamicLossScale, clip_by_global_norm
+
+SUM = tf.distribute.ReduceOp.SUM
+PRETRAINING_DROPOUT_SALT = 0x5EED
+
+Batch = dict[str, tf.Tensor]
+
+
+class StepSettings(Protocol):
+    """The settings a step reads; TrainConfig and FinetuneConfig both have them."""
+
+    seed: int
+    accumulation_steps: int
+    clip_norm: float
+    jit: bool
+
+
+@dataclass(frozen=True)
+class Objective:
+    """What a training step minimises; everything else about the step is shared.
+
+    `whole_batch_total(replica_batch)` runs once per replica and step, in a replica context, and
+    returns the normaliser of the whole global batch (use `replica_sum`); `micro_loss(part, total,
+    dropout_seed)` returns one micro-batch's share of the whole batch's loss and its additive
+    figures (summed over micro-batches and replicas into the step's result).
+    """
+
+    whole_batch_total: Callable[[Batch], tf.Tensor]
+    micro_loss: Callable[[Batch, tf.Tensor, tf.Tensor], tuple[tf.Tensor, dict[str, tf.Tensor]]]
+    dropout_salt: int  # keeps the dropout streams of different kinds of runs apart
+    # ZERO where a trained variable may take no part in the loss (pre-training without NSP data).
+    unconnected: tf.UnconnectedGradients = tf.UnconnectedGradients.NONE
+
+
+@dataclass
+class StepFunctions:
+    train_step: Callable  # (global batch, lr, step) -> summed figures
+    eval_step: Callable  # batch -> summed figures
+
+
+def replica_sum(value: tf.Tensor) -> tf.Tensor:
+    """`value` summed over all replicas (call it in a replica context)."""
+    return tf.distribute.get_replica_context().all_reduce(SUM, value)
+
+
+def make_train_step(objective: Objective, optimizer: AdamWeightDecay, strategy: tf.distribute.Strategy,
+                    settings: StepSettings, loss_scale: DynamicLossScale | None) -> Callable:
+    """A tf.function (global batch, lr, step) -> the objective's figures summed over the batch, plus
+    `grad_norm` (before clipping) and `finite` (1.0 when the update was applied)."""
+    variables = optimizer.variables
+    accum = settings.accumulation_steps
+    replicas = strategy.num_replicas_in_sync
+    base_seed = tf.constant([settings.seed & 0x7FFFFFFF, objective.dropout_salt], dtype=tf.int64)
+
+    def micro_grads(part, total, seed, scale):
+        with tf.GradientTape() as tape:
+            loss, sums = objective.micro_loss(part, total, seed)
+            scaled = loss * scale if scale is not None else loss
+        grads = tape.gradient(scaled, [v.value for v in variables], unconnected_gradients=objective.unconnected)
+        # Embedding lookups give IndexedSlices; dense sums keep accumulation and all-reduce simple.
+        return [tf.convert_to_tensor(g) for g in grads], sums
+
+    micro_grads_fn = tf.function(micro_grads, jit_compile=True) if settings.jit else micro_grads
+
+    def accumulated_grads(batch, total, seed, scale):
+        micro = tf.shape(batch["input_ids"])[0] // accum
+        grads, totals = None, None
+        for k in range(accum):  # unrolled: accumulation counts are small
+            part = {name: value[k * micro:(k + 1) * micro] for name, value in batch.items()}
+            part_seed = tf.random.experimental.stateless_fold_in(seed, k, alg="philox")
+            g, sums = micro_grads_fn(part, total, part_seed, scale)
+            grads = g if grads is None else [a + b for a, b in zip(grads, g, strict=True)]
+            totals = sums if totals is None else {n: totals[n] + sums[n] for n in totals}
+        return grads, totals
+
+    def replica_step(batch, lr, step):
+        ctx = tf.distribute.get_replica_context()
+        total = objective.whole_batch_total(batch)
+        scale = loss_scale.scale if loss_scale is not None else None
+        seed = tf.random.experimental.stateless_fold_in(base_seed, step, alg="philox")
+        seed = tf.random.experimental.stateless_fold_in(seed, ctx.replica_id_in_sync_group, alg="philox")
+        grads, totals = accumulated_grads(batch, total, seed, scale)
+        if replicas > 1:
+            grads = ctx.all_reduce(SUM, grads)
+        finite, norm = _unscale_clip_apply(grads, scale, lr, optimizer, loss_scale, settings.clip_norm)
+        totals["grad_norm"] = norm / replicas  # summed over replicas below
+        totals["finite"] = tf.cast(finite, tf.float32) / replicas
+        return totals
+
+    def train_step(batch, lr, step):
+        return _summed_over_replicas(strategy, replica_step, batch, lr, step)
+
+    return tf.function(train_step)
+
+
+def _unscale_clip_apply(grads: list[tf.Tensor], scale: tf.Tensor | None, lr: tf.Tensor, optimizer: AdamWeightDecay,
+                        loss_scale: DynamicLossScale | None, clip_norm: float) -> tuple[tf.Tensor, tf.Tensor]:
+    """Apply the all-reduced gradients; returns (all finite, global norm before clipping).
+
+    With a loss scale a non-finite gradient skips the update (and halves the scale) instead of
+    poisoning the weights; without one the loop stops on the non-finite loss."""
+    if scale is not None:
+        grads = [g / scale for g in grads]
+    finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(g)) for g in grads])
+    clipped, norm = clip_by_global_norm(grads, clip_norm)
+    optimizer.apply(clipped, lr, ok=finite if loss_scale is not None else None)
+    if loss_scale is not None:
+        loss_scale.update(finite)
+    return finite, norm
+
+
+def _summed_over_replicas(strategy: tf.distribute.Strategy, fn: Callable, *args) -> dict[str, tf.Tensor]:
+    per_replica = strategy.run(fn, args=args)
+    return {k: strategy.reduce(SUM, v, axis=None) for k, v in per_replica.items()}
+
+
+def pretraining_objective(model: BertPretrainer, batch_size: int) -> Objective:
+    """The original MLM + NSP loss: MLM cross-entropy over the batch's MLM weight sum, NSP over its
+    example count."""
+    global_examples = float(batch_size)
+
+    def whole_batch_total(batch):
+        return replica_sum(tf.reduce_sum(batch["masked_lm_weights"]))
+
+    def micro_loss(part, weight_total, seed):
+        out = model(part, training=True, dropout_seed=seed)
+        sums = batch_sums(out, part)
+        # This part's share of the whole batch's loss (see module docstring).
+        return sums["mlm_ce"] / (weight_total + MLM_DENOMINATOR_EPSILON) + sums["nsp_ce"] / global_examples, sums
+
+    # Without NSP data the pooler and NSP head take no part in the loss: zero gradients.
+    return Objective(whole_batch_total, micro_loss, PRETRAINING_DROPOUT_SALT, tf.UnconnectedGradients.ZERO)
+
+
+def make_step_functions(model: BertPretrainer, optimizer: AdamWeightDecay, strategy: tf.distribute.Strategy,
+                        cfg: TrainConfig, loss_scale: DynamicLossScale | None) -> StepFunctions:
+    train_step = make_train_step(pretraining_objective(model, cfg.batch_size), optimizer, strategy, cfg, loss_scale)
+
+    def replica_eval(batch):
+        return batch_sums(model(batch, training=False), batch)
+
+    def eval_step(batch):
+        return _summed_over_replicas(strategy, replica_eval, batch)
+
+    return StepFunctions(train_step=train_step, eval_step=tf.function(eval_step))
