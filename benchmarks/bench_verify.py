@@ -1,7 +1,7 @@
 """`bert-datagen verify` throughput against plain sha256 of the same files, measured in one run.
 
 The dataset is synthetic (valid BERT records with the recipe's layout and masking, written through
-datagen.records and contract.manifest), so the benchmark needs no corpus and no pipeline run.
+bert_datagen.datagen.records and bert_datagen.contract.manifest), so the benchmark needs no corpus and no pipeline run.
 ``make_dataset`` is also the fixture writer of the tools tests.
 """
 
@@ -15,13 +15,13 @@ import time
 
 import numpy as np
 
-from contract.manifest import VOCAB_NAME, build_manifest, write_manifest
-from datagen import rng
-from datagen.config import DatagenConfig
-from datagen.records import InstanceBatch, encode_batch, feature_spec
-from datagen.tfrecord import frame_records
-from pipelines.beam import fsio
-from pipelines.pretraining.card import write_card
+from bert_datagen.contract.manifest import VOCAB_NAME, build_manifest, write_manifest
+from bert_datagen.datagen import rng
+from bert_datagen.datagen.config import DatagenConfig
+from bert_datagen.datagen.records import InstanceBatch, encode_batch, feature_spec
+from bert_datagen.datagen.tfrecord import frame_records
+from bert_datagen.pipelines.beam import fsio
+from bert_datagen.pipelines.pretraining.card import write_card
 
 SPECIALS = ["[PAD]"] + [f"[unused{i}]" for i in range(5)] + ["[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 PAD, UNK, CLS, SEP, MASK = 0, 6, 7, 8, 9
@@ -41,7 +41,7 @@ def fixture_instances(seed: int, first: int, n: int, max_seq_length: int, max_pr
                       vocab_size: int) -> tuple[InstanceBatch, np.ndarray]:
     """Records first..first+n-1 of a synthetic dataset, and their original (unmasked) input_ids.
 
-    Every draw comes from datagen.rng keyed by (seed, record number), so any record can be rebuilt.
+    Every draw comes from bert_datagen.datagen.rng keyed by (seed, record number), so any record can be rebuilt.
     """
     s, p = max_seq_length, max_predictions
     keys = np.array([rng.derive_key(seed, "tools-fixture", first + i) for i in range(n)], np.uint64)
@@ -153,7 +153,7 @@ def _peak_rss_mb(args: list[str]) -> float:
     import subprocess
 
     # VmHWM, not ru_maxrss: Linux carries ru_maxrss over from the forking parent across exec.
-    code = ("import sys\nfrom pipelines.cli import main\ntry:\n    main(sys.argv[1:])\nfinally:\n"
+    code = ("import sys\nfrom bert_datagen.pipelines.cli import main\ntry:\n    main(sys.argv[1:])\nfinally:\n"
             "    hwm = [ln for ln in open('/proc/self/status') if ln.startswith('VmHWM')][0]\n"
             "    print('PEAK_RSS_KB', hwm.split()[1])\n")
     out = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True).stdout
@@ -161,9 +161,9 @@ def _peak_rss_mb(args: list[str]) -> float:
 
 
 def main(records: int = 60_000, shards: int = 4) -> dict:
-    from contract.dataset import open_dataset
-    from pipelines.beam.fsio import BEAM_FS
-    from pipelines.tools.verify import verify
+    from bert_datagen.contract.dataset import open_dataset
+    from bert_datagen.pipelines.beam.fsio import BEAM_FS
+    from bert_datagen.pipelines.tools.verify import verify
 
     with tempfile.TemporaryDirectory(prefix="bench-verify-") as tmp:
         t0 = time.perf_counter()

@@ -6,7 +6,7 @@ In one run: MB/s of our BertTokenizer next to plain `tokenizers` (BertWordPieceT
 threads. `tokenizers` reads RAYON_NUM_THREADS once, when its thread pool starts, so each thread
 count runs in its own subprocess. Repetitions are interleaved and the best of each is kept.
 Also: vocabulary training time and bytes-identical output with 1 and 2 threads, and parity: ours
-against the independent reference (tests/test_vocab_reference.py) on every corpus under
+against the independent reference (tests/vocab/test_vocab_reference.py) on every corpus under
 ../shared/corpora, cased and uncased; and how many tokens stock `tokenizers` gets wrong on part of enwiki.
 """
 
@@ -54,9 +54,9 @@ def worker(vocab_path: str, do_lower_case: bool) -> dict[str, float]:
     """Runs in a subprocess whose RAYON_NUM_THREADS is already set."""
     from tokenizers import BertWordPieceTokenizer, Tokenizer, models, normalizers, pre_tokenizers
 
-    from contract.fs import LOCAL_FS
-    from contract.vocab_io import load_vocab
-    from vocab.tokenizer import BertTokenizer
+    from bert_datagen.contract.fs import LOCAL_FS
+    from bert_datagen.contract.vocab_io import load_vocab
+    from bert_datagen.vocab.tokenizer import BertTokenizer
 
     texts = paragraphs(corpus_files()[:SPEED_FILES])
     mb = sum(len(t.encode("utf-8")) for t in texts) / 1e6
@@ -102,9 +102,9 @@ _TRAIN = """
 import hashlib, json, sys, time
 sys.path.insert(0, {repo!r})
 from benchmarks.bench_vocab import corpus_files, paragraphs
-from contract.fs import LOCAL_FS
-from contract.vocab_io import write_vocab
-from vocab.train import train_vocab
+from bert_datagen.contract.fs import LOCAL_FS
+from bert_datagen.contract.vocab_io import write_vocab
+from bert_datagen.vocab.train import train_vocab
 texts = paragraphs(corpus_files())
 start = time.perf_counter()
 tokens = train_vocab(texts, {size}, do_lower_case=True)
@@ -125,12 +125,12 @@ def _train_in_subprocess(path: str, threads: int) -> dict[str, object]:
 def parity_figures(vocab_path: str) -> dict[str, int]:
     """Tokens where stock `tokenizers` differs from us, and where we differ from the reference."""
     sys.path.insert(0, str(REPO / "tests"))
-    from test_vocab_reference import ReferenceTokenizer
     from tokenizers import BertWordPieceTokenizer
 
-    from contract.fs import LOCAL_FS
-    from contract.vocab_io import load_vocab
-    from vocab.tokenizer import BertTokenizer
+    from bert_datagen.contract.fs import LOCAL_FS
+    from bert_datagen.contract.vocab_io import load_vocab
+    from bert_datagen.vocab.tokenizer import BertTokenizer
+    from tests.support.vocab_reference import ReferenceTokenizer
 
     vocab = load_vocab(vocab_path, LOCAL_FS)
     figures: dict[str, int] = {}
@@ -151,13 +151,12 @@ def parity_figures(vocab_path: str) -> dict[str, int]:
 
 def parity_full_corpora() -> dict[str, int]:
     """Every byte of every corpus under ../shared/corpora, cased and uncased, against the reference
-    (each with a vocabulary built from its own text, as in tests/test_vocab_parity.py)."""
+    (each with a vocabulary built from its own text, as in tests/vocab/test_vocab_parity.py)."""
     sys.path.insert(0, str(REPO / "tests"))
-    from test_vocab_parity import CORPUS_FILES, corpus_texts
-    from test_vocab_reference import ReferenceTokenizer, build_vocab
-
-    from vocab.tokenizer import BertTokenizer
-    from vocab.vocab_file import Vocab
+    from bert_datagen.vocab.tokenizer import BertTokenizer
+    from bert_datagen.vocab.vocab_file import Vocab
+    from tests.support.vocab_corpora import CORPUS_FILES, corpus_texts
+    from tests.support.vocab_reference import ReferenceTokenizer, build_vocab
 
     figures: dict[str, int] = {}
     for do_lower_case, mode in ((True, "uncased"), (False, "cased")):

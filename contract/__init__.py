@@ -1,2 +1,2 @@
-"""The Beam-free data contract: manifest schema, feature specs, dataset discovery; and in `contract.cli`
+"""The Beam-free data contract: manifest schema, feature specs, dataset discovery; and in `bert_datagen.contract.cli`
 the CLI plumbing and the output lock both command lines share."""

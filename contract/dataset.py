@@ -11,9 +11,9 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from contract.features import TASK
-from contract.fs import FileSystem
-from contract.manifest import (
+from bert_datagen.contract.features import TASK
+from bert_datagen.contract.fs import FileSystem
+from bert_datagen.contract.manifest import (
     MANIFEST_NAME,
     ManifestError,
     load_manifest,
@@ -21,9 +21,9 @@ from contract.manifest import (
     shape_from_manifest,
     split_names,
 )
-from contract.vocab_io import load_vocab
-from datagen.record_rules import RecordShape
-from vocab.vocab_file import Vocab, VocabError
+from bert_datagen.contract.vocab_io import load_vocab
+from bert_datagen.datagen.record_rules import RecordShape
+from bert_datagen.vocab.vocab_file import Vocab, VocabError
 
 
 class DatasetError(ValueError):
@@ -57,7 +57,7 @@ class Dataset:
 
 
 def read_vocab(path: str, fs: FileSystem) -> Vocab:
-    """The vocab through vocab.vocab_file (same parsing and validation as the generator uses)."""
+    """The vocab through bert_datagen.vocab.vocab_file (same parsing and validation as the generator uses)."""
     if not fs.exists(path):
         raise DatasetError(f"{path}: vocab file not found")
     try:
@@ -109,7 +109,7 @@ def open_dataset(
             )
         manifest = load_manifest(target, fs)
         task = manifest_kind(manifest, fs.join(target, MANIFEST_NAME)) == TASK
-        # A task dataset has no masked-LM features: its record rules are datagen.tasks.rules'.
+        # A task dataset has no masked-LM features: its record rules are bert_datagen.datagen.tasks.rules'.
         seq, preds = (int(manifest["features"]["input_ids"][1]), 0) if task else shape_from_manifest(manifest)
         shards = [ShardRef(split, s["path"], fs.join(target, *s["path"].split("/")), s)
                   for split in split_names(manifest) for s in manifest["splits"][split]["shards"]]

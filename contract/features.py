@@ -1,12 +1,12 @@
 """Feature specs of the dataset kinds: what a manifest's "features" must list, per kind.
 
-The pre-training record layout itself is built where records are encoded (`datagen.records`); this
+The pre-training record layout itself is built where records are encoded (`bert_datagen.datagen.records`); this
 module only says which features each kind of dataset must declare.
 """
 
 from __future__ import annotations
 
-from datagen.records import MASKINGS, OBJECTIVES, feature_spec
+from bert_datagen.datagen.records import MASKINGS, OBJECTIVES, feature_spec
 
 PRETRAINING = "pretraining"
 TASK = "task"

@@ -1,7 +1,7 @@
 """The filesystem seam of the data contract: the few operations the contract needs, and a local one.
 
 Library code in contract/ never picks a filesystem itself: callers pass one. The data side passes
-`pipelines.beam.fsio.BEAM_FS` (every path Beam understands, gs:// included), the trainer a tf.io.gfile one,
+`bert_datagen.pipelines.beam.fsio.BEAM_FS` (every path Beam understands, gs:// included), the trainer a tf.io.gfile one,
 tests and local tools `LOCAL_FS`.
 """
 

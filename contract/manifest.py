@@ -10,15 +10,15 @@ import json
 import platform
 from typing import Any
 
-from contract.features import (
+from bert_datagen.contract.features import (
     DEFAULT_KIND,
     REQUIRED_FEATURES,
     REQUIRED_FEATURES_BY_KIND,
     REQUIRED_TOP_BY_KIND,
     required_features,
 )
-from contract.fs import FileSystem
-from datagen import __version__
+from bert_datagen.contract.fs import FileSystem
+from bert_datagen.datagen import __version__
 
 SCHEMA = "bert-datagen/manifest"
 SCHEMA_VERSION = 1

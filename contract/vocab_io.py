@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from contract.fs import FileSystem
-from vocab.vocab_file import Vocab, VocabError, parse_vocab
+from bert_datagen.contract.fs import FileSystem
+from bert_datagen.vocab.vocab_file import Vocab, VocabError, parse_vocab
 
 
 def load_vocab(path: str, fs: FileSystem) -> Vocab:

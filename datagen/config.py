@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 INPUT_FORMATS = ("text", "sentences", "jsonl", "wikiextractor")
-# `text` files: how documents are found (datagen.readers); auto detects Gutenberg books and WikiText.
+# `text` files: how documents are found (bert_datagen.datagen.readers); auto detects Gutenberg books and WikiText.
 TEXT_LAYOUTS = ("auto", "plain", "book", "wikitext")
 _SEED_RANGE = (-(2**63), 2**63 - 1)
 MAX_SHARDS = 100_000  # shard names have five digits
@@ -38,7 +38,7 @@ class DatagenConfig:
     do_lower_case: bool = True
     mask_ratios: tuple[float, float, float] = (0.8, 0.1, 0.1)  # [MASK], keep, random
     input_format: str = "text"
-    text_layout: str = "auto"  # input_format text: auto-detected, or plain, book, wikitext (datagen.readers)
+    text_layout: str = "auto"  # input_format text: auto-detected, or plain, book, wikitext (bert_datagen.datagen.readers)
     text_field: str = "text"
     sentence_splitter: str = "nupunkt"
     strict_utf8: bool = False

@@ -14,10 +14,10 @@ from typing import Protocol
 
 import numpy as np
 
-from datagen.config import DatagenConfig
-from datagen.readers import RawDocument
-from datagen.rng import hash64
-from datagen.sentences import get_splitter
+from bert_datagen.datagen.config import DatagenConfig
+from bert_datagen.datagen.readers import RawDocument
+from bert_datagen.datagen.rng import hash64
+from bert_datagen.datagen.sentences import get_splitter
 
 
 class BatchTokenizer(Protocol):

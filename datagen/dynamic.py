@@ -3,12 +3,12 @@ pure function of (seed, record identity, epoch).
 
 Data generated with dynamic masking is written once and unmasked, each record with its
 ``instance_key`` (the 64-bit identity key of the instance). The trainer masks every record it
-reads with ``mask_records``: exactly the static rule of ``datagen.masking`` (candidates,
+reads with ``mask_records``: exactly the static rule of ``bert_datagen.datagen.masking`` (candidates,
 ``num_to_predict``, token / word / span groups, ``mask_ratios``), drawn from the mask key
 
     mix64(mix64(derive_key(seed, "dynamic-mask-v1") ^ instance_key) + (epoch + 1) * GOLDEN)
 
-i.e. draw ``epoch + 1`` of the record's own counter-based stream (``datagen.rng``). Neither the
+i.e. draw ``epoch + 1`` of the record's own counter-based stream (``bert_datagen.datagen.rng``). Neither the
 order records arrive in, nor the batch, replica or accumulation step they land in, can change a
 record's mask: replay a step and it sees the same masks; resume mid-epoch and the rest of the
 epoch is masked as it would have been.
@@ -20,9 +20,9 @@ from typing import Any
 
 import numpy as np
 
-from datagen.config import DatagenConfig
-from datagen.masking import MaskedBatch, mask_batch
-from datagen.rng import GOLDEN, MASK64, derive_key, mix64_array
+from bert_datagen.datagen.config import DatagenConfig
+from bert_datagen.datagen.masking import MaskedBatch, mask_batch
+from bert_datagen.datagen.rng import GOLDEN, MASK64, derive_key, mix64_array
 
 
 def dynamic_mask_keys(seed: int, instance_keys: np.ndarray, epochs: np.ndarray | int) -> np.ndarray:

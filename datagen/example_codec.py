@@ -16,17 +16,17 @@ from typing import Protocol
 
 import numpy as np
 
-from datagen.tfrecord import RawBatch, RecordError
+from bert_datagen.datagen.tfrecord import RawBatch, RecordError
 
 
 class RecordSpec(Protocol):
-    """What the batch decoder needs of a record shape (datagen.record_rules.RecordShape has it)."""
+    """What the batch decoder needs of a record shape (bert_datagen.datagen.record_rules.RecordShape has it)."""
 
     def spec(self) -> dict[str, tuple[str, int]]: ...
 
 
-# name -> (dtype, length): datagen.records.feature_spec for pre-training records,
-# datagen.tasks.features.task_feature_spec (a manifest split's "features") for task records.
+# name -> (dtype, length): bert_datagen.datagen.records.feature_spec for pre-training records,
+# bert_datagen.datagen.tasks.features.task_feature_spec (a manifest split's "features") for task records.
 FeatureSpec = dict[str, tuple[str, int]]
 
 

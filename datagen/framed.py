@@ -1,9 +1,9 @@
 """Framed TFRecords keyed by instance key: how a pool pass becomes record bytes, and a shard its order.
 
-One call chain, downward: ``encode_pool_pass`` plans a pool's pass (``datagen.instances``), lays out
+One call chain, downward: ``encode_pool_pass`` plans a pool's pass (``bert_datagen.datagen.instances``), lays out
 and masks its instances a block at a time in key order and encodes and frames them
-(``datagen.records``). The result, an ``EncodedRecords`` (one blob plus per-record keys and
-lengths), is cut by shard (``datagen.placement.shard_of_keys``: each shard is a contiguous run of
+(``bert_datagen.datagen.records``). The result, an ``EncodedRecords`` (one blob plus per-record keys and
+lengths), is cut by shard (``bert_datagen.datagen.placement.shard_of_keys``: each shard is a contiguous run of
 it) and, once every pass has been built, ``sorted_shard`` merges a shard's pieces by key.
 """
 
@@ -15,13 +15,13 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from datagen.config import DatagenConfig
-from datagen.documents import TokenizedDocument
-from datagen.instances import PoolPlan, masked_rows, plan_pool_pass
-from datagen.records import encode_framed
+from bert_datagen.datagen.config import DatagenConfig
+from bert_datagen.datagen.documents import TokenizedDocument
+from bert_datagen.datagen.instances import PoolPlan, masked_rows, plan_pool_pass
+from bert_datagen.datagen.records import encode_framed
 
 if TYPE_CHECKING:
-    from vocab.vocab_file import Vocab
+    from bert_datagen.vocab.vocab_file import Vocab
 
 
 @dataclass

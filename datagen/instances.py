@@ -2,7 +2,7 @@
 
 ``plan_pool_pass(pool, pass_index, config)`` plans every instance of a pass (where A and B
 lie, labels, keys) and ``masked_rows(plan, rows, config, vocab)`` lays out and masks any rows of
-it; the pipeline calls both through ``datagen.framed.encode_pool_pass``, a block at a time in key
+it; the pipeline calls both through ``bert_datagen.datagen.framed.encode_pool_pass``, a block at a time in key
 order. ``build_pool_instances`` is the whole pass as one batch (tests compare against it). They
 follow the original exactly, document by document:
 
@@ -17,13 +17,13 @@ follow the original exactly, document by document:
 * truncation of the longer side (B when equal), one token at a time from the
   front or the back with probability 0.5; ``[CLS] A [SEP] B [SEP]``.
 
-The pool is sorted by ``doc_id`` with duplicates dropped (``datagen.documents.unique_documents``:
+The pool is sorted by ``doc_id`` with duplicates dropped (``bert_datagen.datagen.documents.unique_documents``:
 once per pool in the pipeline, by ``build_pool_instances`` here), so the result
 does not depend on the order documents arrive in.  Only the chunk walk is a Python loop (its steps
 depend on each other); partners, truncation, layout and masking are NumPy
 over the whole pool.
 
-Randomness (``datagen.rng``): for each purpose a key ``derive_key(seed,
+Randomness (``bert_datagen.datagen.rng``): for each purpose a key ``derive_key(seed,
 "instances-v1", purpose)``; a document's stream for that purpose in pass ``t``
 has the key ``mix64(mix64(purpose_key ^ doc_id) + (t + 1) * GOLDEN)``, i.e. the
 ``t + 1``-th draw of the document's own stream; instance ``k`` of the
@@ -42,15 +42,15 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from datagen.config import DatagenConfig
-from datagen.documents import TokenizedDocument, unique_documents
-from datagen.masking import mask_batch
-from datagen.packing import PackedPlan, plan_packed_pass
-from datagen.records import InstanceBatch
-from datagen.rng import GOLDEN, MASK64, derive_key, mix64_array, u64_for_keys
+from bert_datagen.datagen.config import DatagenConfig
+from bert_datagen.datagen.documents import TokenizedDocument, unique_documents
+from bert_datagen.datagen.masking import mask_batch
+from bert_datagen.datagen.packing import PackedPlan, plan_packed_pass
+from bert_datagen.datagen.records import InstanceBatch
+from bert_datagen.datagen.rng import GOLDEN, MASK64, derive_key, mix64_array, u64_for_keys
 
 if TYPE_CHECKING:
-    from vocab.vocab_file import Vocab
+    from bert_datagen.vocab.vocab_file import Vocab
 
 _U53 = 1.0 / (1 << 53)
 _TOP_BIT = np.uint64(63)
@@ -344,7 +344,7 @@ def plan_pool_pass(pool: Sequence[TokenizedDocument], pass_index: int,
 
     ``pool`` is sorted by ``doc_id`` with one document per identity (``unique_documents``): the
     pipeline dedupes each pool once, when it is built, not once per pass. Sentence pairs for
-    ``objective="nsp"``; packed sentences (``datagen.packing``) otherwise.
+    ``objective="nsp"``; packed sentences (``bert_datagen.datagen.packing``) otherwise.
     """
     if not pool:
         return None
@@ -387,7 +387,7 @@ def build_pool_instances(pool: Sequence[TokenizedDocument], pass_index: int, con
     """Masked instances of every document of ``pool`` for one pass; NotNext partners come from ``pool``.
 
     The whole pass as one batch, in plan order (the pipeline encodes it in key order, a block at a
-    time: ``datagen.framed.encode_pool_pass``); any order of ``pool`` and any duplicates give the same.
+    time: ``bert_datagen.datagen.framed.encode_pool_pass``); any order of ``pool`` and any duplicates give the same.
     """
     docs, duplicates = unique_documents(pool)
     plan = plan_pool_pass(docs, pass_index, config)

@@ -16,12 +16,12 @@ Per instance, as in the original:
 Randomness: instance ``r`` has a key ``keys[r]``; position ``p`` draws its
 group-order key at counter ``p + 1``, its mask/keep/random choice at
 ``S + p + 1`` and its random token at ``2S + p + 1`` (``S = max_seq_length``),
-all through ``datagen.rng.u64_for_keys``.  The random order of groups is the
+all through ``bert_datagen.datagen.rng.u64_for_keys``.  The random order of groups is the
 order of the keys drawn at their first positions (``argsort``, stable).
 
 ``masking_unit`` picks the groups: ``token`` (one position each), ``word``
 (whole words, the original's ``--whole-word-mask``) or ``span`` (runs of whole
-words, ``datagen.spans``; there the mask/keep/random choice is made once per
+words, ``bert_datagen.datagen.spans``; there the mask/keep/random choice is made once per
 span, from the draw of its first position).
 """
 
@@ -32,9 +32,9 @@ from typing import Any
 
 import numpy as np
 
-from datagen.config import DatagenConfig
-from datagen.rng import u64_for_keys
-from datagen.spans import choose_spans
+from bert_datagen.datagen.config import DatagenConfig
+from bert_datagen.datagen.rng import u64_for_keys
+from bert_datagen.datagen.spans import choose_spans
 
 _U53 = np.float64(1.0 / (1 << 53))
 _NEVER = np.uint64(np.iinfo(np.uint64).max)  # order key of a non-candidate

@@ -28,9 +28,9 @@ from typing import Any
 
 import numpy as np
 
-from datagen.config import DatagenConfig
-from datagen.documents import TokenizedDocument
-from datagen.rng import u64_for_keys
+from bert_datagen.datagen.config import DatagenConfig
+from bert_datagen.datagen.documents import TokenizedDocument
+from bert_datagen.datagen.rng import u64_for_keys
 
 # Marks the extra separator between two documents in a full-sentences stream ([SEP] at layout).
 DOC_SEPARATOR = -1
@@ -128,7 +128,7 @@ def plan_packed_pass(docs: Sequence[TokenizedDocument], pass_index: int, config:
                      doc_pass_keys: Any) -> PackedPlan | None:
     """The packed instances of one pool (sorted, distinct documents) in one pass.
 
-    ``doc_pass_keys`` is ``datagen.instances.doc_pass_keys`` (passed in: that module imports this).
+    ``doc_pass_keys`` is ``bert_datagen.datagen.instances.doc_pass_keys`` (passed in: that module imports this).
     """
     docs = [d for d in docs if d.num_sentences]
     if not docs:

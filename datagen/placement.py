@@ -14,7 +14,7 @@ is why the bytes are the same whoever runs the pipeline, wherever, with however 
 - ``identity_census`` and ``fingerprint``: distinct documents and tokens per split, and a sha256
   over the sorted distinct identities (the manifest's input fingerprint).
 
-The random draws themselves come from ``datagen.rng``; the instance keys from ``datagen.instances``.
+The random draws themselves come from ``bert_datagen.datagen.rng``; the instance keys from ``bert_datagen.datagen.instances``.
 """
 
 from __future__ import annotations
@@ -25,8 +25,8 @@ from typing import Any
 
 import numpy as np
 
-from datagen import rng
-from datagen.config import DatagenConfig
+from bert_datagen.datagen import rng
+from bert_datagen.datagen.config import DatagenConfig
 
 SPLITS = ("train", "eval")
 _U64 = 1 << 64

@@ -27,8 +27,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import BinaryIO
 
-from datagen.config import DatagenConfig
-from datagen.readers import (
+from bert_datagen.datagen.config import DatagenConfig
+from bert_datagen.datagen.readers import (
     _DOC_OPEN,
     InputError,
     RawDocument,

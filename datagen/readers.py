@@ -56,7 +56,7 @@ import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
-from datagen.config import DatagenConfig
+from bert_datagen.datagen.config import DatagenConfig
 
 
 class InputError(ValueError):

@@ -11,8 +11,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from datagen.example_codec import Batch
-from datagen.records import feature_spec
+from bert_datagen.datagen.example_codec import Batch
+from bert_datagen.datagen.records import feature_spec
 
 MAX_PROBLEMS_PER_SHARD = 20
 
@@ -36,7 +36,7 @@ class RecordShape:
     masking: str = "static"  # dynamic: unmasked records with an instance_key, in key order
 
     def spec(self) -> dict[str, tuple[str, int]]:
-        """The features these records carry (``datagen.records.feature_spec``)."""
+        """The features these records carry (``bert_datagen.datagen.records.feature_spec``)."""
         return feature_spec(self.max_seq_length, self.max_predictions, self.objective, self.masking)
 
 

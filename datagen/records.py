@@ -3,7 +3,7 @@
 Each instance is a ``tf.train.Example`` (RECIPE.md section 4) serialized the
 way protobuf's *deterministic* serialization does it: map entries sorted by
 key, repeated numeric fields packed.  Records are framed as TFRecords by
-`datagen.tfrecord`; `datagen.example_codec` decodes them.
+`bert_datagen.datagen.tfrecord`; `bert_datagen.datagen.example_codec` decodes them.
 
 Encoding is vectorized over a batch of instances: the varints of every
 integer feature of the batch are computed with NumPy in one go.
@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import google_crc32c
 import numpy as np
 
-from datagen.tfrecord import length_crcs, mask_crcs
+from bert_datagen.datagen.tfrecord import length_crcs, mask_crcs
 
 INT_FEATURES = (
     "input_ids",

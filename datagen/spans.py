@@ -14,7 +14,7 @@ Spans are runs of whole words (the word groups of whole-word masking). Per insta
 The 80/10/10 choice (``mask_ratios``) is made once per span, from the draw of the span's first
 position; random tokens are still drawn per position.
 
-Randomness: on top of the counters of ``datagen.masking`` (order ``p + 1``, choice ``S + p + 1``,
+Randomness: on top of the counters of ``bert_datagen.datagen.masking`` (order ``p + 1``, choice ``S + p + 1``,
 random token ``2S + p + 1``), the span length of the word starting at position ``p`` is draw
 ``3S + p + 1`` of the instance's mask key.
 """
@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from datagen.rng import u64_for_keys
+from bert_datagen.datagen.rng import u64_for_keys
 
 SPAN_P = 0.2
 MAX_SPAN_WORDS = 10

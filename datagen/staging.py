@@ -1,7 +1,7 @@
 """The staging file format: a pool's documents, or a task's records for one shard, as one blob.
 
 Bulk data goes through files under ``DIR/.staging-<run>/`` and only paths and counts go through the
-runner's shuffle (``pipelines.pretraining.transforms``); this module is the bytes of those files. They live
+runner's shuffle (``bert_datagen.pipelines.pretraining.transforms``); this module is the bytes of those files. They live
 only for one run, so the format is whatever is fastest to write and to map back: named NumPy
 arrays behind a small JSON header, read back as views of the file's bytes (no copy, no pickle).
 """
@@ -13,8 +13,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from datagen.documents import TokenizedDocument
-from datagen.framed import EncodedRecords
+from bert_datagen.datagen.documents import TokenizedDocument
+from bert_datagen.datagen.framed import EncodedRecords
 
 _STAGING_MAGIC = b"BDSTAGE1"
 

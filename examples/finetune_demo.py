@@ -21,8 +21,8 @@ LABELS = ("topic", "docstring")
 
 
 def paragraphs_by_source(seed: int, per_class: int) -> dict[str, list[str]]:
-    from datagen.embedded import stdlib_documents, topic_documents
-    from datagen.rng import derive_key
+    from bert_datagen.datagen.embedded import stdlib_documents, topic_documents
+    from bert_datagen.datagen.rng import derive_key
 
     sources = {"topic": topic_documents(), "docstring": stdlib_documents()}
     out = {}
@@ -34,7 +34,7 @@ def paragraphs_by_source(seed: int, per_class: int) -> dict[str, list[str]]:
 
 
 def write_tsvs(out: str, seed: int, per_class: int, dev_fraction: float = 0.2) -> tuple[str, str]:
-    from datagen.rng import derive_key
+    from bert_datagen.datagen.rng import derive_key
 
     train, dev = os.path.join(out, "train.tsv"), os.path.join(out, "dev.tsv")
     if os.path.exists(train) and os.path.exists(dev):
@@ -87,8 +87,8 @@ def main(argv: list[str] | None = None) -> int:
                        "--overwrite"])
     stage(f"task dataset (bert-datagen task): {data}")
 
-    from trainer.finetune.cli import predict_run
-    from trainer.finetune.run import FinetuneConfig, finetune
+    from bert_datagen.trainer.finetune.cli import predict_run
+    from bert_datagen.trainer.finetune.run import FinetuneConfig, finetune
 
     run = os.path.join(out, "run")
     stage(f"fine-tuning {pretrain_run} -> {run}")
@@ -111,6 +111,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from trainer.quiet import run_quietly
+    from bert_datagen.trainer.quiet import run_quietly
 
     sys.exit(run_quietly(main))

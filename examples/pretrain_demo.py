@@ -19,13 +19,13 @@ def _bert_datagen(args: list[str]) -> None:
     # A subprocess, not an import: the trainer never imports the data side (pipelines/, Beam).
     import subprocess
 
-    code = subprocess.call([sys.executable, "-m", "pipelines.cli", *args])
+    code = subprocess.call([sys.executable, "-m", "bert_datagen.pipelines.cli", *args])
     if code:
         raise RuntimeError(f"bert-datagen {' '.join(args[:1])} failed (exit {code})")
 
 
 def build_corpus(out: str) -> list[str]:
-    from datagen.embedded import write_embedded_corpus
+    from bert_datagen.datagen.embedded import write_embedded_corpus
 
     corpus = os.path.join(out, "corpus")
     marker = os.path.join(corpus, ".complete")  # an interrupted write leaves no marker
@@ -62,7 +62,7 @@ def baselines(data: str) -> dict[str, float]:
 
     import numpy as np
 
-    from trainer.pretrain.data import eval_dataset, open_pretraining_data
+    from bert_datagen.trainer.pretrain.data import eval_dataset, open_pretraining_data
 
     info = open_pretraining_data(data)
     counts: collections.Counter[int] = collections.Counter()
@@ -109,9 +109,9 @@ def main(argv: list[str] | None = None) -> int:
     data512 = build_dataset(out, corpus, vocab, 512, 80, dupe=1)
     stage(f"dataset (512 tokens): {data512}")
 
-    from trainer.pretrain.evaluate import evaluate_run
-    from trainer.pretrain.train import pretrain
-    from trainer.run.config import TrainConfig
+    from bert_datagen.trainer.pretrain.evaluate import evaluate_run
+    from bert_datagen.trainer.pretrain.train import pretrain
+    from bert_datagen.trainer.run.config import TrainConfig
 
     phase1 = os.path.join(out, "phase1")
     stage(f"phase 1: tiny model, 128 tokens, {args.phase1_steps} steps of {args.batch_size} -> {phase1}")
@@ -148,6 +148,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from trainer.quiet import run_quietly
+    from bert_datagen.trainer.quiet import run_quietly
 
     sys.exit(run_quietly(main))

@@ -4,22 +4,22 @@ from __future__ import annotations
 
 import click
 
-from contract.cli.plumbing import DEBUG_HELP, CommandGroup
-from datagen import __version__
+from bert_datagen.contract.cli.plumbing import DEBUG_HELP, CommandGroup
+from bert_datagen.datagen import __version__
 
 COMMANDS = {
-    "vocab": "pipelines.vocab_cli:vocab_command",
-    "run": "pipelines.pretraining.cli:run_command",
-    "task": "pipelines.tasks.cli:task_command",
-    "verify": "pipelines.tools.cli:verify_command",
-    "inspect": "pipelines.tools.cli:inspect_command",
-    "stats": "pipelines.tools.cli:stats_command",
-    "diff": "pipelines.tools.cli:diff_command",
+    "vocab": "bert_datagen.pipelines.vocab_cli:vocab_command",
+    "run": "bert_datagen.pipelines.pretraining.cli:run_command",
+    "task": "bert_datagen.pipelines.tasks.cli:task_command",
+    "verify": "bert_datagen.pipelines.tools.cli:verify_command",
+    "inspect": "bert_datagen.pipelines.tools.cli:inspect_command",
+    "stats": "bert_datagen.pipelines.tools.cli:stats_command",
+    "diff": "bert_datagen.pipelines.tools.cli:diff_command",
 }
 
 
 class DatagenGroup(CommandGroup):
-    # Every data command cleans up after SIGTERM as after Ctrl-C (one mechanism, `contract.cli.plumbing`).
+    # Every data command cleans up after SIGTERM as after Ctrl-C (one mechanism, `bert_datagen.contract.cli.plumbing`).
     sigterm_interrupts = True
 
 

@@ -7,16 +7,16 @@ from collections.abc import Iterator
 
 import click
 
-from contract.vocab_io import write_vocab
-from datagen.config import INPUT_FORMATS
-from pipelines.beam import fsio
-from vocab.train import LAYOUTS, train_vocab
-from vocab.vocab_file import VocabError
+from bert_datagen.contract.vocab_io import write_vocab
+from bert_datagen.datagen.config import INPUT_FORMATS
+from bert_datagen.pipelines.beam import fsio
+from bert_datagen.vocab.train import LAYOUTS, train_vocab
+from bert_datagen.vocab.vocab_file import VocabError
 
 
 def iter_corpus_texts(patterns: list[str], config, stats: dict[str, int]) -> Iterator[str]:
     """Paragraphs (or given sentences) of every document, read exactly as `bert-datagen run` reads them."""
-    from datagen.readers import read_documents
+    from bert_datagen.datagen.readers import read_documents
 
     for info in fsio.match_files(patterns):
         data = fsio.read_bytes(info.path)
@@ -51,10 +51,10 @@ def iter_corpus_texts(patterns: list[str], config, stats: dict[str, int]) -> Ite
 def vocab_command(inputs, output, vocab_size, do_lower_case, input_format, text_field, num_unused, layout,
                   min_frequency, limit_alphabet, strict) -> None:
     """Train a WordPiece vocabulary in Google's vocab.txt layout."""
-    from datagen.config import ConfigError, DatagenConfig
-    from datagen.readers import InputError
-    from pipelines.beam.fsio import InputNotFoundError, match_files
-    from pipelines.beam.outputs import OutputError, check_file_output, lock_output
+    from bert_datagen.datagen.config import ConfigError, DatagenConfig
+    from bert_datagen.datagen.readers import InputError
+    from bert_datagen.pipelines.beam.fsio import InputNotFoundError, match_files
+    from bert_datagen.pipelines.beam.outputs import OutputError, check_file_output, lock_output
 
     try:
         config = DatagenConfig(input_format=input_format, text_field=text_field,

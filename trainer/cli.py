@@ -6,19 +6,19 @@ import os
 
 import click
 
-from contract.cli.plumbing import DEBUG_HELP, CommandGroup
-from trainer.quiet import quiet_tensorflow_logs
+from bert_datagen.contract.cli.plumbing import DEBUG_HELP, CommandGroup
+from bert_datagen.trainer.quiet import quiet_tensorflow_logs
 
 # Before any command imports TensorFlow (trainer/quiet.py says why); None where the user set
 # TF_CPP_MIN_LOG_LEVEL.
 STDERR_NOISE = quiet_tensorflow_logs(os.environ)
 
 COMMANDS = {
-    "pretrain": "trainer.pretrain.cli:pretrain_command",
-    "eval": "trainer.pretrain.cli:eval_command",
-    "export": "trainer.interop.cli:export_command",
-    "finetune": "trainer.finetune.cli:finetune_command",
-    "predict": "trainer.finetune.cli:predict_command",
+    "pretrain": "bert_datagen.trainer.pretrain.cli:pretrain_command",
+    "eval": "bert_datagen.trainer.pretrain.cli:eval_command",
+    "export": "bert_datagen.trainer.interop.cli:export_command",
+    "finetune": "bert_datagen.trainer.finetune.cli:finetune_command",
+    "predict": "bert_datagen.trainer.finetune.cli:predict_command",
 }
 
 

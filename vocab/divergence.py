@@ -26,7 +26,7 @@ import numpy as np
 import tokenizers
 from tokenizers import normalizers, pre_tokenizers
 
-from vocab.basic import SURROGATES, basic_tokenize
+from bert_datagen.vocab.basic import SURROGATES, basic_tokenize
 
 TABLE_PATH = Path(__file__).with_name("divergent_chars.json")
 log = logging.getLogger(__name__)
@@ -110,7 +110,7 @@ def compute_table() -> dict[str, object]:
 
 
 def write_table(path: Path = TABLE_PATH) -> None:
-    """Regenerate the shipped table (`python -m vocab.divergence`)."""
+    """Regenerate the shipped table (`python -m bert_datagen.vocab.divergence`)."""
     table = compute_table()
     path.write_text(json.dumps(table, separators=(",", ":")) + "\n")
 
@@ -125,7 +125,7 @@ def _table() -> dict[str, object]:
     else:
         shipped = None
     log.warning("%s is for %s, this process has %s: rescanning every code point (about 30 s, once per "
-                "process); run `python -m vocab.divergence` to refresh it", TABLE_PATH.name, shipped, versions())
+                "process); run `python -m bert_datagen.vocab.divergence` to refresh it", TABLE_PATH.name, shipped, versions())
     return compute_table()
 
 

@@ -24,8 +24,8 @@ from collections.abc import Iterator, Sequence
 import numpy as np
 from tokenizers import Tokenizer, models, pre_tokenizers
 
-from vocab import basic, divergence
-from vocab.vocab_file import Vocab
+from bert_datagen.vocab import basic, divergence
+from bert_datagen.vocab.vocab_file import Vocab
 
 MAX_INPUT_CHARS_PER_WORD = 200
 UNK_TOKEN = "[UNK]"

@@ -31,7 +31,7 @@ from collections.abc import Iterable, Iterator
 
 from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 
-from vocab.vocab_file import SPECIAL_TOKENS, Vocab, VocabError
+from bert_datagen.vocab.vocab_file import SPECIAL_TOKENS, Vocab, VocabError
 
 LAYOUTS = ("auto", "google", "compact")
 GOOGLE_UNUSED_BEFORE_UNK = 99
@@ -83,7 +83,7 @@ def count_words(texts: Iterable[str], do_lower_case: bool) -> Counter[str]:
     word never spans whitespace, so the words are those of each text, and this is faster than one
     Rust call per text.
     """
-    from vocab.basic import basic_tokenize, tables
+    from bert_datagen.vocab.basic import basic_tokenize, tables
 
     surrogate = tables().surrogate
     counts: Counter[str] = Counter()

@@ -195,6 +195,6 @@ def parse_vocab_bytes(data: bytes, path: str) -> tuple[str, ...]:
 
 def parse_vocab(data: bytes, source: str) -> Vocab:
     """The validated Vocab of a vocab.txt's bytes; ``source`` (the path) names it in errors and the
-    manifest. Reading the file is the caller's (contract.vocab_io.load_vocab)."""
+    manifest. Reading the file is the caller's (bert_datagen.contract.vocab_io.load_vocab)."""
     tokens = parse_vocab_bytes(data, source)
     return Vocab(tokens, source, hashlib.sha256(data).hexdigest())

@@ -12,10 +12,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from datagen import rng
-from datagen.tasks import conll, delimited, glue, squad_read
-from datagen.tasks.classify import classification_records
-from datagen.tasks.config import (
+from bert_datagen.datagen import rng
+from bert_datagen.datagen.tasks import conll, delimited, glue, squad_read
+from bert_datagen.datagen.tasks.classify import classification_records
+from bert_datagen.datagen.tasks.config import (
     CLASSIFICATION,
     REGRESSION,
     SPAN,
@@ -24,10 +24,10 @@ from datagen.tasks.config import (
     TaskInputError,
     split_may_be_unlabelled,
 )
-from datagen.tasks.delimited import ColumnSpec, parse_column
-from datagen.tasks.features import TaskRecords, combine
-from datagen.tasks.squad import squad_records
-from datagen.tasks.tagging import tagging_records
+from bert_datagen.datagen.tasks.delimited import ColumnSpec, parse_column
+from bert_datagen.datagen.tasks.features import TaskRecords, combine
+from bert_datagen.datagen.tasks.squad import squad_records
+from bert_datagen.datagen.tasks.tagging import tagging_records
 
 
 @dataclass

@@ -12,8 +12,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from datagen.tasks.config import REGRESSION
-from datagen.tasks.features import TaskRecords, place, ragged, sequence_mask
+from bert_datagen.datagen.tasks.config import REGRESSION
+from bert_datagen.datagen.tasks.features import TaskRecords, place, ragged, sequence_mask
 
 
 def truncate_pair_lengths(len_a: np.ndarray, len_b: np.ndarray, max_total: int) -> tuple[np.ndarray, np.ndarray]:

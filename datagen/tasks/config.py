@@ -7,8 +7,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from datagen.config import ConfigError
-from datagen.readers import InputError
+from bert_datagen.datagen.config import ConfigError
+from bert_datagen.datagen.readers import InputError
 
 GLUE_TASKS = ("cola", "sst2", "mrpc", "stsb", "qqp", "mnli", "qnli", "rte", "wnli")
 GENERIC_KINDS = ("tsv", "csv", "jsonl")

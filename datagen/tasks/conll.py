@@ -17,8 +17,8 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from datagen.tasks.config import TaskInputError
-from datagen.tasks.delimited import decode_file
+from bert_datagen.datagen.tasks.config import TaskInputError
+from bert_datagen.datagen.tasks.delimited import decode_file
 
 DOCSTART = "-DOCSTART-"
 _TAG = {"iob1": re.compile(r"^(O|[BI]-\S+)$"), "iob2": re.compile(r"^(O|[BI]-\S+)$"),

@@ -13,8 +13,8 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from datagen.readers import jsonl_objects
-from datagen.tasks.config import TaskInputError
+from bert_datagen.datagen.readers import jsonl_objects
+from bert_datagen.datagen.tasks.config import TaskInputError
 
 Column = int | str
 

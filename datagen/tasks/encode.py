@@ -1,16 +1,16 @@
-"""Task records -> serialized `tf.train.Example`s, with the slot encoder of `datagen.records`.
+"""Task records -> serialized `tf.train.Example`s, with the slot encoder of `bert_datagen.datagen.records`.
 
 Any set of fixed-length columns: float32 columns become float lists, every other column an int64
 list; map entries in key order, values packed, as protobuf's deterministic serialization writes
-them (the same bytes as `datagen.records` writes for pre-training features).
+them (the same bytes as `bert_datagen.datagen.records` writes for pre-training features).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from datagen import records as _slots
-from datagen.tfrecord import frame_records
+from bert_datagen.datagen import records as _slots
+from bert_datagen.datagen.tfrecord import frame_records
 
 
 def _key_bytes(name: str) -> bytes:

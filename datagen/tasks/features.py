@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from datagen.tasks.config import CLASSIFICATION, REGRESSION, SPAN, TAGGING
+from bert_datagen.datagen.tasks.config import CLASSIFICATION, REGRESSION, SPAN, TAGGING
 
 SEQUENCE_FEATURES = ("input_ids", "input_mask", "segment_ids")
 FIRST_UNIQUE_ID = 1000000000

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from datagen.tasks.config import split_is_training, split_may_be_unlabelled
-from datagen.tasks.delimited import ColumnSpec
+from bert_datagen.datagen.tasks.config import split_is_training, split_may_be_unlabelled
+from bert_datagen.datagen.tasks.delimited import ColumnSpec
 
 BINARY = ("0", "1")
 NLI3 = ("contradiction", "entailment", "neutral")

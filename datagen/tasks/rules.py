@@ -13,8 +13,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from datagen.tasks.config import CLASSIFICATION, REGRESSION, SPAN, TAGGING
-from datagen.tasks.features import FIRST_UNIQUE_ID
+from bert_datagen.datagen.tasks.config import CLASSIFICATION, REGRESSION, SPAN, TAGGING
+from bert_datagen.datagen.tasks.features import FIRST_UNIQUE_ID
 
 
 @dataclass(frozen=True)

@@ -17,8 +17,8 @@ from json.encoder import encode_basestring  # the C encoder: json.dumps(s, ensur
 
 import numpy as np
 
-from datagen.tasks.features import TaskRecords, place, ragged, sequence_mask
-from datagen.tasks.squad_read import SquadExample
+from bert_datagen.datagen.tasks.features import TaskRecords, place, ragged, sequence_mask
+from bert_datagen.datagen.tasks.squad_read import SquadExample
 
 MAX_CONTEXT_WEIGHT = 0.01
 

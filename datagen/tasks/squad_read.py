@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from datagen.tasks.config import TaskInputError
+from bert_datagen.datagen.tasks.config import TaskInputError
 
 _WORD = re.compile("[^ \t\r\n\u202f]+")
 _SPACE_CODES = np.array([0x20, 0x09, 0x0D, 0x0A, 0x202F], dtype=np.uint32)

@@ -15,9 +15,9 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from datagen.tasks.conll import Sentence
-from datagen.tasks.features import TaskRecords, ragged, sequence_mask
-from datagen.tasks.squad import word_pieces
+from bert_datagen.datagen.tasks.conll import Sentence
+from bert_datagen.datagen.tasks.features import TaskRecords, ragged, sequence_mask
+from bert_datagen.datagen.tasks.squad import word_pieces
 
 
 def word_windows(piece_counts: Sequence[int], capacity: int) -> list[tuple[int, int]]:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
-from contract.fs import LOCAL_FS, TMP_MARKER, decompress_by_name, temp_path_for
+from bert_datagen.contract.fs import LOCAL_FS, TMP_MARKER, decompress_by_name, temp_path_for
 
 __all__ = ["BEAM_FS", "TMP_MARKER", "BeamFS", "FileInfo", "InputNotFoundError", "delete", "ensure_dir", "exists",
            "join", "listdir", "match_files", "open_read", "read_bytes", "temp_path_for", "write_atomic"]
@@ -103,7 +103,7 @@ def listdir(directory: str) -> list[str]:
 
 
 class BeamFS:
-    """The contract's filesystem seam (contract.fs.FileSystem) through Beam's FileSystems."""
+    """The contract's filesystem seam (bert_datagen.contract.fs.FileSystem) through Beam's FileSystems."""
 
     def read_bytes(self, path: str) -> bytes:
         return read_bytes(path)

@@ -16,8 +16,8 @@ from typing import TypeVar
 
 import click
 
-from contract.cli.plumbing import closest_option
-from pipelines.beam.runners import RUNNERS
+from bert_datagen.contract.cli.plumbing import closest_option
+from bert_datagen.pipelines.beam.runners import RUNNERS
 
 F = TypeVar("F", bound=Callable[..., object])
 
@@ -134,10 +134,10 @@ def summary_lines(rows: list[tuple[str, str]]) -> str:
 @contextlib.contextmanager
 def driver_errors() -> Iterator[None]:
     """A driver's refusal (bad input, runner, config or output) as the command's `Error:` line, exit 1."""
-    from datagen.config import ConfigError
-    from pipelines.beam.outputs import OutputError
-    from pipelines.beam.runners import RunnerError
-    from pipelines.pretraining.run import DatagenError
+    from bert_datagen.datagen.config import ConfigError
+    from bert_datagen.pipelines.beam.outputs import OutputError
+    from bert_datagen.pipelines.beam.runners import RunnerError
+    from bert_datagen.pipelines.pretraining.run import DatagenError
 
     try:
         yield

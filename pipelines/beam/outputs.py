@@ -21,7 +21,7 @@ unless its commit point was reached, in which case it only finishes the clean-up
 program or person put in DIR are never moved or deleted; a file the new dataset would replace and
 no manifest lists is an error before any work. What happens on object stores: docs/pipeline.md.
 
-Every output is written under its exclusive lock (`lock_output`, `contract.cli.lock`): a second command
+Every output is written under its exclusive lock (`lock_output`, `bert_datagen.contract.cli.lock`): a second command
 on the same path is refused before it changes anything (its recovery would otherwise delete the
 first one's staging directory).
 """
@@ -36,10 +36,10 @@ import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from contract.cli.lock import INSIDE_LOCK_NAME, LOCK_PREFIX, OutputLock, OutputLockError
-from contract.cli.lock import lock_output as _lock_output
-from contract.manifest import CARD_NAME, MANIFEST_NAME
-from pipelines.beam import fsio
+from bert_datagen.contract.cli.lock import INSIDE_LOCK_NAME, LOCK_PREFIX, OutputLock, OutputLockError
+from bert_datagen.contract.cli.lock import lock_output as _lock_output
+from bert_datagen.contract.manifest import CARD_NAME, MANIFEST_NAME
+from bert_datagen.pipelines.beam import fsio
 
 MARK = ".bert-datagen-"
 STAGING_PREFIX = MARK + "staging-"
@@ -119,7 +119,7 @@ def _exists(path: str) -> bool:
 
 
 def lock_output(path: str, option: str = "--output") -> OutputLock:
-    """The exclusive lock of an output file or dataset directory (`contract.cli.lock`; none on object
+    """The exclusive lock of an output file or dataset directory (`bert_datagen.contract.cli.lock`; none on object
     stores), held by the caller until it is done with the output; OutputError when another command
     holds it. A dataset directory is never replaced whole, so its lock may live inside it."""
     try:
@@ -214,7 +214,7 @@ def prepare_dataset_output(directory: str, overwrite: bool, inputs: Iterable[str
     ``split_dirs`` and ``side_names``: the split directories and side-file names the new dataset
     writes besides shards (task datasets: any split names, examples.jsonl, windows.jsonl)."""
     split_dirs, inputs = tuple(split_dirs), list(inputs)
-    from contract.manifest import ManifestError, load_manifest
+    from bert_datagen.contract.manifest import ManifestError, load_manifest
 
     if _exists(directory) and not _is_dir(directory) and _local(directory):
         raise OutputError(f"--output {directory}: exists and is not a directory")
@@ -284,7 +284,7 @@ def _check_not_foreign(directory: str, inputs: Iterable[str]) -> None:
 
 
 def _new_files(out: DatasetOutput) -> list[str]:
-    from contract.manifest import load_manifest
+    from bert_datagen.contract.manifest import load_manifest
 
     files = manifest_files(load_manifest(out.staging, fsio.BEAM_FS)) + [CARD_NAME]
     return [f for f in files if _exists(fsio.join(out.staging, f))]

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from datagen.config import DatagenConfig
+from bert_datagen.datagen.config import DatagenConfig
 
 # Below this many records, eval metrics move by whole points from one record to the next.
 MIN_EVAL_RECORDS = 300

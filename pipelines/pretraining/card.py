@@ -8,8 +8,14 @@ from __future__ import annotations
 
 import json
 
-from contract.manifest import CARD_NAME, MANIFEST_NAME, shape_from_manifest, split_names, validate_manifest
-from pipelines.beam import fsio
+from bert_datagen.contract.manifest import (
+    CARD_NAME,
+    MANIFEST_NAME,
+    shape_from_manifest,
+    split_names,
+    validate_manifest,
+)
+from bert_datagen.pipelines.beam import fsio
 
 
 def _fmt_value(value) -> str:
@@ -96,7 +102,7 @@ def render_card(dataset_dir: str, manifest: dict) -> str:
     """The card's Markdown text."""
     validate_manifest(manifest, f"{dataset_dir}/{MANIFEST_NAME}")
     if manifest.get("kind") == "task":
-        from pipelines.tasks.card import render_task_card
+        from bert_datagen.pipelines.tasks.card import render_task_card
 
         return render_task_card(dataset_dir, manifest, _provenance(manifest), _config(manifest),
                                 split_names(manifest))

@@ -6,8 +6,8 @@ import sys
 
 import click
 
-from contract.cli.plumbing import FiniteFloat
-from datagen.config import (
+from bert_datagen.contract.cli.plumbing import FiniteFloat
+from bert_datagen.datagen.config import (
     INPUT_FORMATS,
     MASKING_UNITS,
     MASKINGS,
@@ -16,7 +16,7 @@ from datagen.config import (
     ConfigError,
     DatagenConfig,
 )
-from pipelines.beam.options import (
+from bert_datagen.pipelines.beam.options import (
     PASS_THROUGH_SETTINGS,
     beam_args_of,
     dataset_options,
@@ -172,13 +172,13 @@ def run_command(ctx: click.Context, inputs: tuple[str, ...], vocab_path: str, ou
         )
     except ConfigError as e:
         raise click.UsageError(str(e)) from e
-    from datagen.sentences import available_splitters
+    from bert_datagen.datagen.sentences import available_splitters
 
     if sentence_splitter not in available_splitters():
         raise click.UsageError(f"--sentence-splitter {sentence_splitter!r} is not one of "
                                f"{', '.join(available_splitters())}")
 
-    from pipelines.pretraining.run import generate_dataset
+    from bert_datagen.pipelines.pretraining.run import generate_dataset
 
     with driver_errors():
         result = generate_dataset(

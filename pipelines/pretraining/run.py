@@ -1,7 +1,7 @@
 """The data-generation pipeline: raw documents -> byte-reproducible sharded TFRecords.
 
 This module is the driver (``generate_dataset``) and the graph (``build_pipeline``); the DoFns are in
-``pipelines.pretraining.transforms``, the placement rules they apply in ``datagen.placement``.
+``bert_datagen.pipelines.pretraining.transforms``, the placement rules they apply in ``bert_datagen.datagen.placement``.
 
 Stages (every element is coarse: a batch of documents, a pool, a pool's pass, a shard):
 
@@ -18,7 +18,7 @@ Stages (every element is coarse: a batch of documents, a pool, a pool's pass, a 
    of the record bytes from the census's document and token counts (known before any instance exists).
 5. ``StagePools`` + ``FanOutPasses`` + ``Reshuffle``: each pool is written once to a staging file
    and one small task per (pool, pass) names it, so even a one-pool corpus keeps several workers
-   busy; ``BuildInstances`` turns the pass into records in key order (``datagen.framed.encode_pool_pass``:
+   busy; ``BuildInstances`` turns the pass into records in key order (``bert_datagen.datagen.framed.encode_pool_pass``:
    plan, lay out, mask, encode, frame, a block at a time) and cuts them by shard =
    ``(key * num_shards) >> 64`` (contiguous ranges of the 64-bit key space) into staging
    fragments: only paths and counts go through the runner's shuffle.
@@ -28,7 +28,7 @@ Stages (every element is coarse: a batch of documents, a pool, a pool's pass, a 
    driver reads to write ``vocab.txt``, the dataset card and, last, ``manifest.json``.
 
 All of it is written inside the run's staging directory in the output directory; the driver swaps
-the complete dataset in at the end (``pipelines.beam.outputs``: nothing the run did not create is ever
+the complete dataset in at the end (``bert_datagen.pipelines.beam.outputs``: nothing the run did not create is ever
 replaced, and a failed or killed run leaves the old dataset as it was).
 
 Every result is a function of the set of documents and the config: groups are sorted before use and
@@ -51,11 +51,11 @@ from typing import TYPE_CHECKING, Any
 import apache_beam as beam
 from apache_beam.pvalue import AsSingleton
 
-from datagen.config import DatagenConfig
-from datagen.placement import identity_census, shard_counts_of, splits_of
-from pipelines.beam import fsio, outputs
-from pipelines.beam.split_checks import empty_split_error, run_warnings
-from pipelines.pretraining.transforms import (
+from bert_datagen.datagen.config import DatagenConfig
+from bert_datagen.datagen.placement import identity_census, shard_counts_of, splits_of
+from bert_datagen.pipelines.beam import fsio, outputs
+from bert_datagen.pipelines.beam.split_checks import empty_split_error, run_warnings
+from bert_datagen.pipelines.pretraining.transforms import (
     BUSY_PREFIX,
     TOTAL_KEYS,
     AssignPools,
@@ -73,8 +73,8 @@ from pipelines.pretraining.transforms import (
 )
 
 if TYPE_CHECKING:
-    from pipelines.beam.runners import RunnerSetup
-    from vocab.vocab_file import Vocab
+    from bert_datagen.pipelines.beam.runners import RunnerSetup
+    from bert_datagen.vocab.vocab_file import Vocab
 
 
 class DatagenError(RuntimeError):
@@ -88,9 +88,9 @@ def read_tasks(files: list[tuple[str, int]], input_format: str,
                chunk_mb: float = DEFAULT_READ_CHUNK_MB) -> list[tuple[str, int, int, int | None]]:
     """``(path, size, start, end)`` per read task: one per file (``end`` None: read it whole), or
     one per byte range of ``chunk_mb`` of a bigger uncompressed file in a format whose documents
-    a range can find on its own (``datagen.ranges``), so one big file is read by many workers and
+    a range can find on its own (``bert_datagen.datagen.ranges``), so one big file is read by many workers and
     none holds more than a range of it."""
-    from datagen.ranges import byte_ranges, splittable
+    from bert_datagen.datagen.ranges import byte_ranges, splittable
 
     chunk = max(1, int(chunk_mb * 2**20))
     tasks: list[tuple[str, int, int, int | None]] = []
@@ -193,7 +193,7 @@ class RunResult:
     manifest: dict[str, Any]
     wall_seconds: float
     cpu_seconds: dict[str, float] = field(default_factory=dict)  # per kind of task, summed over workers
-    warnings: list[str] = field(default_factory=list)  # for the run summary (pipelines.beam.split_checks)
+    warnings: list[str] = field(default_factory=list)  # for the run summary (bert_datagen.pipelines.beam.split_checks)
 
 
 def generate_dataset(
@@ -236,9 +236,9 @@ def _generate_into(out: outputs.DatasetOutput, config: DatagenConfig, files: lis
                    dask_scheduler: str | None, dask_workers: int, show_progress: bool, read_chunk_mb: float,
                    start: float) -> RunResult:
     """Run the pipeline and write the complete dataset into ``out.staging``, manifest last."""
-    from contract.manifest import build_manifest
-    from datagen.records import feature_spec
-    from pipelines.beam.runners import runner_setup
+    from bert_datagen.contract.manifest import build_manifest
+    from bert_datagen.datagen.records import feature_spec
+    from bert_datagen.pipelines.beam.runners import runner_setup
 
     staging = out.staging
     summary_path = fsio.join(staging, "work", "summary.json")
@@ -283,7 +283,7 @@ def _generate_into(out: outputs.DatasetOutput, config: DatagenConfig, files: lis
 
 
 # ---------------------------------------------------------------- driver steps of `run` and `task`
-# (pipelines.tasks.run): one implementation each, so both commands read inputs, run Beam and write
+# (bert_datagen.pipelines.tasks.run): one implementation each, so both commands read inputs, run Beam and write
 # their datasets the same way.
 
 
@@ -294,7 +294,7 @@ def local_abspath(path: str) -> str:
 def read_vocab(vocab_path: str) -> tuple[Vocab, str, bytes]:
     """The run's vocab, its absolute path (an input the output must not replace) and its bytes (the
     dataset's vocab.txt); DatagenError naming the file when it cannot be read."""
-    from contract.vocab_io import load_vocab
+    from bert_datagen.contract.vocab_io import load_vocab
 
     try:
         vocab = load_vocab(vocab_path, fsio.BEAM_FS)
@@ -349,7 +349,7 @@ def run_pipeline(setup: RunnerSetup, build: Callable[[beam.Pipeline], None]) -> 
 
 def provenance(setup: RunnerSetup, vocab: Vocab, vocab_bytes: bytes, do_lower_case: bool) -> dict[str, dict]:
     """The manifest's "vocab" and "created_by" fields (keyword arguments of build_manifest)."""
-    from contract.manifest import VOCAB_NAME
+    from bert_datagen.contract.manifest import VOCAB_NAME
 
     return {"vocab": {"path": VOCAB_NAME, "sha256": hashlib.sha256(vocab_bytes).hexdigest(),
                       "size": int(vocab.size), "do_lower_case": do_lower_case},
@@ -358,8 +358,8 @@ def provenance(setup: RunnerSetup, vocab: Vocab, vocab_bytes: bytes, do_lower_ca
 
 def write_dataset_files(out: outputs.DatasetOutput, manifest: dict, vocab_bytes: bytes) -> None:
     """vocab.txt, the dataset card, then manifest.json, into the staging directory (the shards are there)."""
-    from contract.manifest import CARD_NAME, VOCAB_NAME, write_manifest
-    from pipelines.pretraining.card import render_card
+    from bert_datagen.contract.manifest import CARD_NAME, VOCAB_NAME, write_manifest
+    from bert_datagen.pipelines.pretraining.card import render_card
 
     fsio.write_atomic(fsio.join(out.staging, VOCAB_NAME), vocab_bytes)
     fsio.write_atomic(fsio.join(out.staging, CARD_NAME), render_card(out.directory, manifest).encode("utf-8"))

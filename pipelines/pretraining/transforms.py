@@ -1,8 +1,8 @@
-"""The pipeline's transforms: the DoFns and per-element functions that ``pipelines.pretraining.run.build_pipeline``
+"""The pipeline's transforms: the DoFns and per-element functions that ``bert_datagen.pipelines.pretraining.run.build_pipeline``
 wires together (its module docstring walks through the stages).
 
-Every rule that decides where a document or a record goes is in ``datagen.placement``; how a pool
-pass becomes record bytes in ``datagen.framed``; the staging file bytes in ``datagen.staging``.
+Every rule that decides where a document or a record goes is in ``bert_datagen.datagen.placement``; how a pool
+pass becomes record bytes in ``bert_datagen.datagen.framed``; the staging file bytes in ``bert_datagen.datagen.staging``.
 What is here is Beam: reading files in workers, grouping, staging through files, writing shards.
 """
 
@@ -19,17 +19,24 @@ from typing import TYPE_CHECKING, Any
 import apache_beam as beam
 import numpy as np
 
-from datagen.config import DatagenConfig
-from datagen.documents import TokenizedDocument, unique_documents
-from datagen.framed import EncodedRecords, encode_pool_pass, sorted_shard
-from datagen.placement import fingerprint, num_pools_for, pool_of, shard_name, shard_of_keys, split_of
-from datagen.staging import pool_from_bytes, pool_to_bytes, records_from_bytes, records_to_bytes
-from pipelines.beam import fsio
-from pipelines.beam.progress import Progress
+from bert_datagen.datagen.config import DatagenConfig
+from bert_datagen.datagen.documents import TokenizedDocument, unique_documents
+from bert_datagen.datagen.framed import EncodedRecords, encode_pool_pass, sorted_shard
+from bert_datagen.datagen.placement import (
+    fingerprint,
+    num_pools_for,
+    pool_of,
+    shard_name,
+    shard_of_keys,
+    split_of,
+)
+from bert_datagen.datagen.staging import pool_from_bytes, pool_to_bytes, records_from_bytes, records_to_bytes
+from bert_datagen.pipelines.beam import fsio
+from bert_datagen.pipelines.beam.progress import Progress
 
 if TYPE_CHECKING:
-    from datagen.readers import RawDocument
-    from vocab.vocab_file import Vocab
+    from bert_datagen.datagen.readers import RawDocument
+    from bert_datagen.vocab.vocab_file import Vocab
 
 ERROR_TAG = "[bert-datagen error] "
 TOTAL_KEYS = ("documents", "sentences", "tokens", "instances", "notnext_fraction", "masked_tokens",
@@ -90,15 +97,15 @@ class ReadFiles(_ReportingDoFn):
         self.single_thread_tokenizer = single_thread_tokenizer
 
     def setup(self) -> None:
-        from vocab.tokenizer import BertTokenizer
+        from bert_datagen.vocab.tokenizer import BertTokenizer
 
         self._tokenizer = BertTokenizer(self.vocab, self.config.do_lower_case, self.single_thread_tokenizer)
         self._unk_id = self.vocab.unk_id
         super().setup()
 
     def process(self, task: tuple[str, int, int, int | None]) -> Iterator[dict[str, Any]]:
-        from datagen.ranges import read_range_documents
-        from datagen.readers import read_documents
+        from bert_datagen.datagen.ranges import read_range_documents
+        from bert_datagen.datagen.readers import read_documents
 
         path, size, start, end = task
         started = time.process_time()
@@ -108,7 +115,7 @@ class ReadFiles(_ReportingDoFn):
                     data = fsio.read_bytes(path)
                     stats: dict[str, Any] = {"files": 1, "input_bytes": len(data)}
                     raws = read_documents(path, data, self.config, stats)
-                else:  # one byte range of a big file (see datagen.ranges)
+                else:  # one byte range of a big file (see bert_datagen.datagen.ranges)
                     stream = stack.enter_context(fsio.open_read(path))
                     stats = {"files": int(start == 0), "input_bytes": end - start}
                     raws = read_range_documents(path, stream, size, start, end, self.config, stats)
@@ -118,8 +125,8 @@ class ReadFiles(_ReportingDoFn):
 
     def _tokenized(self, path: str, raws: Iterator[RawDocument], stats: dict[str, Any],
                    started: float) -> Iterator[dict[str, Any]]:
-        from datagen.documents import tokenize_documents
-        from datagen.readers import InputError
+        from bert_datagen.datagen.documents import tokenize_documents
+        from bert_datagen.datagen.readers import InputError
 
         batch: list[RawDocument] = []
         n_docs = 0
@@ -199,7 +206,7 @@ def build_pool(element: tuple[tuple[str, int], Iterable[list[TokenizedDocument]]
 # Bulk data (a pool's documents, a task's records for one shard) goes through files under
 # DIR/.staging-<run>/ and only paths and counts go through the runner's shuffle: Beam's local
 # runners hold every shuffled byte in the driver several times over, and a pool read by
-# `dupe_factor` tasks would otherwise be shuffled `dupe_factor` times. Their bytes: datagen.staging.
+# `dupe_factor` tasks would otherwise be shuffled `dupe_factor` times. Their bytes: bert_datagen.datagen.staging.
 
 
 def pool_from_file(path: str) -> list[TokenizedDocument]:

@@ -6,10 +6,18 @@ import sys
 
 import click
 
-from contract.cli.plumbing import FiniteFloat
-from datagen.config import ConfigError
-from datagen.tasks.config import KINDS, SCHEMES, SPAN, SPAN_KINDS, TAGGING, TAGGING_KINDS, TaskConfig
-from pipelines.beam.options import (
+from bert_datagen.contract.cli.plumbing import FiniteFloat
+from bert_datagen.datagen.config import ConfigError
+from bert_datagen.datagen.tasks.config import (
+    KINDS,
+    SCHEMES,
+    SPAN,
+    SPAN_KINDS,
+    TAGGING,
+    TAGGING_KINDS,
+    TaskConfig,
+)
+from bert_datagen.pipelines.beam.options import (
     PASS_THROUGH_SETTINGS,
     beam_args_of,
     dataset_options,
@@ -99,8 +107,8 @@ def task_command(ctx: click.Context, kind: str, splits: tuple[str, ...], vocab_p
                             **({} if train_splits is None else {"train_splits": parse_labels(train_splits)}))
     except ConfigError as e:
         raise click.UsageError(str(e)) from e
-    from pipelines.pretraining.run import DatagenError
-    from pipelines.tasks.graph import parse_split
+    from bert_datagen.pipelines.pretraining.run import DatagenError
+    from bert_datagen.pipelines.tasks.graph import parse_split
 
     names = []
     for option in splits:
@@ -115,7 +123,7 @@ def task_command(ctx: click.Context, kind: str, splits: tuple[str, ...], vocab_p
     if train_splits is not None and unknown:
         raise click.UsageError(f"--train-splits: {unknown[0]!r} is not one of the --split names ({', '.join(names)})")
 
-    from pipelines.tasks.run import generate_task_dataset
+    from bert_datagen.pipelines.tasks.run import generate_task_dataset
 
     with driver_errors():
         result = generate_task_dataset(config, splits=list(splits), vocab_path=vocab_path, output_dir=output_dir,

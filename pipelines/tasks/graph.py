@@ -4,7 +4,7 @@ Stages (coarse elements: a split, a part of a split, a split's records):
 
 1. ``ReadSplit``: one element per ``--split NAME=PATTERN``; reads the split's files (sorted by path
    within a pattern, patterns in the order given) and parses them as the task's examples, checking
-   every line (`datagen.tasks.build.read_split`).
+   every line (`bert_datagen.datagen.tasks.build.read_split`).
 2. ``Labels``: the label list (official, ``--labels``, or the sorted labels of the first split), a
    singleton side input.
 3. ``PlanParts`` + ``Reshuffle``: labels resolved to ids (errors name the file and line); the
@@ -37,14 +37,14 @@ import apache_beam as beam
 import numpy as np
 from apache_beam.pvalue import AsSingleton
 
-from contract.manifest import CARD_NAME, MANIFEST_NAME, VOCAB_NAME
-from datagen.tasks import build
-from datagen.tasks.config import SPAN, TAGGING, TaskConfig, TaskInputError
-from datagen.tasks.encode import encode_framed
-from datagen.tasks.features import TaskRecords, combine_side, unique_ids
-from pipelines.beam import fsio
-from pipelines.pretraining.run import DatagenError
-from pipelines.pretraining.transforms import BUSY_PREFIX, input_error
+from bert_datagen.contract.manifest import CARD_NAME, MANIFEST_NAME, VOCAB_NAME
+from bert_datagen.datagen.tasks import build
+from bert_datagen.datagen.tasks.config import SPAN, TAGGING, TaskConfig, TaskInputError
+from bert_datagen.datagen.tasks.encode import encode_framed
+from bert_datagen.datagen.tasks.features import TaskRecords, combine_side, unique_ids
+from bert_datagen.pipelines.beam import fsio
+from bert_datagen.pipelines.pretraining.run import DatagenError
+from bert_datagen.pipelines.pretraining.transforms import BUSY_PREFIX, input_error
 
 # A split is a directory beside these files (casefolded: case-insensitive filesystems clash too).
 RESERVED_NAMES = frozenset(n.casefold() for n in (MANIFEST_NAME, CARD_NAME, VOCAB_NAME))
@@ -125,7 +125,7 @@ class BuildPart(beam.DoFn):
         self.config, self.vocab, self.single_thread = config, vocab, single_thread
 
     def setup(self) -> None:
-        from vocab.tokenizer import BertTokenizer
+        from bert_datagen.vocab.tokenizer import BertTokenizer
 
         self.tokenizer = BertTokenizer(self.vocab, self.config.do_lower_case, single_thread=self.single_thread)
 

@@ -1,6 +1,6 @@
 """The `bert-datagen task` driver: inputs and output checked, the pipeline run, the manifest written last.
 
-The output safety of `bert-datagen run` (`pipelines.beam.outputs`): the dataset is built in a staging
+The output safety of `bert-datagen run` (`bert_datagen.pipelines.beam.outputs`): the dataset is built in a staging
 directory and swapped in complete; without --overwrite an existing dataset is refused; a failed or
 interrupted run leaves the directory as it was; the run holds the directory's lock throughout.
 """
@@ -14,12 +14,12 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from datagen.tasks import build
-from datagen.tasks.config import TaskConfig
-from datagen.tasks.features import task_feature_spec
-from pipelines.beam import fsio
-from pipelines.beam.split_checks import empty_training_split_error, unk_warning
-from pipelines.pretraining.run import (
+from bert_datagen.datagen.tasks import build
+from bert_datagen.datagen.tasks.config import TaskConfig
+from bert_datagen.datagen.tasks.features import task_feature_spec
+from bert_datagen.pipelines.beam import fsio
+from bert_datagen.pipelines.beam.split_checks import empty_training_split_error, unk_warning
+from bert_datagen.pipelines.pretraining.run import (
     DatagenError,
     local_abspath,
     provenance,
@@ -28,7 +28,7 @@ from pipelines.pretraining.run import (
     staged_dataset,
     write_dataset_files,
 )
-from pipelines.tasks.graph import (
+from bert_datagen.pipelines.tasks.graph import (
     EXAMPLES_NAME,
     SUMMARY_PREFIX,
     WINDOWS_NAME,
@@ -45,7 +45,7 @@ class TaskResult:
     wall_seconds: float
     pipeline_seconds: float
     cpu_seconds: dict[str, float] = field(default_factory=dict)
-    warnings: list[str] = field(default_factory=list)  # for the summary (pipelines.beam.split_checks)
+    warnings: list[str] = field(default_factory=list)  # for the summary (bert_datagen.pipelines.beam.split_checks)
 
 
 def match_splits(split_options: list[str]) -> list[tuple[str, list[str]]]:
@@ -95,7 +95,7 @@ def generate_task_dataset(config: TaskConfig, *, splits: list[str], vocab_path: 
                           dask_scheduler: str | None = None, dask_workers: int = 2,
                           part_examples: int | None = None) -> TaskResult:
     """Build the dataset in a staging directory under `output_dir` (shards and side files, vocab.txt,
-    the card, manifest.json last), then swap it in (`pipelines.beam.outputs`): an existing dataset is
+    the card, manifest.json last), then swap it in (`bert_datagen.pipelines.beam.outputs`): an existing dataset is
     replaced only by a complete one, and only with --overwrite.
 
     `part_examples` (examples per worker task), like the runner options, never changes a byte."""
@@ -113,8 +113,8 @@ def generate_task_dataset(config: TaskConfig, *, splits: list[str], vocab_path: 
 def _generate_into(out, config: TaskConfig, split_files: list[tuple[str, list[str]]], vocab, vocab_bytes: bytes,
                    splits: list[str], runner: str, beam_args: list[str] | None, dask_scheduler: str | None,
                    dask_workers: int, part_examples: int | None, start: float) -> TaskResult:
-    from contract.manifest import build_manifest
-    from pipelines.beam.runners import runner_setup
+    from bert_datagen.contract.manifest import build_manifest
+    from bert_datagen.pipelines.beam.runners import runner_setup
 
     staging = out.staging
     summary_path = fsio.join(staging, "work", f"{SUMMARY_PREFIX}{uuid.uuid4().hex}.json")

@@ -2,7 +2,7 @@
 
 verify: every shard's and side file's sha256, size and record count against the manifest, TFRecord
 framing and CRCs, every record parsed against its split's feature spec and checked with the task
-record rules (`datagen.tasks.rules`), the side files against the records, the counts against the
+record rules (`bert_datagen.datagen.tasks.rules`), the side files against the records, the counts against the
 records. inspect: a record as text with its label, answer span or word tags. stats: lengths,
 truncation share, label balance, windows per example.
 """
@@ -15,16 +15,16 @@ from collections import Counter
 
 import numpy as np
 
-from contract.dataset import Dataset, ShardRef
-from contract.manifest import CARD_NAME, MANIFEST_NAME, VOCAB_NAME
-from datagen.example_codec import decode_batch, decode_exact
-from datagen.tasks.config import CLASSIFICATION, REGRESSION, SPAN, TAGGING
-from datagen.tasks.features import task_feature_spec
-from datagen.tasks.rules import TaskShape, check_records, check_side, sequence_layout
-from pipelines.beam import fsio
-from pipelines.tools.shards import iter_payloads, map_shards, pick_shard
-from pipelines.tools.stats import pyplot, write_png
-from pipelines.tools.verify import ShardTask, VerifyReport, verify_shard
+from bert_datagen.contract.dataset import Dataset, ShardRef
+from bert_datagen.contract.manifest import CARD_NAME, MANIFEST_NAME, VOCAB_NAME
+from bert_datagen.datagen.example_codec import decode_batch, decode_exact
+from bert_datagen.datagen.tasks.config import CLASSIFICATION, REGRESSION, SPAN, TAGGING
+from bert_datagen.datagen.tasks.features import task_feature_spec
+from bert_datagen.datagen.tasks.rules import TaskShape, check_records, check_side, sequence_layout
+from bert_datagen.pipelines.beam import fsio
+from bert_datagen.pipelines.tools.shards import iter_payloads, map_shards, pick_shard
+from bert_datagen.pipelines.tools.stats import pyplot, write_png
+from bert_datagen.pipelines.tools.verify import ShardTask, VerifyReport, verify_shard
 
 
 def split_spec(ds: Dataset, split: str) -> dict[str, tuple[str, int]]:

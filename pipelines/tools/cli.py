@@ -8,13 +8,13 @@ import sys
 
 import click
 
-from contract.dataset import Dataset, DatasetError, open_dataset
-from contract.features import TASK
-from contract.manifest import ManifestError, manifest_kind
-from datagen.record_rules import MAX_PROBLEMS_PER_SHARD
-from datagen.tfrecord import RecordError
-from pipelines.beam import fsio
-from pipelines.tasks.tools import (
+from bert_datagen.contract.dataset import Dataset, DatasetError, open_dataset
+from bert_datagen.contract.features import TASK
+from bert_datagen.contract.manifest import ManifestError, manifest_kind
+from bert_datagen.datagen.record_rules import MAX_PROBLEMS_PER_SHARD
+from bert_datagen.datagen.tfrecord import RecordError
+from bert_datagen.pipelines.beam import fsio
+from bert_datagen.pipelines.tasks.tools import (
     format_task_record,
     format_task_stats,
     inspect_task,
@@ -22,10 +22,10 @@ from pipelines.tasks.tools import (
     task_stats,
     verify_task,
 )
-from pipelines.tools.diff import diff_datasets, format_diff
-from pipelines.tools.inspection import format_record, inspect_records
-from pipelines.tools.stats import compute_stats, format_stats, plot_stats
-from pipelines.tools.verify import verify
+from bert_datagen.pipelines.tools.diff import diff_datasets, format_diff
+from bert_datagen.pipelines.tools.inspection import format_record, inspect_records
+from bert_datagen.pipelines.tools.stats import compute_stats, format_stats, plot_stats
+from bert_datagen.pipelines.tools.verify import verify
 
 
 def _legacy_options(f):
@@ -173,7 +173,7 @@ def stats_command(target, split, as_json, plot_path, top, max_seq_length, max_pr
     """Lengths, masking, NotNext share, padding, [UNK] rate and most frequent tokens of a dataset."""
     lock = contextlib.nullcontext()
     if plot_path:
-        from pipelines.beam.outputs import OutputError, check_file_output, lock_output
+        from bert_datagen.pipelines.beam.outputs import OutputError, check_file_output, lock_output
 
         try:
             check_file_output(plot_path, "--plot", [target])

@@ -5,10 +5,10 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
-from contract.dataset import Dataset, DatasetError, ShardRef
-from datagen.example_codec import decode_batch
-from pipelines.tools.inspection import record_view, shown_token
-from pipelines.tools.shards import iter_payloads
+from bert_datagen.contract.dataset import Dataset, DatasetError, ShardRef
+from bert_datagen.datagen.example_codec import decode_batch
+from bert_datagen.pipelines.tools.inspection import record_view, shown_token
+from bert_datagen.pipelines.tools.shards import iter_payloads
 
 # Manifest fields that say how or from where a dataset was made, not what it holds: two datasets that
 # differ only here are the same data (the input's content is pinned by input.fingerprint).
@@ -78,9 +78,9 @@ def _with_config_defaults(manifest: dict) -> dict:
     The defaults are those of the manifest's own kind: a task dataset's config has no dupe_factor."""
     import dataclasses
 
-    from contract.features import DEFAULT_KIND, TASK
-    from datagen.config import DatagenConfig
-    from datagen.tasks.config import TaskConfig
+    from bert_datagen.contract.features import DEFAULT_KIND, TASK
+    from bert_datagen.datagen.config import DatagenConfig
+    from bert_datagen.datagen.tasks.config import TaskConfig
 
     if manifest.get("kind", DEFAULT_KIND) == TASK:
         # None defaults are resolved per task kind when a config is built (max_seq_length, header):
@@ -93,8 +93,8 @@ def _with_config_defaults(manifest: dict) -> dict:
 
 
 def _task_view(ds: Dataset, split: str, payload: bytes) -> tuple[dict | None, list[tuple[int, str]]]:
-    from pipelines.tasks.tools import decode_record
-    from pipelines.tasks.tools import record_view as task_record_view
+    from bert_datagen.pipelines.tasks.tools import decode_record
+    from bert_datagen.pipelines.tasks.tools import record_view as task_record_view
 
     try:
         f = decode_record(ds, split, payload)

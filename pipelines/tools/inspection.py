@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from contract.dataset import Dataset, ShardRef
-from datagen.example_codec import Batch
-from datagen.record_rules import RecordShape, derive
-from pipelines.tools.shards import pick_shard, read_records
-from vocab.vocab_file import Vocab
+from bert_datagen.contract.dataset import Dataset, ShardRef
+from bert_datagen.datagen.example_codec import Batch
+from bert_datagen.datagen.record_rules import RecordShape, derive
+from bert_datagen.pipelines.tools.shards import pick_shard, read_records
+from bert_datagen.vocab.vocab_file import Vocab
 
 
 def record_view(batch: Batch, row: int, vocab: Vocab, shape: RecordShape) -> dict:

@@ -11,11 +11,11 @@ from collections.abc import Callable, Iterator
 
 import numpy as np
 
-from contract.dataset import Dataset, DatasetError, ShardRef
-from datagen.example_codec import Batch, decode_batch
-from datagen.record_rules import RecordShape
-from datagen.tfrecord import CHUNK_BYTES, ShardStream
-from pipelines.beam import fsio
+from bert_datagen.contract.dataset import Dataset, DatasetError, ShardRef
+from bert_datagen.datagen.example_codec import Batch, decode_batch
+from bert_datagen.datagen.record_rules import RecordShape
+from bert_datagen.datagen.tfrecord import CHUNK_BYTES, ShardStream
+from bert_datagen.pipelines.beam import fsio
 
 
 def shard_stream(ref: ShardRef, chunk_bytes: int = CHUNK_BYTES) -> ShardStream:

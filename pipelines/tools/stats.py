@@ -9,11 +9,11 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from contract.dataset import Dataset, DatasetError, ShardRef
-from datagen.example_codec import Batch, decode_raw
-from datagen.record_rules import MAX_PROBLEMS_PER_SHARD, RecordShape, derive
-from pipelines.beam import fsio
-from pipelines.tools.shards import map_shards, shard_stream
+from bert_datagen.contract.dataset import Dataset, DatasetError, ShardRef
+from bert_datagen.datagen.example_codec import Batch, decode_raw
+from bert_datagen.datagen.record_rules import MAX_PROBLEMS_PER_SHARD, RecordShape, derive
+from bert_datagen.pipelines.beam import fsio
+from bert_datagen.pipelines.tools.shards import map_shards, shard_stream
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure

@@ -11,13 +11,13 @@ import hashlib
 import time
 from dataclasses import dataclass, field
 
-from contract.dataset import Dataset, ShardRef
-from contract.manifest import CARD_NAME, MANIFEST_NAME, VOCAB_NAME, shape_from_manifest
-from datagen.example_codec import decode_raw
-from datagen.record_rules import MAX_PROBLEMS_PER_SHARD, RecordShape, check_batch
-from datagen.records import feature_spec
-from pipelines.beam import fsio
-from pipelines.tools.shards import map_shards, shard_stream
+from bert_datagen.contract.dataset import Dataset, ShardRef
+from bert_datagen.contract.manifest import CARD_NAME, MANIFEST_NAME, VOCAB_NAME, shape_from_manifest
+from bert_datagen.datagen.example_codec import decode_raw
+from bert_datagen.datagen.record_rules import MAX_PROBLEMS_PER_SHARD, RecordShape, check_batch
+from bert_datagen.datagen.records import feature_spec
+from bert_datagen.pipelines.beam import fsio
+from bert_datagen.pipelines.tools.shards import map_shards, shard_stream
 
 
 @dataclass

@@ -1,6 +1,6 @@
 """Small synthetic datasets in the real format (records + manifest), for tests and benchmarks.
 
-Records are encoded by `datagen.records` and listed in a manifest written by `contract.manifest`,
+Records are encoded by `bert_datagen.datagen.records` and listed in a manifest written by `bert_datagen.contract.manifest`,
 so the trainer reads them through exactly the path it uses for generated data. Token streams are
 random but carry a learnable pattern (the masked token equals its left neighbour plus one), so a
 short run can show the loss falling.
@@ -13,9 +13,9 @@ import os
 
 import numpy as np
 
-from datagen.records import InstanceBatch, encode_batch, feature_spec
-from datagen.rng import derive_key
-from datagen.tfrecord import frame_records
+from bert_datagen.datagen.records import InstanceBatch, encode_batch, feature_spec
+from bert_datagen.datagen.rng import derive_key
+from bert_datagen.datagen.tfrecord import frame_records
 
 
 def synthetic_batch(n: int, seq_len: int, max_pred: int, vocab_size: int, seed: int) -> InstanceBatch:
@@ -62,8 +62,8 @@ def write_synthetic_dataset(directory: str, *, seq_len: int = 32, max_pred: int 
     `masking="dynamic"` writes the records unmasked with an identity each (the trainer masks them);
     its vocab then names ids 0-4 [PAD] [UNK] [CLS] [SEP] [MASK], as the records use them.
     """
-    from contract.fs import LOCAL_FS
-    from contract.manifest import build_manifest, write_manifest
+    from bert_datagen.contract.fs import LOCAL_FS
+    from bert_datagen.contract.manifest import build_manifest, write_manifest
 
     os.makedirs(os.path.join(directory, "train"), exist_ok=True)
     os.makedirs(os.path.join(directory, "eval"), exist_ok=True)

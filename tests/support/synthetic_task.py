@@ -149,8 +149,8 @@ def glue_single_sentence_task(directory: str, vocab_path: str, train_tsv: str, d
     """A single-sentence GLUE task (e.g. SST-2) tokenized with `vocab_path`; splits train and dev."""
     import hashlib as _hashlib
 
-    from vocab.tokenizer import BertTokenizer
-    from vocab.vocab_file import Vocab, parse_vocab_bytes
+    from bert_datagen.vocab.tokenizer import BertTokenizer
+    from bert_datagen.vocab.vocab_file import Vocab, parse_vocab_bytes
 
     data = open(vocab_path, "rb").read()
     vocab = Vocab(parse_vocab_bytes(data, vocab_path), vocab_path, _hashlib.sha256(data).hexdigest())

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from bert_datagen.trainer.run import checkpoint as ckpt_lib
+from bert_datagen.trainer.run.config import BertConfig
 from tests.support.synthetic_task import write_task_dataset
-from trainer.run import checkpoint as ckpt_lib
-from trainer.run.config import BertConfig
 
 SPECIAL = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 WORDS = [f"w{i}" for i in range(35)]
@@ -21,7 +21,7 @@ def tiny_bert(vocab_size: int = len(VOCAB), act: str = "gelu_new") -> BertConfig
 
 def write_pretrain_run(run_dir: str, bert: BertConfig | None = None, seed: int = 3) -> str:
     """A run directory with one checkpoint of a freshly initialised BertPretrainer (MLM/NSP heads included)."""
-    from trainer.model.bert import build_model, tf1_variable_map
+    from bert_datagen.trainer.model.bert import build_model, tf1_variable_map
 
     bert = bert or tiny_bert()
     model = build_model(bert, seed=seed)

@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from contract.fs import LOCAL_FS
-from contract.vocab_io import load_vocab
-from datagen.tasks import build
-from datagen.tasks.config import TaskConfig
-from vocab.tokenizer import BertTokenizer
+from bert_datagen.contract.fs import LOCAL_FS
+from bert_datagen.contract.vocab_io import load_vocab
+from bert_datagen.datagen.tasks import build
+from bert_datagen.datagen.tasks.config import TaskConfig
+from bert_datagen.vocab.tokenizer import BertTokenizer
 
 TASKS = Path(__file__).resolve().parent.parent.parent.parent / "shared" / "tasks"
 

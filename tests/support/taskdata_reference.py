@@ -12,7 +12,7 @@ from __future__ import annotations
 import csv
 import json
 
-from test_vocab_reference import ReferenceTokenizer
+from tests.support.vocab_reference import ReferenceTokenizer
 
 FIRST_UNIQUE_ID = 1000000000
 

@@ -6,11 +6,11 @@ import json
 
 import click
 
-from trainer.run.config import MAX_SEED, PRECISIONS, STRATEGIES, ConfigError
+from bert_datagen.trainer.run.config import MAX_SEED, PRECISIONS, STRATEGIES, ConfigError
 
 
 def _user_errors() -> tuple[type[Exception], ...]:
-    from trainer.run.errors import TrainerError
+    from bert_datagen.trainer.run.errors import TrainerError
 
     return (TrainerError,)
 
@@ -66,8 +66,8 @@ def finetune_command(bert_config_file, seeds, seed, epochs, learning_rate, batch
         raise click.UsageError("--seed and --seeds are exclusive")
     errors = _user_errors()
     try:
-        from trainer.finetune.data import open_task_dataset
-        from trainer.finetune.run import TASK_DEFAULTS, FinetuneConfig, finetune, finetune_seeds
+        from bert_datagen.trainer.finetune.data import open_task_dataset
+        from bert_datagen.trainer.finetune.run import TASK_DEFAULTS, FinetuneConfig, finetune, finetune_seeds
 
         defaults = TASK_DEFAULTS[open_task_dataset(options["data"]).task_type]
         try:
@@ -104,8 +104,8 @@ def predict_run(run: str, data: str, split: str, out: str | None, batch_size: in
     from the start to the end (reading a run takes no lock)."""
     import contextlib
 
-    from trainer.finetune.evaluate import check_predictions_out
-    from trainer.run.rundir import output_lock
+    from bert_datagen.trainer.finetune.evaluate import check_predictions_out
+    from bert_datagen.trainer.run.rundir import output_lock
 
     if out:
         check_predictions_out(out, overwrite)
@@ -118,11 +118,11 @@ def predict_run(run: str, data: str, split: str, out: str | None, batch_size: in
 def _predict(run: str, data: str, split: str, out: str | None, batch_size: int,
              null_score_diff_threshold: float, need_labels: bool, previous: list[str],
              allow_other_task: bool = False, allow_vocab_mismatch: bool = False) -> dict:
-    from trainer.finetune.data import check_split_files, open_task_dataset
-    from trainer.finetune.evaluate import evaluate_split, write_predictions_dir
-    from trainer.finetune.run import check_data_fits, check_same_task
-    from trainer.interop.finetune_export import restore_finetuned
-    from trainer.run.devices import enable_determinism
+    from bert_datagen.trainer.finetune.data import check_split_files, open_task_dataset
+    from bert_datagen.trainer.finetune.evaluate import evaluate_split, write_predictions_dir
+    from bert_datagen.trainer.finetune.run import check_data_fits, check_same_task
+    from bert_datagen.trainer.interop.finetune_export import restore_finetuned
+    from bert_datagen.trainer.run.devices import enable_determinism
 
     enable_determinism(0)
     model, bert, task, ckpt = restore_finetuned(run)

@@ -16,9 +16,9 @@ from dataclasses import dataclass, field
 
 import tensorflow as tf
 
-from trainer.model.heads import TASK_TYPES
-from trainer.pretrain.data import check_first_record, check_shard_file, find_bad_record
-from trainer.run.errors import DataError
+from bert_datagen.trainer.model.heads import TASK_TYPES
+from bert_datagen.trainer.pretrain.data import check_first_record, check_shard_file, find_bad_record
+from bert_datagen.trainer.run.errors import DataError
 
 MANIFEST = "manifest.json"
 
@@ -62,8 +62,8 @@ class TaskDataset:
 
 def read_manifest(directory: str) -> dict:
     """The validated manifest (contract/: schema, kind-aware required fields), as a DataError if not."""
-    from contract.manifest import ManifestError, load_manifest
-    from trainer.run.gfs import GFILE_FS
+    from bert_datagen.contract.manifest import ManifestError, load_manifest
+    from bert_datagen.trainer.run.gfs import GFILE_FS
 
     try:
         return load_manifest(directory, GFILE_FS)
@@ -72,7 +72,7 @@ def read_manifest(directory: str) -> dict:
 
 
 def task_identity(manifest: dict) -> dict:
-    """What a task dataset IS, independent of how its path is spelled (as `trainer.pretrain.data.dataset_identity`
+    """What a task dataset IS, independent of how its path is spelled (as `bert_datagen.trainer.pretrain.data.dataset_identity`
     for pre-training data): every shard and side file's split, path, record count and sha256 (from
     the manifest), the vocab's sha256 and the task; the fingerprint is the sha256 of that."""
     shards = [{"split": name, "path": s["path"], "records": int(s.get("records", 0)), "sha256": s.get("sha256")}
@@ -131,7 +131,7 @@ def _split_info(directory: str, name: str, info: dict, manifest_path: str) -> Sp
 
 
 def check_split_files(dataset: TaskDataset, splits: list[SplitInfo | None]) -> None:
-    """What pre-training checks before its first step (trainer.pretrain.data), for the splits a command will
+    """What pre-training checks before its first step (bert_datagen.trainer.pretrain.data), for the splits a command will
     read: each shard has the size the manifest gives and its first record parses with the split's
     features. A truncated dev shard would otherwise surface only after training, as a TensorFlow
     error that names no file."""
@@ -151,7 +151,7 @@ TF_DATA_ERRORS = (tf.errors.DataLossError, tf.errors.InvalidArgumentError)
 
 def split_data_error(split: SplitInfo, exc: Exception) -> DataError:
     """The DataError for a tf.data failure while reading `split`: the shard and record at fault,
-    found as pre-training finds them (trainer.pretrain.data.find_bad_record)."""
+    found as pre-training finds them (bert_datagen.trainer.pretrain.data.find_bad_record)."""
     where = find_bad_record(split.files, 0, 0, split.features)
     if where is not None:
         return DataError(f"corrupt input: {where}")

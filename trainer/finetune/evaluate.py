@@ -1,9 +1,9 @@
 """Predictions and task metrics of a fine-tuned model on one split, and the files they are written to.
 
-- classification / regression: GLUE metrics (`trainer.finetune.metrics`); `predictions.tsv` in GLUE's
+- classification / regression: GLUE metrics (`bert_datagen.trainer.finetune.metrics`); `predictions.tsv` in GLUE's
   submission layout (header `index<TAB>prediction`, then one row per example, label strings);
-- span: RECIPE.md section 10 post-processing (`trainer.finetune.squad_postprocess`) and the official SQuAD
-  v1.1 / v2.0 scores (`trainer.finetune.squad_eval`); `predictions.json`, `nbest_predictions.json`,
+- span: RECIPE.md section 10 post-processing (`bert_datagen.trainer.finetune.squad_postprocess`) and the official SQuAD
+  v1.1 / v2.0 scores (`bert_datagen.trainer.finetune.squad_eval`); `predictions.json`, `nbest_predictions.json`,
   `null_odds.json` (v2.0) and the raw per-window logits `logits.npz`;
 - tagging: the tag of each word from the logits at its first piece in the window that owns it,
   conlleval scores; `predictions.conll` (word, gold, predicted per line; blank line between
@@ -24,9 +24,9 @@ from pathlib import Path
 import numpy as np
 import tensorflow as tf
 
-from trainer.finetune import metrics as metric_lib
-from trainer.finetune import squad_eval, squad_postprocess
-from trainer.finetune.data import (
+from bert_datagen.trainer.finetune import metrics as metric_lib
+from bert_datagen.trainer.finetune import squad_eval, squad_postprocess
+from bert_datagen.trainer.finetune.data import (
     TF_DATA_ERRORS,
     SplitInfo,
     TaskDataset,
@@ -34,9 +34,9 @@ from trainer.finetune.data import (
     read_side_file,
     split_data_error,
 )
-from trainer.run import rundir
-from trainer.run.errors import ConfigError, DataError
-from trainer.run.rundir import write_atomic
+from bert_datagen.trainer.run import rundir
+from bert_datagen.trainer.run.errors import ConfigError, DataError
+from bert_datagen.trainer.run.rundir import write_atomic
 
 
 @dataclass
@@ -272,7 +272,7 @@ def write_predictions_dir(out_dir: str | Path, dataset: TaskDataset, result: Spl
     """`write_outputs` into a directory `check_predictions_out` accepted, marked as ours by its record
     (written before the files, so an interrupted write leaves a directory --overwrite may replace);
     files of an earlier prediction that this one does not write again are removed."""
-    from datagen import __version__
+    from bert_datagen.datagen import __version__
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)

@@ -19,9 +19,9 @@ from pathlib import Path
 
 import numpy as np
 
-from trainer.model.heads import FineTuneModel, encoder_variable_map
-from trainer.run import checkpoint as ckpt_lib
-from trainer.run.config import BertConfig
+from bert_datagen.trainer.model.heads import FineTuneModel, encoder_variable_map
+from bert_datagen.trainer.run import checkpoint as ckpt_lib
+from bert_datagen.trainer.run.config import BertConfig
 
 
 def encoder_shapes(model: FineTuneModel) -> dict[str, tuple[int, ...]]:
@@ -37,9 +37,9 @@ def with_bert_prefix(state: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
 
 def read_encoder_arrays(path: str, expected: dict[str, tuple[int, ...]]) -> tuple[dict[str, np.ndarray], str]:
     """TF1-named encoder arrays from a TF1 checkpoint or a Hugging Face directory; (arrays, summary)."""
-    from trainer.interop.hf import hf_to_tf1, read_hf_state
-    from trainer.interop.loading import checkpoint_format
-    from trainer.interop.tf1 import read_tf1_checkpoint
+    from bert_datagen.trainer.interop.hf import hf_to_tf1, read_hf_state
+    from bert_datagen.trainer.interop.loading import checkpoint_format
+    from bert_datagen.trainer.interop.tf1 import read_tf1_checkpoint
 
     if checkpoint_format(path) == "hf":
         arrays, report = hf_to_tf1(with_bert_prefix(read_hf_state(path)), expected, str(path))
@@ -57,7 +57,7 @@ def read_encoder_arrays(path: str, expected: dict[str, tuple[int, ...]]) -> tupl
 
 def init_checkpoint_config(path: str, bert_config_file: str | None = None) -> BertConfig:
     """The model an `--init-checkpoint` describes (its config.json / bert_config.json, or the file given)."""
-    from trainer.interop.loading import init_checkpoint_config as checkpoint_config
+    from bert_datagen.trainer.interop.loading import init_checkpoint_config as checkpoint_config
 
     return BertConfig.from_dict(checkpoint_config(path, bert_config_file))
 
@@ -135,7 +135,7 @@ def init_vocab(init_from: str | None, init_checkpoint: str | None) -> VocabRef |
 
 def _unchanged_manifest(data: str, fingerprint: str | None) -> dict | None:
     """The manifest of the dataset a run recorded, if it is still the same dataset."""
-    from trainer.pretrain.data import DatasetInfo, dataset_identity, load_dataset_manifest
+    from bert_datagen.trainer.pretrain.data import DatasetInfo, dataset_identity, load_dataset_manifest
 
     manifest = load_dataset_manifest(data) if data else None
     if manifest is None:

@@ -1,5 +1,5 @@
 """Task metrics in plain NumPy/Python: GLUE's classification and regression scores and CoNLL's
-entity-level precision/recall/F1 (conlleval). SQuAD's official scores live in `trainer.finetune.squad_eval`.
+entity-level precision/recall/F1 (conlleval). SQuAD's official scores live in `bert_datagen.trainer.finetune.squad_eval`.
 
 Everything here is a pure function of predictions and gold labels, so the fine-tuning loop, the
 `predict` command and the benchmarks share one implementation, and tests can check each against an

@@ -16,7 +16,7 @@ epoch's prediction files). `--seeds` writes RUN/finetune_seeds.json, RUN/seed-N/
 RUN/summary.json.
 
 Where a run may be written, and when a rerun resumes, restarts or is refused, is pre-training's
-(`trainer.run.rundir`): the same checks of --out, of the settings and of the dataset, in that order,
+(`bert_datagen.trainer.run.rundir`): the same checks of --out, of the settings and of the dataset, in that order,
 before any work; SIGINT (and SIGTERM) stop between steps with a checkpoint of the last one.
 """
 
@@ -35,7 +35,7 @@ from typing import Any, ClassVar
 
 import tensorflow as tf
 
-from trainer.finetune.data import (
+from bert_datagen.trainer.finetune.data import (
     TF_DATA_ERRORS,
     TaskDataset,
     check_split_files,
@@ -43,16 +43,16 @@ from trainer.finetune.data import (
     split_data_error,
     train_batches,
 )
-from trainer.finetune.evaluate import evaluate_split, primary_metric, write_outputs
-from trainer.finetune.init import (
+from bert_datagen.trainer.finetune.evaluate import evaluate_split, primary_metric, write_outputs
+from bert_datagen.trainer.finetune.init import (
     init_checkpoint_config,
     init_from_run_config,
     init_vocab,
     initialise_encoder,
     same_vocab,
 )
-from trainer.interop.loading import dtype_policy
-from trainer.model.heads import (
+from bert_datagen.trainer.interop.loading import dtype_policy
+from bert_datagen.trainer.model.heads import (
     IGNORE_LABEL,
     FineTuneModel,
     build_finetune_model,
@@ -60,9 +60,9 @@ from trainer.model.heads import (
     task_sums,
     trained_variable_map,
 )
-from trainer.run import checkpoint as ckpt_lib
-from trainer.run import rundir
-from trainer.run.common import (
+from bert_datagen.trainer.run import checkpoint as ckpt_lib
+from bert_datagen.trainer.run import rundir
+from bert_datagen.trainer.run.common import (
     checkpoint_arrays,
     interrupts_between_steps,
     loss_scale_for,
@@ -74,12 +74,12 @@ from trainer.run.common import (
     tensorboard_writers,
     write_scalar,
 )
-from trainer.run.config import PRECISIONS, STRATEGIES, BertConfig, ConfigError, check_seed
-from trainer.run.devices import enable_determinism
-from trainer.run.errors import DataError, TrainingError
-from trainer.run.optimizer import AdamWeightDecay, learning_rate
-from trainer.run.rundir import cleanup_temp, write_atomic
-from trainer.run.step import Objective, make_train_step, replica_sum
+from bert_datagen.trainer.run.config import PRECISIONS, STRATEGIES, BertConfig, ConfigError, check_seed
+from bert_datagen.trainer.run.devices import enable_determinism
+from bert_datagen.trainer.run.errors import DataError, TrainingError
+from bert_datagen.trainer.run.optimizer import AdamWeightDecay, learning_rate
+from bert_datagen.trainer.run.rundir import cleanup_temp, write_atomic
+from bert_datagen.trainer.run.step import Objective, make_train_step, replica_sum
 
 FINETUNING_DROPOUT_SALT = 0xF17E  # other dropout masks than pre-training's at the same seed and step
 CONFIG_FILE = rundir.FINETUNE_CONFIG_FILE

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
-from vocab.basic import basic_tokenize
+from bert_datagen.vocab.basic import basic_tokenize
 
 N_BEST = 20
 MAX_ANSWER_LENGTH = 30
@@ -211,7 +211,7 @@ def postprocess(examples: Sequence[Mapping], windows: Sequence[Mapping], unique_
 
 
 def _write_json(path: Path, value) -> None:
-    from trainer.run.rundir import write_atomic
+    from bert_datagen.trainer.run.rundir import write_atomic
 
     write_atomic(path, json.dumps(value, indent=4) + "\n")
 
@@ -232,7 +232,7 @@ def write_predictions(out_dir: str | Path, result: SquadPredictions, version_2: 
 def write_raw_logits(out_dir: str | Path, unique_ids: np.ndarray, start_logits: np.ndarray,
                      end_logits: np.ndarray) -> Path:
     """logits.npz (see the module docstring), atomically."""
-    from trainer.run.rundir import replacing
+    from bert_datagen.trainer.run.rundir import replacing
 
     path = Path(out_dir) / RAW_LOGITS_FILE
     with replacing(path, ".npz") as tmp:  # numpy appends .npz to any other name

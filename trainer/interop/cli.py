@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import click
 
-from trainer.run.errors import TrainerError
+from bert_datagen.trainer.run.errors import TrainerError
 
-FORMATS = ("tf1", "hf")  # trainer.interop.export.FORMATS; spelled here so --help does not import TensorFlow
+FORMATS = ("tf1", "hf")  # bert_datagen.trainer.interop.export.FORMATS; spelled here so --help does not import TensorFlow
 
 
 @click.command("export")
@@ -25,8 +25,8 @@ FORMATS = ("tf1", "hf")  # trainer.interop.export.FORMATS; spelled here so --hel
 def export_command(run, fmt, out, vocab, do_lower_case, overwrite) -> None:
     """Export a run's checkpoint for the original TF1 code or for Hugging Face transformers."""
     try:
-        from trainer.interop.export import ExportConfig, export_run
-        from trainer.interop.finetune_export import export_finetuned, is_finetune_run
+        from bert_datagen.trainer.interop.export import ExportConfig, export_run
+        from bert_datagen.trainer.interop.finetune_export import export_finetuned, is_finetune_run
 
         cfg = ExportConfig(run=run, format=fmt, out=out, vocab=vocab, do_lower_case=do_lower_case,
                            overwrite=overwrite)

@@ -22,15 +22,20 @@ from pathlib import Path
 import numpy as np
 import tensorflow as tf
 
-from trainer.interop.hf import HF_WEIGHTS, hf_config_from_bert_config, tf1_to_hf, write_hf_tokenizer
-from trainer.interop.loading import restore_model
-from trainer.interop.tf1 import write_tf1_checkpoint
-from trainer.model.weights import check_arrays, expected_tf1_shapes, model_tf1_arrays
-from trainer.pretrain.data import load_dataset_manifest
-from trainer.run import checkpoint as ckpt_lib
-from trainer.run.errors import CheckpointFormatError, ConfigError
-from trainer.run.rundir import output_lock
-from vocab.vocab_file import SPECIAL_TOKENS
+from bert_datagen.trainer.interop.hf import (
+    HF_WEIGHTS,
+    hf_config_from_bert_config,
+    tf1_to_hf,
+    write_hf_tokenizer,
+)
+from bert_datagen.trainer.interop.loading import restore_model
+from bert_datagen.trainer.interop.tf1 import write_tf1_checkpoint
+from bert_datagen.trainer.model.weights import check_arrays, expected_tf1_shapes, model_tf1_arrays
+from bert_datagen.trainer.pretrain.data import load_dataset_manifest
+from bert_datagen.trainer.run import checkpoint as ckpt_lib
+from bert_datagen.trainer.run.errors import CheckpointFormatError, ConfigError
+from bert_datagen.trainer.run.rundir import output_lock
+from bert_datagen.vocab.vocab_file import SPECIAL_TOKENS
 
 FORMATS = ("tf1", "hf")
 # Every name an export writes; a directory holding only these is an earlier export of ours.
@@ -215,7 +220,7 @@ def _publish(tmp: Path, out: Path) -> None:
 
 
 def _write_mark(directory: Path) -> None:
-    from datagen import __version__
+    from bert_datagen.datagen import __version__
 
     fmt = "hf" if (directory / "config.json").is_file() else "tf1"
     mark = {"written_by": _WRITTEN_BY, "version": __version__, "format": fmt}

@@ -17,9 +17,14 @@ from pathlib import Path
 
 import numpy as np
 
-from trainer.model.heads import FineTuneModel, build_finetune_model, finetune_variable_map, head_names
-from trainer.run import checkpoint as ckpt_lib
-from trainer.run.config import BertConfig, ConfigError
+from bert_datagen.trainer.model.heads import (
+    FineTuneModel,
+    build_finetune_model,
+    finetune_variable_map,
+    head_names,
+)
+from bert_datagen.trainer.run import checkpoint as ckpt_lib
+from bert_datagen.trainer.run.config import BertConfig, ConfigError
 
 HF_ARCHITECTURES = {"classification": "BertForSequenceClassification",
                     "regression": "BertForSequenceClassification",
@@ -39,7 +44,7 @@ def is_finetune_run(path: str | Path) -> bool:
 
 def restore_finetuned(path: str | Path, precision: str = "float32") -> tuple[FineTuneModel, BertConfig, dict, Path]:
     """(model, bert config, task record, checkpoint) of a fine-tuned run's latest checkpoint."""
-    from trainer.interop.loading import dtype_policy
+    from bert_datagen.trainer.interop.loading import dtype_policy
 
     ckpt = ckpt_lib.resolve_checkpoint(path)
     state = ckpt_lib.load_state(ckpt)
@@ -69,7 +74,7 @@ def task_vocab(task: dict, vocab_path: str | None) -> bytes:
 
 
 def hf_task_config(bert: BertConfig, task: dict, pad_token_id: int) -> dict:
-    from trainer.interop.hf import hf_config_from_bert_config
+    from bert_datagen.trainer.interop.hf import hf_config_from_bert_config
 
     config = hf_config_from_bert_config(bert.to_dict(), pad_token_id=pad_token_id)
     config.pop("tie_word_embeddings", None)
@@ -90,8 +95,8 @@ def hf_task_config(bert: BertConfig, task: dict, pad_token_id: int) -> dict:
 
 
 def hf_task_state(model: FineTuneModel) -> dict[str, np.ndarray]:
-    from trainer.interop.hf import tf1_to_hf
-    from trainer.model.heads import encoder_variable_map
+    from bert_datagen.trainer.interop.hf import tf1_to_hf
+    from bert_datagen.trainer.model.heads import encoder_variable_map
 
     encoder = {n: np.asarray(v.numpy(), np.float32) for n, v in encoder_variable_map(model).items()}
     if model.task_type in ("span", "tagging"):  # these architectures have no pooler
@@ -112,9 +117,9 @@ def export_finetuned(run: str, fmt: str, out: str, vocab: str | None = None, do_
     """Write the export atomically; returns (output directory, checkpoint it came from)."""
     from safetensors.numpy import save_file
 
-    from trainer.interop.export import check_export_target, vocab_tokens, write_export_dir
-    from trainer.interop.hf import write_hf_tokenizer
-    from trainer.interop.tf1 import write_tf1_checkpoint
+    from bert_datagen.trainer.interop.export import check_export_target, vocab_tokens, write_export_dir
+    from bert_datagen.trainer.interop.hf import write_hf_tokenizer
+    from bert_datagen.trainer.interop.tf1 import write_tf1_checkpoint
 
     check_export_target(Path(out), overwrite, ("task.json",))  # before any work
     model, bert, task, ckpt = restore_finetuned(run)

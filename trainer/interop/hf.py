@@ -15,8 +15,8 @@ from pathlib import Path
 
 import numpy as np
 
-from trainer.model.weights import LoadReport, as_float32, check_arrays
-from trainer.run.errors import CheckpointFormatError, CheckpointMismatchError
+from bert_datagen.trainer.model.weights import LoadReport, as_float32, check_arrays
+from bert_datagen.trainer.run.errors import CheckpointFormatError, CheckpointMismatchError
 
 
 def _hf_name(tf1: str) -> tuple[str, bool]:

@@ -12,13 +12,19 @@ from pathlib import Path
 
 import numpy as np
 
-from trainer.interop.hf import bert_config_from_hf_config, hf_to_tf1, is_hf_dir, read_hf_config, read_hf_state
-from trainer.interop.tf1 import read_bert_config, read_tf1_checkpoint, resolve_tf1_prefix
-from trainer.model.bert import BertPretrainer, build_model, tf1_variable_map
-from trainer.model.weights import LoadReport, assign_tf1_arrays, model_expected_shapes
-from trainer.run import checkpoint as ckpt_lib
-from trainer.run.config import BertConfig
-from trainer.run.errors import CheckpointFormatError
+from bert_datagen.trainer.interop.hf import (
+    bert_config_from_hf_config,
+    hf_to_tf1,
+    is_hf_dir,
+    read_hf_config,
+    read_hf_state,
+)
+from bert_datagen.trainer.interop.tf1 import read_bert_config, read_tf1_checkpoint, resolve_tf1_prefix
+from bert_datagen.trainer.model.bert import BertPretrainer, build_model, tf1_variable_map
+from bert_datagen.trainer.model.weights import LoadReport, assign_tf1_arrays, model_expected_shapes
+from bert_datagen.trainer.run import checkpoint as ckpt_lib
+from bert_datagen.trainer.run.config import BertConfig
+from bert_datagen.trainer.run.errors import CheckpointFormatError
 
 
 def dtype_policy(precision: str) -> str | None:

@@ -35,8 +35,8 @@ import math
 import keras
 import tensorflow as tf
 
-from datagen.rng import derive_key
-from trainer.run.config import BertConfig
+from bert_datagen.datagen.rng import derive_key
+from bert_datagen.trainer.run.config import BertConfig
 
 LAYER_NORM_EPSILON = 1e-12
 ATTENTION_MASK_VALUE = -10000.0
@@ -180,7 +180,7 @@ class BertPretrainer(keras.Model):
     """BERT encoder with the pooler, the masked-LM head and the next-sentence head.
 
     With `pretraining_heads=False` only the encoder and pooler exist (the backbone a fine-tuning
-    task head sits on, `trainer.model.heads`); the outputs then lack mlm/nsp logits.
+    task head sits on, `bert_datagen.trainer.model.heads`); the outputs then lack mlm/nsp logits.
     """
 
     def __init__(self, config: BertConfig, seed: int = 12345, dtype: str | None = None,

@@ -1,6 +1,6 @@
 """Fine-tuning task heads on the BERT encoder, and their losses (RECIPE.md section 10).
 
-The encoder is `trainer.model.bert.BertPretrainer` without its pre-training heads (the backbone); one
+The encoder is `bert_datagen.trainer.model.bert.BertPretrainer` without its pre-training heads (the backbone); one
 `TaskHead` sits beside it (the task), as keras-hub splits backbone and task:
 
 - classification: pooled output -> dropout 0.1 -> dense to num_labels; mean cross-entropy;
@@ -24,8 +24,8 @@ from __future__ import annotations
 import keras
 import tensorflow as tf
 
-from trainer.model.bert import BertPretrainer, dropout, tf1_variable_map, truncated_normal
-from trainer.run.config import BertConfig
+from bert_datagen.trainer.model.bert import BertPretrainer, dropout, tf1_variable_map, truncated_normal
+from bert_datagen.trainer.run.config import BertConfig
 
 TASK_TYPES = ("classification", "regression", "span", "tagging")
 HEAD_DROPOUT = 0.1  # the original's keep_prob 0.9, whatever the encoder's dropout

@@ -1,6 +1,6 @@
 """The TF1 variable name as the pivot of every checkpoint layout: which weights BERT pre-training has
 (by original name and TF1 shape), checking a set of named arrays against them, and moving them in and
-out of our Keras model (`trainer.model.bert.tf1_variable_map` says which variable holds which name).
+out of our Keras model (`bert_datagen.trainer.model.bert.tf1_variable_map` says which variable holds which name).
 """
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from trainer.model.bert import BertPretrainer, tf1_variable_map
-from trainer.run.errors import CheckpointFormatError, CheckpointMismatchError
+from bert_datagen.trainer.model.bert import BertPretrainer, tf1_variable_map
+from bert_datagen.trainer.run.errors import CheckpointFormatError, CheckpointMismatchError
 
 # --- expected TF1 layout -------------------------------------------------------------------------
 

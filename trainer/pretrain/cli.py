@@ -7,9 +7,16 @@ import re
 
 import click
 
-from trainer.finetune.cli import ALLOW_OTHER_TASK_HELP, ALLOW_VOCAB_MISMATCH_HELP
-from trainer.run.config import MODEL_SIZES, OPTIMIZERS, PRECISIONS, STRATEGIES, BertConfig, TrainConfig
-from trainer.run.errors import ConfigError, TrainerError
+from bert_datagen.trainer.finetune.cli import ALLOW_OTHER_TASK_HELP, ALLOW_VOCAB_MISMATCH_HELP
+from bert_datagen.trainer.run.config import (
+    MODEL_SIZES,
+    OPTIMIZERS,
+    PRECISIONS,
+    STRATEGIES,
+    BertConfig,
+    TrainConfig,
+)
+from bert_datagen.trainer.run.errors import ConfigError, TrainerError
 
 
 def _train_config(options: dict) -> TrainConfig:
@@ -60,7 +67,7 @@ def pretrain_command(bert_config_file, **options) -> None:
     """Pre-train BERT (MLM + NSP) from a dataset; resumes RUN when it has checkpoints."""
     try:
         if options.get("init_checkpoint"):
-            from trainer.interop.loading import init_checkpoint_config
+            from bert_datagen.trainer.interop.loading import init_checkpoint_config
 
             # The checkpoint fixes the model: --bert-config, its bert_config.json, or HF config.json.
             options["bert_config"] = BertConfig.from_dict(
@@ -68,7 +75,7 @@ def pretrain_command(bert_config_file, **options) -> None:
         elif bert_config_file:
             options["bert_config"] = BertConfig.from_json_file(bert_config_file).to_dict()
         cfg = _train_config(options)
-        from trainer.pretrain.train import pretrain
+        from bert_datagen.trainer.pretrain.train import pretrain
 
         result = pretrain(cfg, log=lambda line: click.echo(line))
     except TrainerError as exc:
@@ -96,10 +103,10 @@ def eval_command(run, init_checkpoint, bert_config_file, data, split, batch_size
                  max_predictions_per_seq, as_json, allow_other_task, allow_vocab_mismatch) -> None:
     """MLM/NSP loss and accuracy of a run's latest checkpoint on a dataset split; for a fine-tuned
     run, its task metric."""
-    from trainer.interop.finetune_export import is_finetune_run
+    from bert_datagen.trainer.interop.finetune_export import is_finetune_run
 
     if run and is_finetune_run(run):
-        from trainer.finetune.cli import eval_finetuned
+        from bert_datagen.trainer.finetune.cli import eval_finetuned
 
         return eval_finetuned(run, data, split, batch_size, as_json, allow_other_task, allow_vocab_mismatch)
     split = split or "eval"
@@ -107,8 +114,8 @@ def eval_command(run, init_checkpoint, bert_config_file, data, split, batch_size
         raise click.BadParameter(f"{split!r} is not one of 'eval', 'train' for a pre-training run",
                                  param_hint="--split")
     try:
-        from trainer.pretrain.evaluate import evaluate_external, evaluate_run
-        from trainer.run.devices import enable_determinism
+        from bert_datagen.trainer.pretrain.evaluate import evaluate_external, evaluate_run
+        from bert_datagen.trainer.run.devices import enable_determinism
 
         enable_determinism(0)
         if (run is None) == (init_checkpoint is None):

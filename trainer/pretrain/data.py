@@ -16,14 +16,14 @@ from dataclasses import dataclass, field
 
 import tensorflow as tf
 
-from contract.features import PRETRAINING
-from contract.manifest import ManifestError, load_manifest, manifest_kind
-from datagen.example_codec import decode_example
-from datagen.records import INSTANCE_KEY, feature_spec
-from datagen.tfrecord import RecordError, iter_tfrecords, masked_crc32c
-from trainer.run.config import BertConfig
-from trainer.run.errors import DataError
-from trainer.run.gfs import GFILE_FS
+from bert_datagen.contract.features import PRETRAINING
+from bert_datagen.contract.manifest import ManifestError, load_manifest, manifest_kind
+from bert_datagen.datagen.example_codec import decode_example
+from bert_datagen.datagen.records import INSTANCE_KEY, feature_spec
+from bert_datagen.datagen.tfrecord import RecordError, iter_tfrecords, masked_crc32c
+from bert_datagen.trainer.run.config import BertConfig
+from bert_datagen.trainer.run.errors import DataError
+from bert_datagen.trainer.run.gfs import GFILE_FS
 
 MANIFEST_NAME = "manifest.json"
 
@@ -41,7 +41,7 @@ class DatasetInfo:
     manifest: dict | None = None
     identity: dict = field(default_factory=dict)  # {"fingerprint", "shards"}: see dataset_identity
     objective: str = "nsp"  # from the manifest's config: nsp | doc-sentences | full-sentences
-    masking: str = "static"  # static | dynamic (the input pipeline masks, trainer.pretrain.dynamic_input)
+    masking: str = "static"  # static | dynamic (the input pipeline masks, bert_datagen.trainer.pretrain.dynamic_input)
 
     @property
     def has_nsp(self) -> bool:
@@ -87,7 +87,7 @@ def load_dataset_manifest(data: str) -> dict | None:
 
 
 def _from_manifest(directory: str) -> DatasetInfo:
-    from contract import dataset as contract_dataset
+    from bert_datagen.contract import dataset as contract_dataset
 
     # The kind first: the shape of a task dataset's features is not a pre-training one.
     kind = manifest_kind(_load_manifest(directory), f"{directory}/{MANIFEST_NAME}")
@@ -347,7 +347,7 @@ def train_dataset(info: DatasetInfo, batch_size: int, seed: int, shuffle_buffer:
     files = tf.data.Dataset.from_tensor_slices(info.train_files)
     files = files.shuffle(n_files, seed=seed, reshuffle_each_iteration=True).repeat()
     if info.masking == "dynamic":
-        from trainer.pretrain.dynamic_input import dynamic_batches
+        from bert_datagen.trainer.pretrain.dynamic_input import dynamic_batches
 
         records = files.enumerate().interleave(
             lambda i, f: tf.data.TFRecordDataset(f, buffer_size=1 << 20).map(lambda r: (r, i // n_files)),
@@ -374,7 +374,7 @@ def eval_dataset(info: DatasetInfo, batch_size: int, files: list[str] | None = N
     files = files if files is not None else info.eval_files
     records = tf.data.TFRecordDataset(files, buffer_size=1 << 20, num_parallel_reads=1)
     if info.masking == "dynamic":
-        from trainer.pretrain.dynamic_input import dynamic_batches
+        from bert_datagen.trainer.pretrain.dynamic_input import dynamic_batches
 
         seed = int((info.manifest or {}).get("config", {}).get("random_seed", 0))
         return dynamic_batches(records.map(lambda r: (r, tf.constant(0, tf.int64))), info, batch_size, seed,

@@ -1,6 +1,6 @@
 """Dynamic masking in the input pipeline (data generated with `bert-datagen run --masking dynamic`).
 
-Each batch of unmasked records is masked by `datagen.dynamic.mask_records`, the same NumPy function
+Each batch of unmasked records is masked by `bert_datagen.datagen.dynamic.mask_records`, the same NumPy function
 the tests call: the recipe's selection rule of static masking (with the dataset's own masking
 options and vocab), keyed by (run seed, record identity, epoch). It runs as one vectorized
 `tf.numpy_function` per batch, on the host, before the batch is cut into replicas and micro-steps,
@@ -17,9 +17,9 @@ from collections.abc import Callable
 import numpy as np
 import tensorflow as tf
 
-from datagen.config import DatagenConfig
-from datagen.dynamic import mask_records
-from datagen.records import INSTANCE_KEY
+from bert_datagen.datagen.config import DatagenConfig
+from bert_datagen.datagen.dynamic import mask_records
+from bert_datagen.datagen.records import INSTANCE_KEY
 
 
 class DynamicMaskError(ValueError):
@@ -40,10 +40,10 @@ def masking_config(manifest: dict) -> DatagenConfig:
 
 def dynamic_batches(records: tf.data.Dataset, info, batch_size: int, seed: int, parse_batch: Callable,
                     keep_identity: bool = False) -> tf.data.Dataset:
-    """Batches of (serialized record, epoch) pairs, parsed (`trainer.pretrain.data.parse_batch`) and masked;
+    """Batches of (serialized record, epoch) pairs, parsed (`bert_datagen.trainer.pretrain.data.parse_batch`) and masked;
     the identity and epoch are dropped unless `keep_identity` (for checks: `instance_key`, `epoch`)."""
-    from contract.vocab_io import load_vocab
-    from trainer.run.gfs import GFILE_FS
+    from bert_datagen.contract.vocab_io import load_vocab
+    from bert_datagen.trainer.run.gfs import GFILE_FS
 
     if info.manifest is None:
         raise DynamicMaskError(f"{info.source}: dynamic masking needs the dataset's manifest and vocab")

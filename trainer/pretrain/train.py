@@ -1,4 +1,4 @@
-"""The pre-training loop (the model is `trainer.model.bert`, one step `trainer.run.step`): start or resume a
+"""The pre-training loop (the model is `bert_datagen.trainer.model.bert`, one step `bert_datagen.trainer.run.step`): start or resume a
 run, feed batches, log, evaluate, checkpoint.
 
 Reproducibility: weights start from seeds derived per weight name, dropout masks are a pure function
@@ -22,9 +22,9 @@ from pathlib import Path
 import numpy as np
 import tensorflow as tf
 
-from trainer.interop.loading import dtype_policy, init_weights_from, load_init_checkpoint
-from trainer.model.bert import build_model, tf1_variable_map
-from trainer.pretrain.data import (
+from bert_datagen.trainer.interop.loading import dtype_policy, init_weights_from, load_init_checkpoint
+from bert_datagen.trainer.model.bert import build_model, tf1_variable_map
+from bert_datagen.trainer.pretrain.data import (
     DatasetInfo,
     check_first_records,
     check_fits,
@@ -35,11 +35,11 @@ from trainer.pretrain.data import (
     open_pretraining_data,
     train_dataset,
 )
-from trainer.pretrain.evaluate import evaluate_model
-from trainer.pretrain.objective import losses_from_sums
-from trainer.run import checkpoint as ckpt_lib
-from trainer.run import rundir
-from trainer.run.common import (
+from bert_datagen.trainer.pretrain.evaluate import evaluate_model
+from bert_datagen.trainer.pretrain.objective import losses_from_sums
+from bert_datagen.trainer.run import checkpoint as ckpt_lib
+from bert_datagen.trainer.run import rundir
+from bert_datagen.trainer.run.common import (
     checkpoint_arrays,
     interrupts_between_steps,
     loss_scale_for,
@@ -51,11 +51,11 @@ from trainer.run.common import (
     tensorboard_writers,
     write_scalar,
 )
-from trainer.run.config import BertConfig, TrainConfig
-from trainer.run.devices import enable_determinism
-from trainer.run.errors import CheckpointError, ConfigError, DataError, TrainingError
-from trainer.run.optimizer import learning_rate, make_optimizer
-from trainer.run.step import make_step_functions
+from bert_datagen.trainer.run.config import BertConfig, TrainConfig
+from bert_datagen.trainer.run.devices import enable_determinism
+from bert_datagen.trainer.run.errors import CheckpointError, ConfigError, DataError, TrainingError
+from bert_datagen.trainer.run.optimizer import learning_rate, make_optimizer
+from bert_datagen.trainer.run.step import make_step_functions
 
 _TF_DATA_ERRORS = (tf.errors.DataLossError, tf.errors.InvalidArgumentError)
 

@@ -1,7 +1,7 @@
 """Run checkpoints: `RUN/ckpt-00001000/`, written to a temp dir and renamed into place.
 
 A checkpoint directory holds
-- `model.npz`: every weight under its ORIGINAL TF1 name (`trainer.model.bert.tf1_variable_map`),
+- `model.npz`: every weight under its ORIGINAL TF1 name (`bert_datagen.trainer.model.bert.tf1_variable_map`),
 - `optimizer.npz`: `NAME/adam_m`, `NAME/adam_v` (the original slot names) and loss-scale state,
 - `input.*`: the tf.data iterator state (the exact input position),
 - `state.json`: step, metrics, the bert config; written last inside the temp dir.
@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from trainer.run.errors import CheckpointError
+from bert_datagen.trainer.run.errors import CheckpointError
 
 CKPT_RE = re.compile(r"^ckpt-(\d{8})$")
 MODEL_FILE = "model.npz"

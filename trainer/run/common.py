@@ -19,11 +19,11 @@ from types import FrameType
 import numpy as np
 import tensorflow as tf
 
-from contract.cli.plumbing import interrupt_requested
-from trainer.run import checkpoint as ckpt_lib
-from trainer.run.devices import make_strategy
-from trainer.run.errors import ConfigError, TrainingError
-from trainer.run.optimizer import AdamWeightDecay, DynamicLossScale
+from bert_datagen.contract.cli.plumbing import interrupt_requested
+from bert_datagen.trainer.run import checkpoint as ckpt_lib
+from bert_datagen.trainer.run.devices import make_strategy
+from bert_datagen.trainer.run.errors import ConfigError, TrainingError
+from bert_datagen.trainer.run.optimizer import AdamWeightDecay, DynamicLossScale
 
 
 def make_run_strategy(name: str, tpu: str | None, batch_size: int, accumulation_steps: int) -> tf.distribute.Strategy:

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
-from trainer.run.errors import ConfigError
+from bert_datagen.trainer.run.errors import ConfigError
 
 # Sizes by name: RECIPE.md section 6 (layers, hidden, heads, FFN).
 MODEL_SIZES: dict[str, tuple[int, int, int, int]] = {
@@ -172,7 +172,7 @@ class TrainConfig:
     precision: str = "float32"
     jit: bool = False
     init_from: str | None = None  # phase 2: weights from a run or a checkpoint of ours
-    init_checkpoint: str | None = None  # original TF1 checkpoint / Hugging Face dir (trainer.interop.loading)
+    init_checkpoint: str | None = None  # original TF1 checkpoint / Hugging Face dir (bert_datagen.trainer.interop.loading)
     tpu: str | None = None  # TPU address for --strategy tpu
 
     def __post_init__(self) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import keras
 import tensorflow as tf
 
-from trainer.run.errors import ConfigError
+from bert_datagen.trainer.run.errors import ConfigError
 
 
 def enable_determinism(seed: int) -> None:

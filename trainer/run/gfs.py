@@ -1,4 +1,4 @@
-"""The data contract's filesystem seam (contract.fs.FileSystem) through tf.io.gfile (local, gs://)."""
+"""The data contract's filesystem seam (bert_datagen.contract.fs.FileSystem) through tf.io.gfile (local, gs://)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import os
 
 import tensorflow as tf
 
-from contract.fs import decompress_by_name, temp_path_for
+from bert_datagen.contract.fs import decompress_by_name, temp_path_for
 
 
 class GFileFS:

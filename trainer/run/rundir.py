@@ -12,7 +12,7 @@ All files are written atomically (temp file with our mark, `replacing`, then ren
 removes what an interrupted write left, in the run and in the subdirectories it owns.
 
 A command that writes a run (or another output: an export, predictions) holds the output's lock
-(`output_lock`, `contract.cli.lock`) from before its first write until it ends: a second command on the
+(`output_lock`, `bert_datagen.contract.cli.lock`) from before its first write until it ends: a second command on the
 same path is refused with a message naming the one that holds it.
 """
 
@@ -28,9 +28,9 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, ClassVar, Protocol
 
-from contract.cli.lock import INSIDE_LOCK_NAME, OutputLock, OutputLockError, lock_output
-from trainer.run import checkpoint as ckpt_lib
-from trainer.run.errors import ConfigError, TrainingError
+from bert_datagen.contract.cli.lock import INSIDE_LOCK_NAME, OutputLock, OutputLockError, lock_output
+from bert_datagen.trainer.run import checkpoint as ckpt_lib
+from bert_datagen.trainer.run.errors import ConfigError, TrainingError
 
 TRAIN_CONFIG_FILE = "train_config.json"
 FINETUNE_CONFIG_FILE = "finetune_config.json"

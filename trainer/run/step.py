@@ -20,10 +20,10 @@ from typing import Protocol
 
 import tensorflow as tf
 
-from trainer.model.bert import BertPretrainer
-from trainer.pretrain.objective import MLM_DENOMINATOR_EPSILON, batch_sums
-from trainer.run.config import TrainConfig
-from trainer.run.optimizer import AdamWeightDecay, DynamicLossScale, clip_by_global_norm
+from bert_datagen.trainer.model.bert import BertPretrainer
+from bert_datagen.trainer.pretrain.objective import MLM_DENOMINATOR_EPSILON, batch_sums
+from bert_datagen.trainer.run.config import TrainConfig
+from bert_datagen.trainer.run.optimizer import AdamWeightDecay, DynamicLossScale, clip_by_global_norm
 
 SUM = tf.distribute.ReduceOp.SUM
 PRETRAINING_DROPOUT_SALT = 0x5EED
