@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -117,6 +118,16 @@ class TaskConfig:
         if not self.train_splits or any(not s for s in self.train_splits) or \
                 len(set(self.train_splits)) != len(self.train_splits):
             raise ConfigError(f"--train-splits {','.join(self.train_splits)!r} must name splits, each once")
+
+    def check_split_names(self, names: Sequence[str]) -> None:
+        """ConfigError unless each --split name is given once and each --train-splits name is one of
+        them; the default (`train`) may be absent: a dataset of predict splits only."""
+        twice = sorted({n for n in names if list(names).count(n) > 1})
+        if twice:
+            raise ConfigError(f"--split: split {twice[0]!r} is given twice")
+        unknown = [n for n in self.train_splits if n not in names]
+        if unknown and self.train_splits != (TRAIN_SPLIT,):
+            raise ConfigError(f"--train-splits: {unknown[0]!r} is not one of the --split names ({', '.join(names)})")
 
     def _validate_labels(self) -> None:
         labels = self.labels or ()

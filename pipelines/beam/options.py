@@ -5,7 +5,8 @@ know either with a warning, so a misspelled option of ours (`--max-seq-lenght 64
 with the default. Here every such option is checked against what Beam defines and parsed with Beam's
 own parser before any work: an unknown one or a bad value is a usage error naming the option (with
 the closest known spelling). The options both commands have (vocab, output, runner) are declared
-once, here, and so is how a driver's error becomes the command's one `Error:` line.
+once, here, and so is how they become a RunnerOptions, how a config's refusal becomes a usage error
+and how a driver's error becomes the command's one `Error:` line.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import TypeVar
 import click
 
 from bert_datagen.contract.cli.plumbing import closest_option
-from bert_datagen.pipelines.beam.runners import RUNNERS
+from bert_datagen.pipelines.beam.runners import RUNNERS, RunnerError, RunnerOptions
 
 F = TypeVar("F", bound=Callable[..., object])
 
@@ -117,12 +118,33 @@ def dataset_options(f: F) -> F:
                      show_default=True),
         click.option("--dask-scheduler", default=None,
                      help="DaskRunner: address of a running dask.distributed scheduler (default: a local cluster)."),
-        click.option("--dask-workers", type=click.IntRange(min=1), default=2, show_default=True,
+        click.option("--dask-workers", type=int, default=2, show_default=True,
                      help="DaskRunner without --dask-scheduler: worker processes of the local cluster."),
     ]
     for decorate in reversed(decorators):  # applied bottom up, so --help lists them in this order
         f = decorate(f)
     return f
+
+
+@contextlib.contextmanager
+def usage_errors() -> Iterator[None]:
+    """A config's refusal of an option value (its validation, the one place each check lives) as a
+    usage error naming the option: exit 2, before any work."""
+    from bert_datagen.datagen.config import ConfigError
+
+    try:
+        yield
+    except (ConfigError, RunnerError) as e:
+        raise click.UsageError(str(e)) from e
+
+
+def runner_options_of(ctx: click.Context, options: dict) -> RunnerOptions:
+    """Takes the runner options of `dataset_options` out of ``options``, with the command's Beam
+    options (``beam_args_of``), as one RunnerOptions; a value it refuses is a usage error."""
+    beam_args = beam_args_of(ctx)
+    with usage_errors():
+        return RunnerOptions(runner=options.pop("runner"), beam_args=tuple(beam_args),
+                             dask_scheduler=options.pop("dask_scheduler"), dask_workers=options.pop("dask_workers"))
 
 
 def summary_lines(rows: list[tuple[str, str]]) -> str:

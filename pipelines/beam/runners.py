@@ -59,6 +59,27 @@ class RunnerSetup:
     workers: int = 1
 
 
+@dataclass(frozen=True)
+class RunnerOptions:
+    """Where a pipeline runs (the runner options of `run` and `task`): never a byte of the dataset."""
+
+    runner: str = "DirectRunner"  # a name of RUNNERS or its alias, any case
+    beam_args: tuple[str, ...] = ()  # Beam PipelineOptions, passed through as given
+    dask_scheduler: str | None = None  # DaskRunner: a running scheduler's address; None: a local cluster
+    dask_workers: int = 2  # DaskRunner without dask_scheduler: worker processes of the local cluster
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "beam_args", tuple(self.beam_args))
+        self.validate()
+
+    def validate(self) -> None:
+        canonical_runner(self.runner)
+        if _has_flag(list(self.beam_args), "--runner"):
+            raise RunnerError("pass the runner with --runner NAME of bert-datagen, not as a Beam option")
+        if self.dask_workers < 1:
+            raise RunnerError(f"--dask-workers {self.dask_workers} must be >= 1")
+
+
 def canonical_runner(name: str) -> str:
     runner = _ALIASES.get(name.strip().lower())
     if runner is None:
@@ -107,6 +128,9 @@ def direct_args(beam_args: list[str]) -> tuple[list[str], int]:
         # Worker processes otherwise log every bundle at INFO onto the user's terminal.
         args.append("--default_sdk_harness_log_level=WARNING")
     return args, workers
+
+
+DIRECT = RunnerOptions()  # the default: Beam's DirectRunner in this process
 
 
 def build_wheel(out_dir: str) -> str:
@@ -158,23 +182,15 @@ def local_dask_cluster(workers: int) -> Iterator[str]:
 
 
 @contextlib.contextmanager
-def runner_setup(
-    runner: str,
-    beam_args: list[str] | None = None,
-    *,
-    dask_scheduler: str | None = None,
-    dask_workers: int = 2,
-    parallel_elements: int = 1,
-) -> Iterator[RunnerSetup]:
-    """PipelineOptions for ``runner`` (plus a local Dask cluster when needed), cleaned up on exit.
+def runner_setup(options: RunnerOptions, parallel_elements: int = 1) -> Iterator[RunnerSetup]:
+    """PipelineOptions for ``options.runner`` (plus a local Dask cluster when needed), cleaned up on exit.
 
     ``parallel_elements`` is how many independent elements the pipeline starts from (input files);
     Dask gets at least that many partitions, capped at 4 per worker.
     """
-    runner = canonical_runner(runner)
-    args = list(beam_args or [])
-    if _has_flag(args, "--runner"):
-        raise RunnerError("pass the runner with --runner NAME of bert-datagen, not as a Beam option")
+    runner = canonical_runner(options.runner)
+    args = list(options.beam_args)
+    dask_scheduler, dask_workers = options.dask_scheduler, options.dask_workers
     with contextlib.ExitStack() as stack:
         if runner == "DirectRunner":
             args, workers = direct_args(args)

@@ -13,16 +13,16 @@ from bert_datagen.datagen.config import (
     MASKINGS,
     OBJECTIVES,
     TEXT_LAYOUTS,
-    ConfigError,
     DatagenConfig,
 )
 from bert_datagen.pipelines.beam.options import (
     PASS_THROUGH_SETTINGS,
-    beam_args_of,
     dataset_options,
     driver_errors,
     refuse_unused_options,
+    runner_options_of,
     summary_lines,
+    usage_errors,
 )
 
 
@@ -34,6 +34,19 @@ def parse_mask_ratios(text: str) -> tuple[float, float, float]:
     if len(values) != 3:
         raise click.BadParameter(f"{text!r}: expected three numbers (mask, keep, random)")
     return values  # type: ignore[return-value]
+
+
+def _unused_options(objective: str, input_format: str) -> dict[str, str]:
+    """The options a run with this objective and input format would ignore, and why."""
+    unused = {}
+    if objective != "nsp":
+        unused["short_seq_prob"] = (f"--objective {objective} packs whole sentences up to --max-seq-length; "
+                                    "only --objective nsp draws short targets")
+    if input_format != "jsonl":
+        unused["text_field"] = f"--input-format {input_format} has no fields (only jsonl does)"
+    if input_format != "text":
+        unused["text_layout"] = f"--input-format {input_format} has one layout (only text has several)"
+    return unused
 
 
 def summary_table(manifest: dict, wall_seconds: float, cpu_seconds: dict[str, float] | None = None) -> str:
@@ -110,72 +123,35 @@ def summary_table(manifest: dict, wall_seconds: float, cpu_seconds: dict[str, fl
 @click.option("--notnext-pool-size", type=int, default=10000, show_default=True,
               help="Documents per NotNext pool (the whole corpus when smaller).")
 @click.option("--sentence-splitter", default="nupunkt", show_default=True)
-@click.option("--strict", is_flag=True, default=False, help="Fail on invalid UTF-8 instead of replacing it.")
+@click.option("--strict", "strict_utf8", is_flag=True, default=False, help="Fail on invalid UTF-8 instead of replacing it.")
 @click.option("--read-chunk-mb", type=FiniteFloat(0, min_open=True), default=64.0, show_default=True,
               help="Read bigger uncompressed jsonl, sentences and wikiextractor files as byte ranges of "
                    "this size, one task each (never changes the output).")
 @click.option("--quiet", is_flag=True, default=False, help="No progress lines or summary table.")
 @click.pass_context
-def run_command(ctx: click.Context, inputs: tuple[str, ...], vocab_path: str, output_dir: str,
-                input_format: str, text_layout: str, text_field: str, max_seq_length: int, max_predictions_per_seq: int,
-                masked_lm_prob: float, short_seq_prob: float, dupe_factor: int, random_seed: int,
-                whole_word_mask: bool, masking_unit: str | None, objective: str, masking: str,
-                do_lower_case: bool, mask_ratios: str, num_shards: int | None,
-                target_shard_mb: float, eval_fraction: float, notnext_pool_size: int,
-                sentence_splitter: str, strict: bool, overwrite: bool, runner: str,
-                dask_scheduler: str | None, dask_workers: int, read_chunk_mb: float, quiet: bool) -> None:
+def run_command(ctx: click.Context, **options) -> None:
     """Generate BERT pre-training data (MLM + NSP TFRecords, manifest.json) from raw documents.
 
     Variants: --objective doc-sentences|full-sentences (no NSP), --masking dynamic, --masking-unit span.
     """
-    beam_args = beam_args_of(ctx)
-    unused = {}
-    if objective != "nsp":
-        unused["short_seq_prob"] = (f"--objective {objective} packs whole sentences up to --max-seq-length; "
-                                    "only --objective nsp draws short targets")
-    if input_format != "jsonl":
-        unused["text_field"] = f"--input-format {input_format} has no fields (only jsonl does)"
-    if input_format != "text":
-        unused["text_layout"] = f"--input-format {input_format} has one layout (only text has several)"
-    refuse_unused_options(ctx, unused)
-    if masking == "dynamic" and dupe_factor is not None:
-        raise click.BadParameter("not with --masking dynamic: dynamic data is written once, unmasked, and the "
-                                 "trainer draws a new mask each epoch", param_hint="'--dupe-factor'")
-    if whole_word_mask and masking_unit not in (None, "word"):
-        raise click.BadParameter(f"--whole-word-mask is --masking-unit word, not {masking_unit}",
+    runner = runner_options_of(ctx, options)
+    inputs, vocab_path, output_dir, overwrite, read_chunk_mb, quiet = (options.pop(name) for name in (
+        "inputs", "vocab_path", "output_dir", "overwrite", "read_chunk_mb", "quiet"))
+    refuse_unused_options(ctx, _unused_options(options["objective"], options["input_format"]))
+    if options["whole_word_mask"] and options["masking_unit"] not in (None, "word"):
+        raise click.BadParameter(f"--whole-word-mask is --masking-unit word, not {options['masking_unit']}",
                                  param_hint="'--whole-word-mask'")
-    if dupe_factor is None:
-        dupe_factor = 1 if masking == "dynamic" else 10
-    try:
-        config = DatagenConfig(
-            max_seq_length=max_seq_length,
-            max_predictions_per_seq=max_predictions_per_seq,
-            masked_lm_prob=masked_lm_prob,
-            short_seq_prob=short_seq_prob,
-            dupe_factor=dupe_factor,
-            random_seed=random_seed,
-            whole_word_mask=whole_word_mask,
-            masking_unit=masking_unit or ("word" if whole_word_mask else "token"),
-            objective=objective,
-            masking=masking,
-            do_lower_case=do_lower_case,
-            mask_ratios=parse_mask_ratios(mask_ratios),
-            input_format=input_format,
-            text_layout=text_layout,
-            text_field=text_field,
-            sentence_splitter=sentence_splitter,
-            strict_utf8=strict,
-            num_shards=num_shards,
-            target_shard_mb=target_shard_mb,
-            eval_fraction=eval_fraction,
-            notnext_pool_size=notnext_pool_size,
-        )
-    except ConfigError as e:
-        raise click.UsageError(str(e)) from e
+    # Defaults that depend on other options; DatagenConfig checks the values given against them.
+    options["masking_unit"] = options["masking_unit"] or "token"
+    if options["dupe_factor"] is None:
+        options["dupe_factor"] = 1 if options["masking"] == "dynamic" else 10
+    options["mask_ratios"] = parse_mask_ratios(options["mask_ratios"])
+    with usage_errors():
+        config = DatagenConfig(**options)
     from bert_datagen.datagen.sentences import available_splitters
 
-    if sentence_splitter not in available_splitters():
-        raise click.UsageError(f"--sentence-splitter {sentence_splitter!r} is not one of "
+    if config.sentence_splitter not in available_splitters():
+        raise click.UsageError(f"--sentence-splitter {config.sentence_splitter!r} is not one of "
                                f"{', '.join(available_splitters())}")
 
     from bert_datagen.pipelines.pretraining.run import generate_dataset
@@ -187,10 +163,7 @@ def run_command(ctx: click.Context, inputs: tuple[str, ...], vocab_path: str, ou
             vocab_path=vocab_path,
             output_dir=output_dir,
             runner=runner,
-            beam_args=beam_args,
             overwrite=overwrite,
-            dask_scheduler=dask_scheduler,
-            dask_workers=dask_workers,
             show_progress=not quiet,
             read_chunk_mb=read_chunk_mb,
         )

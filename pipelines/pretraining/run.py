@@ -54,6 +54,7 @@ from apache_beam.pvalue import AsSingleton
 from bert_datagen.datagen.config import DatagenConfig
 from bert_datagen.datagen.placement import identity_census, shard_counts_of, splits_of
 from bert_datagen.pipelines.beam import fsio, outputs
+from bert_datagen.pipelines.beam.runners import DIRECT, RunnerOptions, RunnerSetup, runner_setup
 from bert_datagen.pipelines.beam.split_checks import empty_split_error, run_warnings
 from bert_datagen.pipelines.pretraining.transforms import (
     BUSY_PREFIX,
@@ -73,7 +74,6 @@ from bert_datagen.pipelines.pretraining.transforms import (
 )
 
 if TYPE_CHECKING:
-    from bert_datagen.pipelines.beam.runners import RunnerSetup
     from bert_datagen.vocab.vocab_file import Vocab
 
 
@@ -202,15 +202,12 @@ def generate_dataset(
     inputs: list[str],
     vocab_path: str,
     output_dir: str,
-    runner: str = "DirectRunner",
-    beam_args: list[str] | None = None,
+    runner: RunnerOptions = DIRECT,
     overwrite: bool = False,
-    dask_scheduler: str | None = None,
-    dask_workers: int = 2,
     show_progress: bool = False,
     read_chunk_mb: float = DEFAULT_READ_CHUNK_MB,
 ) -> RunResult:
-    """Run the pipeline and write vocab.txt, the dataset card and, last, manifest.json.
+    """Run the pipeline on ``runner`` and write vocab.txt, the dataset card and, last, manifest.json.
 
     ``read_chunk_mb`` is the largest piece of one file a read task takes (see ``read_tasks``);
     like the runner options, it never changes a byte of the dataset.
@@ -226,27 +223,23 @@ def generate_dataset(
     except fsio.InputNotFoundError as e:
         raise DatagenError(str(e)) from e
     vocab, vocab_path, vocab_bytes = read_vocab(vocab_path)
+    tasks = read_tasks([(f.path, f.size) for f in files], config.input_format, read_chunk_mb)
     with staged_dataset(output_dir, overwrite, inputs=[vocab_path, *(f.path for f in files)]) as out:
-        return _generate_into(out, config, files, vocab, vocab_bytes, inputs, runner, beam_args,
-                              dask_scheduler, dask_workers, show_progress, read_chunk_mb, start)
+        return _generate_into(out, config, files, tasks, vocab, vocab_bytes, inputs, runner, show_progress, start)
 
 
-def _generate_into(out: outputs.DatasetOutput, config: DatagenConfig, files: list[fsio.FileInfo], vocab: Vocab,
-                   vocab_bytes: bytes, inputs: list[str], runner: str, beam_args: list[str] | None,
-                   dask_scheduler: str | None, dask_workers: int, show_progress: bool, read_chunk_mb: float,
-                   start: float) -> RunResult:
+def _generate_into(out: outputs.DatasetOutput, config: DatagenConfig, files: list[fsio.FileInfo],
+                   tasks: list[tuple[str, int, int, int | None]], vocab: Vocab, vocab_bytes: bytes,
+                   inputs: list[str], runner: RunnerOptions, show_progress: bool, start: float) -> RunResult:
     """Run the pipeline and write the complete dataset into ``out.staging``, manifest last."""
     from bert_datagen.contract.manifest import build_manifest
     from bert_datagen.datagen.records import feature_spec
-    from bert_datagen.pipelines.beam.runners import runner_setup
 
     staging = out.staging
     summary_path = fsio.join(staging, "work", "summary.json")
-    tasks = read_tasks([(f.path, f.size) for f in files], config.input_format, read_chunk_mb)
     plan = PipelinePlan(config=config, vocab=vocab, files=tasks, output_dir=staging, summary_path=summary_path,
                         staging_dir=fsio.join(staging, "work"))
-    with runner_setup(runner, beam_args, dask_scheduler=dask_scheduler, dask_workers=dask_workers,
-                      parallel_elements=len(tasks)) as setup:
+    with runner_setup(runner, parallel_elements=len(tasks)) as setup:
         plan.show_progress = show_progress and setup.local
         # The only worker of a local run may spread tokenizing over the idle cores; where there
         # are several workers (or a cluster's), each is one core and tokenizes on one thread.

@@ -7,7 +7,6 @@ import sys
 import click
 
 from bert_datagen.contract.cli.plumbing import FiniteFloat
-from bert_datagen.datagen.config import ConfigError
 from bert_datagen.datagen.tasks.config import (
     KINDS,
     SCHEMES,
@@ -19,11 +18,12 @@ from bert_datagen.datagen.tasks.config import (
 )
 from bert_datagen.pipelines.beam.options import (
     PASS_THROUGH_SETTINGS,
-    beam_args_of,
     dataset_options,
     driver_errors,
     refuse_unused_options,
+    runner_options_of,
     summary_lines,
+    usage_errors,
 )
 
 # Options that only one type of task reads: (the type, the kinds that have it).
@@ -86,49 +86,36 @@ def summary_table(result) -> str:
 @click.option("--target-shard-mb", type=FiniteFloat(0, min_open=True), default=64.0, show_default=True)
 @click.option("--quiet", is_flag=True, default=False, help="No summary table.")
 @click.pass_context
-def task_command(ctx: click.Context, kind: str, splits: tuple[str, ...], vocab_path: str, output_dir: str,
-                 max_seq_length: int | None, do_lower_case: bool, text_a: str | None, text_b: str | None,
-                 label: str | None, header: bool | None, labels: str | None, regression: bool,
-                 train_splits: str | None, doc_stride: int,
-                 max_query_length: int, token_column: int, tag_column: int, scheme: str, random_seed: int,
-                 num_shards: int | None, target_shard_mb: float, overwrite: bool, runner: str,
-                 dask_scheduler: str | None, dask_workers: int, quiet: bool) -> None:
+def task_command(ctx: click.Context, **options) -> None:
     """Turn labelled task files (GLUE, SQuAD, CoNLL, any TSV/CSV/JSONL) into a fine-tuning dataset."""
-    beam_args = beam_args_of(ctx)
-    task_type = TaskConfig.type_of(kind, regression)
-    refuse_unused_options(ctx, {name: f"--task {kind} does not read it (only {', '.join(kinds)} do)"
+    runner = runner_options_of(ctx, options)
+    splits, vocab_path, output_dir, overwrite, quiet = (options.pop(name) for name in (
+        "splits", "vocab_path", "output_dir", "overwrite", "quiet"))
+    task_type = TaskConfig.type_of(options["kind"], options["regression"])
+    refuse_unused_options(ctx, {name: f"--task {options['kind']} does not read it (only {', '.join(kinds)} do)"
                                 for name, (wanted, kinds) in TYPE_OPTIONS.items() if task_type != wanted})
-    try:
-        config = TaskConfig(kind=kind, max_seq_length=max_seq_length, do_lower_case=do_lower_case, text_a=text_a,
-                            text_b=text_b, label=label, header=header, labels=parse_labels(labels),
-                            regression=regression, doc_stride=doc_stride, max_query_length=max_query_length,
-                            token_column=token_column, tag_column=tag_column, scheme=scheme,
-                            random_seed=random_seed, num_shards=num_shards, target_shard_mb=target_shard_mb,
-                            **({} if train_splits is None else {"train_splits": parse_labels(train_splits)}))
-    except ConfigError as e:
-        raise click.UsageError(str(e)) from e
+    options["labels"] = parse_labels(options["labels"])
+    if options["train_splits"] is None:
+        del options["train_splits"]  # the config's default
+    else:
+        options["train_splits"] = parse_labels(options["train_splits"])
+    with usage_errors():
+        config = TaskConfig(**options)
     from bert_datagen.pipelines.pretraining.run import DatagenError
     from bert_datagen.pipelines.tasks.graph import parse_split
 
-    names = []
-    for option in splits:
-        try:
-            names.append(parse_split(option)[0])
-        except DatagenError as e:
-            raise click.UsageError(str(e)) from e
-    twice = sorted({n for n in names if names.count(n) > 1})
-    if twice:
-        raise click.UsageError(f"--split: split {twice[0]!r} is given twice")
-    unknown = [n for n in config.train_splits if n not in names]
-    if train_splits is not None and unknown:
-        raise click.UsageError(f"--train-splits: {unknown[0]!r} is not one of the --split names ({', '.join(names)})")
+    try:
+        names = [parse_split(option)[0] for option in splits]
+    except DatagenError as e:
+        raise click.UsageError(str(e)) from e
+    with usage_errors():
+        config.check_split_names(names)
 
     from bert_datagen.pipelines.tasks.run import generate_task_dataset
 
     with driver_errors():
         result = generate_task_dataset(config, splits=list(splits), vocab_path=vocab_path, output_dir=output_dir,
-                                       runner=runner, beam_args=beam_args, overwrite=overwrite,
-                                       dask_scheduler=dask_scheduler, dask_workers=dask_workers)
+                                       runner=runner, overwrite=overwrite)
     if not quiet:
         click.echo(f"bert-datagen task: wrote {result.output_dir}", err=True)
         click.echo(summary_table(result), err=True)

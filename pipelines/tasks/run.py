@@ -18,6 +18,7 @@ from bert_datagen.datagen.tasks import build
 from bert_datagen.datagen.tasks.config import TaskConfig
 from bert_datagen.datagen.tasks.features import task_feature_spec
 from bert_datagen.pipelines.beam import fsio
+from bert_datagen.pipelines.beam.runners import DIRECT, RunnerOptions, runner_setup
 from bert_datagen.pipelines.beam.split_checks import empty_training_split_error, unk_warning
 from bert_datagen.pipelines.pretraining.run import (
     DatagenError,
@@ -48,21 +49,20 @@ class TaskResult:
     warnings: list[str] = field(default_factory=list)  # for the summary (bert_datagen.pipelines.beam.split_checks)
 
 
-def match_splits(split_options: list[str]) -> list[tuple[str, list[str]]]:
-    """(name, files) per --split, in the order given; files sorted by path within a pattern."""
-    seen: dict[str, list[str]] = {}
-    for option in split_options:
-        name, pattern = parse_split(option)
-        if name in seen:
-            raise DatagenError(f"--split {option!r}: split {name!r} is given twice")
-        pattern = local_abspath(pattern)
+def match_splits(config: TaskConfig, split_options: list[str]) -> list[tuple[str, list[str]]]:
+    """(name, files) per --split, in the order given; files sorted by path within a pattern. The
+    names are checked against the config (`TaskConfig.check_split_names`) before any file is looked for."""
+    parsed = [parse_split(option) for option in split_options]
+    if not parsed:
+        raise DatagenError("give at least one --split NAME=PATTERN")
+    config.check_split_names([name for name, _ in parsed])
+    matched = []
+    for option, (name, pattern) in zip(split_options, parsed, strict=True):
         try:
-            seen[name] = sorted(f.path for f in fsio.match_files([pattern]))
+            matched.append((name, sorted(f.path for f in fsio.match_files([local_abspath(pattern)]))))
         except fsio.InputNotFoundError as e:
             raise DatagenError(f"--split {option!r}: {e}") from e
-    if not seen:
-        raise DatagenError("give at least one --split NAME=PATTERN")
-    return list(seen.items())
+    return matched
 
 
 def _task_field(config: TaskConfig, labels: list[str]) -> dict[str, Any]:
@@ -91,8 +91,7 @@ def _split_entry(config: TaskConfig, name: str, info: dict[str, Any]) -> dict[st
 
 
 def generate_task_dataset(config: TaskConfig, *, splits: list[str], vocab_path: str, output_dir: str,
-                          runner: str = "DirectRunner", beam_args: list[str] | None = None, overwrite: bool = False,
-                          dask_scheduler: str | None = None, dask_workers: int = 2,
+                          runner: RunnerOptions = DIRECT, overwrite: bool = False,
                           part_examples: int | None = None) -> TaskResult:
     """Build the dataset in a staging directory under `output_dir` (shards and side files, vocab.txt,
     the card, manifest.json last), then swap it in (`bert_datagen.pipelines.beam.outputs`): an existing dataset is
@@ -101,28 +100,24 @@ def generate_task_dataset(config: TaskConfig, *, splits: list[str], vocab_path: 
     `part_examples` (examples per worker task), like the runner options, never changes a byte."""
     start = time.monotonic()
     output_dir = local_abspath(output_dir).rstrip("/") or "/"
-    split_files = match_splits(splits)
+    split_files = match_splits(config, splits)
     vocab, vocab_path, vocab_bytes = read_vocab(vocab_path)
     inputs = [vocab_path, *(f for _, files in split_files for f in files)]
     with staged_dataset(output_dir, overwrite, inputs=inputs, split_dirs=[name for name, _ in split_files],
                         side_names=(EXAMPLES_NAME, WINDOWS_NAME)) as out:
-        return _generate_into(out, config, split_files, vocab, vocab_bytes, splits, runner, beam_args,
-                              dask_scheduler, dask_workers, part_examples, start)
+        return _generate_into(out, config, split_files, vocab, vocab_bytes, splits, runner, part_examples, start)
 
 
 def _generate_into(out, config: TaskConfig, split_files: list[tuple[str, list[str]]], vocab, vocab_bytes: bytes,
-                   splits: list[str], runner: str, beam_args: list[str] | None, dask_scheduler: str | None,
-                   dask_workers: int, part_examples: int | None, start: float) -> TaskResult:
+                   splits: list[str], runner: RunnerOptions, part_examples: int | None, start: float) -> TaskResult:
     from bert_datagen.contract.manifest import build_manifest
-    from bert_datagen.pipelines.beam.runners import runner_setup
 
     staging = out.staging
     summary_path = fsio.join(staging, "work", f"{SUMMARY_PREFIX}{uuid.uuid4().hex}.json")
     plan = TaskPlan(config=config, vocab=vocab, splits=split_files, output_dir=staging, summary_path=summary_path,
                     part_examples=part_examples)
     pipeline_start = time.monotonic()
-    with runner_setup(runner, beam_args, dask_scheduler=dask_scheduler, dask_workers=dask_workers,
-                      parallel_elements=len(split_files)) as setup:
+    with runner_setup(runner, parallel_elements=len(split_files)) as setup:
         plan.single_thread_tokenizer = not (setup.runner == "DirectRunner" and setup.workers == 1)
         run_pipeline(setup, lambda pipeline: build_pipeline(pipeline, plan))
     pipeline_seconds = time.monotonic() - pipeline_start

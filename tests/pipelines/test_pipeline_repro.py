@@ -18,6 +18,7 @@ import pytest
 
 from bert_datagen.datagen.config import DatagenConfig
 from bert_datagen.datagen.tfrecord import iter_tfrecords
+from bert_datagen.pipelines.beam.runners import RunnerOptions
 from bert_datagen.pipelines.pretraining.run import generate_dataset, read_tasks
 from tests.support.pipeline_corpus import (
     make_documents,
@@ -48,7 +49,7 @@ def generate(corpus: dict, name: str, inputs: str = "a/*.txt", runner: str = "Di
              beam_args: list[str] | None = None) -> Path:
     out = corpus["root"] / name
     generate_dataset(CONFIG, inputs=[str(corpus["root"] / inputs)], vocab_path=corpus["vocab"],
-                     output_dir=str(out), runner=runner, beam_args=beam_args or [])
+                     output_dir=str(out), runner=RunnerOptions(runner, beam_args or ()))
     return out
 
 
@@ -90,7 +91,7 @@ def test_one_big_file_read_by_byte_ranges(corpus) -> None:
     for name, chunk_mb, args in (("whole", 64.0, []), ("ranges", 2048 / 2**20, ["--direct_num_workers=2"])):
         outs[name] = corpus["root"] / f"one-{name}"
         generate_dataset(config, inputs=[str(path)], vocab_path=corpus["vocab"], output_dir=str(outs[name]),
-                         beam_args=args, read_chunk_mb=chunk_mb)
+                         runner=RunnerOptions(beam_args=args), read_chunk_mb=chunk_mb)
     assert len(read_tasks([(str(path), path.stat().st_size)], "sentences", 2048 / 2**20)) > 10
     assert shard_digests(outs["ranges"]) == shard_digests(outs["whole"])
     whole, ranges = manifest_of(outs["whole"]), manifest_of(outs["ranges"])

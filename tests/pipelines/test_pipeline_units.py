@@ -156,10 +156,10 @@ def test_identity_census_counts_distinct_documents_per_split() -> None:
 
 
 def test_direct_runner_defaults_and_multi_processing() -> None:
-    with runners.runner_setup("direct") as setup:
+    with runners.runner_setup(runners.RunnerOptions("direct")) as setup:
         assert setup.runner == "DirectRunner" and setup.workers == 1
         assert "--direct_running_mode=multi_processing" not in setup.args
-    with runners.runner_setup("DirectRunner", ["--direct_num_workers=2"]) as setup:
+    with runners.runner_setup(runners.RunnerOptions("DirectRunner", ["--direct_num_workers=2"])) as setup:
         assert setup.workers == 2 and "--direct_running_mode=multi_processing" in setup.args
         opts = setup.options.get_all_options()
         assert opts["direct_num_workers"] == 2 and opts["direct_running_mode"] == "multi_processing"
@@ -169,12 +169,13 @@ def test_unknown_runner_and_runner_as_beam_flag_are_rejected() -> None:
     with pytest.raises(runners.RunnerError, match="not one of"):
         runners.canonical_runner("SparkRunner")
     with pytest.raises(runners.RunnerError, match="--runner NAME"):
-        with runners.runner_setup("direct", ["--runner=DaskRunner"]):
+        with runners.runner_setup(runners.RunnerOptions("direct", ["--runner=DaskRunner"])):
             pass
 
 
 def test_dask_runner_with_scheduler_address_starts_no_cluster() -> None:
-    with runners.runner_setup("DaskRunner", dask_scheduler="tcp://127.0.0.1:8786", parallel_elements=16) as s:
+    with runners.runner_setup(runners.RunnerOptions("DaskRunner", dask_scheduler="tcp://127.0.0.1:8786"),
+                              parallel_elements=16) as s:
         opts = s.options.get_all_options()
         assert opts["runner"] == runners.DASK_RUNNER_PATH
         assert s.options.get_all_options(retain_unknown_options=True)
@@ -184,9 +185,9 @@ def test_dask_runner_with_scheduler_address_starts_no_cluster() -> None:
 
 def test_portable_runner_needs_a_job_endpoint() -> None:
     with pytest.raises(runners.RunnerError, match="--job_endpoint"):
-        with runners.runner_setup("PortableRunner", ["--environment_type=EXTERNAL"]):
+        with runners.runner_setup(runners.RunnerOptions("PortableRunner", ["--environment_type=EXTERNAL"])):
             pass
-    with runners.runner_setup("portable", ["--job_endpoint=embed"]) as setup:
+    with runners.runner_setup(runners.RunnerOptions("portable", ["--job_endpoint=embed"])) as setup:
         assert setup.runner == "PortableRunner" and not setup.local
         assert setup.options.get_all_options()["job_endpoint"] == "embed"
 

@@ -16,6 +16,7 @@ from bert_datagen.datagen.config import DatagenConfig
 from bert_datagen.datagen.example_codec import decode_example
 from bert_datagen.datagen.records import feature_spec
 from bert_datagen.datagen.tfrecord import iter_tfrecords
+from bert_datagen.pipelines.beam.runners import RunnerOptions
 from bert_datagen.pipelines.pretraining.run import generate_dataset
 from tests.support.pipeline_corpus import (
     make_documents,
@@ -134,7 +135,7 @@ def test_variant_is_byte_identical_across_runners_and_file_layouts(repro_corpus,
                               ("resplit", "b/zz-*.txt", [])):
         out = root / f"{name}-{run}"
         generate_dataset(config, inputs=[str(root / inputs)], vocab_path=repro_corpus["vocab"],
-                         output_dir=str(out), beam_args=args)
+                         output_dir=str(out), runner=RunnerOptions(beam_args=args))
         digests[run] = shard_digests(out)
     assert digests["memory"] == digests["two-workers"] == digests["resplit"]
     assert len(digests["memory"]) == 4

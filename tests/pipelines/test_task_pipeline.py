@@ -14,6 +14,7 @@ from bert_datagen.contract.vocab_io import load_vocab
 from bert_datagen.datagen.tasks import build
 from bert_datagen.datagen.tasks.config import TaskConfig
 from bert_datagen.datagen.tasks.encode import encode_framed
+from bert_datagen.pipelines.beam.runners import RunnerOptions
 from bert_datagen.pipelines.cli import main
 from bert_datagen.pipelines.pretraining.run import DatagenError
 from bert_datagen.pipelines.tasks.run import generate_task_dataset
@@ -93,8 +94,8 @@ def test_golden_checksums(files, tmp_path):
 @pytest.mark.integration
 def test_byte_identical_in_memory_and_two_worker_processes(files, tmp_path):
     a = squad(files, tmp_path / "mem", part_examples=9)
-    b = squad(files, tmp_path / "mp2", part_examples=9, beam_args=["--direct_num_workers=2",
-                                                                     "--direct_running_mode=multi_processing"])
+    b = squad(files, tmp_path / "mp2", part_examples=9, runner=RunnerOptions(beam_args=(
+        "--direct_num_workers=2", "--direct_running_mode=multi_processing")))
     assert digests(a) == digests(b)
     assert (a / "manifest.json").read_bytes() == (b / "manifest.json").read_bytes()
     assert digests(a) == digests(squad(files, tmp_path / "whole"))  # one part per split: the same bytes
@@ -104,7 +105,7 @@ def test_byte_identical_in_memory_and_two_worker_processes(files, tmp_path):
 def test_byte_identical_on_a_local_dask_cluster(files, tmp_path):
     pytest.importorskip("distributed")
     a = squad(files, tmp_path / "mem", part_examples=9)
-    b = squad(files, tmp_path / "dask", part_examples=9, runner="DaskRunner")
+    b = squad(files, tmp_path / "dask", part_examples=9, runner=RunnerOptions("DaskRunner"))
     assert digests(a) == digests(b)
     assert manifest_of(b)["created_by"]["runner"] == "DaskRunner"
 
