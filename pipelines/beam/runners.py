@@ -63,17 +63,17 @@ class RunnerSetup:
 class RunnerOptions:
     """Where a pipeline runs (the runner options of `run` and `task`): never a byte of the dataset."""
 
-    runner: str = "DirectRunner"  # a name of RUNNERS or its alias, any case
+    runner: str = "DirectRunner"  # one of RUNNERS; given as any alias or case (canonical_runner)
     beam_args: tuple[str, ...] = ()  # Beam PipelineOptions, passed through as given
     dask_scheduler: str | None = None  # DaskRunner: a running scheduler's address; None: a local cluster
     dask_workers: int = 2  # DaskRunner without dask_scheduler: worker processes of the local cluster
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "runner", canonical_runner(self.runner))
         object.__setattr__(self, "beam_args", tuple(self.beam_args))
         self.validate()
 
     def validate(self) -> None:
-        canonical_runner(self.runner)
         if _has_flag(list(self.beam_args), "--runner"):
             raise RunnerError("pass the runner with --runner NAME of bert-datagen, not as a Beam option")
         if self.dask_workers < 1:
