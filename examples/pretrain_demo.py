@@ -24,8 +24,8 @@ def _bert_datagen(args: list[str]) -> None:
     try:
         datagen.main(args, prog_name="bert-datagen", standalone_mode=False)
     except SystemExit as e:
-        if e.code == EXIT_INTERRUPTED:  # the command has cleaned up; stop the demo as Ctrl-C does
-            raise KeyboardInterrupt from None
+        if e.code == EXIT_INTERRUPTED:  # it has removed its staging files and said "interrupted"
+            raise
         if e.code:
             raise RuntimeError(f"bert-datagen {' '.join(args[:1])} failed (exit {e.code})") from None
 
