@@ -23,7 +23,7 @@ shutdown: ``wall outside tasks``) is serial, and its tasks' CPU seconds can at b
 workers. ``outside + task CPU / 2`` is therefore the shortest wall time any two-worker run could
 have if running two workers cost nothing at all (no worker processes to start, no extra data
 movement, each worker on a core of its own); the bench prints the speed-up that bound allows next
-to the one measured. On a 2-core machine it lies below the issue's 1.7x target (see
+to the one measured. On a 2-core machine it lies below a 1.7x target (see
 docs/pipeline.md).
 
 The machine may be shared (wall times of one run here vary by 10-20%), so every run is repeated

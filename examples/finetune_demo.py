@@ -4,9 +4,8 @@ embedded corpus, end to end, with nothing from outside the repository.
 The task: which part of Python's documentation does a paragraph come from, a pydoc help topic
 ("topic") or a standard-library docstring ("docstring")? Paragraphs of both sources are ordered by a
 seeded hash (datagen/rng.py), balanced, cut into train and dev TSV files (`sentence<TAB>label`),
-turned into a task dataset by `bert-datagen task` with the pre-training vocab (a subprocess: the
-trainer never imports the data side); then `bert-train finetune` runs from the pre-training run
-and `bert-train predict` writes the dev predictions.
+turned into a task dataset by `bert-datagen task` with the pre-training vocab; then `bert-train
+finetune` runs from the pre-training run and `bert-train predict` writes the dev predictions.
 """
 
 from __future__ import annotations

@@ -14,14 +14,20 @@ import os
 import sys
 import time
 
+from bert_datagen.contract.cli.plumbing import EXIT_INTERRUPTED
+
 
 def _bert_datagen(args: list[str]) -> None:
-    # A subprocess, not an import: the trainer never imports the data side (pipelines/, Beam).
-    import subprocess
+    """One `bert-datagen` command, run in this process: the CLI's validation, messages and exit codes."""
+    from bert_datagen.pipelines.cli import main as datagen
 
-    code = subprocess.call([sys.executable, "-m", "bert_datagen.pipelines.cli", *args])
-    if code:
-        raise RuntimeError(f"bert-datagen {' '.join(args[:1])} failed (exit {code})")
+    try:
+        datagen.main(args, prog_name="bert-datagen", standalone_mode=False)
+    except SystemExit as e:
+        if e.code == EXIT_INTERRUPTED:  # it has removed its staging files and said "interrupted"
+            raise
+        if e.code:
+            raise RuntimeError(f"bert-datagen {' '.join(args[:1])} failed (exit {e.code})") from None
 
 
 def build_corpus(out: str) -> list[str]:

@@ -38,22 +38,6 @@ ASCII_PUNCT_RANGES = ((33, 47), (58, 64), (91, 96), (123, 126))
 SURROGATES = (0xD800, 0xDFFF)
 
 
-def is_cjk(cp: int) -> bool:
-    return any(lo <= cp <= hi for lo, hi in CJK_RANGES)
-
-
-def is_punctuation(ch: str) -> bool:
-    cp = ord(ch)
-    return any(lo <= cp <= hi for lo, hi in ASCII_PUNCT_RANGES) or unicodedata.category(ch).startswith("P")
-
-
-def is_removed(ch: str) -> bool:
-    """Dropped by the original's text cleaning."""
-    if ch in "\t\n\r":
-        return False
-    return ch in "\x00\ufffd" or unicodedata.category(ch) in ("Cc", "Cf")
-
-
 def ranges_to_class(ranges: list[tuple[int, int]]) -> str:
     """A regex character-class body for inclusive code point ranges."""
     parts = []

@@ -138,10 +138,6 @@ def divergent_mask(do_lower_case: bool) -> np.ndarray:
     return mask
 
 
-def divergent_ranges(do_lower_case: bool) -> list[tuple[int, int]]:
-    return [tuple(r) for r in _table()["uncased" if do_lower_case else "cased"]]
-
-
 if __name__ == "__main__":
     write_table()
     print(f"wrote {TABLE_PATH}")

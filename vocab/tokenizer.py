@@ -99,9 +99,6 @@ class BasicTokenizer:
         normalized = self._normalizer.normalize_str(text)
         return [w for w, _ in self._pre_tokenizer.pre_tokenize_str(normalized)]
 
-    def words_batch(self, texts: Sequence[str]) -> list[list[str]]:
-        return [self.words(text) for text in texts]
-
 
 class BertTokenizer:
     """Text -> WordPiece ids exactly as the original BERT tokenizer (no [CLS]/[SEP] added)."""

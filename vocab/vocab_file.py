@@ -86,17 +86,9 @@ class Vocab:
     def __contains__(self, token: object) -> bool:
         return token in self._ids
 
-    def id_to_token(self, token_id: int) -> str:
-        return self.tokens[token_id]
-
     def display_token(self, token_id: int) -> str:
         """The token for a report: ``<id N>`` for an id outside the vocabulary (corrupt data)."""
         return self.tokens[token_id] if 0 <= token_id < len(self.tokens) else f"<id {token_id}>"
-
-    def id_of(self, name: str) -> int:
-        """Id of a special token by name: "pad", "unk", "cls", "sep", "mask" or the literal token."""
-        token = name if name.startswith("[") else f"[{name.upper()}]"
-        return self.token_to_id(token)
 
     @property
     def pad_id(self) -> int:

@@ -1,4 +1,4 @@
-"""Issue 12, rule 6, as a user sees it in a terminal (real subprocesses, real stderr): one clean
+"""Errors and interrupts as a user sees them in a terminal (real subprocesses, real stderr): one clean
 `Error:` line and no traceback (unless --debug or BERT_DATAGEN_DEBUG=1), no Beam noise; SIGINT prints
 "interrupted" and exits 130; SIGINT or SIGKILL at any point of `run --overwrite` leaves the old
 dataset verifiable and exactly as it was, and a rerun succeeds and leaves none of our marks."""

@@ -1,4 +1,4 @@
-"""Issue 12, rules 4 and 7 and the data-side findings: an empty train split is an error at
+"""Data problems: an empty train split is an error at
 generation time, a small eval split, many [UNK] and more shards than records are warnings; `diff`
 calls datasets with the same shards identical; `stats` fails on a corrupt shard; `--text-layout`
 exists; garbled messages read right."""
@@ -60,7 +60,7 @@ def seed_putting_in_eval(path: Path, eval_fraction: float) -> int:
                 if split_of(doc_id, DatagenConfig(eval_fraction=eval_fraction, random_seed=s)) == "eval")
 
 
-# ---------------------------------------------------------------- rule 4: empty splits
+# ---------------------------------------------------------------- empty splits
 
 
 def test_one_document_all_in_eval_is_an_error_and_changes_nothing(corpus, tmp_path) -> None:
@@ -85,7 +85,7 @@ def test_failed_empty_split_run_keeps_the_old_dataset(corpus, tmp_path) -> None:
     assert tree_snapshot(out) == before
 
 
-# ---------------------------------------------------------------- rule 7: warnings
+# ---------------------------------------------------------------- warnings
 
 
 def test_small_eval_split_is_a_loud_warning_with_the_counts(corpus, tmp_path) -> None:

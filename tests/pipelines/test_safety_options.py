@@ -1,4 +1,4 @@
-"""Issue 12, rule 3: every option is validated before any work: NaN and infinities, ranges, options
+"""Every option is validated before any work: NaN and infinities, ranges, options
 neither we nor Beam define (with the closest spelling), Beam options with bad values: exit 2, and
 nothing is created or changed."""
 

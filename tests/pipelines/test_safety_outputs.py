@@ -1,4 +1,4 @@
-"""Issue 12, rules 1-2: no command deletes or replaces a path it did not create; `run --overwrite`
+"""No command deletes or replaces a path it did not create; `run --overwrite`
 replaces a dataset only once the new one is complete. Each destructive case compares a snapshot of
 the whole tree (paths + sha256) before and after."""
 

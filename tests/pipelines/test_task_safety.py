@@ -1,4 +1,4 @@
-"""Issue 20, data side: `bert-datagen task` refuses what `run` refuses (outputs that are not a
+"""`bert-datagen task` refuses what `run` refuses (outputs that are not a
 dataset's own directory, an empty train split), warns where `run` warns, and refuses options and
 inputs that would give a dataset other than the one asked for."""
 

@@ -1,6 +1,4 @@
-"""The fake object store under its own scheme fakestore://, with object deletes and renames (registered with Beam on import).
-
-Out of tests/pipelines/test_safety_remote.py (issue 21), which keeps its tests."""
+"""The fake object store under its own scheme fakestore://, with object deletes and renames (registered with Beam on import)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,4 @@
-"""Checkpoint helpers the interop tests share: a vocabulary, bitwise equality, a TF1 v1-saver writer.
-
-Out of tests/trainer/test_interop_names.py (issue 21), which keeps its tests."""
+"""Checkpoint helpers the interop tests share: a vocabulary, bitwise equality, a TF1 v1-saver writer."""
 
 from __future__ import annotations
 

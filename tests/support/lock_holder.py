@@ -1,6 +1,4 @@
-"""A second process holding an output lock, for the lock tests.
-
-Out of tests/contract/test_safety_lock.py (issue 21), which keeps its tests."""
+"""A second process holding an output lock, for the lock tests."""
 
 from __future__ import annotations
 

@@ -1,6 +1,4 @@
-"""The golden pre-training dataset's config and pinned digests.
-
-Out of tests/pipelines/test_pipeline_golden.py (issue 21), which keeps its tests."""
+"""The golden pre-training dataset's config and pinned digests."""
 
 from __future__ import annotations
 

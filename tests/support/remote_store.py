@@ -1,6 +1,4 @@
-"""A fake object store under the scheme fakegcs://, backed by a temp directory (registered with Beam on import).
-
-Out of tests/pipelines/test_tools_remote.py (issue 21), which keeps its tests."""
+"""A fake object store under the scheme fakegcs://, backed by a temp directory (registered with Beam on import)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
-"""Small task datasets in the TASK_CONTRACT layout, for tests, benchmarks and the demo.
+"""Small task datasets in the layout of docs/tasks.md, for tests, benchmarks and the demo.
 
-A stand-in for `bert-datagen task` (helper h3's writer) until it is on main: the same files
+What `bert-datagen task` writes, without task files to read: the same files
 (manifest.json with "kind": "task", vocab.txt, <split>/part-*.tfrecord, side .jsonl files listed in
 the manifest with checksums), written from arrays the caller built. `encode_texts` follows
 RECIPE.md section 10 for sentence and pair tasks, so real GLUE data (SST-2) can be fine-tuned.

@@ -1,4 +1,4 @@
-"""Tiny task datasets of each type (TASK_CONTRACT layout) and a tiny pre-training run to start from."""
+"""Tiny task datasets of each type (the layout of docs/tasks.md) and a tiny pre-training run to start from."""
 
 from __future__ import annotations
 

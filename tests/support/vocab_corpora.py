@@ -1,6 +1,4 @@
-"""The real corpora the tokenizer parity tests and benchmarks read.
-
-Out of tests/vocab/test_vocab_parity.py (issue 21), which keeps its tests."""
+"""The real corpora the tokenizer parity tests and benchmarks read."""
 
 from __future__ import annotations
 

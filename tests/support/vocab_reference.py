@@ -1,6 +1,4 @@
-"""The reference BERT tokenizer written from the recipe, shared by the vocab tests and benchmarks.
-
-Out of tests/vocab/test_vocab_reference.py (issue 21), which keeps its tests."""
+"""The reference BERT tokenizer written from the recipe, shared by the vocab tests and benchmarks."""
 
 from __future__ import annotations
 

@@ -28,7 +28,7 @@ from bert_datagen.vocab.train import train_vocab  # noqa: E402
 from examples.finetune_demo import LABELS, main, write_tsvs  # noqa: E402
 from tests.support.task_fixtures import tiny_bert, write_pretrain_run  # noqa: E402
 
-pytestmark = pytest.mark.integration  # a bert-datagen subprocess and two fine-tuning runs, ~20 s
+pytestmark = pytest.mark.integration  # a `bert-datagen task` run and two fine-tuning runs, ~20 s
 
 SEED, PER_CLASS, SEQ = 12345, 40, 32
 REPO = Path(__file__).resolve().parent.parent.parent

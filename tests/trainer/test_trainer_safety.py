@@ -1,4 +1,4 @@
-"""Nothing is lost and nothing waits forever in `bert-train` (issue 12): a run knows its dataset, a
+"""Nothing is lost and nothing waits forever in `bert-train`: a run knows its dataset, a
 run with no completed step may restart with other settings, splits too small to give one batch and
 other data problems are refused before the first step, output paths are checked before any work,
 SIGINT stops at a consistent checkpoint, export replaces only its own earlier exports."""

@@ -70,7 +70,7 @@ def test_load_shapes_and_tokenize_like_the_reference(tmp_path, shape):
     assert vocab.sha256 == hashlib.sha256((tmp_path / "vocab.txt").read_bytes()).hexdigest()
     assert (vocab.pad_id, vocab.cls_id, vocab.sep_id, vocab.mask_id) == (
         tokens.index("[PAD]"), tokens.index("[CLS]"), tokens.index("[SEP]"), tokens.index("[MASK]"))
-    assert vocab.unk_id == 100 and vocab.id_of("unk") == 100 and vocab.id_of("[MASK]") == vocab.mask_id
+    assert vocab.unk_id == 100 and vocab.token_to_id("[MASK]") == vocab.mask_id
     tokenizer = BertTokenizer(vocab, do_lower_case)
     reference = ReferenceTokenizer(tokens, do_lower_case)
     for text in TEXTS:

@@ -1,4 +1,4 @@
-"""Reading a task dataset (TASK_CONTRACT: `bert-datagen task` output) for fine-tuning.
+"""Reading a task dataset (`bert-datagen task` output, docs/tasks.md) for fine-tuning.
 
 A task dataset is a directory with manifest.json ("kind": "task"), vocab.txt and one directory per
 split of fixed-length tf.train.Example shards, plus examples.jsonl / windows.jsonl for span and

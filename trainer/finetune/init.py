@@ -83,7 +83,7 @@ def initialise_encoder(model: FineTuneModel, init_from: str | None, init_checkpo
     raise ValueError("fine-tuning needs --init-from or --init-checkpoint")
 
 
-def checkpoint_vocab(init_from: str | None, init_checkpoint: str | None) -> Path | None:
+def _checkpoint_vocab(init_from: str | None, init_checkpoint: str | None) -> Path | None:
     """The vocab.txt that came with the init checkpoint, when there is one beside it."""
     if init_checkpoint:
         p = Path(init_checkpoint)
@@ -113,7 +113,7 @@ def init_vocab(init_from: str | None, init_checkpoint: str | None) -> VocabRef |
     """The vocab the init checkpoint was trained with, when it says: the vocab.txt beside an
     --init-checkpoint (TF1 or Hugging Face directory), or the dataset an --init-from run recorded
     (dataset.json; for runs recorded before it held the vocab, the dataset it names, if unchanged)."""
-    found = checkpoint_vocab(init_from, init_checkpoint)
+    found = _checkpoint_vocab(init_from, init_checkpoint)
     if found is not None:
         return VocabRef(hashlib.sha256(found.read_bytes()).hexdigest(), str(found),
                         f"the vocab.txt beside the checkpoint, {found}")

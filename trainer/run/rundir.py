@@ -268,11 +268,6 @@ def recorded_seeds(run: Path) -> list[int]:
     return [int(s) for s in seeds] if isinstance(seeds, list) else []
 
 
-def recorded_dataset(run: Path) -> dict | None:
-    path = run / DATASET_FILE
-    return _read_json(path) if path.is_file() else None
-
-
 def _read_json(path: Path) -> dict:
     try:
         return json.loads(path.read_text())
