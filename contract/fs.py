@@ -88,12 +88,16 @@ def replacing(path: str | os.PathLike, *, durable: bool = False) -> Iterator[Pat
         raise
 
 
-def remove_temp_files(directory: str | os.PathLike) -> list[str]:
-    """Delete the marked temp files directly in a local ``directory``; their names."""
+def remove_temp_files(directory: str | os.PathLike, *, any_marked: bool = False) -> list[str]:
+    """Delete the temp files of interrupted writes directly in a local ``directory``; their names.
+
+    Only names of the one form, unless ``any_marked``: then every file whose name starts with the
+    marker (for directories wholly ours, where older versions left ``.tmp-NAME-PID``)."""
     removed = []
     if os.path.isdir(directory):
         for entry in sorted(os.scandir(directory), key=lambda e: e.name):
-            if is_temp_name(entry.name) and entry.is_file(follow_symlinks=False):
+            ours = entry.name.startswith(TMP_MARKER) if any_marked else is_temp_name(entry.name)
+            if ours and entry.is_file(follow_symlinks=False):
                 os.remove(entry.path)
                 removed.append(entry.name)
     return removed

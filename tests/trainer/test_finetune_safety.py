@@ -281,7 +281,7 @@ def test_pretrain_stops_on_sigterm_at_a_checkpoint(tmp_path):
 
 
 def test_prediction_files_use_the_marked_temp_form_that_cleanup_removes(tmp_path, monkeypatch):
-    """Every file of RUN/eval/ and of a predictions directory goes through `.tmp-NAME-PID`, and a
+    """Every file of RUN/eval/ and of a predictions directory goes through a marked temp name, and a
     rerun's `cleanup_temp` removes such leftovers in the run and in RUN/eval/."""
     import os
     from types import SimpleNamespace

@@ -305,7 +305,4 @@ def cleanup_temp(run: Path) -> None:
     subdirectories it owns) and checkpoint temp dirs."""
     ckpt_lib.cleanup_partial(run)
     for directory in (run, *(run / name for name in OWNED_SUBDIRS)):
-        if directory.is_dir():
-            for child in directory.iterdir():
-                if child.name.startswith(TMP_MARK) and child.is_file():
-                    child.unlink(missing_ok=True)
+        fs.remove_temp_files(directory, any_marked=True)
