@@ -39,6 +39,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from bert_datagen.contract.fs import LOCAL_FS, replacing
+
 CORPUS = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "corpora", "enwiki_extract_2015")
 SST2 = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "tasks", "sst2")
 METRICS = {"mlm": "held-out MLM accuracy", "sst2": "SST-2 dev accuracy"}
@@ -146,9 +148,7 @@ def cached(done: str, compute: Callable[[], dict]) -> dict:
         with open(done) as f:
             return json.load(f)
     result = compute()
-    with open(done + ".tmp", "w") as f:
-        json.dump(result, f, indent=1, sort_keys=True)
-    os.replace(done + ".tmp", done)
+    LOCAL_FS.write_atomic(done, json.dumps(result, indent=1, sort_keys=True).encode())
     return result
 
 
@@ -294,10 +294,9 @@ def plot(table: list[dict], path: str, s: Settings, floors: dict[str, float]) ->
                  + (f", SST-2 {s.sst2_steps} steps x {s.sst2_batch_size}" if "sst2" in metrics else "")
                  + f", {len(s.seeds)} seeds")
     fig.tight_layout()
-    tmp = path + ".tmp.png"
-    fig.savefig(tmp, dpi=120)
+    with replacing(path) as tmp:  # the temp name ends in .png too: matplotlib picks the format by it
+        fig.savefig(tmp, dpi=120)
     plt.close(fig)
-    os.replace(tmp, path)
     return path
 
 
@@ -384,9 +383,7 @@ def main(argv: list[str] | None = None) -> int:
               "run_seconds": sum(r["train_seconds"] + r.get("sst2", {}).get("finetune_seconds", 0.0)
                                  for runs in raw.values() for r in runs)}
     path = os.path.join(s.out, "ablation.json")
-    with open(path + ".tmp", "w") as f:
-        json.dump(report, f, indent=1, sort_keys=True)
-    os.replace(path + ".tmp", path)
+    LOCAL_FS.write_atomic(path, json.dumps(report, indent=1, sort_keys=True).encode())
     png = plot(table, os.path.join(s.out, "ablation.png"), s, floors)
     print(f"\nwritten: {os.path.join(s.out, 'ablation.json')}" + (f", {png}" if png else ""))
     return 0

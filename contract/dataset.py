@@ -12,7 +12,7 @@ import os
 from dataclasses import dataclass
 
 from bert_datagen.contract.features import TASK
-from bert_datagen.contract.fs import FileSystem
+from bert_datagen.contract.fs import FileSystem, is_remote
 from bert_datagen.contract.manifest import (
     MANIFEST_NAME,
     ManifestError,
@@ -80,7 +80,7 @@ def record_shape(vocab: Vocab, max_seq_length: int, max_predictions: int, config
 
 def is_dataset_dir(path: str, fs: FileSystem) -> bool:
     """A local directory, or a remote prefix holding a manifest (object stores have no directories)."""
-    if "://" in path:
+    if is_remote(path):
         return fs.exists(fs.join(path, MANIFEST_NAME))
     return os.path.isdir(path)
 

@@ -1,23 +1,111 @@
-"""The filesystem seam of the data contract: the few operations the contract needs, and a local one.
+"""The one filesystem interface of the project: local paths here, object stores through a plugged-in backend.
 
-Library code in contract/ never picks a filesystem itself: callers pass one. The data side passes
-`bert_datagen.pipelines.beam.fsio.BEAM_FS` (every path Beam understands, gs:// included), the trainer a tf.io.gfile one,
-tests and local tools `LOCAL_FS`.
+Every path test (`is_remote`), temp name (`temp_path_for`, `is_temp_name`) and atomic write
+(`FileSystem.write_atomic`, `replacing`) lives in this module, so every cleanup recognises every
+temp file we leave (one form: ``.tmp-<32 hex>-NAME``, which pipelines' staging recovery and the
+trainer's run-directory cleanup both remove).
+
+Layering: this module is Beam-free and TF-free. `PathFS` routes local paths to `LOCAL_FS` and
+remote ones (``scheme://...``) to an `ObjectStore` backend plugged in by the layer above: the data
+side builds `bert_datagen.pipelines.beam.fsio.BEAM_FS` over Beam's FileSystems (gs:// and the fake
+stores the tests register with Beam), the trainer `bert_datagen.trainer.run.gfs.GFILE_FS` over
+tf.io.gfile. Library code in contract/ never picks one: callers pass it.
+
+Why not fsspec (installed, but without gcsfs): reading gs:// through it would add a third storage
+client beside Beam's and tf.io.gfile, each with its own credentials and retry rules, and it would not
+see filesystems registered with Beam (the tests' fake object stores); a small seam over the two
+clients we already use keeps one code path per layer.
 """
 
 from __future__ import annotations
 
 import bz2
+import contextlib
 import glob
 import gzip
 import os
+import re
+import shutil
 import uuid
-from typing import Protocol
+from collections.abc import Iterator
+from pathlib import Path
+from typing import BinaryIO, Protocol
 
 TMP_MARKER = ".tmp-"
+# The one temp-name form: a 32-hex id (unique per write) makes it ours, the final name stays last
+# (so writers that insist on an extension, numpy's .npz, keep it).
+TEMP_NAME = re.compile(rf"^{re.escape(TMP_MARKER)}[0-9a-f]{{32}}-.+$")
+
+
+def is_remote(path: str | os.PathLike) -> bool:
+    """An object-store path (``scheme://...``): no directories, no atomic rename, no flock."""
+    return "://" in os.fspath(path)
+
+
+def temp_name(name: str) -> str:
+    """The marked temp name for a file or directory called ``name``."""
+    return f"{TMP_MARKER}{uuid.uuid4().hex}-{name}"
+
+
+def is_temp_name(name: str) -> bool:
+    """Whether ``name`` (a base name) is a temp name `temp_name` made."""
+    return TEMP_NAME.match(name) is not None
+
+
+def temp_path_for(path: str) -> str:
+    """A temporary sibling of ``path`` carrying our marker (so a cleanup knows it is ours)."""
+    directory, name = path.rsplit("/", 1) if is_remote(path) or "/" in path else (".", path)
+    return f"{directory}/{temp_name(name)}"
+
+
+def decompress_by_name(path: str, raw: bytes) -> bytes:
+    """``raw`` decompressed when the name ends in .gz or .bz2; ValueError naming the file if it cannot be."""
+    try:
+        if path.endswith(".gz"):
+            return gzip.decompress(raw)
+        if path.endswith(".bz2"):
+            return bz2.decompress(raw)
+    except (OSError, EOFError, ValueError) as e:
+        raise ValueError(f"{path}: cannot decompress: {e}") from e
+    return raw
+
+
+@contextlib.contextmanager
+def replacing(path: str | os.PathLike, *, durable: bool = False) -> Iterator[Path]:
+    """Yield the marked temp sibling of a local ``path`` to write; when the block ends without error
+    it is renamed over ``path`` (flushed to disk first when ``durable``), otherwise removed."""
+    target = Path(path)
+    tmp = target.with_name(temp_name(target.name))
+    try:
+        yield tmp
+        if durable:
+            with open(tmp, "rb") as f:
+                os.fsync(f.fileno())
+        os.replace(tmp, target)  # onto a directory: IsADirectoryError, the directory untouched
+    except BaseException:
+        if os.path.lexists(tmp):
+            os.remove(tmp)
+        raise
+
+
+def remove_temp_files(directory: str | os.PathLike, *, any_marked: bool = False) -> list[str]:
+    """Delete the temp files of interrupted writes directly in a local ``directory``; their names.
+
+    Only names of the one form, unless ``any_marked``: then every file whose name starts with the
+    marker (for directories wholly ours, where older versions left ``.tmp-NAME-PID``)."""
+    removed = []
+    if os.path.isdir(directory):
+        for entry in sorted(os.scandir(directory), key=lambda e: e.name):
+            ours = entry.name.startswith(TMP_MARKER) if any_marked else is_temp_name(entry.name)
+            if ours and entry.is_file(follow_symlinks=False):
+                os.remove(entry.path)
+                removed.append(entry.name)
+    return removed
 
 
 class FileSystem(Protocol):
+    """What the project does with files; `LOCAL_FS` and `PathFS` implement it."""
+
     def read_bytes(self, path: str) -> bytes:
         """The file's bytes, decompressed when its name ends in .gz or .bz2 (`decompress_by_name`)."""
         ...
@@ -35,24 +123,6 @@ class FileSystem(Protocol):
         ...
 
 
-def decompress_by_name(path: str, raw: bytes) -> bytes:
-    """``raw`` decompressed when the name ends in .gz or .bz2; ValueError naming the file if it cannot be."""
-    try:
-        if path.endswith(".gz"):
-            return gzip.decompress(raw)
-        if path.endswith(".bz2"):
-            return bz2.decompress(raw)
-    except (OSError, EOFError, ValueError) as e:
-        raise ValueError(f"{path}: cannot decompress: {e}") from e
-    return raw
-
-
-def temp_path_for(path: str) -> str:
-    """A temporary sibling of ``path`` carrying our marker (so a cleanup knows it is ours)."""
-    directory, name = os.path.split(path) if "://" not in path else path.rsplit("/", 1)
-    return f"{directory}/{TMP_MARKER}{uuid.uuid4().hex}-{name}"
-
-
 class LocalFS:
     """Local paths through the os module; writes go to a temp sibling, then are renamed into place."""
 
@@ -60,25 +130,33 @@ class LocalFS:
         with open(path, "rb") as f:
             return decompress_by_name(path, f.read())
 
+    def open_read(self, path: str) -> BinaryIO:
+        return open(path, "rb")
+
     def write_atomic(self, path: str, data: bytes) -> None:
-        directory = os.path.dirname(path)
-        os.makedirs(directory or ".", exist_ok=True)
-        tmp = temp_path_for(path)
-        try:
-            with open(tmp, "wb") as f:
-                f.write(data)
-            os.replace(tmp, path)  # onto a directory: IsADirectoryError, the directory untouched
-        except BaseException:
-            if os.path.lexists(tmp):
-                os.remove(tmp)
-            raise
+        if os.path.isdir(path):
+            raise IsADirectoryError(21, "is a directory; refusing to replace it with a file", path)
+        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+        with replacing(path) as tmp:
+            tmp.write_bytes(data)
 
     def exists(self, path: str) -> bool:
         return os.path.exists(path)
 
+    def lexists(self, path: str) -> bool:
+        """Like `exists`, but a dangling symlink exists (it is something we would replace)."""
+        return os.path.lexists(path)
+
+    def is_dir(self, path: str) -> bool:
+        return os.path.isdir(path)
+
     def listdir(self, directory: str) -> list[str]:
         """Full paths of the entries of a directory, sorted."""
         return [os.path.join(directory, name) for name in sorted(os.listdir(directory))]
+
+    def list_names(self, directory: str) -> list[str]:
+        """Names of a directory's entries, sorted; [] when it is not a directory."""
+        return sorted(os.listdir(directory)) if os.path.isdir(directory) else []
 
     def join(self, base: str, *parts: str) -> str:
         return os.path.join(base, *parts)
@@ -86,5 +164,135 @@ class LocalFS:
     def glob(self, pattern: str) -> list[str]:
         return sorted(p for p in glob.glob(pattern) if os.path.isfile(p))
 
+    def makedirs(self, directory: str) -> None:
+        os.makedirs(directory or ".", exist_ok=True)
+
+    def move(self, src: str, dst: str) -> None:
+        """Rename ``src`` over ``dst`` (atomic per file), creating ``dst``'s directory."""
+        os.makedirs(os.path.dirname(dst) or ".", exist_ok=True)
+        os.replace(src, dst)
+
+    def delete(self, paths: list[str]) -> None:
+        for path in paths:
+            if os.path.lexists(path):
+                os.remove(path)
+
+    def remove_tree(self, path: str) -> None:
+        if os.path.isdir(path) and not os.path.islink(path):
+            shutil.rmtree(path)
+        elif os.path.lexists(path):
+            os.remove(path)
+
 
 LOCAL_FS = LocalFS()
+
+
+class ObjectStore(Protocol):
+    """The primitives a remote backend provides (object names are full ``scheme://`` paths)."""
+
+    def open_read(self, path: str) -> BinaryIO:
+        """A binary stream of the object as stored (no decompression)."""
+        ...
+
+    def write(self, path: str, data: bytes) -> None: ...
+
+    def exists(self, path: str) -> bool: ...
+
+    def rename(self, src: str, dst: str) -> None:
+        """Move ``src`` to ``dst``, which does not exist."""
+        ...
+
+    def delete(self, paths: list[str]) -> None: ...
+
+    def list_prefix(self, prefix: str) -> list[str]:
+        """Every object whose name starts with ``prefix`` (recursively)."""
+        ...
+
+    def glob(self, pattern: str) -> list[str]: ...
+
+    def join(self, base: str, *parts: str) -> str: ...
+
+
+class PathFS:
+    """The `FileSystem` for every path: local ones through `LOCAL_FS`, remote ones through ``remote``.
+
+    An object store has no directories: a "directory" is the prefix ``path/`` of the objects under
+    it, and a write is complete once the object appears under its final name."""
+
+    def __init__(self, remote: ObjectStore, local: LocalFS = LOCAL_FS) -> None:
+        self.remote = remote
+        self.local = local
+
+    def read_bytes(self, path: str) -> bytes:
+        if not is_remote(path):
+            return self.local.read_bytes(path)
+        with self.remote.open_read(path) as f:
+            return decompress_by_name(path, f.read())
+
+    def open_read(self, path: str) -> BinaryIO:
+        return self.remote.open_read(path) if is_remote(path) else self.local.open_read(path)
+
+    def write_atomic(self, path: str, data: bytes) -> None:
+        """Write ``data`` to ``path``: temp sibling first, then rename over the final name."""
+        if not is_remote(path):
+            self.local.write_atomic(path, data)
+            return
+        tmp = temp_path_for(path)
+        self.remote.write(tmp, data)
+        self.move(tmp, path)
+
+    def exists(self, path: str) -> bool:
+        return self.remote.exists(path) if is_remote(path) else self.local.exists(path)
+
+    def lexists(self, path: str) -> bool:
+        return self.remote.exists(path) if is_remote(path) else self.local.lexists(path)
+
+    def objects_under(self, prefix: str) -> list[str]:
+        """Every object under the "directory" ``prefix`` (an object store has no directories)."""
+        return sorted(self.remote.list_prefix(prefix.rstrip("/") + "/"))
+
+    def is_dir(self, path: str) -> bool:
+        return bool(self.objects_under(path)) if is_remote(path) else self.local.is_dir(path)
+
+    def listdir(self, directory: str) -> list[str]:
+        """Full paths of what a directory holds, sorted."""
+        if not is_remote(directory):
+            return self.local.listdir(directory)
+        return [self.join(directory, name) for name in self.list_names(directory)]
+
+    def list_names(self, directory: str) -> list[str]:
+        """Names one level below ``directory`` (files and "subdirectories"), sorted."""
+        if not is_remote(directory):
+            return self.local.list_names(directory)
+        prefix = directory.rstrip("/") + "/"
+        return sorted({p[len(prefix):].split("/", 1)[0] for p in self.objects_under(directory)})
+
+    def join(self, base: str, *parts: str) -> str:
+        return self.remote.join(base, *parts) if is_remote(base) else self.local.join(base, *parts)
+
+    def glob(self, pattern: str) -> list[str]:
+        return sorted(self.remote.glob(pattern)) if is_remote(pattern) else self.local.glob(pattern)
+
+    def makedirs(self, directory: str) -> None:
+        if not is_remote(directory):  # prefixes need no creating
+            self.local.makedirs(directory)
+
+    def move(self, src: str, dst: str) -> None:
+        if not is_remote(src):
+            self.local.move(src, dst)
+            return
+        if self.remote.exists(dst):  # no atomic rename-over: the final name is briefly absent
+            self.remote.delete([dst])
+        self.remote.rename(src, dst)
+
+    def delete(self, paths: list[str]) -> None:
+        remote = [p for p in paths if is_remote(p) and self.remote.exists(p)]
+        if remote:
+            self.remote.delete(remote)
+        self.local.delete([p for p in paths if not is_remote(p)])
+
+    def remove_tree(self, path: str) -> None:
+        if not is_remote(path):
+            self.local.remove_tree(path)
+            return
+        self.delete(self.objects_under(path) + [path])

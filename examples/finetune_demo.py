@@ -33,6 +33,7 @@ def paragraphs_by_source(seed: int, per_class: int) -> dict[str, list[str]]:
 
 
 def write_tsvs(out: str, seed: int, per_class: int, dev_fraction: float = 0.2) -> tuple[str, str]:
+    from bert_datagen.contract.fs import LOCAL_FS
     from bert_datagen.datagen.rng import derive_key
 
     train, dev = os.path.join(out, "train.tsv"), os.path.join(out, "dev.tsv")
@@ -46,10 +47,8 @@ def write_tsvs(out: str, seed: int, per_class: int, dev_fraction: float = 0.2) -
         rows["dev"] += [(t, label) for t in texts[cut:]]
     for name, path in (("train", train), ("dev", dev)):
         ordered = sorted(rows[name], key=lambda r: derive_key(seed, "finetune-demo-order", r[0]))
-        tmp = path + ".tmp"
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.write("sentence\tlabel\n" + "".join(f"{t.replace(chr(9), ' ')}\t{label}\n" for t, label in ordered))
-        os.replace(tmp, path)
+        text = "sentence\tlabel\n" + "".join(f"{t.replace(chr(9), ' ')}\t{label}\n" for t, label in ordered)
+        LOCAL_FS.write_atomic(path, text.encode("utf-8"))
     return train, dev
 
 

@@ -51,6 +51,8 @@ import sys
 import time
 from types import TracebackType
 
+from bert_datagen.contract.fs import is_remote
+
 LOCK_PREFIX = ".bert-datagen-lock-"
 INSIDE_LOCK_NAME = ".bert-datagen-lock"  # the fallback inside an existing output directory
 MARKER = "bert-datagen-lock"
@@ -79,10 +81,6 @@ os.register_at_fork(after_in_child=_close_in_fork_child)
 class OutputLockError(RuntimeError):
     """The output is locked by another command, or its lock path holds something not ours; the
     message names the output, the lock file and the holder."""
-
-
-def is_remote(path: str) -> bool:
-    return "://" in path
 
 
 def lock_path_for(output: str) -> str | None:

@@ -1,21 +1,25 @@
-"""File access through Beam's FileSystems, so every path Beam understands works (local, gs://).
+"""The data side's backend of the filesystem interface (bert_datagen.contract.fs): Beam's FileSystems,
+so every path Beam understands works (local, gs://, filesystems the tests register with Beam).
 
-Writes are atomic: data goes to a temporary sibling first and is renamed into place, so a reader
-never sees a partly written file under its final name.
+`BEAM_FS` is the one filesystem of the pipelines; the functions below are shorthands for it (and for
+Beam's pattern matching, which input patterns go through). Writes are atomic: data goes to a marked
+temporary sibling first and is renamed into place, so a reader never sees a partly written file under
+its final name.
 """
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
+from typing import BinaryIO
 
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
-from bert_datagen.contract.fs import LOCAL_FS, TMP_MARKER, decompress_by_name, temp_path_for
+from bert_datagen.contract.fs import TMP_MARKER, PathFS, temp_path_for
 
-__all__ = ["BEAM_FS", "TMP_MARKER", "BeamFS", "FileInfo", "InputNotFoundError", "delete", "ensure_dir", "exists",
-           "join", "listdir", "match_files", "open_read", "read_bytes", "temp_path_for", "write_atomic"]
+__all__ = ["BEAM_FS", "TMP_MARKER", "BeamFS", "BeamObjects", "FileInfo", "InputNotFoundError", "delete",
+           "ensure_dir", "exists", "join", "listdir", "match_files", "open_read", "read_bytes", "temp_path_for",
+           "write_atomic"]
 
 
 class InputNotFoundError(FileNotFoundError):
@@ -45,80 +49,31 @@ def match_files(patterns: list[str]) -> list[FileInfo]:
     return [FileInfo(path, size) for path, size in sorted(found.items())]
 
 
-def _open_raw(path: str):
-    return FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED)
+class BeamObjects:
+    """The object-store primitives of `bert_datagen.contract.fs.ObjectStore` through Beam's FileSystems."""
 
+    def open_read(self, path: str) -> BinaryIO:
+        return FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED)
 
-def read_bytes(path: str) -> bytes:
-    """The file's bytes, decompressed when its name ends in .gz or .bz2."""
-    with _open_raw(path) as f:
-        return decompress_by_name(path, f.read())
-
-
-def open_read(path: str):
-    """A binary stream of the file as stored (no decompression)."""
-    return _open_raw(path)
-
-
-def join(base: str, *parts: str) -> str:
-    return FileSystems.join(base, *parts)
-
-
-def exists(path: str) -> bool:
-    return FileSystems.exists(path)
-
-
-def write_atomic(path: str, data: bytes) -> None:
-    """Write ``data`` to ``path``: temp sibling first, then rename over the final name."""
-    if "://" not in path:
-        if os.path.isdir(path):
-            raise IsADirectoryError(21, "is a directory; refusing to replace it with a file", path)
-        LOCAL_FS.write_atomic(path, data)  # the one local implementation: temp sibling, os.replace
-        return
-    tmp = temp_path_for(path)
-    # Object stores have no atomic rename: the final name appears only once the data is complete.
-    with FileSystems.create(tmp, mime_type="application/octet-stream",
-                            compression_type=CompressionTypes.UNCOMPRESSED) as f:
-        f.write(data)
-    if FileSystems.exists(path):
-        FileSystems.delete([path])
-    FileSystems.rename([tmp], [path])
-
-
-def ensure_dir(directory: str) -> None:
-    if "://" not in directory:
-        os.makedirs(directory or ".", exist_ok=True)
-
-
-def delete(paths: list[str]) -> None:
-    existing = [p for p in paths if FileSystems.exists(p)]
-    if existing:
-        FileSystems.delete(existing)
-
-
-def listdir(directory: str) -> list[str]:
-    """Full paths of what a directory holds (one level, as Beam's match lists it)."""
-    result = FileSystems.match([join(directory, "*")])[0]
-    return [m.path for m in result.metadata_list]
-
-
-class BeamFS:
-    """The contract's filesystem seam (bert_datagen.contract.fs.FileSystem) through Beam's FileSystems."""
-
-    def read_bytes(self, path: str) -> bytes:
-        return read_bytes(path)
-
-    def write_atomic(self, path: str, data: bytes) -> None:
-        write_atomic(path, data)
+    def write(self, path: str, data: bytes) -> None:
+        with FileSystems.create(path, mime_type="application/octet-stream",
+                                compression_type=CompressionTypes.UNCOMPRESSED) as f:
+            f.write(data)
 
     def exists(self, path: str) -> bool:
-        return exists(path)
+        return FileSystems.exists(path)
 
-    def listdir(self, directory: str) -> list[str]:
-        return listdir(directory)
+    def rename(self, src: str, dst: str) -> None:
+        FileSystems.rename([src], [dst])
 
-    def join(self, base: str, *parts: str) -> str:
-        return join(base, *parts)
+    def delete(self, paths: list[str]) -> None:
+        FileSystems.delete(paths)
+
+    def list_prefix(self, prefix: str) -> list[str]:
+        try:
+            return [f.path for f in match_files([prefix + "**"])]
+        except InputNotFoundError:
+            return []
 
     def glob(self, pattern: str) -> list[str]:
         try:
@@ -126,5 +81,39 @@ class BeamFS:
         except InputNotFoundError:
             return []
 
+    def join(self, base: str, *parts: str) -> str:
+        return FileSystems.join(base, *parts)
+
+
+class BeamFS(PathFS):
+    """The filesystem interface with Beam as the object-store backend; listing and globbing go through
+    Beam's matching for local paths too (input patterns mean the same everywhere)."""
+
+    def __init__(self) -> None:
+        super().__init__(BeamObjects())
+
+    def open_read(self, path: str) -> BinaryIO:
+        return self.remote.open_read(path)
+
+    def join(self, base: str, *parts: str) -> str:
+        return self.remote.join(base, *parts)
+
+    def listdir(self, directory: str) -> list[str]:
+        """Full paths of what a directory holds (one level, as Beam's match lists it)."""
+        result = FileSystems.match([self.join(directory, "*")])[0]
+        return [m.path for m in result.metadata_list]
+
+    def glob(self, pattern: str) -> list[str]:
+        return self.remote.glob(pattern)
+
 
 BEAM_FS = BeamFS()
+
+read_bytes = BEAM_FS.read_bytes
+open_read = BEAM_FS.open_read  # a binary stream of the file as stored (no decompression)
+join = BEAM_FS.join
+exists = BEAM_FS.exists
+write_atomic = BEAM_FS.write_atomic
+ensure_dir = BEAM_FS.makedirs
+delete = BEAM_FS.delete
+listdir = BEAM_FS.listdir

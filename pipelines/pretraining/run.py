@@ -51,6 +51,7 @@ from typing import TYPE_CHECKING, Any
 import apache_beam as beam
 from apache_beam.pvalue import AsSingleton
 
+from bert_datagen.contract.fs import is_remote
 from bert_datagen.datagen.config import DatagenConfig
 from bert_datagen.datagen.placement import identity_census, shard_counts_of, splits_of
 from bert_datagen.pipelines.beam import fsio, outputs
@@ -281,7 +282,7 @@ def _generate_into(out: outputs.DatasetOutput, config: DatagenConfig, files: lis
 
 
 def local_abspath(path: str) -> str:
-    return path if "://" in path else os.path.abspath(os.path.expanduser(path))
+    return path if is_remote(path) else os.path.abspath(os.path.expanduser(path))
 
 
 def read_vocab(vocab_path: str) -> tuple[Vocab, str, bytes]:

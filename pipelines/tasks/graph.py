@@ -37,6 +37,7 @@ import apache_beam as beam
 import numpy as np
 from apache_beam.pvalue import AsSingleton
 
+from bert_datagen.contract.fs import is_remote
 from bert_datagen.contract.manifest import CARD_NAME, MANIFEST_NAME, VOCAB_NAME
 from bert_datagen.datagen.tasks import build
 from bert_datagen.datagen.tasks.config import SPAN, TAGGING, TaskConfig, TaskInputError
@@ -69,7 +70,7 @@ def parse_split(value: str) -> tuple[str, str]:
     if name.casefold() in RESERVED_NAMES:
         raise DatagenError(f"--split {value!r}: {name!r} is the name of a file every dataset holds "
                            f"({', '.join(sorted(RESERVED_NAMES))}); name the split otherwise")
-    if "://" not in pattern and os.path.isdir(os.path.expanduser(pattern)):
+    if not is_remote(pattern) and os.path.isdir(os.path.expanduser(pattern)):
         raise DatagenError(f"--split {value!r}: {pattern} is a directory; give its files (e.g. "
                            f"{name}={pattern.rstrip('/')}/*.tsv)")
     return name, pattern

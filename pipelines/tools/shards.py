@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterator
 import numpy as np
 
 from bert_datagen.contract.dataset import Dataset, DatasetError, ShardRef
+from bert_datagen.contract.fs import is_remote
 from bert_datagen.datagen.example_codec import Batch, decode_batch
 from bert_datagen.datagen.record_rules import RecordShape
 from bert_datagen.datagen.tfrecord import CHUNK_BYTES, ShardStream
@@ -26,7 +27,7 @@ def shard_stream(ref: ShardRef, chunk_bytes: int = CHUNK_BYTES) -> ShardStream:
 def pool_start_method(tasks: list) -> str:
     """'fork' for local files (cheap); 'spawn' when a task reads a remote filesystem, because a forked
     child would share the parent's open HTTP connections (the manifest and vocab were read with them)."""
-    remote = any("://" in getattr(t.ref, "path", "") for t in tasks)
+    remote = any(is_remote(getattr(t.ref, "path", "")) for t in tasks)
     return "spawn" if remote else "fork"
 
 

@@ -16,6 +16,8 @@ from collections.abc import Sequence
 import numpy as np
 import tensorflow as tf
 
+from bert_datagen.contract.fs import LOCAL_FS
+
 
 def _int_feature(values: np.ndarray) -> tf.train.Feature:
     return tf.train.Feature(int64_list=tf.train.Int64List(value=[int(v) for v in values]))
@@ -87,10 +89,8 @@ def write_task_dataset(directory: str, task: dict, vocab_tokens: Sequence[str], 
         "task": task, "features": {k: list(v) for k, v in (common or {}).items()},
         "splits": manifest_splits, "totals": {"records": sum(s["records"] for s in manifest_splits.values())},
     }
-    tmp = os.path.join(directory, ".manifest.json.tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
-    os.replace(tmp, os.path.join(directory, "manifest.json"))
+    LOCAL_FS.write_atomic(os.path.join(directory, "manifest.json"),
+                          (json.dumps(manifest, indent=2, sort_keys=True) + "\n").encode("utf-8"))
     return directory
 
 

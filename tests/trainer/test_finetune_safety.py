@@ -142,7 +142,9 @@ def test_finetune_resumes_only_on_its_dataset_and_settings(tmp_path, init_run):
     classification_dataset(str(tmp_path / "data"), seed=1)
     with pytest.raises(TrainingError, match=f"not the dataset this run was started on.*{recorded['fingerprint']}"):
         finetune(cfg, log=lambda _: None)
-    assert [step for step, _ in __import__("bert_datagen.trainer.run.checkpoint").checkpoint.list_checkpoints(tmp_path / "run")] == [2]
+    from bert_datagen.trainer.run import checkpoint
+
+    assert [step for step, _ in checkpoint.list_checkpoints(tmp_path / "run")] == [2]
     shutil.rmtree(tmp_path / "data")
     classification_dataset(str(tmp_path / "data"))
     lines: list[str] = []
@@ -281,7 +283,7 @@ def test_pretrain_stops_on_sigterm_at_a_checkpoint(tmp_path):
 
 
 def test_prediction_files_use_the_marked_temp_form_that_cleanup_removes(tmp_path, monkeypatch):
-    """Every file of RUN/eval/ and of a predictions directory goes through `.tmp-NAME-PID`, and a
+    """Every file of RUN/eval/ and of a predictions directory goes through a marked temp name, and a
     rerun's `cleanup_temp` removes such leftovers in the run and in RUN/eval/."""
     import os
     from types import SimpleNamespace

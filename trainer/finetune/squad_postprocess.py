@@ -235,7 +235,7 @@ def write_raw_logits(out_dir: str | Path, unique_ids: np.ndarray, start_logits: 
     from bert_datagen.trainer.run.rundir import replacing
 
     path = Path(out_dir) / RAW_LOGITS_FILE
-    with replacing(path, ".npz") as tmp:  # numpy appends .npz to any other name
+    with replacing(path) as tmp:  # the temp name ends in .npz too, so numpy keeps it
         np.savez(tmp, unique_ids=np.asarray(unique_ids, np.int64),
                  start_logits=np.asarray(start_logits, np.float32), end_logits=np.asarray(end_logits, np.float32))
     return path

@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 import tensorflow as tf
 
+from bert_datagen.contract.fs import TMP_MARKER, temp_name
 from bert_datagen.trainer.interop.hf import (
     HF_WEIGHTS,
     hf_config_from_bert_config,
@@ -42,7 +43,7 @@ FORMATS = ("tf1", "hf")
 _TF1_EXPORT_FILES = ("bert_config.json", "checkpoint", "vocab.txt")
 _TF1_EXPORT_PREFIX = "bert_model.ckpt."
 _HF_EXPORT_FILES = ("config.json", HF_WEIGHTS, "vocab.txt", "tokenizer_config.json")
-_TMP_PREFIX, _OLD_PREFIX = ".tmp-", ".old-"
+_OLD_PREFIX = ".old-"  # an earlier export set aside during a swap (temp dirs: contract.fs.temp_name)
 EXPORT_MARK = "bert_train_export.json"
 _WRITTEN_BY = "bert-train export"
 
@@ -184,7 +185,7 @@ def _recover_interrupted(out: Path) -> None:
     removed; an earlier export set aside for a swap that never happened is put back."""
     if not out.parent.is_dir():
         return
-    marked = re.compile(rf"^({re.escape(_TMP_PREFIX)}|{re.escape(_OLD_PREFIX)})[0-9a-f]{{32}}-{re.escape(out.name)}$")
+    marked = re.compile(rf"^({re.escape(TMP_MARKER)}|{re.escape(_OLD_PREFIX)})[0-9a-f]{{32}}-{re.escape(out.name)}$")
     for sibling in sorted(out.parent.iterdir()):
         if not (marked.match(sibling.name) and sibling.is_dir()):
             continue
@@ -200,7 +201,7 @@ def _atomic_dir(out: str | os.PathLike, overwrite: bool, own_files: Collection[s
     check_export_target(out, overwrite, own_files)
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = out.parent / f"{_TMP_PREFIX}{uuid.uuid4().hex}-{out.name}"
+        tmp = out.parent / temp_name(out.name)
         tmp.mkdir()
     except OSError as exc:
         raise CheckpointFormatError(f"{out}: cannot write the export here: {exc.strerror}") from exc

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 import tensorflow as tf
 
 from bert_datagen.contract.features import PRETRAINING
+from bert_datagen.contract.fs import is_remote
 from bert_datagen.contract.manifest import ManifestError, load_manifest, manifest_kind
 from bert_datagen.datagen.example_codec import decode_example
 from bert_datagen.datagen.records import INSTANCE_KEY, feature_spec
@@ -78,7 +79,7 @@ def _load_manifest(directory: str) -> dict:
 
 def load_dataset_manifest(data: str) -> dict | None:
     """The manifest of a dataset directory; None for TFRecord globs and unreadable manifests."""
-    if "://" not in data and not os.path.exists(os.path.join(data, MANIFEST_NAME)):
+    if not is_remote(data) and not os.path.exists(os.path.join(data, MANIFEST_NAME)):
         return None
     try:
         return _load_manifest(data)

@@ -1,37 +1,46 @@
-"""The data contract's filesystem seam (bert_datagen.contract.fs.FileSystem) through tf.io.gfile (local, gs://)."""
+"""The trainer's backend of the filesystem interface (bert_datagen.contract.fs): tf.io.gfile for
+object-store paths (gs://); local paths go through the interface's own local filesystem."""
 
 from __future__ import annotations
 
-import os
+import posixpath
+from typing import BinaryIO
 
 import tensorflow as tf
 
-from bert_datagen.contract.fs import decompress_by_name, temp_path_for
+from bert_datagen.contract.fs import PathFS
 
 
-class GFileFS:
-    def read_bytes(self, path: str) -> bytes:
-        with tf.io.gfile.GFile(path, "rb") as f:
-            return decompress_by_name(path, f.read())
+class GFileObjects:
+    """The object-store primitives of `bert_datagen.contract.fs.ObjectStore` through tf.io.gfile."""
 
-    def write_atomic(self, path: str, data: bytes) -> None:
-        tmp = temp_path_for(path)
-        tf.io.gfile.makedirs(os.path.dirname(path) or ".")
-        with tf.io.gfile.GFile(tmp, "wb") as f:
+    def open_read(self, path: str) -> BinaryIO:
+        return tf.io.gfile.GFile(path, "rb")
+
+    def write(self, path: str, data: bytes) -> None:
+        with tf.io.gfile.GFile(path, "wb") as f:
             f.write(data)
-        tf.io.gfile.rename(tmp, path, overwrite=True)
 
     def exists(self, path: str) -> bool:
         return tf.io.gfile.exists(path)
 
-    def listdir(self, directory: str) -> list[str]:
-        return [os.path.join(directory, name.rstrip("/")) for name in sorted(tf.io.gfile.listdir(directory))]
+    def rename(self, src: str, dst: str) -> None:
+        tf.io.gfile.rename(src, dst, overwrite=True)
 
-    def join(self, base: str, *parts: str) -> str:
-        return os.path.join(base, *parts)
+    def delete(self, paths: list[str]) -> None:
+        for path in paths:
+            tf.io.gfile.remove(path)
+
+    def list_prefix(self, prefix: str) -> list[str]:
+        if not tf.io.gfile.isdir(prefix):
+            return []
+        return [posixpath.join(top, name) for top, _, files in tf.io.gfile.walk(prefix) for name in files]
 
     def glob(self, pattern: str) -> list[str]:
-        return sorted(tf.io.gfile.glob(pattern))
+        return tf.io.gfile.glob(pattern)
+
+    def join(self, base: str, *parts: str) -> str:
+        return posixpath.join(base, *parts)
 
 
-GFILE_FS = GFileFS()
+GFILE_FS = PathFS(GFileObjects())

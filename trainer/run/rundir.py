@@ -23,11 +23,11 @@ import dataclasses
 import json
 import os
 import re
-import tempfile
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, ClassVar, Protocol
 
+from bert_datagen.contract import fs
 from bert_datagen.contract.cli.lock import INSIDE_LOCK_NAME, OutputLock, OutputLockError, lock_output
 from bert_datagen.trainer.run import checkpoint as ckpt_lib
 from bert_datagen.trainer.run.errors import ConfigError, TrainingError
@@ -38,7 +38,7 @@ SEEDS_FILE = "finetune_seeds.json"
 BERT_CONFIG_FILE = "bert_config.json"
 DATASET_FILE = "dataset.json"
 MANIFEST_FILE = "manifest.json"
-TMP_MARK = ".tmp-"
+TMP_MARK = fs.TMP_MARKER  # cleanup_temp removes every name with it: the whole run directory is ours
 # Checked by content (DATASET_FILE), not by how the path is spelled.
 _DATA_OPTIONS = frozenset({"data", "eval_data"})
 # Subdirectories a run writes files into itself (the last evaluation's predictions).
@@ -141,14 +141,16 @@ def check_writable(out: Path, option: str = "--out") -> None:
         if not probe_in.is_dir():
             raise ConfigError(f"{option} {out}: {probe_in} is not a directory")
     try:  # the only sure test of writability (permissions, read-only filesystems, ACLs)
-        os.rmdir(tempfile.mkdtemp(prefix=f"{TMP_MARK}probe-", dir=probe_in))
+        probe = fs.temp_path_for(os.path.join(probe_in, "probe"))
+        os.mkdir(probe)
+        os.rmdir(probe)
     except OSError as exc:
         raise ConfigError(f"{option} {out}: cannot write in {probe_in}: {exc.strerror}") from exc
 
 
 def check_local_dir(given: str | Path, option: str = "--out") -> Path:
     out = Path(given)
-    if "://" in str(given):
+    if fs.is_remote(given):
         raise ConfigError(f"{option} {given}: must be a local directory (files are written and renamed "
                           "with local file operations); copy it to an object store afterwards")
     if out.exists() and not out.is_dir():
@@ -275,28 +277,16 @@ def _read_json(path: Path) -> dict:
         raise TrainingError(f"{path}: cannot read: {exc}") from exc
 
 
-def temp_path(path: Path, suffix: str = "") -> Path:
-    """The one marked temp name of `path` (what `cleanup_temp` removes); `suffix` for writers that
-    insist on one (numpy's .npz)."""
-    return path.with_name(f"{TMP_MARK}{path.name}-{os.getpid()}{suffix}")
-
-
 @contextlib.contextmanager
-def replacing(path: Path, suffix: str = "") -> Iterator[Path]:
-    """Yield a marked temp sibling to write; when the block ends without error it is flushed to
-    disk and renamed over `path`, otherwise removed (TrainingError naming `path` for an OSError)."""
-    tmp = temp_path(path, suffix)
+def replacing(path: Path) -> Iterator[Path]:
+    """Yield the marked temp sibling of `path` to write (bert_datagen.contract.fs.replacing); when the
+    block ends without error it is flushed to disk and renamed over `path`, otherwise removed
+    (TrainingError naming `path` for an OSError)."""
     try:
-        yield tmp
-        with open(tmp, "rb") as f:
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
+        with fs.replacing(path, durable=True) as tmp:
+            yield tmp
     except OSError as exc:
-        tmp.unlink(missing_ok=True)
         raise TrainingError(f"{path}: cannot write: {exc.strerror or exc}") from exc
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
 
 
 def write_atomic(path: Path, text: str) -> None:
@@ -310,7 +300,4 @@ def cleanup_temp(run: Path) -> None:
     subdirectories it owns) and checkpoint temp dirs."""
     ckpt_lib.cleanup_partial(run)
     for directory in (run, *(run / name for name in OWNED_SUBDIRS)):
-        if directory.is_dir():
-            for child in directory.iterdir():
-                if child.name.startswith(TMP_MARK) and child.is_file():
-                    child.unlink(missing_ok=True)
+        fs.remove_temp_files(directory, any_marked=True)
