@@ -53,11 +53,10 @@ from bert_datagen.trainer.finetune.init import (
 )
 from bert_datagen.trainer.interop.loading import dtype_policy
 from bert_datagen.trainer.model.heads import (
-    IGNORE_LABEL,
     FineTuneModel,
     build_finetune_model,
     finetune_variable_map,
-    task_sums,
+    head_class,
     trained_variable_map,
 )
 from bert_datagen.trainer.run import checkpoint as ckpt_lib
@@ -184,7 +183,7 @@ def check_data_fits(dataset: TaskDataset, bert: BertConfig, what: str) -> None:
     if dataset.max_seq_length > bert.max_position_embeddings:
         problems.append(f"sequences of {dataset.max_seq_length} tokens exceed max_position_embeddings "
                         f"{bert.max_position_embeddings}")
-    if dataset.task_type in ("classification", "tagging") and dataset.num_labels < 2:
+    if head_class(dataset.task_type).per_label and dataset.num_labels < 2:
         problems.append(f"a {dataset.task_type} task needs at least 2 labels, the manifest lists {dataset.num_labels}")
     if problems:
         raise DataError(f"{dataset.source}: data and model do not fit: " + "; ".join(problems))
@@ -234,25 +233,21 @@ def check_same_task(dataset: TaskDataset, task: dict, model: str, allow_other_ta
 
 def task_summary(data: TaskDataset) -> str:
     """E.g. `glue/sst2 (classification, 2 labels)`; regression and span heads have no label set to count."""
-    labels = f", {data.num_labels} labels" if data.task_type in ("classification", "tagging") else ""
+    labels = f", {data.num_labels} labels" if head_class(data.task_type).per_label else ""
     return f"{data.task_kind} ({data.task_type}{labels})"
 
 
 def finetuning_objective(model: FineTuneModel, task_type: str) -> Objective:
     """The task's mean loss over the whole batch: its examples, or for tagging its labelled positions."""
-
-    def local_denominator(batch):
-        if task_type == "tagging":
-            return tf.reduce_sum(tf.cast(tf.not_equal(batch["label_ids"], IGNORE_LABEL), tf.float32))
-        return tf.cast(tf.shape(batch["input_ids"])[0], tf.float32)
+    head = head_class(task_type)
 
     def whole_batch_total(batch):
         # At least 1: a tagging batch may hold no labelled position (its loss sum is then 0).
-        return tf.maximum(replica_sum(local_denominator(batch)), 1.0)
+        return tf.maximum(replica_sum(head.denominator(batch)), 1.0)
 
     def micro_loss(part, denominator, seed):
         out = model(part, training=True, dropout_seed=seed)
-        sums = task_sums(task_type, out, part)
+        sums = head.sums(out, part)
         return sums["loss_sum"] / denominator, sums
 
     return Objective(whole_batch_total, micro_loss, FINETUNING_DROPOUT_SALT)

@@ -21,16 +21,10 @@ from bert_datagen.trainer.model.heads import (
     FineTuneModel,
     build_finetune_model,
     finetune_variable_map,
-    head_names,
+    head_class,
 )
 from bert_datagen.trainer.run import checkpoint as ckpt_lib
 from bert_datagen.trainer.run.config import BertConfig, ConfigError
-
-HF_ARCHITECTURES = {"classification": "BertForSequenceClassification",
-                    "regression": "BertForSequenceClassification",
-                    "span": "BertForQuestionAnswering", "tagging": "BertForTokenClassification"}
-HF_HEAD = {"classification": "classifier", "regression": "classifier", "span": "qa_outputs",
-           "tagging": "classifier"}
 
 
 def is_finetune_run(path: str | Path) -> bool:
@@ -78,16 +72,11 @@ def hf_task_config(bert: BertConfig, task: dict, pad_token_id: int) -> dict:
 
     config = hf_config_from_bert_config(bert.to_dict(), pad_token_id=pad_token_id)
     config.pop("tie_word_embeddings", None)
-    config["architectures"] = [HF_ARCHITECTURES[task["type"]]]
-    if task["type"] == "regression":
-        labels = ["LABEL_0"]
-        config["problem_type"] = "regression"
-    elif task["type"] == "span":
-        labels = ["LABEL_0", "LABEL_1"]
-    else:
-        labels = list(task["labels"])
-        if task["type"] == "classification":
-            config["problem_type"] = "single_label_classification"
+    head = head_class(task["type"])
+    config["architectures"] = [head.hf_architecture]
+    if head.hf_problem_type:
+        config["problem_type"] = head.hf_problem_type
+    labels = head.hf_labels(task["labels"])
     config["id2label"] = {str(i): label for i, label in enumerate(labels)}
     config["label2id"] = {label: i for i, label in enumerate(labels)}
     config["num_labels"] = len(labels)
@@ -99,10 +88,10 @@ def hf_task_state(model: FineTuneModel) -> dict[str, np.ndarray]:
     from bert_datagen.trainer.model.heads import encoder_variable_map
 
     encoder = {n: np.asarray(v.numpy(), np.float32) for n, v in encoder_variable_map(model).items()}
-    if model.task_type in ("span", "tagging"):  # these architectures have no pooler
+    if not model.head.reads_pooler:  # nor do the HF architectures of these heads
         encoder = {n: v for n, v in encoder.items() if not n.startswith("bert/pooler/")}
     state = tf1_to_hf(encoder)
-    head = HF_HEAD[model.task_type]
+    head = model.head.hf_head
     state[f"{head}.weight"] = np.ascontiguousarray(model.head.output_weights.numpy(), np.float32)
     state[f"{head}.bias"] = np.ascontiguousarray(model.head.output_bias.numpy(), np.float32)
     return state
@@ -132,7 +121,7 @@ def export_finetuned(run: str, fmt: str, out: str, vocab: str | None = None, do_
             write_tf1_checkpoint(tmp / "bert_model.ckpt", tf1_task_arrays(model))
             (tmp / "bert_config.json").write_text(bert.to_json())
             (tmp / "vocab.txt").write_bytes(vocab_bytes)
-            weights, bias = head_names(task["type"])
+            weights, bias = head_class(task["type"]).tf1_names
             (tmp / "task.json").write_text(json.dumps({"type": task["type"], "labels": task["labels"],
                                                        "head": [weights, bias]}, indent=2) + "\n")
         elif fmt == "hf":

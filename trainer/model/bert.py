@@ -1,4 +1,5 @@
-"""BERT for pre-training (MLM + NSP), Keras 3 on TensorFlow, numerics of the original.
+"""BERT: the encoder (`BertEncoder`) and the pre-training model on it (`BertPretrainer`: + MLM and
+NSP heads), Keras 3 on TensorFlow, numerics of the original.
 
 Everything RECIPE.md section 6 fixes is written out here rather than taken from Keras defaults,
 because the defaults differ: GELU is the tanh approximation (`hidden_act="gelu_new"`, the default;
@@ -18,6 +19,8 @@ Forward pass::
     out["nsp_logits"]      # [B,2]   float32 (index 0 = IsNext, 1 = NotNext)
     out["sequence_output"] # [B,S,H] final hidden states
     out["pooled_output"]   # [B,H]   tanh pooler on position 0
+
+`BertEncoder` takes the same arguments and returns only the last two.
 
 Dropout is stateless: every mask is a pure function of `dropout_seed` and the dropout site, so a
 run that restarts from a checkpoint draws exactly the masks the uninterrupted run would have, and no
@@ -176,15 +179,12 @@ class EncoderLayer(keras.layers.Layer):
         return self.output_norm(ffn + x)
 
 
-class BertPretrainer(keras.Model):
-    """BERT encoder with the pooler, the masked-LM head and the next-sentence head.
+class BertEncoder(keras.Model):
+    """The backbone: embeddings, the transformer layers and the pooler. Outputs `sequence_output`
+    and `pooled_output`; the pre-training heads (`BertPretrainer`) and the fine-tuning task heads
+    (`bert_datagen.trainer.model.heads`) sit on it."""
 
-    With `pretraining_heads=False` only the encoder and pooler exist (the backbone a fine-tuning
-    task head sits on, `bert_datagen.trainer.model.heads`); the outputs then lack mlm/nsp logits.
-    """
-
-    def __init__(self, config: BertConfig, seed: int = 12345, dtype: str | None = None,
-                 pretraining_heads: bool = True, **kwargs) -> None:
+    def __init__(self, config: BertConfig, seed: int = 12345, dtype: str | None = None, **kwargs) -> None:
         super().__init__(name=kwargs.pop("name", "bert"), dtype=dtype, **kwargs)
         c, h = config, config.hidden_size
         self.config = c
@@ -194,18 +194,6 @@ class BertPretrainer(keras.Model):
         self.encoder_layers = [EncoderLayer(c, seed, i, name=f"layer_{i}", dtype=policy)
                                for i in range(c.num_hidden_layers)]
         self.pooler = dense(c, seed, "bert/pooler/dense", h, h, policy)
-        self.pretraining_heads = pretraining_heads
-        if not pretraining_heads:
-            self.built = True
-            return
-        self.mlm_transform = dense(c, seed, "cls/predictions/transform/dense", h, h, policy)
-        self.mlm_norm = LayerNorm(h, name="cls_predictions_LayerNorm", dtype=policy)
-        self.mlm_output_bias = self.add_weight(name="mlm_output_bias", shape=(c.vocab_size,),
-                                               initializer="zeros")
-        self.nsp_output_weights = self.add_weight(
-            name="nsp_output_weights", shape=(2, h),
-            initializer=truncated_normal(c, seed, "cls/seq_relationship/output_weights"))
-        self.nsp_output_bias = self.add_weight(name="nsp_output_bias", shape=(2,), initializer="zeros")
         self.built = True
 
     def call(self, inputs: dict[str, tf.Tensor], training: bool = False,
@@ -225,16 +213,41 @@ class BertPretrainer(keras.Model):
         for layer in self.encoder_layers:
             x = layer(x, attention_bias, dropout_seed=seed)
         pooled = tf.tanh(self.pooler(x[:, 0, :]))
+        return {"sequence_output": x, "pooled_output": pooled}
 
-        out = {"sequence_output": x, "pooled_output": pooled}
-        if not self.pretraining_heads:
-            return out
+
+class BertPretrainer(keras.Model):
+    """The encoder (`BertEncoder`) with the masked-LM head and the next-sentence head."""
+
+    def __init__(self, config: BertConfig, seed: int = 12345, dtype: str | None = None, **kwargs) -> None:
+        super().__init__(name=kwargs.pop("name", "bert"), dtype=dtype, **kwargs)
+        c, h = config, config.hidden_size
+        self.config = c
+        self.seed = seed
+        policy = self.dtype_policy
+        # Created first, as when the encoder's layers were this model's own: weights are seeded by
+        # name either way, but `weights` keeps its order (encoder, then heads).
+        self.encoder = BertEncoder(c, seed, dtype=policy, name="bert_encoder")
+        self.mlm_transform = dense(c, seed, "cls/predictions/transform/dense", h, h, policy)
+        self.mlm_norm = LayerNorm(h, name="cls_predictions_LayerNorm", dtype=policy)
+        self.mlm_output_bias = self.add_weight(name="mlm_output_bias", shape=(c.vocab_size,),
+                                               initializer="zeros")
+        self.nsp_output_weights = self.add_weight(
+            name="nsp_output_weights", shape=(2, h),
+            initializer=truncated_normal(c, seed, "cls/seq_relationship/output_weights"))
+        self.nsp_output_bias = self.add_weight(name="nsp_output_bias", shape=(2,), initializer="zeros")
+        self.built = True
+
+    def call(self, inputs: dict[str, tf.Tensor], training: bool = False,
+             dropout_seed: tf.Tensor | None = None) -> dict[str, tf.Tensor]:
+        out = dict(self.encoder(inputs, training=training, dropout_seed=dropout_seed))
         # Logits leave the model in float32 whatever the compute dtype (losses need the range).
         out["nsp_logits"] = tf.cast(
-            tf.matmul(pooled, self.nsp_output_weights, transpose_b=True) + self.nsp_output_bias, tf.float32
+            tf.matmul(out["pooled_output"], self.nsp_output_weights, transpose_b=True) + self.nsp_output_bias,
+            tf.float32,
         )
         if "masked_lm_positions" in inputs:
-            out["mlm_logits"] = self.masked_lm_logits(x, inputs["masked_lm_positions"])
+            out["mlm_logits"] = self.masked_lm_logits(out["sequence_output"], inputs["masked_lm_positions"])
         return out
 
     def masked_lm_logits(self, sequence_output: tf.Tensor, positions: tf.Tensor) -> tf.Tensor:
@@ -244,30 +257,31 @@ class BertPretrainer(keras.Model):
         # Tied output matrix: the word embeddings, transposed. Flattened to 2-D first: a [B,P,H] x
         # [V,H] matmul would broadcast the matrix over B and build a [B,V,H] gradient.
         flat = tf.reshape(h, [-1, self.config.hidden_size])
-        logits = tf.matmul(flat, self.embeddings.word_embeddings, transpose_b=True) + self.mlm_output_bias
+        logits = tf.matmul(flat, self.encoder.embeddings.word_embeddings, transpose_b=True) + self.mlm_output_bias
         logits = tf.reshape(logits, tf.concat([tf.shape(positions), [self.config.vocab_size]], axis=0))
         return tf.cast(logits, tf.float32)
 
 
-def build_model(config: BertConfig, seed: int = 12345, dtype: str | None = None,
-                pretraining_heads: bool = True) -> BertPretrainer:
-    """A fully built model (all weights created and initialised from `seed`)."""
-    return BertPretrainer(config, seed=seed, dtype=dtype, pretraining_heads=pretraining_heads)
+def build_model(config: BertConfig, seed: int = 12345, dtype: str | None = None) -> BertPretrainer:
+    """A fully built pre-training model (all weights created and initialised from `seed`)."""
+    return BertPretrainer(config, seed=seed, dtype=dtype)
 
 
-def tf1_variable_map(model: BertPretrainer) -> dict[str, keras.Variable]:
-    """Every weight of `model` under its original TF1 checkpoint name, in original shapes.
+def tf1_variable_map(model: BertPretrainer | BertEncoder) -> dict[str, keras.Variable]:
+    """Every weight of `model` (the pre-trainer, or an encoder alone) under its original TF1
+    checkpoint name, in original shapes.
 
     Kernels are `[in, out]`, `cls/seq_relationship/output_weights` is `[2, H]`: exactly the shapes
     of Google's checkpoints. Raises if a weight of the model is missing from the map.
     """
+    encoder = model if isinstance(model, BertEncoder) else model.encoder
     m: dict[str, keras.Variable] = {}
-    e = model.embeddings
+    e = encoder.embeddings
     m["bert/embeddings/word_embeddings"] = e.word_embeddings
     m["bert/embeddings/token_type_embeddings"] = e.token_type_embeddings
     m["bert/embeddings/position_embeddings"] = e.position_embeddings
     _put_norm(m, "bert/embeddings/LayerNorm", e.layer_norm)
-    for i, layer in enumerate(model.encoder_layers):
+    for i, layer in enumerate(encoder.encoder_layers):
         p = f"bert/encoder/layer_{i}/"
         _put_dense(m, p + "attention/self/query", layer.query)
         _put_dense(m, p + "attention/self/key", layer.key)
@@ -277,8 +291,8 @@ def tf1_variable_map(model: BertPretrainer) -> dict[str, keras.Variable]:
         _put_dense(m, p + "intermediate/dense", layer.intermediate)
         _put_dense(m, p + "output/dense", layer.output_dense)
         _put_norm(m, p + "output/LayerNorm", layer.output_norm)
-    _put_dense(m, "bert/pooler/dense", model.pooler)
-    if model.pretraining_heads:
+    _put_dense(m, "bert/pooler/dense", encoder.pooler)
+    if isinstance(model, BertPretrainer):
         _put_dense(m, "cls/predictions/transform/dense", model.mlm_transform)
         _put_norm(m, "cls/predictions/transform/LayerNorm", model.mlm_norm)
         m["cls/predictions/output_bias"] = model.mlm_output_bias
