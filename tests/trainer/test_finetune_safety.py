@@ -142,7 +142,7 @@ def test_finetune_resumes_only_on_its_dataset_and_settings(tmp_path, init_run):
     classification_dataset(str(tmp_path / "data"), seed=1)
     with pytest.raises(TrainingError, match=f"not the dataset this run was started on.*{recorded['fingerprint']}"):
         finetune(cfg, log=lambda _: None)
-    assert [step for step, _ in __import__("bert_datagen.trainer.run.checkpoint").checkpoint.list_checkpoints(tmp_path / "run")] == [2]
+    assert [step for step, _ in __import__("importlib").import_module("bert_datagen.trainer.run.checkpoint").list_checkpoints(tmp_path / "run")] == [2]
     shutil.rmtree(tmp_path / "data")
     classification_dataset(str(tmp_path / "data"))
     lines: list[str] = []
