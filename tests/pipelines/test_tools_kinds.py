@@ -1,5 +1,5 @@
 """One dispatch on dataset kind: every tool command, on a pre-training and a task dataset, goes through
-`pipelines.tools.kinds.TOOLS`; an unknown kind is one clear error; the run fingerprint is one formula
+`bert_datagen.pipelines.tools.kinds.TOOLS`; an unknown kind is one clear error; the run fingerprint is one formula
 that gives what the two trainer formulas it replaced gave (recorded runs keep resuming)."""
 
 from __future__ import annotations
