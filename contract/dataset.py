@@ -8,10 +8,12 @@ a manifest (checksums, counts) are then the caller's to skip.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 from dataclasses import dataclass
 
-from bert_datagen.contract.features import TASK
+from bert_datagen.contract.features import DEFAULT_KIND, PRETRAINING, TASK
 from bert_datagen.contract.fs import FileSystem, is_remote
 from bert_datagen.contract.manifest import (
     MANIFEST_NAME,
@@ -47,6 +49,10 @@ class Dataset:
     shape: RecordShape | None  # pre-training record shape; None when vocab is None and for task datasets
     max_seq_length: int
     max_predictions: int
+    # The manifest's "kind" (contract.features: PRETRAINING or TASK), validated when it was parsed;
+    # TFRecords without a manifest are pre-training data of the original tool. The one place the
+    # tools and the trainer learn what kind of data they hold.
+    kind: str = DEFAULT_KIND
 
     @property
     def splits(self) -> list[str]:
@@ -108,16 +114,17 @@ def open_dataset(
                 "data without one"
             )
         manifest = load_manifest(target, fs)
-        task = manifest_kind(manifest, fs.join(target, MANIFEST_NAME)) == TASK
+        kind = manifest_kind(manifest, fs.join(target, MANIFEST_NAME))
+        task = kind == TASK
         # A task dataset has no masked-LM features: its record rules are bert_datagen.datagen.tasks.rules'.
         seq, preds = (int(manifest["features"]["input_ids"][1]), 0) if task else shape_from_manifest(manifest)
         shards = [ShardRef(split, s["path"], fs.join(target, *s["path"].split("/")), s)
                   for split in split_names(manifest) for s in manifest["splits"][split]["shards"]]
         if not need_vocab:
-            return Dataset(target, manifest, shards, None, None, seq, preds)
+            return Dataset(target, manifest, shards, None, None, seq, preds, kind)
         vocab = read_vocab(vocab_path or fs.join(target, manifest["vocab"]["path"]), fs)
         shape = None if task else record_shape(vocab, seq, preds, manifest["config"])
-        return Dataset(target, manifest, shards, vocab, shape, seq, preds)
+        return Dataset(target, manifest, shards, vocab, shape, seq, preds, kind)
     options = "--max-seq-length, --max-predictions-per-seq" + (" and --vocab" if need_vocab else "")
     if any(v is None for v in legacy_opts):
         if is_dataset_dir(target, fs):
@@ -136,8 +143,29 @@ def open_dataset(
         raise DatasetError(f"{target}: no record files")
     seq, preds = int(max_seq_length), int(max_predictions_per_seq)  # type: ignore[arg-type]
     shape = record_shape(vocab, seq, preds) if vocab is not None else None
-    return Dataset(None, None, shards, vocab, shape, seq, preds)
+    return Dataset(None, None, shards, vocab, shape, seq, preds, PRETRAINING)
 
 
 def _is_hidden(path: str) -> bool:
     return path.rstrip("/").rsplit("/", 1)[-1].startswith(".")
+
+
+# What describes the records beside the shards, per kind: a pre-training dataset's features, a task
+# dataset's task (its features follow from it). Task datasets list side files (examples.jsonl, ...)
+# too; pre-training manifests have none, so one formula covers both.
+_IDENTITY_KEY = {PRETRAINING: "features", TASK: "task"}
+
+
+def manifest_identity(manifest: dict) -> dict:
+    """What a dataset IS, independent of how its path is spelled: every shard's and side file's split,
+    relative path, record count and sha256, the vocab's sha256 and the features (pre-training) or
+    the task (fine-tuning); ``{"fingerprint": sha256 of that, "shards": [...]}``. Runs record it
+    and resume only on the same fingerprint, so the formula is frozen: a change would refuse every
+    recorded run."""
+    key = _IDENTITY_KEY[manifest_kind(manifest)]
+    shards = [{"split": name, "path": s["path"], "records": int(s.get("records", 0)), "sha256": s.get("sha256")}
+              for name in sorted(manifest["splits"]) for part in ("shards", "side")
+              for s in manifest["splits"][name].get(part, [])]
+    content = {key: manifest.get(key), "vocab_sha256": manifest["vocab"].get("sha256"), "shards": shards}
+    digest = hashlib.sha256(json.dumps(content, sort_keys=True).encode()).hexdigest()
+    return {"fingerprint": digest, "shards": shards}

@@ -9,23 +9,12 @@ import sys
 import click
 
 from bert_datagen.contract.dataset import Dataset, DatasetError, open_dataset
-from bert_datagen.contract.features import TASK
-from bert_datagen.contract.manifest import ManifestError, manifest_kind
+from bert_datagen.contract.manifest import ManifestError
 from bert_datagen.datagen.record_rules import MAX_PROBLEMS_PER_SHARD
 from bert_datagen.datagen.tfrecord import RecordError
 from bert_datagen.pipelines.beam import fsio
-from bert_datagen.pipelines.tasks.tools import (
-    format_task_record,
-    format_task_stats,
-    inspect_task,
-    plot_task_stats,
-    task_stats,
-    verify_task,
-)
 from bert_datagen.pipelines.tools.diff import diff_datasets, format_diff
-from bert_datagen.pipelines.tools.inspection import format_record, inspect_records
-from bert_datagen.pipelines.tools.stats import compute_stats, format_stats, plot_stats
-from bert_datagen.pipelines.tools.verify import verify
+from bert_datagen.pipelines.tools.kinds import KindTools, tools_for
 
 
 def _legacy_options(f):
@@ -40,28 +29,14 @@ def _legacy_options(f):
     return f
 
 
-def _open(target: str, max_seq_length, max_predictions_per_seq, vocab_path) -> Dataset:
+def _open(target: str, max_seq_length, max_predictions_per_seq, vocab_path) -> tuple[Dataset, KindTools]:
+    """The dataset and, looked up once by its kind, what each command does with it."""
     try:
-        return open_dataset(target, fsio.BEAM_FS, max_seq_length=max_seq_length,
-                            max_predictions_per_seq=max_predictions_per_seq, vocab_path=vocab_path)
+        ds = open_dataset(target, fsio.BEAM_FS, max_seq_length=max_seq_length,
+                          max_predictions_per_seq=max_predictions_per_seq, vocab_path=vocab_path)
+        return ds, tools_for(ds.kind)
     except (DatasetError, ManifestError) as e:
         raise click.ClickException(str(e)) from e
-
-
-def _is_task(ds: Dataset) -> bool:
-    return ds.manifest is not None and manifest_kind(ds.manifest) == TASK
-
-
-def _inspect_task(ds: Dataset, split, shard, index, count, as_json) -> None:
-    try:
-        ref, views = inspect_task(ds, split=split, shard=shard, index=index, count=count)
-    except (DatasetError, RecordError) as e:
-        raise click.ClickException(str(e)) from e
-    if not views:
-        raise click.ClickException(f"{ref.name}: no record at index {index}")
-    for v in views:
-        click.echo(json.dumps({"shard": ref.name, **v}, ensure_ascii=False) if as_json
-                   else format_task_record(v, f"{ref.name} record {v['index']}") + "\n")
 
 
 _workers = click.option("--workers", type=click.IntRange(min=1), default=None,
@@ -89,9 +64,8 @@ def verify_command(target, max_seq_length, max_predictions_per_seq, vocab_path, 
     TARGET is a dataset directory (local or gs://), or, with --max-seq-length,
     --max-predictions-per-seq and --vocab, a glob of TFRecord files without a manifest.
     """
-    ds = _open(target, max_seq_length, max_predictions_per_seq, vocab_path)
-    check = verify_task if _is_task(ds) else verify
-    report = check(ds, workers=workers, max_problems=max_problems, check_records=not checksums_only)
+    ds, tools = _open(target, max_seq_length, max_predictions_per_seq, vocab_path)
+    report = tools.verify(ds, workers=workers, max_problems=max_problems, check_records=not checksums_only)
     mb = report.bytes / 1e6
     if as_json:
         click.echo(json.dumps({
@@ -139,19 +113,16 @@ def inspect_command(target, split, shard, index, count, max_seq_length, max_pred
     Shows segment A and B, each masked position as {MASK:label}, {kept:label} or
     {random shown:label}, and the NSP label (0 IsNext, 1 NotNext).
     """
-    ds = _open(target, max_seq_length, max_predictions_per_seq, vocab_path)
-    if _is_task(ds):
-        _inspect_task(ds, split, shard, index, count, as_json)
-        return
+    ds, tools = _open(target, max_seq_length, max_predictions_per_seq, vocab_path)
     try:
-        ref, views, problems = inspect_records(ds, split=split, shard=shard, index=index, count=count)
-    except DatasetError as e:
+        ref, views, problems = tools.inspect(ds, split=split, shard=shard, index=index, count=count)
+    except (DatasetError, RecordError) as e:
         raise click.ClickException(str(e)) from e
     if not views and not problems:
         raise click.ClickException(f"{ref.name}: no record at index {index}")
     for v in views:
         click.echo(json.dumps({"shard": ref.name, **v}, ensure_ascii=False) if as_json
-                   else format_record(v, ref.name, words=words) + "\n")
+                   else tools.format_record(v, ref.name, words) + "\n")
     for p in problems:
         click.echo(f"problem: {p}", err=True)
     if problems:
@@ -186,23 +157,17 @@ def stats_command(target, split, as_json, plot_path, top, max_seq_length, max_pr
 
 def _stats(target, split, as_json, plot_path, top, max_seq_length, max_predictions_per_seq, vocab_path,
            workers) -> None:
-    ds = _open(target, max_seq_length, max_predictions_per_seq, vocab_path)
-    task = _is_task(ds)
+    ds, tools = _open(target, max_seq_length, max_predictions_per_seq, vocab_path)
     try:
-        if task:
-            st = task_stats(ds, split)
-            if plot_path:
-                plot_task_stats(st, plot_path)
-        else:
-            st = compute_stats(ds, split=split, workers=workers, top=top)
-            if plot_path:
-                plot_stats(st, plot_path)
+        st = tools.stats(ds, split=split, workers=workers, top=top)
+        if plot_path:
+            tools.plot_stats(st, plot_path)
     except DatasetError as e:
         raise click.ClickException(str(e)) from e
     if as_json:
         click.echo(json.dumps(st, indent=2, ensure_ascii=False))
     else:
-        click.echo(format_task_stats(st) if task else format_stats(st))
+        click.echo(tools.format_stats(st))
         if plot_path:
             click.echo(f"histograms written to {plot_path}")
     for p in st["problems"]:
@@ -226,7 +191,7 @@ def diff_command(a, b, no_records) -> None:
     (where the documents came from) are listed but do not make datasets different. diff trusts the
     manifests' checksums: run verify to prove the files match them.
     """
-    da, db = _open(a, None, None, None), _open(b, None, None, None)
+    (da, _), (db, _) = _open(a, None, None, None), _open(b, None, None, None)
     try:
         report = diff_datasets(da, db, records=not no_records)
     except DatasetError as e:

@@ -6,8 +6,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from bert_datagen.contract.dataset import Dataset, DatasetError, ShardRef
-from bert_datagen.datagen.example_codec import decode_batch
-from bert_datagen.pipelines.tools.inspection import record_view, shown_token
+from bert_datagen.pipelines.tools.inspection import shown_token
+from bert_datagen.pipelines.tools.kinds import tools_for
 from bert_datagen.pipelines.tools.shards import iter_payloads
 
 # Manifest fields that say how or from where a dataset was made, not what it holds: two datasets that
@@ -62,52 +62,26 @@ def _first_difference(a: Dataset, b: Dataset, splits: list[str]) -> dict | None:
                 if rec is None:
                     side[key] = None
                     continue
-                if ds.shape is None:  # a task dataset
-                    view, problems = _task_view(ds, split, rec[2])
-                else:
-                    batch, problems = decode_batch([rec[2]], [rec[1]], ds.shape)
-                    view = record_view(batch, 0, ds.vocab, ds.shape) if len(batch) else None
+                view, problems = tools_for(ds.kind).record_view(ds, split, rec[1], rec[2])
                 side[key] = {"shard": rec[0].name, "index": rec[1], "view": view,
                              "problem": problems[0][1] if problems else None}
             return {"split": split, "position": n, **side}
     return None
 
 
-def _with_config_defaults(manifest: dict) -> dict:
+def _with_config_defaults(ds: Dataset) -> dict:
     """A config field added after a dataset was made has its default there (it made no difference).
-    The defaults are those of the manifest's own kind: a task dataset's config has no dupe_factor."""
-    import dataclasses
-
-    from bert_datagen.contract.features import DEFAULT_KIND, TASK
-    from bert_datagen.datagen.config import DatagenConfig
-    from bert_datagen.datagen.tasks.config import TaskConfig
-
-    if manifest.get("kind", DEFAULT_KIND) == TASK:
-        # None defaults are resolved per task kind when a config is built (max_seq_length, header):
-        # a manifest always holds the resolved value, so there is no default to fill in.
-        defaults = {f.name: f.default for f in dataclasses.fields(TaskConfig)
-                    if f.default is not dataclasses.MISSING and f.default is not None}
-    else:
-        defaults = {k: v for k, v in DatagenConfig().to_dict().items() if k != "extra"}
-    return {**manifest, "config": {**defaults, **manifest.get("config", {})}}
-
-
-def _task_view(ds: Dataset, split: str, payload: bytes) -> tuple[dict | None, list[tuple[int, str]]]:
-    from bert_datagen.pipelines.tasks.tools import decode_record
-    from bert_datagen.pipelines.tasks.tools import record_view as task_record_view
-
-    try:
-        f = decode_record(ds, split, payload)
-    except ValueError as e:
-        return None, [(0, str(e))]
-    return task_record_view(ds, split, f, 0), []
+    The defaults are those of the dataset's own kind: a task dataset's config has no dupe_factor."""
+    manifest = ds.manifest
+    assert manifest is not None
+    return {**manifest, "config": {**tools_for(ds.kind).config_defaults(), **manifest.get("config", {})}}
 
 
 def diff_datasets(a: Dataset, b: Dataset, *, records: bool = True) -> DiffReport:
     if a.manifest is None or b.manifest is None:
         raise DatasetError("diff compares two datasets with manifests")
-    fa = {k: v for k, v in _flat(_with_config_defaults(a.manifest)).items() if ".shards" not in k}
-    fb = {k: v for k, v in _flat(_with_config_defaults(b.manifest)).items() if ".shards" not in k}
+    fa = {k: v for k, v in _flat(_with_config_defaults(a)).items() if ".shards" not in k}
+    fb = {k: v for k, v in _flat(_with_config_defaults(b)).items() if ".shards" not in k}
     differ = [(k, fa.get(k), fb.get(k)) for k in sorted(set(fa) | set(fb)) if fa.get(k) != fb.get(k)]
     info = [d for d in differ if any(d[0] == p or d[0].startswith(p + ".") for p in INFORMATIONAL)]
     fields = [d for d in differ if d not in info]

@@ -9,18 +9,23 @@ alone, with no iterator state to save.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from dataclasses import dataclass, field
 
 import tensorflow as tf
 
+from bert_datagen.contract.dataset import manifest_identity
+from bert_datagen.contract.features import TASK
+from bert_datagen.contract.manifest import MANIFEST_NAME
 from bert_datagen.trainer.model.heads import TASK_TYPES
-from bert_datagen.trainer.pretrain.data import check_first_record, check_shard_file, find_bad_record
+from bert_datagen.trainer.pretrain.data import (
+    check_first_record,
+    check_shard_file,
+    find_bad_record,
+    open_manifest_dataset,
+)
 from bert_datagen.trainer.run.errors import DataError
-
-MANIFEST = "manifest.json"
 
 
 @dataclass
@@ -48,7 +53,7 @@ class TaskDataset:
     splits: dict[str, SplitInfo]
     task: dict
     vocab_sha256: str = ""  # the manifest's, of vocab_path's bytes
-    identity: dict = field(default_factory=dict)  # `task_identity`: what a run records and resumes on
+    identity: dict = field(default_factory=dict)  # `manifest_identity`: what a run records and resumes on
 
     @property
     def num_labels(self) -> int:
@@ -60,39 +65,14 @@ class TaskDataset:
         return self.splits[name]
 
 
-def read_manifest(directory: str) -> dict:
-    """The validated manifest (contract/: schema, kind-aware required fields), as a DataError if not."""
-    from bert_datagen.contract.manifest import ManifestError, load_manifest
-    from bert_datagen.trainer.run.gfs import GFILE_FS
-
-    try:
-        return load_manifest(directory, GFILE_FS)
-    except ManifestError as exc:
-        raise DataError(str(exc)) from exc
-
-
-def task_identity(manifest: dict) -> dict:
-    """What a task dataset IS, independent of how its path is spelled (as `bert_datagen.trainer.pretrain.data.dataset_identity`
-    for pre-training data): every shard and side file's split, path, record count and sha256 (from
-    the manifest), the vocab's sha256 and the task; the fingerprint is the sha256 of that."""
-    shards = [{"split": name, "path": s["path"], "records": int(s.get("records", 0)), "sha256": s.get("sha256")}
-              for name in sorted(manifest["splits"]) for key in ("shards", "side")
-              for s in manifest["splits"][name].get(key, [])]
-    content = {"task": manifest.get("task"), "vocab_sha256": manifest["vocab"].get("sha256"), "shards": shards}
-    digest = hashlib.sha256(json.dumps(content, sort_keys=True).encode()).hexdigest()
-    return {"fingerprint": digest, "shards": shards}
-
-
-def is_task_manifest(manifest: dict) -> bool:
-    return manifest.get("kind") == "task"
-
-
 def open_task_dataset(directory: str) -> TaskDataset:
     """Describe a task dataset; DataError (naming the file) for anything else, e.g. pre-training data."""
-    manifest = read_manifest(directory)
-    path = os.path.join(directory, MANIFEST)
-    if not is_task_manifest(manifest):
-        raise DataError(f"{directory}: a pre-training dataset (manifest kind {manifest.get('kind', 'pretraining')!r}), "
+    ds = open_manifest_dataset(directory)
+    manifest = ds.manifest
+    assert manifest is not None
+    path = os.path.join(directory, MANIFEST_NAME)
+    if ds.kind != TASK:
+        raise DataError(f"{directory}: a pre-training dataset (manifest kind {ds.kind!r}), "
                         "not a task dataset; fine-tune on the output of `bert-datagen task`, or pre-train "
                         "on this one with `bert-train pretrain`")
     try:
@@ -110,7 +90,7 @@ def open_task_dataset(directory: str) -> TaskDataset:
                            max_seq_length=int(task["max_seq_length"]), vocab_size=int(vocab["size"]),
                            vocab_path=os.path.join(directory, vocab["path"]), do_lower_case=do_lower_case,
                            splits=splits, task=dict(task), vocab_sha256=str(vocab["sha256"]),
-                           identity=task_identity(manifest))
+                           identity=manifest_identity(manifest))
     except (KeyError, TypeError, ValueError) as exc:
         if isinstance(exc, DataError):
             raise
@@ -135,7 +115,7 @@ def check_split_files(dataset: TaskDataset, splits: list[SplitInfo | None]) -> N
     read: each shard has the size the manifest gives and its first record parses with the split's
     features. A truncated dev shard would otherwise surface only after training, as a TensorFlow
     error that names no file."""
-    manifest = os.path.join(dataset.source, MANIFEST)
+    manifest = os.path.join(dataset.source, MANIFEST_NAME)
     for split in splits:
         if split is None:
             continue

@@ -135,14 +135,14 @@ def init_vocab(init_from: str | None, init_checkpoint: str | None) -> VocabRef |
 
 def _unchanged_manifest(data: str, fingerprint: str | None) -> dict | None:
     """The manifest of the dataset a run recorded, if it is still the same dataset."""
-    from bert_datagen.trainer.pretrain.data import DatasetInfo, dataset_identity, load_dataset_manifest
+    from bert_datagen.contract.dataset import manifest_identity
+    from bert_datagen.trainer.pretrain.data import load_dataset_manifest
 
     manifest = load_dataset_manifest(data) if data else None
     if manifest is None:
         return None
-    info = DatasetInfo(source=data, max_seq_length=0, max_predictions_per_seq=0, train_files=[], manifest=manifest)
     try:
-        return manifest if dataset_identity(info)["fingerprint"] == fingerprint else None
+        return manifest if manifest_identity(manifest)["fingerprint"] == fingerprint else None
     except (KeyError, TypeError):
         return None
 

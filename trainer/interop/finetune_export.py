@@ -17,12 +17,14 @@ from pathlib import Path
 
 import numpy as np
 
+from bert_datagen.contract.manifest import MANIFEST_NAME
 from bert_datagen.trainer.model.heads import (
     FineTuneModel,
     build_finetune_model,
     finetune_variable_map,
     head_class,
 )
+from bert_datagen.trainer.pretrain.data import load_dataset_manifest
 from bert_datagen.trainer.run import checkpoint as ckpt_lib
 from bert_datagen.trainer.run.config import BertConfig, ConfigError
 
@@ -57,10 +59,11 @@ def task_vocab(task: dict, vocab_path: str | None) -> bytes:
     if vocab_path:
         return Path(vocab_path).read_bytes()
     data = task.get("data")
-    manifest_path = Path(data or "") / "manifest.json"
-    if not data or not manifest_path.is_file():
+    manifest_path = Path(data or "") / MANIFEST_NAME
+    manifest = load_dataset_manifest(data) if data and manifest_path.is_file() else None
+    if manifest is None:
         raise ConfigError(f"the run's dataset ({data}) is not available to take its vocab from: pass --vocab FILE")
-    entry = json.loads(manifest_path.read_text())["vocab"]
+    entry = manifest["vocab"]
     content = (Path(data) / entry["path"]).read_bytes()
     if hashlib.sha256(content).hexdigest() != entry["sha256"]:
         raise ConfigError(f"{Path(data) / entry['path']}: does not match the sha256 in {manifest_path}; pass --vocab")

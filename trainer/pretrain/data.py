@@ -16,17 +16,16 @@ from dataclasses import dataclass, field
 
 import tensorflow as tf
 
-from bert_datagen.contract.features import PRETRAINING
+from bert_datagen.contract.dataset import Dataset, DatasetError, manifest_identity, open_dataset
+from bert_datagen.contract.features import PRETRAINING, TASK
 from bert_datagen.contract.fs import is_remote
-from bert_datagen.contract.manifest import ManifestError, load_manifest, manifest_kind
+from bert_datagen.contract.manifest import MANIFEST_NAME, ManifestError
 from bert_datagen.datagen.example_codec import decode_example
 from bert_datagen.datagen.records import INSTANCE_KEY, feature_spec
 from bert_datagen.datagen.tfrecord import RecordError, iter_tfrecords, masked_crc32c
 from bert_datagen.trainer.run.config import BertConfig
 from bert_datagen.trainer.run.errors import DataError
 from bert_datagen.trainer.run.gfs import GFILE_FS
-
-MANIFEST_NAME = "manifest.json"
 
 
 @dataclass
@@ -67,10 +66,12 @@ def open_pretraining_data(data: str, max_seq_length: int | None = None, max_pred
     return info
 
 
-def _load_manifest(directory: str) -> dict:
+def open_manifest_dataset(directory: str) -> Dataset:
+    """A dataset directory through the contract (one manifest parser for pre-training and
+    fine-tuning): its manifest, kind and shards, no vocab read; DataError naming the file if not."""
     try:
-        return load_manifest(directory, GFILE_FS)
-    except ManifestError as exc:
+        return open_dataset(directory, GFILE_FS, need_vocab=False)
+    except (ManifestError, DatasetError) as exc:
         raise DataError(str(exc)) from exc
     except (OSError, tf.errors.OpError) as exc:  # a directory we may not read
         reason = getattr(exc, "message", None) or getattr(exc, "strerror", None) or exc
@@ -82,24 +83,17 @@ def load_dataset_manifest(data: str) -> dict | None:
     if not is_remote(data) and not os.path.exists(os.path.join(data, MANIFEST_NAME)):
         return None
     try:
-        return _load_manifest(data)
+        return open_manifest_dataset(data).manifest
     except DataError:
         return None
 
 
 def _from_manifest(directory: str) -> DatasetInfo:
-    from bert_datagen.contract import dataset as contract_dataset
-
-    # The kind first: the shape of a task dataset's features is not a pre-training one.
-    kind = manifest_kind(_load_manifest(directory), f"{directory}/{MANIFEST_NAME}")
-    if kind != PRETRAINING:
-        raise DataError(f"{directory}/{MANIFEST_NAME}: a {kind!r} dataset, not a pre-training dataset: "
+    ds = open_manifest_dataset(directory)
+    if ds.kind != PRETRAINING:
+        raise DataError(f"{directory}/{MANIFEST_NAME}: a {ds.kind!r} dataset, not a pre-training dataset: "
                         "bert-train pretrain and eval read the output of `bert-datagen run`"
-                        + ("; fine-tune on it with `bert-train finetune`" if kind == "task" else ""))
-    try:
-        ds = contract_dataset.open_dataset(directory, GFILE_FS, need_vocab=False)
-    except (ManifestError, contract_dataset.DatasetError) as exc:
-        raise DataError(str(exc)) from exc
+                        + ("; fine-tune on it with `bert-train finetune`" if ds.kind == TASK else ""))
     manifest = ds.manifest
     assert manifest is not None
     seq_len, max_pred = ds.max_seq_length, ds.max_predictions
@@ -171,27 +165,19 @@ def check_shard_file(path: str, size: int, manifest: str) -> None:
 def dataset_identity(info: DatasetInfo) -> dict:
     """What the dataset IS, independent of how its path is spelled.
 
-    With a manifest: every shard's split, relative path, record count and sha256 (from the manifest),
-    the vocab's sha256 and the features; the fingerprint is the sha256 of that list. For TFRecord
+    With a manifest: `bert_datagen.contract.dataset.manifest_identity` (fine-tuning's too). For TFRecord
     globs (no checksums without reading everything): file names and sizes.
     """
     if info.manifest is not None:
-        m = info.manifest
-        shards = [{"split": split, "path": s["path"], "records": int(s["records"]), "sha256": s["sha256"]}
-                  for split in sorted(m["splits"]) for s in m["splits"][split]["shards"]]
-        content = {"features": m["features"], "vocab_sha256": m["vocab"]["sha256"], "shards": shards}
-    else:
-        shards = [{"split": split, "path": os.path.basename(path), "bytes": _size(path)}
-                  for split, files in (("train", info.train_files), ("eval", info.eval_files)) for path in files]
-        content = {"max_seq_length": info.max_seq_length,
-                   "max_predictions_per_seq": info.max_predictions_per_seq, "shards": shards}
-    digest = hashlib.sha256(json.dumps(content, sort_keys=True).encode()).hexdigest()
-    identity = {"fingerprint": digest, "shards": shards}
-    if info.manifest is not None:
         # Outside the fingerprint (runs recorded before it keep theirs): what fine-tuning from the
         # run compares its task dataset's vocab with.
-        identity["vocab_sha256"] = info.manifest["vocab"]["sha256"]
-    return identity
+        return {**manifest_identity(info.manifest), "vocab_sha256": info.manifest["vocab"]["sha256"]}
+    shards = [{"split": split, "path": os.path.basename(path), "bytes": _size(path)}
+              for split, files in (("train", info.train_files), ("eval", info.eval_files)) for path in files]
+    content = {"max_seq_length": info.max_seq_length,
+               "max_predictions_per_seq": info.max_predictions_per_seq, "shards": shards}
+    digest = hashlib.sha256(json.dumps(content, sort_keys=True).encode()).hexdigest()
+    return {"fingerprint": digest, "shards": shards}
 
 
 def _size(path: str) -> int:

@@ -29,6 +29,7 @@ from typing import Any, ClassVar, Protocol
 
 from bert_datagen.contract import fs
 from bert_datagen.contract.cli.lock import INSIDE_LOCK_NAME, OutputLock, OutputLockError, lock_output
+from bert_datagen.contract.manifest import MANIFEST_NAME
 from bert_datagen.trainer.run import checkpoint as ckpt_lib
 from bert_datagen.trainer.run.errors import ConfigError, TrainingError
 
@@ -37,7 +38,6 @@ FINETUNE_CONFIG_FILE = "finetune_config.json"
 SEEDS_FILE = "finetune_seeds.json"
 BERT_CONFIG_FILE = "bert_config.json"
 DATASET_FILE = "dataset.json"
-MANIFEST_FILE = "manifest.json"
 TMP_MARK = fs.TMP_MARKER  # cleanup_temp removes every name with it: the whole run directory is ours
 # Checked by content (DATASET_FILE), not by how the path is spelled.
 _DATA_OPTIONS = frozenset({"data", "eval_data"})
@@ -101,7 +101,7 @@ def has_run_record(path: Path) -> bool:
 
 def is_dataset(path: Path) -> bool:
     """Whether `path` holds a manifest.json written by bert-datagen (a dataset of ours)."""
-    manifest = path / MANIFEST_FILE
+    manifest = path / MANIFEST_NAME
     if not manifest.is_file():
         return False
     try:
