@@ -30,9 +30,12 @@ class NumpyBatches:
 
     def __init__(self, source: Source, *, seed: int, batch_size: int, world_size: int = 1, rank: int = 0,
                  block_size: int = DEFAULT_BLOCK_SIZE, start: int = 0, stop: int | None = None) -> None:
-        check_world(batch_size, world_size, rank)
+        try:
+            check_world(batch_size, world_size, rank)
+            self.order = GlobalOrder(source.counts, source.fingerprint, int(seed), batch_size, block_size)
+        except ValueError as e:
+            raise LoadError(f"{source.root} (split {source.split}): {e}") from e
         self.source = source
-        self.order = GlobalOrder(source.counts, source.fingerprint, int(seed), batch_size, block_size)
         self.world_size, self.rank = world_size, rank
         self.step = start
         self.stop = stop

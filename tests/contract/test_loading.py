@@ -168,6 +168,10 @@ def test_state_of_another_order_is_refused(static_ds):
     other = NumpyBatches(open_source(static_ds), seed=SEED + 1, batch_size=B, block_size=BS)
     with pytest.raises(LoadError, match="seed"):
         other.load_state_dict(state)
+    with pytest.raises(LoadError, match="not a multiple of the world size 3"):
+        NumpyBatches(open_source(static_ds), seed=SEED, batch_size=B, world_size=3)
+    with pytest.raises(LoadError, match="fewer than one batch"):
+        NumpyBatches(open_source(static_ds), seed=SEED, batch_size=1000)
 
 
 # ---------------------------------------------------------------- record kinds
