@@ -99,6 +99,25 @@ def test_rank_shares_of_a_full_window_come_from_disjoint_chunks():
         assert len(set().union(*chunks)) == B
 
 
+def test_ranks_read_disjoint_records_in_a_full_window(static_ds):
+    read = []
+    for rank in range(4):
+        it = _numpy(static_ds, 4, rank)
+        got: set[tuple[int, int]] = set()
+        real = it.source.read
+
+        def counting(shard, start, stop, real=real, got=got):
+            got.update((shard, i) for i in range(start, stop))
+            return real(shard, start, stop)
+
+        it.source.read = counting
+        for _ in range(BS):  # the first window
+            next(it)
+        read.append(got)
+        assert len(got) == B * BS // 4  # its share of the window, nothing more
+    assert not any(read[a] & read[b] for a in range(4) for b in range(a + 1, 4))
+
+
 # ---------------------------------------------------------------- NumPy vs PyTorch, any world, any workers
 
 
