@@ -15,6 +15,7 @@ COMMANDS = {
     "inspect": "bert_datagen.pipelines.tools.cli:inspect_command",
     "stats": "bert_datagen.pipelines.tools.cli:stats_command",
     "diff": "bert_datagen.pipelines.tools.cli:diff_command",
+    "batches": "bert_datagen.pipelines.tools.batches:batches_command",
 }
 
 
@@ -27,7 +28,7 @@ class DatagenGroup(CommandGroup):
 @click.version_option(__version__, prog_name="bert-datagen")
 @click.option("--debug", is_flag=True, expose_value=False, help=DEBUG_HELP)
 def main() -> None:
-    """Reproducible BERT pre-training data: vocab, run, task, verify, inspect, stats, diff."""
+    """Reproducible BERT pre-training data: vocab, run, task, verify, inspect, stats, diff, batches."""
 
 
 if __name__ == "__main__":

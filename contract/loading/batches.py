@@ -1,0 +1,135 @@
+"""The NumPy batch iterator: rank ``rank`` of ``world_size``'s share of every global batch of the
+`GlobalOrder`, as a dict of arrays (every feature of the records; dynamic masking applied).
+
+A rank reads only the chunks its batch positions need (1/N of a full window's bytes), each chunk
+as one CRC-checked range read, and keeps the chunks of the window(s) it is in: memory is bounded
+by ``batch_size * block_size / world_size`` records (plus, at an epoch's end, its tail window).
+Its state is one number, the next global step, so it resumes at any step and into any world size.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import numpy as np
+
+from bert_datagen.contract.loading.order import DEFAULT_BLOCK_SIZE, GlobalOrder, check_world
+from bert_datagen.contract.loading.source import LoadError, Source, as_model_inputs
+from bert_datagen.datagen.dynamic import mask_records
+from bert_datagen.datagen.records import INSTANCE_KEY
+
+STATE_VERSION = 1
+
+
+class NumpyBatches:
+    """Batches ``start, start + stride, ...`` (below ``stop`` when given) of a rank's share.
+
+    ``stride``/``offset`` let DataLoader workers split a rank's batches (worker w of W takes steps
+    start + w, start + w + W, ...); plain use leaves them at 1 and 0.
+    """
+
+    def __init__(self, source: Source, *, seed: int, batch_size: int, world_size: int = 1, rank: int = 0,
+                 block_size: int = DEFAULT_BLOCK_SIZE, start: int = 0, stop: int | None = None) -> None:
+        try:
+            check_world(batch_size, world_size, rank)
+            self.order = GlobalOrder(source.counts, source.fingerprint, int(seed), batch_size, block_size)
+        except ValueError as e:
+            raise LoadError(f"{source.root} (split {source.split}): {e}") from e
+        self.source = source
+        self.world_size, self.rank = world_size, rank
+        self.step = start
+        self.stop = stop
+        self._chunks: dict[tuple[int, int], dict[str, np.ndarray]] = {}
+
+    # ------------------------------------------------------------ iteration
+
+    def __iter__(self) -> Iterator[dict[str, np.ndarray]]:
+        return self
+
+    def __next__(self) -> dict[str, np.ndarray]:
+        if self.stop is not None and self.step >= self.stop:
+            raise StopIteration
+        batch = self.batch_at(self.step)
+        self.step += 1
+        return batch
+
+    def steps(self, start: int, stride: int) -> Iterator[dict[str, np.ndarray]]:
+        """Batches start, start + stride, ... (below ``stop``): one DataLoader worker's part."""
+        step = start
+        while self.stop is None or step < self.stop:
+            yield self.batch_at(step)
+            step += stride
+
+    def batch_at(self, step: int) -> dict[str, np.ndarray]:
+        """This rank's share of global batch ``step`` (any step, in any order)."""
+        placed = self.order.batch(step, self.world_size, self.rank)
+        bs = self.order.block_size
+        chunks = placed.chunk(bs)
+        rows = (placed.virtual - chunks * bs).tolist()
+        keys = list(zip(placed.epoch.tolist(), chunks.tolist(), strict=True))
+        for key in dict.fromkeys(keys):
+            if key not in self._chunks:
+                self._chunks[key] = self._read_chunk(*key)
+        features = {name: np.stack([self._chunks[k][name][r] for k, r in zip(keys, rows, strict=True)])
+                    for name in self.source.spec}
+        self._evict(placed)
+        if self.source.dynamic:
+            features = self._mask(features, placed.epoch)
+        return as_model_inputs(features)
+
+    # ------------------------------------------------------------ state
+
+    def state_dict(self) -> dict:
+        """Where the iterator is: the next global step, and what the order depends on (checked on load)."""
+        o = self.order
+        return {"version": STATE_VERSION, "fingerprint": o.fingerprint, "seed": o.seed,
+                "batch_size": o.batch_size, "block_size": o.block_size, "step": self.step}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Continue at ``state["step"]``; any world size and rank (the order does not depend on them)."""
+        if state.get("version") != STATE_VERSION:
+            raise LoadError(f"loader state of version {state.get('version')!r}; this reader knows {STATE_VERSION}")
+        o = self.order
+        for name, mine in (("fingerprint", o.fingerprint), ("seed", o.seed), ("batch_size", o.batch_size),
+                           ("block_size", o.block_size)):
+            if state.get(name) != mine:
+                raise LoadError(f"loader state has {name} {state.get(name)!r}, this loader {mine!r}: "
+                                "it belongs to another order (dataset, seed or batch size)")
+        self.step = int(state["step"])
+
+    # ------------------------------------------------------------ reading
+
+    def _chunk_records(self, epoch: int, chunk: int) -> tuple[np.ndarray, np.ndarray]:
+        bs = self.order.block_size
+        virtual = np.arange(chunk * bs, min((chunk + 1) * bs, self.order.total), dtype=np.int64)
+        return self.order.locate(epoch, virtual)
+
+    def _read_chunk(self, epoch: int, chunk: int) -> dict[str, np.ndarray]:
+        shards, indices = self._chunk_records(epoch, chunk)
+        # A chunk is runs of consecutive records (the blocks it spans): one range read per run.
+        breaks = np.nonzero((np.diff(shards) != 0) | (np.diff(indices) != 1))[0] + 1
+        parts = []
+        for run in np.split(np.arange(len(shards)), breaks):
+            s, a = int(shards[run[0]]), int(indices[run[0]])
+            parts.append(self.source.read(s, a, a + len(run)))
+        return {k: np.concatenate([p[k] for p in parts]) for k in self.source.spec}
+
+    def _evict(self, placed) -> None:
+        # Keep the chunks of the windows this batch is in; a run moves forward through windows.
+        window = self.order.batch_size
+        chunks = placed.chunk(self.order.block_size)
+        live = {(e, c // window) for e, c in zip(placed.epoch.tolist(), chunks.tolist(), strict=True)}
+        oldest = min(live)
+        for key in [k for k in self._chunks if (k[0], k[1] // window) < oldest]:
+            del self._chunks[key]
+
+    def _mask(self, features: dict[str, np.ndarray], epochs: np.ndarray) -> dict[str, np.ndarray]:
+        src = self.source
+        masked = mask_records(features["input_ids"], features["input_mask"], features[INSTANCE_KEY][:, 0],
+                              epochs, self.order.seed, src.mask_config, src.vocab)
+        out = dict(features)
+        out["input_ids"] = masked.input_ids.astype(np.int64)
+        out["masked_lm_positions"] = masked.masked_lm_positions.astype(np.int64)
+        out["masked_lm_ids"] = masked.masked_lm_ids.astype(np.int64)
+        out["masked_lm_weights"] = masked.masked_lm_weights.astype(np.float32)
+        return out

@@ -1,0 +1,193 @@
+"""The global sample order of a run: which record sits at every position, for any number of ranks.
+
+A pure function of (dataset fingerprint, shard record counts, seed, batch size, block size); every
+random choice is a draw of `bert_datagen.datagen.rng`, so any process computes any position alone.
+
+Epoch ``e`` of a dataset of ``T`` records is built in three steps:
+
+1. **Blocks.** Each shard is cut into blocks of ``block_size`` consecutive records (the last one of a
+   shard may be shorter); all blocks of all shards are permuted by (seed, fingerprint, epoch). Laid
+   end to end they form the epoch's *virtual sequence*, cut again into *chunks* of ``block_size``
+   virtual positions: a chunk is a few contiguous record ranges (mostly one), the unit a reader fetches.
+2. **Windows.** The virtual sequence is cut into windows of ``batch_size`` chunks
+   (``batch_size * block_size`` records). In a full window, chunk slot ``s`` (0 <= s < batch_size)
+   feeds position ``s`` of every batch of the window, one record per batch, in a seeded order within
+   the chunk; the window's ``block_size`` batches come in a seeded order. So a batch holds records
+   of ``batch_size`` different chunks, and a record's place in its batch depends only on its chunk
+   slot: rank ``r`` of ``N`` (positions ``[r*B/N, (r+1)*B/N)`` of each batch) needs only the chunks
+   of its own slots, 1/N of the bytes, each read in one sequential range, for every N at once.
+3. **Tail.** The last, partial window of an epoch is one seeded permutation of its records.
+
+The run's sequence is epoch 0, epoch 1, ... back to back; global batch ``k`` is positions
+``[k*B, (k+1)*B)`` of it (a batch may straddle two epochs).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import lru_cache
+
+import numpy as np
+
+from bert_datagen.datagen.rng import derive_key, u64_for_keys
+
+ORDER_VERSION = "loader-order-v1"
+DEFAULT_BLOCK_SIZE = 64
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where each asked-for position's record is: epoch, shard (index into the counts), index in the
+    shard, and its position in the epoch's virtual sequence (which names the chunk a reader fetches)."""
+
+    epoch: np.ndarray
+    shard: np.ndarray
+    index: np.ndarray
+    virtual: np.ndarray  # position in the epoch's virtual sequence (block order, before the window shuffle)
+
+    def chunk(self, block_size: int) -> np.ndarray:
+        return self.virtual // block_size
+
+
+@dataclass(frozen=True)
+class GlobalOrder:
+    """The order of one run. ``counts`` are the records of each shard of the split, in manifest order."""
+
+    counts: tuple[int, ...]
+    fingerprint: str
+    seed: int
+    batch_size: int
+    block_size: int = DEFAULT_BLOCK_SIZE
+    _blocks: dict = field(default_factory=dict, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if self.batch_size < 1 or self.block_size < 1:
+            raise ValueError("batch size and block size must be at least 1")
+        if self.total < self.batch_size:
+            raise ValueError(f"the split has {self.total} records, fewer than one batch of {self.batch_size}")
+
+    @property
+    def total(self) -> int:
+        return int(sum(self.counts))
+
+    def _key(self, *parts: int | str) -> int:
+        return derive_key(self.seed, ORDER_VERSION, self.fingerprint, *parts)
+
+    def blocks(self, epoch: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(shard, first record, virtual start) of every block of the epoch, in permuted order."""
+        cached = self._blocks.get(epoch)
+        if cached is None:
+            if len(self._blocks) > 2:  # a run moves forward: keep the epochs in use only
+                self._blocks.clear()
+            cached = self._blocks[epoch] = _permuted_blocks(self.counts, self.block_size,
+                                                            self._key("blocks", epoch))
+        return cached
+
+    def place(self, positions: np.ndarray) -> Placement:
+        """The records at these global positions (any order, any epochs)."""
+        pos = np.asarray(positions, np.int64)
+        epoch, offset = np.divmod(pos, self.total)
+        virtual = np.empty_like(pos)
+        for e in np.unique(epoch).tolist():
+            sel = epoch == e
+            virtual[sel] = self._virtual(int(e), offset[sel])
+        shard = np.empty_like(pos)
+        index = np.empty_like(pos)
+        for e in np.unique(epoch).tolist():
+            sel = epoch == e
+            shard[sel], index[sel] = self.locate(int(e), virtual[sel])
+        return Placement(epoch, shard, index, virtual)
+
+    def locate(self, epoch: int, virtual: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(shard, index in shard) of positions of an epoch's virtual sequence."""
+        b_shard, b_first, b_start = self.blocks(epoch)
+        b = np.searchsorted(b_start, virtual, side="right") - 1
+        return b_shard[b], b_first[b] + virtual - b_start[b]
+
+    def _virtual(self, epoch: int, offset: np.ndarray) -> np.ndarray:
+        """Virtual-sequence position of each within-epoch offset (the window shuffle)."""
+        B, bs = self.batch_size, self.block_size
+        window_len = B * bs
+        full_windows = self.total // window_len
+        window, q = np.divmod(offset, window_len)
+        out = np.empty_like(offset)
+        for w in np.unique(window).tolist():
+            sel = window == w
+            if w < full_windows:
+                batch_in_window, slot = np.divmod(q[sel], B)
+                rounds = _perm(self._key("batches", epoch, w), bs)[batch_in_window]
+                chunk = w * B + slot
+                within = _chunk_perms(self._key("chunk", epoch), chunk, rounds, bs)
+                out[sel] = chunk * bs + within
+            else:
+                tail = self.total - w * window_len
+                out[sel] = w * window_len + _perm(self._key("tail", epoch), tail)[q[sel]]
+        return out
+
+    def batch_positions(self, step: int, world_size: int = 1, rank: int = 0) -> np.ndarray:
+        """Global positions of rank ``rank``'s share of global batch ``step`` (contiguous B/N)."""
+        check_world(self.batch_size, world_size, rank)
+        share = self.batch_size // world_size
+        start = step * self.batch_size + rank * share
+        return np.arange(start, start + share, dtype=np.int64)
+
+    def batch(self, step: int, world_size: int = 1, rank: int = 0) -> Placement:
+        return self.place(self.batch_positions(step, world_size, rank))
+
+    def batches_per_epoch(self) -> float:
+        return self.total / self.batch_size
+
+
+def check_world(batch_size: int, world_size: int, rank: int) -> None:
+    if world_size < 1 or not 0 <= rank < world_size:
+        raise ValueError(f"rank {rank} is not in a world of {world_size}")
+    if batch_size % world_size:
+        raise ValueError(f"the global batch size {batch_size} is not a multiple of the world size {world_size}")
+
+
+def epoch_order(counts: tuple[int, ...], fingerprint: str, seed: int, epoch: int, batch_size: int,
+                block_size: int = DEFAULT_BLOCK_SIZE) -> tuple[np.ndarray, np.ndarray]:
+    """(shard, index in shard) of every record of an epoch, in the order a run reads them: the whole
+    epoch at once, for readers (tf.data) that want a file list rather than positions."""
+    order = GlobalOrder(tuple(counts), fingerprint, seed, batch_size, block_size)
+    placed = order.place(np.arange(epoch * order.total, (epoch + 1) * order.total, dtype=np.int64))
+    return placed.shard, placed.index
+
+
+@lru_cache(maxsize=4096)
+def _perm_cached(key: int, n: int) -> np.ndarray:
+    # Sorting by (draw, i) is a permutation from the key alone: no state, any n, vectorized.
+    draws = u64_for_keys(np.uint64(key), np.arange(n, dtype=np.uint64))
+    out = np.lexsort((np.arange(n), draws))
+    out.setflags(write=False)
+    return out
+
+
+def _perm(key: int, n: int) -> np.ndarray:
+    return _perm_cached(key, n)
+
+
+def _chunk_perms(key: int, chunk: np.ndarray, rounds: np.ndarray, bs: int) -> np.ndarray:
+    """Element ``rounds[i]`` of chunk ``chunk[i]``'s own permutation of range(bs), all at once."""
+    unique, inverse = np.unique(chunk, return_inverse=True)
+    keys = u64_for_keys(np.uint64(key), unique.astype(np.uint64))
+    draws = u64_for_keys(keys[:, None], np.arange(bs, dtype=np.uint64)[None, :])
+    ties = np.broadcast_to(np.arange(bs), draws.shape)
+    perms = np.lexsort((ties, draws), axis=-1)
+    return perms[inverse.ravel(), rounds].astype(np.int64)
+
+
+def _permuted_blocks(counts: tuple[int, ...], block_size: int, key: int
+                     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    counts_a = np.asarray(counts, np.int64)
+    per_shard = -(-counts_a // block_size)
+    shard = np.repeat(np.arange(len(counts_a)), per_shard)
+    first_of_shard = np.concatenate([[0], np.cumsum(per_shard)[:-1]]).astype(np.int64)
+    first = (np.arange(len(shard)) - first_of_shard[shard]) * block_size
+    length = np.minimum(block_size, counts_a[shard] - first)
+    perm = _perm(key, len(shard))
+    shard, first, length = shard[perm], first[perm], length[perm]
+    start = np.concatenate([[0], np.cumsum(length)[:-1]]).astype(np.int64)
+    for a in (shard, first, start):
+        a.setflags(write=False)
+    return shard, first, start

@@ -1,0 +1,175 @@
+"""What a loader reads: a dataset split's shards, their record counts, fingerprint and feature spec,
+and any range of a shard's records, CRC-checked and decoded into NumPy.
+
+A shard's records are found through an index of record offsets, built the first time the shard is
+touched by walking its length headers (12 bytes per record, each header CRC checked); a range of
+records is then one sequential read, framed and CRC-checked by `bert_datagen.datagen.tfrecord`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import io
+import json
+import struct
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from bert_datagen.contract.dataset import DatasetError, ShardRef, open_dataset
+from bert_datagen.contract.features import TASK
+from bert_datagen.contract.fs import LOCAL_FS, FileSystem
+from bert_datagen.contract.manifest import ManifestError, manifest_kind
+from bert_datagen.contract.vocab_io import load_vocab
+from bert_datagen.datagen.config import DatagenConfig
+from bert_datagen.datagen.example_codec import FeatureSpec, decode_raw
+from bert_datagen.datagen.records import INSTANCE_KEY, feature_spec
+from bert_datagen.datagen.tfrecord import ShardStream, masked_crc32c
+from bert_datagen.vocab.vocab_file import Vocab, VocabError
+
+
+class LoadError(ValueError):
+    """A dataset a loader cannot read (missing or corrupt shard, unusable manifest); names the file."""
+
+
+def dataset_fingerprint(manifest: dict) -> str:
+    """What the dataset is, whatever its path: the same digest `bert-train` records for a run
+    (every shard's split, path, record count and sha256, the vocab's sha256 and the features)."""
+    shards = [{"split": split, "path": s["path"], "records": int(s["records"]), "sha256": s["sha256"]}
+              for split in sorted(manifest["splits"]) for s in manifest["splits"][split]["shards"]]
+    content = {"features": manifest["features"], "vocab_sha256": manifest["vocab"]["sha256"], "shards": shards}
+    return hashlib.sha256(json.dumps(content, sort_keys=True).encode()).hexdigest()
+
+
+def masking_config(manifest: dict) -> DatagenConfig:
+    """The dataset's masking options, from its manifest config (as the trainer's dynamic input reads them)."""
+    names = {f.name for f in dataclasses.fields(DatagenConfig)}
+    known = {k: v for k, v in manifest.get("config", {}).items() if k in names}
+    if "mask_ratios" in known:
+        known["mask_ratios"] = tuple(known["mask_ratios"])
+    return DatagenConfig(**known)
+
+
+@dataclass
+class Source:
+    """One split of a dataset with a manifest, ready to be read a record range at a time."""
+
+    root: str
+    split: str
+    shards: list[ShardRef]
+    counts: tuple[int, ...]
+    fingerprint: str
+    spec: FeatureSpec
+    kind: str
+    dynamic: bool
+    fs: FileSystem = LOCAL_FS
+    vocab: Vocab | None = None
+    mask_config: DatagenConfig | None = None
+    _offsets: dict[int, np.ndarray] = field(default_factory=dict, repr=False)
+
+    @property
+    def has_instance_key(self) -> bool:
+        return INSTANCE_KEY in self.spec
+
+    def read(self, shard: int, start: int, stop: int) -> dict[str, np.ndarray]:
+        """Records [start, stop) of a shard, decoded (rows in shard order); LoadError names the shard."""
+        ref = self.shards[shard]
+        offsets = self.offsets(shard)
+        begin, end = int(offsets[start]), int(offsets[stop])
+        try:
+            with self.fs.open_read(ref.path) as f:
+                f.seek(begin)
+                data = f.read(end - begin)
+        except OSError as e:
+            raise LoadError(f"{ref.path}: cannot read shard: {e}") from e
+        stream = ShardStream(ref.path, ref.name)
+        raws = list(stream.read_from(io.BytesIO(data)))
+        if stream.problems or len(data) != end - begin:
+            index, message = stream.problems[0] if stream.problems else (None, "truncated")
+            what = message.split(": ", 1)[-1]
+            at = start + index if index is not None else start
+            raise LoadError(f"{ref.path}: corrupt shard: record {at} at byte {int(offsets[at])}: {what}")
+        parts = []
+        for raw in raws:
+            batch, problems = decode_raw(raw, self.spec)
+            if problems:
+                i, message = problems[0]
+                raise LoadError(f"{ref.path}: record {start + i}: {message}")
+            parts.append(batch.features)
+        if not parts:
+            return {k: np.zeros((0, c), np.float32 if d == "float32" else np.int64) for k, (d, c) in self.spec.items()}
+        return {k: np.concatenate([p[k] for p in parts]) for k in self.spec}
+
+    def offsets(self, shard: int) -> np.ndarray:
+        """Byte offset of every record of the shard, and its size last (count + 1 entries)."""
+        got = self._offsets.get(shard)
+        if got is None:
+            got = self._offsets[shard] = _index_shard(self.shards[shard], self.counts[shard], self.fs)
+        return got
+
+
+def _index_shard(ref: ShardRef, count: int, fs: FileSystem) -> np.ndarray:
+    size = int(ref.expected["bytes"]) if ref.expected else None
+    offsets = np.zeros(count + 1, np.int64)
+    pos = 0
+    try:
+        with fs.open_read(ref.path) as f:
+            for i in range(count):
+                f.seek(pos)
+                header = f.read(12)
+                if len(header) < 12:
+                    raise LoadError(f"{ref.path}: corrupt shard: truncated at record {i} (byte {pos}); "
+                                    f"the manifest lists {count} records")
+                if masked_crc32c(header[:8]) != struct.unpack("<I", header[8:])[0]:
+                    raise LoadError(f"{ref.path}: corrupt shard: record {i} at byte {pos}: length CRC mismatch")
+                offsets[i] = pos
+                pos += 16 + struct.unpack("<Q", header[:8])[0]
+    except FileNotFoundError as e:
+        raise LoadError(f"{ref.path}: shard listed in the manifest is missing") from e
+    except OSError as e:
+        raise LoadError(f"{ref.path}: cannot read shard: {e}") from e
+    if size is not None and pos != size:
+        raise LoadError(f"{ref.path}: corrupt shard: {count} records end at byte {pos}, the manifest says "
+                        f"{size} bytes (bert-datagen verify tells more)")
+    offsets[count] = pos
+    return offsets
+
+
+def open_source(target: str, split: str = "train", fs: FileSystem = LOCAL_FS) -> Source:
+    """A split of a bert-datagen dataset (pre-training or task) for the loaders."""
+    try:
+        ds = open_dataset(target, fs, need_vocab=False)
+    except (DatasetError, ManifestError) as e:
+        raise LoadError(str(e)) from e
+    manifest = ds.manifest
+    if manifest is None:
+        raise LoadError(f"{target}: the loaders need a dataset with a manifest")
+    kind = manifest_kind(manifest)
+    refs = ds.split_shards(split)
+    if not refs:
+        raise LoadError(f"{target}: no shards in split {split!r} (splits: {', '.join(ds.splits)})")
+    config = manifest.get("config", {})
+    if kind == TASK:
+        spec = {k: (str(v[0]), int(v[1])) for k, v in manifest["splits"][split]["features"].items()}
+        dynamic = False
+    else:
+        dynamic = config.get("masking", "static") == "dynamic"
+        spec = feature_spec(ds.max_seq_length, ds.max_predictions, str(config.get("objective", "nsp")),
+                            "dynamic" if dynamic else "static")
+    vocab = mask_config = None
+    if dynamic:
+        try:
+            vocab = load_vocab(fs.join(target, manifest["vocab"]["path"]), fs)
+            mask_config = masking_config(manifest)
+        except (VocabError, TypeError, ValueError) as e:
+            raise LoadError(f"{target}: cannot set up dynamic masking: {e}") from e
+    counts = tuple(int(r.expected["records"]) for r in refs)  # type: ignore[index]
+    return Source(target, split, refs, counts, dataset_fingerprint(manifest), spec, kind, dynamic, fs,
+                  vocab, mask_config)
+
+
+def as_model_inputs(features: dict[str, Any]) -> dict[str, np.ndarray]:
+    """Integer features as int32, as the Keras trainer parses them; a record's 64-bit identity stays int64."""
+    return {k: v.astype(np.int32) if v.dtype == np.int64 and k != INSTANCE_KEY else v for k, v in features.items()}
