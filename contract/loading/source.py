@@ -9,16 +9,14 @@ records is then one sequential read, framed and CRC-checked by `bert_datagen.dat
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import io
-import json
 import struct
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from bert_datagen.contract.dataset import DatasetError, ShardRef, open_dataset
+from bert_datagen.contract.dataset import DatasetError, ShardRef, manifest_identity, open_dataset
 from bert_datagen.contract.features import TASK
 from bert_datagen.contract.fs import LOCAL_FS, FileSystem
 from bert_datagen.contract.manifest import ManifestError, manifest_kind
@@ -35,12 +33,8 @@ class LoadError(ValueError):
 
 
 def dataset_fingerprint(manifest: dict) -> str:
-    """What the dataset is, whatever its path: the same digest `bert-train` records for a run
-    (every shard's split, path, record count and sha256, the vocab's sha256 and the features)."""
-    shards = [{"split": split, "path": s["path"], "records": int(s["records"]), "sha256": s["sha256"]}
-              for split in sorted(manifest["splits"]) for s in manifest["splits"][split]["shards"]]
-    content = {"features": manifest["features"], "vocab_sha256": manifest["vocab"]["sha256"], "shards": shards}
-    return hashlib.sha256(json.dumps(content, sort_keys=True).encode()).hexdigest()
+    """What the dataset is, whatever its path: the fingerprint `bert-train` records for a run."""
+    return manifest_identity(manifest)["fingerprint"]
 
 
 def masking_config(manifest: dict) -> DatagenConfig:
