@@ -21,7 +21,19 @@ VARIANTS = {
     "nsp": dict(),
     "doc-sentences": dict(objective="doc-sentences", masking_unit="word"),
 }
-GOLDEN: dict[str, dict[str, str]] = {}
+# Pinned: packing is a pure function of each shard's records (any worker count, any input layout).
+GOLDEN = {
+    "nsp": {
+        "eval/part-00000-of-00001.tfrecord": "9c80aa2193f8b66f9708b13178cc1b5c2e0f45343dd1a9fda08d176005d44404",
+        "train/part-00000-of-00002.tfrecord": "202a62716ad5ec49cffb3d3b32034b20448bf4d636a5f186c435a1c4262ee8d0",
+        "train/part-00001-of-00002.tfrecord": "7a29de782fab7352648650ff881b650cce92616d26e1c0b9d4010bfe220bb8c6",
+    },
+    "doc-sentences": {
+        "eval/part-00000-of-00001.tfrecord": "e96d7edbc9454adf546fb2d8f25a96b58e1e2b91655c9e79c94f2cd09b05fb88",
+        "train/part-00000-of-00002.tfrecord": "d3132a5e50a623c8379a5e87b44ab6389cf7ea81b6206b7df0dd3e185c81abef",
+        "train/part-00001-of-00002.tfrecord": "0654526b318f09da936722b5a17cd0e232cbe6c0494e5008cd54a8651138c47b",
+    },
+}
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +59,7 @@ def test_packed_dataset_unpacks_to_the_unpacked_run(corpus, name):
     spec = feature_spec(config.max_seq_length, config.max_predictions_per_seq, config.objective, "static", 3)
     assert {k: tuple(v) for k, v in manifest["features"].items()} == spec
     assert manifest["config"]["packing"] is True and manifest["config"]["max_sequences_per_row"] == 3
-    print(shard_digests(packed))
+    assert shard_digests(packed) == GOLDEN[name]
     rows = instances = 0
     for split in manifest["splits"]:
         for shard in manifest["splits"][split]["shards"]:
@@ -61,3 +73,15 @@ def test_packed_dataset_unpacks_to_the_unpacked_run(corpus, name):
             instances += len(unpacked)
     assert instances == manifest["totals"]["instances"] == manifest_of(plain)["totals"]["instances"]
     assert rows == manifest["totals"]["packed_rows"] < instances
+
+
+@pytest.mark.integration
+def test_packed_bytes_do_not_depend_on_workers(corpus):
+    from bert_datagen.pipelines.beam.runners import RunnerOptions
+
+    root, vocab = corpus
+    config = dataclasses.replace(GOLDEN_CONFIG, packing=True)
+    out = root / "two-workers"
+    generate_dataset(config, inputs=[str(root / "in" / "*.txt")], vocab_path=vocab, output_dir=str(out),
+                     runner=RunnerOptions(beam_args=["--direct_num_workers=2"]))
+    assert shard_digests(out) == GOLDEN["nsp"]
