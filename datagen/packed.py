@@ -120,7 +120,14 @@ def pack(features: dict[str, np.ndarray], keys: np.ndarray, config: DatagenConfi
 def unpack(rows: dict[str, np.ndarray], max_predictions_per_seq: int
            ) -> tuple[InstanceBatch, np.ndarray]:
     """Packed rows -> the instances they hold, in key order, as the unpacked run writes them, and
-    their keys (uint64)."""
+    their keys (uint64). The rows must keep the packed rules (``bert_datagen.datagen.packed_rules``)."""
+    batch, keys, _ = unpack_rows(rows, max_predictions_per_seq)
+    return batch, keys
+
+
+def unpack_rows(rows: dict[str, np.ndarray], max_predictions_per_seq: int
+                ) -> tuple[InstanceBatch, np.ndarray, np.ndarray]:
+    """``unpack``, with the row (index into ``rows``) each instance came from."""
     seq = rows["sequence_ids"]
     n_rows, width = seq.shape
     present = np.arange(rows["cls_positions"].shape[1]) < seq.max(axis=1, initial=0)[:, None]
@@ -158,7 +165,7 @@ def unpack(rows: dict[str, np.ndarray], max_predictions_per_seq: int
     batch.masked_lm_weights[owner, k] = w[pr, pc]
     if "next_sentence_labels" in rows:
         batch.next_sentence_labels = rows["next_sentence_labels"][row, slot]
-    return batch, keys
+    return batch, keys, row
 
 
 def framed_payloads(records: EncodedRecords) -> RawBatch:
