@@ -47,14 +47,23 @@ def _records(path) -> list[bytes]:
     return list(iter_tfrecords(io.BytesIO(path.read_bytes()), str(path)))
 
 
-@pytest.mark.parametrize("name", list(VARIANTS))
-def test_packed_dataset_unpacks_to_the_unpacked_run(corpus, name):
+@pytest.fixture(scope="module")
+def built(corpus):
+    """(plain, packed) dataset directories per variant, with the same options."""
     root, vocab = corpus
+    out = {}
+    for name, options in VARIANTS.items():
+        config = dataclasses.replace(GOLDEN_CONFIG, **options)
+        out[name] = (root / f"{name}-plain", root / f"{name}-packed")
+        for cfg, path in ((config, out[name][0]), (dataclasses.replace(config, packing=True), out[name][1])):
+            generate_dataset(cfg, inputs=[str(root / "in" / "*.txt")], vocab_path=vocab, output_dir=str(path))
+    return out
+
+
+@pytest.mark.parametrize("name", list(VARIANTS))
+def test_packed_dataset_unpacks_to_the_unpacked_run(built, name):
     config = dataclasses.replace(GOLDEN_CONFIG, **VARIANTS[name])
-    packed_config = dataclasses.replace(config, packing=True, max_sequences_per_row=3)
-    plain, packed = root / f"{name}-plain", root / f"{name}-packed"
-    for cfg, out in ((config, plain), (packed_config, packed)):
-        generate_dataset(cfg, inputs=[str(root / "in" / "*.txt")], vocab_path=vocab, output_dir=str(out))
+    plain, packed = built[name]
     manifest = manifest_of(packed)
     spec = feature_spec(config.max_seq_length, config.max_predictions_per_seq, config.objective, "static", 3)
     assert {k: tuple(v) for k, v in manifest["features"].items()} == spec
@@ -73,6 +82,65 @@ def test_packed_dataset_unpacks_to_the_unpacked_run(corpus, name):
             instances += len(unpacked)
     assert instances == manifest["totals"]["instances"] == manifest_of(plain)["totals"]["instances"]
     assert rows == manifest["totals"]["packed_rows"] < instances
+
+
+def _packed_batch(packed):
+    manifest = manifest_of(packed)
+    shard = packed / manifest["splits"]["train"]["shards"][0]["path"]
+    payloads = _records(shard)
+    from bert_datagen.contract.dataset import open_dataset
+    from bert_datagen.pipelines.beam.fsio import BEAM_FS
+
+    shape = open_dataset(str(packed), BEAM_FS).shape
+    batch, _ = decode_batch(payloads, list(range(len(payloads))), shape)
+    return batch, shape
+
+
+def test_packed_row_rules_catch_a_broken_row(built):
+    from bert_datagen.datagen.packed_rules import check_packed_batch
+
+    batch, shape = _packed_batch(built["nsp"][1])
+    problems, total, instances = check_packed_batch(batch, shape)
+    assert (problems, total) == ([], 0) and len(instances) >= len(batch)
+    row = int(np.argmax(batch.features["sequence_ids"].max(axis=1)))  # a row of several sequences
+    assert batch.features["sequence_ids"][row].max() >= 2
+    for name, change in (("position_ids", lambda f: f["position_ids"][row].__setitem__(-1, 7)),
+                         ("cls_positions", lambda f: f["cls_positions"][row].__setitem__(1, 3)),
+                         ("next_sentence_weights", lambda f: f["next_sentence_weights"][row].__setitem__(2, 1.0)),
+                         ("input_ids", lambda f: f["input_ids"][row].__setitem__(
+                             int(f["cls_positions"][row, 1]), 5))):  # the second sequence loses its [CLS]
+        broken = type(batch)(batch.index, {k: v.copy() for k, v in batch.features.items()})
+        if name == "next_sentence_weights" and batch.features["sequence_ids"][row].max() == 3:
+            continue
+        change(broken.features)
+        problems, total, _ = check_packed_batch(broken, shape)
+        assert total >= 1 and problems[0][0] == row, name
+
+
+def test_tools_show_packed_rows(built):
+    from click.testing import CliRunner
+
+    from bert_datagen.pipelines.cli import main
+
+    plain, packed = built["nsp"]
+    runner = CliRunner()
+    result = runner.invoke(main, ["verify", str(packed)])
+    assert result.exit_code == 0, result.output
+    result = runner.invoke(main, ["stats", str(packed), "--json"])
+    assert result.exit_code == 0, result.output
+    import json
+
+    st = json.loads(result.output)
+    plain_st = json.loads(runner.invoke(main, ["stats", str(plain), "--json"]).output)
+    assert st["records"] == plain_st["records"] and st["packing"]["rows"] < st["records"]
+    assert st["packing"]["unpacked_padding_share"] == plain_st["padding_share"] > st["packing"]["padding_share"]
+    assert st["seq_length"] == plain_st["seq_length"] and st["mask_kinds"] == plain_st["mask_kinds"]
+    batch, _ = _packed_batch(packed)
+    row = int(np.argmax(batch.features["sequence_ids"].max(axis=1)))
+    result = runner.invoke(main, ["inspect", str(packed), "--index", str(row), "-n", "1"])
+    assert result.exit_code == 0 and "sequence 2 at position" in result.output, result.output
+    result = runner.invoke(main, ["diff", str(packed), str(packed)])
+    assert result.exit_code == 0 and result.output.startswith("identical"), result.output
 
 
 @pytest.mark.integration
