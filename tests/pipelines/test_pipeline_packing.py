@@ -153,3 +153,25 @@ def test_packed_bytes_do_not_depend_on_workers(corpus):
     generate_dataset(config, inputs=[str(root / "in" / "*.txt")], vocab_path=vocab, output_dir=str(out),
                      runner=RunnerOptions(beam_args=["--direct_num_workers=2"]))
     assert shard_digests(out) == GOLDEN["nsp"]
+
+
+def test_cli_packing_options(corpus):
+    from click.testing import CliRunner
+
+    from bert_datagen.pipelines.cli import main
+
+    root, vocab = corpus
+    base = ["run", "--input", str(root / "in" / "*.txt"), "--input-format", "sentences", "--vocab", vocab,
+            "--max-seq-length", "32", "--max-predictions-per-seq", "5", "--dupe-factor", "1", "--quiet"]
+    result = CliRunner().invoke(main, [*base, "--output", str(root / "cli"), "--packing",
+                                       "--max-sequences-per-row", "2"])
+    assert result.exit_code == 0, result.output
+    config = manifest_of(root / "cli")["config"]
+    assert (config["packing"], config["max_sequences_per_row"], config["packing_group_size"]) == (True, 2, 8192)
+    for extra, message in ((["--max-sequences-per-row", "2"], "--packing"),
+                           (["--packing", "--max-sequences-per-row", "1"], "--max-sequences-per-row"),
+                           (["--packing", "--max-sequences-per-row", "11"], "--max-sequences-per-row"),
+                           (["--packing", "--masking", "dynamic"], "dynamic")):
+        result = CliRunner().invoke(main, [*base, "--output", str(root / "cli-bad"), *extra])
+        assert result.exit_code == 2 and message in result.output, (extra, result.output)
+        assert not (root / "cli-bad" / "manifest.json").exists()
