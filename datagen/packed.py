@@ -3,7 +3,7 @@
 A shard's instances (key order) are cut into groups of ``packing_group_size`` consecutive ones; each
 group is packed by best-fit decreasing (longest first; each into the open row it fills most
 tightly, ties to the oldest row; a row closes at ``max_sequences_per_row`` sequences). Inside a row
-the sequences keep key order. Nothing here is random and nothing depends on who runs it: the rows
+the sequences keep key order, and rows are in the key order of their first sequence. Nothing here is random and nothing depends on who runs it: the rows
 are a pure function of the shard's records.
 
 Each instance is copied unchanged: its tokens, segment ids, masked positions (shifted by its offset
@@ -31,8 +31,8 @@ def plan_rows(lengths: np.ndarray, capacity: int, max_sequences: int, group_size
               ) -> tuple[np.ndarray, np.ndarray]:
     """Each instance's row and its offset in the row, for instances of these lengths in key order.
 
-    Rows are numbered in the order they are opened (group after group); inside a row the
-    sequences are in key order.
+    Rows are numbered in the key order of their first sequence (groups never share a row, so group
+    after group); inside a row the sequences are in key order.
     """
     lengths = np.asarray(lengths, np.int64)
     row_of = np.zeros(len(lengths), np.int64)
@@ -55,6 +55,13 @@ def plan_rows(lengths: np.ndarray, capacity: int, max_sequences: int, group_size
             row_of[lo + i] = row
             if count[row] < max_sequences and room > size:
                 insort(open_rows, (room - size, row))
+    # Rows in the key order of their first sequence, not in the order they were opened (longest
+    # first): a shard read in order must not run from long sequences to short ones.
+    first_member = np.full(rows, len(lengths), np.int64)
+    np.minimum.at(first_member, row_of, np.arange(len(lengths)))
+    renumber = np.empty(rows, np.int64)
+    renumber[np.argsort(first_member, kind="stable")] = np.arange(rows)
+    row_of = renumber[row_of]
     order = np.lexsort((np.arange(len(lengths)), row_of))
     sorted_rows = row_of[order]
     before = np.cumsum(lengths[order]) - lengths[order]  # tokens of the sequences before, row by row

@@ -11,7 +11,8 @@ from bert_datagen.datagen.packed import plan_rows
 
 def test_plan_is_best_fit_decreasing_within_capacity_and_sequence_bound():
     row, offset = plan_rows(np.array([10, 100, 20, 120, 5, 64, 64]), 128, 3, 100)
-    assert row.tolist() == [3, 1, 1, 0, 0, 2, 2]
+    # Opened as: 120 (+5), 100 (+20), 64 + 64, 10; numbered by their first instance's key order.
+    assert row.tolist() == [0, 1, 1, 2, 2, 3, 3]
     assert offset.tolist() == [0, 0, 100, 0, 120, 0, 64]
 
 
@@ -25,6 +26,8 @@ def test_random_lengths_fit_and_keep_key_order_inside_rows(group):
     for r in range(len(counts)):  # sequences of a row: in key order, back to back from 0
         members = np.nonzero(row == r)[0]
         assert offset[members].tolist() == np.r_[0, np.cumsum(lengths[members])[:-1]].tolist()
+    firsts = [int(np.nonzero(row == r)[0][0]) for r in range(len(counts))]
+    assert firsts == sorted(firsts)  # rows in the key order of their first sequence
     # Groups: no row mixes instances of two groups.
     assert all(len(set((np.nonzero(row == r)[0] // group).tolist())) == 1 for r in range(len(counts)))
     again = plan_rows(lengths, 128, 3, group)

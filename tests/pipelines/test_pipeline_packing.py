@@ -24,14 +24,14 @@ VARIANTS = {
 # Pinned: packing is a pure function of each shard's records (any worker count, any input layout).
 GOLDEN = {
     "nsp": {
-        "eval/part-00000-of-00001.tfrecord": "9c80aa2193f8b66f9708b13178cc1b5c2e0f45343dd1a9fda08d176005d44404",
-        "train/part-00000-of-00002.tfrecord": "202a62716ad5ec49cffb3d3b32034b20448bf4d636a5f186c435a1c4262ee8d0",
-        "train/part-00001-of-00002.tfrecord": "7a29de782fab7352648650ff881b650cce92616d26e1c0b9d4010bfe220bb8c6",
+        "eval/part-00000-of-00001.tfrecord": "ad66cdc66ec00b63728408d9c46e78580a50da8fccbb7198100fd3440be9991a",
+        "train/part-00000-of-00002.tfrecord": "08d52e823f2c7155e5d124dfff9ce89c41c6508b473b9d31024cf77ef765bca2",
+        "train/part-00001-of-00002.tfrecord": "ffc7099214d94b5a6ad8e8c4c3cc56b1b50effd82485db1d32181eb7bcac8d7c",
     },
     "doc-sentences": {
-        "eval/part-00000-of-00001.tfrecord": "e96d7edbc9454adf546fb2d8f25a96b58e1e2b91655c9e79c94f2cd09b05fb88",
-        "train/part-00000-of-00002.tfrecord": "d3132a5e50a623c8379a5e87b44ab6389cf7ea81b6206b7df0dd3e185c81abef",
-        "train/part-00001-of-00002.tfrecord": "0654526b318f09da936722b5a17cd0e232cbe6c0494e5008cd54a8651138c47b",
+        "eval/part-00000-of-00001.tfrecord": "1685d027af0853d7afed7f89e340735f601009d9adcf35e51af227833df27cb2",
+        "train/part-00000-of-00002.tfrecord": "81d9a3b97233bb8cb0b41563b0f28b674be43b993c2da60531bada7e6c36c9e4",
+        "train/part-00001-of-00002.tfrecord": "af9f4876de514447c8e35d5318c3ec08920d15f7f6d03410ab6d947672f6fe4f",
     },
 }
 
