@@ -5,16 +5,29 @@ from __future__ import annotations
 
 import dataclasses
 import io
+import json
 
 import numpy as np
 import pytest
+from click.testing import CliRunner
 
+from bert_datagen.contract.dataset import open_dataset
 from bert_datagen.datagen.example_codec import decode_batch
 from bert_datagen.datagen.packed import unpack
+from bert_datagen.datagen.packed_rules import check_packed_batch
 from bert_datagen.datagen.records import encode_batch, feature_spec
 from bert_datagen.datagen.tfrecord import iter_tfrecords
+from bert_datagen.pipelines.beam.fsio import BEAM_FS
+from bert_datagen.pipelines.beam.runners import RunnerOptions
+from bert_datagen.pipelines.cli import main
 from bert_datagen.pipelines.pretraining.run import generate_dataset
-from tests.support.pipeline_corpus import make_documents, manifest_of, shard_digests, write_sentence_files, write_vocab
+from tests.support.pipeline_corpus import (
+    make_documents,
+    manifest_of,
+    shard_digests,
+    write_sentence_files,
+    write_vocab,
+)
 from tests.support.pipeline_golden import CONFIG as GOLDEN_CONFIG
 
 VARIANTS = {
@@ -88,17 +101,12 @@ def _packed_batch(packed):
     manifest = manifest_of(packed)
     shard = packed / manifest["splits"]["train"]["shards"][0]["path"]
     payloads = _records(shard)
-    from bert_datagen.contract.dataset import open_dataset
-    from bert_datagen.pipelines.beam.fsio import BEAM_FS
-
     shape = open_dataset(str(packed), BEAM_FS).shape
     batch, _ = decode_batch(payloads, list(range(len(payloads))), shape)
     return batch, shape
 
 
 def test_packed_row_rules_catch_a_broken_row(built):
-    from bert_datagen.datagen.packed_rules import check_packed_batch
-
     batch, shape = _packed_batch(built["nsp"][1])
     problems, total, instances = check_packed_batch(batch, shape)
     assert (problems, total) == ([], 0) and len(instances) >= len(batch)
@@ -118,18 +126,12 @@ def test_packed_row_rules_catch_a_broken_row(built):
 
 
 def test_tools_show_packed_rows(built):
-    from click.testing import CliRunner
-
-    from bert_datagen.pipelines.cli import main
-
     plain, packed = built["nsp"]
     runner = CliRunner()
     result = runner.invoke(main, ["verify", str(packed)])
     assert result.exit_code == 0, result.output
     result = runner.invoke(main, ["stats", str(packed), "--json"])
     assert result.exit_code == 0, result.output
-    import json
-
     st = json.loads(result.output)
     plain_st = json.loads(runner.invoke(main, ["stats", str(plain), "--json"]).output)
     assert st["records"] == plain_st["records"] and st["packing"]["rows"] < st["records"]
@@ -145,8 +147,6 @@ def test_tools_show_packed_rows(built):
 
 @pytest.mark.integration
 def test_packed_bytes_do_not_depend_on_workers(corpus):
-    from bert_datagen.pipelines.beam.runners import RunnerOptions
-
     root, vocab = corpus
     config = dataclasses.replace(GOLDEN_CONFIG, packing=True)
     out = root / "two-workers"
@@ -156,10 +156,6 @@ def test_packed_bytes_do_not_depend_on_workers(corpus):
 
 
 def test_cli_packing_options(corpus):
-    from click.testing import CliRunner
-
-    from bert_datagen.pipelines.cli import main
-
     root, vocab = corpus
     base = ["run", "--input", str(root / "in" / "*.txt"), "--input-format", "sentences", "--vocab", vocab,
             "--max-seq-length", "32", "--max-predictions-per-seq", "5", "--dupe-factor", "1", "--quiet"]
