@@ -184,13 +184,24 @@ def framed_payloads(records: EncodedRecords) -> RawBatch:
 
 
 def pack_records(records: EncodedRecords, config: DatagenConfig, where: str) -> EncodedRecords:
-    """A shard's records (key order) as packed rows, framed; the rows' keys are their first sequence's."""
-    if not len(records):
-        return records
+    """A shard's records (key order) as packed rows, framed; the rows' keys are their first sequence's.
+
+    Groups never share a row, so they are decoded, packed and encoded one at a time: memory stays
+    bounded by a group, whatever the shard's size.
+    """
     spec = feature_spec(config.max_seq_length, config.max_predictions_per_seq, config.objective, config.masking)
-    batch, problems = decode_raw(framed_payloads(records), spec)
-    if problems:  # records this run has just encoded: a bug, not bad input
-        raise RuntimeError(f"{where}: record {problems[0][0]} does not decode for packing: {problems[0][1]}")
-    columns, row_keys = pack(batch.features, records.keys, config)
-    blob, lengths = encode_columns(columns)
-    return EncodedRecords(row_keys, np.asarray(lengths, np.int64), blob)
+    keys, lengths, blobs = [], [], []
+    for lo in range(0, len(records), config.packing_group_size):
+        group = records.slice(lo, lo + config.packing_group_size)
+        batch, problems = decode_raw(framed_payloads(group), spec)
+        if problems:  # records this run has just encoded: a bug, not bad input
+            raise RuntimeError(f"{where}: record {lo + problems[0][0]} does not decode for packing: "
+                               f"{problems[0][1]}")
+        columns, row_keys = pack(batch.features, group.keys, config)
+        blob, framed = encode_columns(columns)
+        keys.append(row_keys)
+        lengths.append(np.asarray(framed, np.int64))
+        blobs.append(blob)
+    if not blobs:
+        return records
+    return EncodedRecords(np.concatenate(keys), np.concatenate(lengths), b"".join(blobs))
