@@ -81,7 +81,8 @@ def record_shape(vocab: Vocab, max_seq_length: int, max_predictions: int, config
                        vocab.mask_id, vocab.pad_id, vocab.unk_id,
                        float(prob) if prob is not None else None,
                        bool(config.get("whole_word_mask", False)),
-                       str(config.get("objective", "nsp")), str(config.get("masking", "static")))
+                       str(config.get("objective", "nsp")), str(config.get("masking", "static")),
+                       int(config.get("max_sequences_per_row", 0)) if config.get("packing") else 0)
 
 
 def is_dataset_dir(path: str, fs: FileSystem) -> bool:

@@ -6,7 +6,7 @@ module only says which features each kind of dataset must declare.
 
 from __future__ import annotations
 
-from bert_datagen.datagen.records import MASKINGS, OBJECTIVES, feature_spec
+from bert_datagen.datagen.records import MASKINGS, OBJECTIVES, feature_spec, packed_feature_spec
 
 PRETRAINING = "pretraining"
 TASK = "task"
@@ -40,8 +40,9 @@ def required_features(kind: str, config: dict | None) -> tuple[str, ...]:
     objective, masking = config.get("objective", "nsp"), config.get("masking", "static")
     if objective not in OBJECTIVES or masking not in MASKINGS:
         return REQUIRED_FEATURES
-    return tuple(feature_spec(1, 1, objective, masking))
+    # Packed rows (config "packing": true): bert_datagen.datagen.records.packed_feature_spec.
+    return tuple(feature_spec(1, 1, objective, masking, 1 if config.get("packing") else 0))
 
 
 __all__ = ["DEFAULT_KIND", "PRETRAINING", "REQUIRED_FEATURES", "REQUIRED_FEATURES_BY_KIND",
-           "REQUIRED_TOP_BY_KIND", "TASK", "feature_spec", "required_features"]
+           "REQUIRED_TOP_BY_KIND", "TASK", "feature_spec", "packed_feature_spec", "required_features"]

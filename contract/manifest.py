@@ -188,7 +188,8 @@ def validate_manifest(manifest: Any, source: str = MANIFEST_NAME) -> None:
 def shape_from_manifest(manifest: dict) -> tuple[int, int]:
     """(max_seq_length, max_predictions_per_seq) as recorded in the manifest's feature spec."""
     features = manifest["features"]
-    if "masked_lm_positions" not in features:  # dynamic masking: the trainer's prediction slots
+    # Dynamic masking: the trainer's prediction slots; packed rows: the slots of one instance.
+    if "masked_lm_positions" not in features or manifest.get("config", {}).get("packing"):
         return int(features["input_ids"][1]), int(manifest["config"]["max_predictions_per_seq"])
     return int(features["input_ids"][1]), int(features["masked_lm_positions"][1])
 

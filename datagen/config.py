@@ -47,6 +47,10 @@ class DatagenConfig:
     eval_fraction: float = 0.0
     notnext_pool_size: int = 10000  # documents per NotNext pool
     max_notnext_tries: int = 10
+    # Packed rows (bert_datagen.datagen.packed): several whole instances per row, at most this many.
+    packing: bool = False
+    max_sequences_per_row: int = 3
+    packing_group_size: int = 8192  # instances of a shard, in key order, packed together
 
     def __post_init__(self) -> None:
         # whole_word_mask is the original's name for masking_unit="word"; spans are made of whole
@@ -111,6 +115,20 @@ class DatagenConfig:
             raise ConfigError("--text-field must not be empty")
         if self.max_notnext_tries < 1:
             raise ConfigError(f"max_notnext_tries {self.max_notnext_tries} must be >= 1")
+        self._validate_packing()
+
+    def _validate_packing(self) -> None:
+        if not self.packing:
+            return
+        # A row of S sequences needs room for S minimal instances ([CLS] x [SEP] is 3 tokens).
+        if not 2 <= self.max_sequences_per_row <= max(2, self.max_seq_length // 3):
+            raise ConfigError(f"--max-sequences-per-row {self.max_sequences_per_row} must be in "
+                              f"[2, {max(2, self.max_seq_length // 3)}] at --max-seq-length {self.max_seq_length}")
+        if self.packing_group_size < 1:
+            raise ConfigError(f"packing_group_size {self.packing_group_size} must be >= 1")
+        if self.masking == "dynamic":
+            raise ConfigError("--packing with --masking dynamic is not supported: packed rows are masked "
+                              "when they are written (use --masking static)")
 
     def to_dict(self) -> dict[str, Any]:
         """The config as a manifest records it.
@@ -123,4 +141,7 @@ class DatagenConfig:
         d["mask_ratios"] = list(self.mask_ratios)
         layout = d.pop("text_layout")
         d["extra"] = {} if layout == "auto" else {"text_layout": layout}
+        if not self.packing:  # unpacked data keeps the manifest it always had
+            for name in ("packing", "max_sequences_per_row", "packing_group_size"):
+                del d[name]
         return d

@@ -6,6 +6,7 @@ masked count: every check is a NumPy expression over the batch, and names the re
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -34,10 +35,16 @@ class RecordShape:
     whole_word_mask: bool = False  # also for span masking: groups may leave a record short
     objective: str = "nsp"  # nsp: [CLS] A [SEP] B [SEP]; doc-/full-sentences: [CLS] text [SEP], no label
     masking: str = "static"  # dynamic: unmasked records with an instance_key, in key order
+    max_sequences_per_row: int = 0  # > 0: packed rows of up to this many instances (bert_datagen.datagen.packed)
 
     def spec(self) -> dict[str, tuple[str, int]]:
         """The features these records carry (``bert_datagen.datagen.records.feature_spec``)."""
-        return feature_spec(self.max_seq_length, self.max_predictions, self.objective, self.masking)
+        return feature_spec(self.max_seq_length, self.max_predictions, self.objective, self.masking,
+                            self.max_sequences_per_row)
+
+    def instance_shape(self) -> RecordShape:
+        """The shape of one instance of a packed row (itself for unpacked records)."""
+        return dataclasses.replace(self, max_sequences_per_row=0)
 
 
 @dataclass

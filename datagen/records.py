@@ -38,12 +38,15 @@ MASKINGS = ("static", "dynamic")
 
 
 def feature_spec(max_seq_length: int, max_predictions_per_seq: int, objective: str = "nsp",
-                 masking: str = "static") -> dict[str, tuple[str, int]]:
+                 masking: str = "static", max_sequences_per_row: int = 0) -> dict[str, tuple[str, int]]:
     """Name -> (dtype, length) of every feature, as the original trainer parses them.
 
     The defaults are the original record. Without NSP there is no ``next_sentence_labels``; with
     dynamic masking there are no ``masked_lm_*`` features but an ``instance_key``.
+    ``max_sequences_per_row`` > 0: packed rows (``packed_feature_spec``).
     """
+    if max_sequences_per_row:
+        return packed_feature_spec(max_seq_length, max_predictions_per_seq, max_sequences_per_row, objective)
     if objective not in OBJECTIVES:
         raise ValueError(f"objective {objective!r} is not one of {', '.join(OBJECTIVES)}")
     if masking not in MASKINGS:
@@ -64,6 +67,43 @@ def feature_spec(max_seq_length: int, max_predictions_per_seq: int, objective: s
         for name in MASKED_LM_FEATURES:
             del spec[name]
         spec[INSTANCE_KEY] = ("int64", 1)
+    return spec
+
+
+# Packed rows (docs/packing.md): per token, which sequence (1..n, 0 on padding) and its position in it.
+PACKED_TOKEN_FEATURES = ("sequence_ids", "position_ids")
+# Per sequence slot of a row (S slots; an absent sequence has 0 and weight 0).
+PACKED_SLOT_FEATURES = ("cls_positions", INSTANCE_KEY, "next_sentence_labels", "next_sentence_weights")
+
+
+def packed_feature_spec(max_seq_length: int, max_predictions_per_seq: int, max_sequences_per_row: int,
+                        objective: str = "nsp") -> dict[str, tuple[str, int]]:
+    """Name -> (dtype, length) of a packed row: up to S whole instances of one length-L row.
+
+    Token features as in an instance, plus ``sequence_ids`` and ``position_ids``; the masked-LM
+    features have room for every sequence's predictions (P * S, row positions); per sequence slot
+    its ``cls_positions``, its ``instance_key`` (the instance's identity: how ``unpack`` restores
+    key order) and, with NSP, ``next_sentence_labels`` / ``next_sentence_weights``.
+    """
+    if objective not in OBJECTIVES:
+        raise ValueError(f"objective {objective!r} is not one of {', '.join(OBJECTIVES)}")
+    s, p, n = max_seq_length, max_predictions_per_seq, max_sequences_per_row
+    spec = {
+        "input_ids": ("int64", s),
+        "input_mask": ("int64", s),
+        "segment_ids": ("int64", s),
+        "sequence_ids": ("int64", s),
+        "position_ids": ("int64", s),
+        "masked_lm_positions": ("int64", p * n),
+        "masked_lm_ids": ("int64", p * n),
+        "masked_lm_weights": ("float32", p * n),
+        "cls_positions": ("int64", n),
+        INSTANCE_KEY: ("int64", n),
+        "next_sentence_labels": ("int64", n),
+        "next_sentence_weights": ("float32", n),
+    }
+    if objective != "nsp":
+        del spec["next_sentence_labels"], spec["next_sentence_weights"]
     return spec
 
 

@@ -99,6 +99,12 @@ def render_pretraining_card(dataset_dir: str, manifest: dict) -> str:
         "source of everything below.",
         "",
     ]
+    config = manifest.get("config", {})
+    if config.get("packing"):  # a trainer must know the layout (bert-datagen's docs/packing.md)
+        head[4:4] = [f"Packed: each record is a row of up to {config.get('max_sequences_per_row')} whole "
+                     f"instances ({manifest.get('totals', {}).get('instances', '?')} instances in all), with "
+                     "`sequence_ids` and `position_ids` per token; a trainer needs block-diagonal attention "
+                     "to read it (docs/packing.md).", ""]
     body = head + provenance(manifest) + _counts(manifest) + _usage(dataset_dir)
     body += config_table(manifest) + _checksums(manifest)
     return "\n".join(body)

@@ -36,9 +36,11 @@ def parse_mask_ratios(text: str) -> tuple[float, float, float]:
     return values  # type: ignore[return-value]
 
 
-def _unused_options(objective: str, input_format: str) -> dict[str, str]:
+def _unused_options(objective: str, input_format: str, packing: bool = False) -> dict[str, str]:
     """The options a run with this objective and input format would ignore, and why."""
     unused = {}
+    if not packing:
+        unused["max_sequences_per_row"] = "only --packing puts several sequences in one row"
     if objective != "nsp":
         unused["short_seq_prob"] = (f"--objective {objective} packs whole sentences up to --max-seq-length; "
                                     "only --objective nsp draws short targets")
@@ -127,6 +129,11 @@ def summary_table(manifest: dict, wall_seconds: float, cpu_seconds: dict[str, fl
 @click.option("--read-chunk-mb", type=FiniteFloat(0, min_open=True), default=64.0, show_default=True,
               help="Read bigger uncompressed jsonl, sentences and wikiextractor files as byte ranges of "
                    "this size, one task each (never changes the output).")
+@click.option("--packing", is_flag=True, default=False,
+              help="Write packed rows: several whole instances per --max-seq-length row, with sequence and "
+                   "position ids (docs/packing.md). Static masking only.")
+@click.option("--max-sequences-per-row", type=int, default=3, show_default=True,
+              help="With --packing: at most this many instances in one row.")
 @click.option("--quiet", is_flag=True, default=False, help="No progress lines or summary table.")
 @click.pass_context
 def run_command(ctx: click.Context, **options) -> None:
@@ -137,7 +144,7 @@ def run_command(ctx: click.Context, **options) -> None:
     runner = runner_options_of(ctx, options)
     inputs, vocab_path, output_dir, overwrite, read_chunk_mb, quiet = (options.pop(name) for name in (
         "inputs", "vocab_path", "output_dir", "overwrite", "read_chunk_mb", "quiet"))
-    refuse_unused_options(ctx, _unused_options(options["objective"], options["input_format"]))
+    refuse_unused_options(ctx, _unused_options(options["objective"], options["input_format"], options["packing"]))
     if options["whole_word_mask"] and options["masking_unit"] not in (None, "word"):
         raise click.BadParameter(f"--whole-word-mask is --masking-unit word, not {options['masking_unit']}",
                                  param_hint="'--whole-word-mask'")

@@ -158,7 +158,7 @@ def build_pipeline(p: beam.Pipeline, plan: PipelinePlan) -> None:
         (parts, placeholders)
         | "AllShardParts" >> beam.Flatten()
         | "GroupShards" >> beam.GroupByKey()
-        | "WriteShards" >> beam.ParDo(WriteShard(plan.output_dir, plan.show_progress), AsSingleton(num_shards))
+        | "WriteShards" >> beam.ParDo(WriteShard(plan.output_dir, plan.show_progress, plan.config), AsSingleton(num_shards))
     )
     read_info = read | "ReadCounts" >> beam.Map(lambda element: {**read_counts(element), "kind": "read"})
     census_info = census | "CensusInfo" >> beam.Map(lambda d: {"kind": "census", "fingerprint": d["fingerprint"]})
@@ -177,7 +177,7 @@ def build_pipeline(p: beam.Pipeline, plan: PipelinePlan) -> None:
 # Further counters worth a line in the manifest, when the reader or the instance builder reports them.
 EXTRA_TOTALS = ("empty_documents", "nul_bytes", "notnext_forced", "notnext_same_document",
                 "truncated_instances", "truncated_tokens", "short_target_documents",
-                "cross_document_instances")
+                "cross_document_instances", "packed_rows")
 
 
 def finalize_totals(totals: dict[str, Any]) -> dict[str, Any]:
@@ -261,7 +261,7 @@ def _generate_into(out: outputs.DatasetOutput, config: DatagenConfig, files: lis
         input_info={"patterns": list(inputs), "files": len(files),
                     "bytes": int(sum(f.size for f in files)), "fingerprint": summary["fingerprint"]},
         features=feature_spec(config.max_seq_length, config.max_predictions_per_seq, config.objective,
-                              config.masking),
+                              config.masking, config.max_sequences_per_row if config.packing else 0),
         splits=splits,
         totals=totals,
         **provenance(setup, vocab, vocab_bytes, config.do_lower_case),

@@ -303,11 +303,16 @@ def empty_shards(num_shards: dict[str, int]):
 
 
 class WriteShard(_ReportingDoFn):
-    """All fragments of one shard -> the shard file, records sorted by key, written atomically."""
+    """All fragments of one shard -> the shard file, records sorted by key, written atomically.
 
-    def __init__(self, output_dir: str, show_progress: bool = False) -> None:
+    With ``config.packing`` the shard's sorted records are packed into rows here, so that which
+    shard an instance is in never depends on packing (``bert_datagen.datagen.packed``).
+    """
+
+    def __init__(self, output_dir: str, show_progress: bool = False, config: DatagenConfig | None = None) -> None:
         self.output_dir = output_dir
         self.show_progress = show_progress
+        self.config = config
 
     def process(self, element: tuple[tuple[str, int], Iterable[tuple[str | None, dict]]],
                 num_shards: dict[str, int]):
@@ -317,6 +322,11 @@ class WriteShard(_ReportingDoFn):
         parts = sorted(parts, key=lambda part: part[0] or "")
         records = sorted_shard([records_from_file(path) for path, _ in parts if path], name)
         stats = sum_all(stats for _, stats in parts)
+        if self.config is not None and self.config.packing:
+            from bert_datagen.datagen.packed import pack_records
+
+            records = pack_records(records, self.config, name)
+            stats["packed_rows"] = len(records)
         fsio.write_atomic(fsio.join(self.output_dir, *name.split("/")), records.blob)
         stats[f"{BUSY_PREFIX}write"] = stats.get(f"{BUSY_PREFIX}write", 0.0) + time.process_time() - started
         if self._progress:

@@ -4,13 +4,17 @@ from __future__ import annotations
 
 from bert_datagen.contract.dataset import Dataset, ShardRef
 from bert_datagen.datagen.example_codec import Batch
+from bert_datagen.datagen.packed_rules import check_packed_batch
 from bert_datagen.datagen.record_rules import RecordShape, derive
 from bert_datagen.pipelines.tools.shards import pick_shard, read_records
 from bert_datagen.vocab.vocab_file import Vocab
 
 
 def record_view(batch: Batch, row: int, vocab: Vocab, shape: RecordShape) -> dict:
-    """One record as plain data: tokens of A and B, masked positions with their kind and label."""
+    """One record as plain data: tokens of A and B, masked positions with their kind and label (a
+    packed row: its sequences, each such a view)."""
+    if shape.max_sequences_per_row:
+        return _packed_view(batch, row, vocab, shape)
     f = {k: v[row] for k, v in batch.features.items()}
     one = Batch(batch.index[row:row + 1], {k: v[row:row + 1] for k, v in batch.features.items()})
     lay = derive(one, shape)
@@ -46,6 +50,30 @@ def record_view(batch: Batch, row: int, vocab: Vocab, shape: RecordShape) -> dic
     }
 
 
+def _packed_view(batch: Batch, row: int, vocab: Vocab, shape: RecordShape) -> dict:
+    """A packed row: its sequences (record views, in row order) and all their tokens, row positions."""
+    one = Batch(batch.index[row:row + 1], {k: v[row:row + 1] for k, v in batch.features.items()})
+    problems, _, instances = check_packed_batch(one, shape, limit=1)
+    starts = [int(c) for c in one.features["cls_positions"][0]]
+    seqs = [{**record_view(instances, i, vocab, shape.instance_shape()), "cls_position": starts[i]}
+            for i in range(len(instances))]
+    tokens = [{**t, "sequence": k + 1} for k, v in enumerate(seqs) for t in v["tokens"]]
+    labels = [v["next_sentence_label"] for v in seqs]
+    has_nsp = "next_sentence_labels" in one.features
+    return {
+        "index": int(batch.index[row]),
+        "packed": True,
+        "length": len(tokens),
+        "positions": shape.max_seq_length,
+        "problem": problems[0][1] if problems else None,
+        "next_sentence_label": labels if has_nsp else None,
+        "relation": ", ".join(v["relation"] for v in seqs),
+        "sequences": seqs,
+        "tokens": tokens,
+        "masked": [{**m, "position": m["position"] + v["cls_position"]} for v in seqs for m in v["masked"]],
+    }
+
+
 def shown_token(entry: dict) -> str:
     m = entry.get("masked")
     if m is None:
@@ -73,6 +101,14 @@ def _segment_text(tokens: list[dict], words: bool) -> str:
 
 def format_record(view: dict, shard_name: str, words: bool = False) -> str:
     """Human-readable text of a record_view (``words``: ## pieces joined into words)."""
+    if view.get("packed"):
+        lines = [f"{shard_name} row {view['index']}: {len(view['sequences'])} sequences, {view['length']} of "
+                 f"{view['positions']} positions used" + (f"; BROKEN: {view['problem']}" if view["problem"] else "")]
+        for k, seq in enumerate(view["sequences"], start=1):
+            head, *body = format_record(seq, shard_name, words).splitlines()
+            lines.append(f"  sequence {k} at position {seq['cls_position']}: {head.split(': ', 1)[1]}")
+            lines += ["  " + line for line in body]
+        return "\n".join(lines)
     tokens = view["tokens"]
     a_end = 1 + len(view["a"])
     nsp = view["next_sentence_label"]

@@ -11,6 +11,7 @@ import numpy as np
 
 from bert_datagen.contract.dataset import Dataset, DatasetError, ShardRef
 from bert_datagen.datagen.example_codec import Batch, decode_raw
+from bert_datagen.datagen.packed_rules import check_packed_batch
 from bert_datagen.datagen.record_rules import MAX_PROBLEMS_PER_SHARD, RecordShape, derive
 from bert_datagen.pipelines.beam import fsio
 from bert_datagen.pipelines.tools.shards import map_shards, shard_stream
@@ -35,17 +36,24 @@ class StatsAccum:
     unk: int = 0
     unreadable: int = 0
     problems: list[str] = field(default_factory=list)
+    # Packed rows: sequences per row, and the rows' own positions and padding (the fields above
+    # describe their instances, as the unpacked dataset would hold them).
+    per_row: np.ndarray = field(default_factory=lambda: np.zeros(1, np.int64))
+    row_positions: int = 0
+    row_pad: int = 0
 
     @classmethod
     def empty(cls, shape: RecordShape) -> StatsAccum:
         s, p = shape.max_seq_length, shape.max_predictions
         return cls(np.zeros(s + 1, np.int64), np.zeros(s + 1, np.int64), np.zeros(s + 1, np.int64),
-                   np.zeros(p + 1, np.int64), np.zeros(shape.vocab_size, np.int64), np.zeros(3, np.int64))
+                   np.zeros(p + 1, np.int64), np.zeros(shape.vocab_size, np.int64), np.zeros(3, np.int64),
+                   per_row=np.zeros(shape.max_sequences_per_row + 1, np.int64))
 
     def add(self, other: StatsAccum) -> None:
-        for name in ("seq_len", "a_len", "b_len", "masked", "token_counts", "mask_kinds"):
+        for name in ("seq_len", "a_len", "b_len", "masked", "token_counts", "mask_kinds", "per_row"):
             getattr(self, name)[:] += getattr(other, name)
-        for name in ("records", "notnext", "pad_positions", "positions", "text_tokens", "unk", "unreadable"):
+        for name in ("records", "notnext", "pad_positions", "positions", "text_tokens", "unk", "unreadable",
+                     "row_positions", "row_pad"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
         self.problems += other.problems[: max(0, MAX_PROBLEMS_PER_SHARD - len(self.problems))]
 
@@ -100,11 +108,19 @@ class StatsTask:
 def stats_shard(task: StatsTask) -> StatsAccum:
     acc = StatsAccum.empty(task.shape)
     stream = shard_stream(task.ref)
+    shape = task.shape.instance_shape()
     for raw in stream.raw_batches():
         batch, problems = decode_raw(raw, task.shape)
+        if task.shape.max_sequences_per_row:
+            acc.row_positions += batch.features["input_mask"].size
+            acc.row_pad += int((batch.features["input_mask"] == 0).sum())
+            count = batch.features["sequence_ids"].max(axis=1, initial=0)
+            acc.per_row += np.bincount(np.clip(count, 0, len(acc.per_row) - 1), minlength=len(acc.per_row))
+            broken, _, batch = check_packed_batch(batch, task.shape)
+            problems += broken  # stats describe only the rows that keep the rules
         acc.unreadable += len(problems)
         acc.problems += [f"{task.ref.name}: record {i}: {m}" for i, m in problems][:MAX_PROBLEMS_PER_SHARD]
-        acc.add_batch(batch, task.shape)
+        acc.add_batch(batch, shape)
     acc.unreadable += len(stream.problems)
     acc.problems += [f"{task.ref.name}: {m}" for _, m in stream.problems]
     return acc
@@ -162,12 +178,32 @@ def compute_stats(ds: Dataset, *, split: str | None = None, workers: int | None 
                         "share": round(int(acc.token_counts[i]) / max(acc.text_tokens, 1), 6)}
                        for i in order if acc.token_counts[i] > 0],
         "problems": acc.problems,
+        **({"packing": _packing_stats(acc)} if ds.shape.max_sequences_per_row else {}),
+    }
+
+
+def _packing_stats(acc: StatsAccum) -> dict:
+    """Packed rows: how many, sequences per row, and their padding next to the unpacked records'."""
+    rows = int(acc.per_row.sum())
+    return {
+        "rows": rows,
+        "max_sequences_per_row": len(acc.per_row) - 1,
+        "sequences_per_row": _hist_summary(acc.per_row),
+        "padding_share": round(acc.row_pad / max(acc.row_positions, 1), 6),
+        "unpacked_padding_share": round(acc.pad_positions / max(acc.positions, 1), 6),
+        "rows_saved": round(1 - rows / max(acc.records, 1), 6),
     }
 
 
 def format_stats(st: dict) -> str:
     lines = [f"{st['dataset']}  split {st['split']}: {st['records']} records in {st['shards']} shards "
              f"(max_seq_length {st['max_seq_length']}, max_predictions_per_seq {st['max_predictions_per_seq']})"]
+    packing = st.get("packing")
+    if packing:
+        spr = packing["sequences_per_row"]
+        lines.append(f"packed: the {st['records']} records are sequences in {packing['rows']} rows "
+                     f"(up to {packing['max_sequences_per_row']} a row, mean {spr['mean']}); the figures "
+                     "below are per sequence")
     if st["unreadable_records"]:
         lines.append(f"WARNING: {st['unreadable_records']} records could not be read (run verify)")
     objective, masking = st.get("objective", "nsp"), st.get("masking", "static")
@@ -187,8 +223,13 @@ def format_stats(st: dict) -> str:
     mk = st["mask_kinds"]
     if st["notnext_share"] is not None:
         lines.append(f"{'NotNext share':<22}{st['notnext_share']:>9.4f}")
+    if packing:
+        lines += [f"{'padding share packed':<22}{packing['padding_share']:>9.4f}   of the rows' positions",
+                  f"{'padding share unpacked':<22}{packing['unpacked_padding_share']:>9.4f}   the same "
+                  f"sequences one a record ({packing['rows_saved']:.1%} fewer rows packed)"]
+    else:
+        lines.append(f"{'padding share':<22}{st['padding_share']:>9.4f}")
     lines += [
-        f"{'padding share':<22}{st['padding_share']:>9.4f}",
         f"{'[UNK] rate':<22}{st['unk_rate']:>9.4f}   of {st['text_tokens']} text tokens",
     ]
     if masking == "static":

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from bert_datagen.contract.dataset import Dataset, ShardRef
 from bert_datagen.contract.manifest import CARD_NAME, MANIFEST_NAME, VOCAB_NAME, shape_from_manifest
 from bert_datagen.datagen.example_codec import decode_raw
+from bert_datagen.datagen.packed_rules import check_packed_batch
 from bert_datagen.datagen.record_rules import MAX_PROBLEMS_PER_SHARD, RecordShape, check_batch
 from bert_datagen.datagen.records import feature_spec
 from bert_datagen.pipelines.beam import fsio
@@ -39,6 +40,7 @@ class ShardResult:
     notnext: int = 0
     masked: int = 0
     seconds: float = 0.0
+    instances: int = 0  # the records themselves, or the sequences of packed rows
 
 
 def _add(result: ShardResult, index: int | None, message: str, limit: int) -> None:
@@ -62,10 +64,14 @@ def verify_shard(task: ShardTask) -> ShardResult:
             if not task.check_records:
                 continue
             batch, problems = decode_raw(raw, task.shape)
-            checked, total = check_batch(batch, task.shape, limit=task.max_problems)
+            if task.shape.max_sequences_per_row:
+                checked, total, batch = check_packed_batch(batch, task.shape, limit=task.max_problems)
+            else:
+                checked, total = check_batch(batch, task.shape, limit=task.max_problems)
             for index, message in sorted(problems + checked):
                 _add(res, index, message, task.max_problems)
             res.problem_count += total - len(checked)
+            res.instances += len(batch)
             features = batch.features  # data without NSP or with dynamic masking lacks some
             if "next_sentence_labels" in features:
                 res.notnext += int((features["next_sentence_labels"] == 1).sum())
@@ -123,7 +129,8 @@ def _manifest_problems(ds: Dataset, vocab_bytes: bytes | None) -> list[str]:
     if "random_seed" in cfg and m["seed"] != cfg["random_seed"]:
         problems.append(f"{src}: seed {m['seed']} disagrees with config.random_seed {cfg['random_seed']}")
     objective, masking = cfg.get("objective", "nsp"), cfg.get("masking", "static")
-    for name, (dtype, count) in feature_spec(seq, preds, objective, masking).items():
+    packed = int(cfg.get("max_sequences_per_row", 0)) if cfg.get("packing") else 0
+    for name, (dtype, count) in feature_spec(seq, preds, objective, masking, packed).items():
         if list(m["features"][name]) != [dtype, count]:
             problems.append(f"{src}: features.{name} is {m['features'][name]}, expected {[dtype, count]}")
     seen: set[str] = set()
@@ -171,10 +178,16 @@ def _totals_problems(ds: Dataset, shards: list[ShardResult], records_checked: bo
     totals = m["totals"]
     records = sum(s.records for s in shards)
     problems = []
-    if "instances" in totals and totals["instances"] != records:
+    packed = bool(m["config"].get("packing"))
+    if packed and totals.get("packed_rows", records) != records:
+        problems.append(f"{src}: totals.packed_rows is {totals['packed_rows']} but the shards hold {records} rows")
+    if "instances" in totals and not packed and totals["instances"] != records:
         problems.append(f"{src}: totals.instances is {totals['instances']} but the shards hold {records} records")
     if not records_checked:
         return problems
+    records = sum(s.instances for s in shards)
+    if "instances" in totals and packed and totals["instances"] != records:
+        problems.append(f"{src}: totals.instances is {totals['instances']} but the rows hold {records} sequences")
     if "masked_tokens" in totals:
         masked = sum(s.masked for s in shards)
         if totals["masked_tokens"] != masked:
