@@ -85,3 +85,21 @@ def test_packed_sums_count_sequences_not_rows(setup):
     sums = batch_sums(model({k: tf.constant(v) for k, v in packed.items()}), packed)
     assert float(sums["examples"]) == len(unpacked["input_ids"])
     assert float(sums["mlm_weight"]) == unpacked["masked_lm_weights"].sum()
+
+
+def test_pretrain_reads_a_packed_dataset_and_trains(tmp_path):
+    from bert_datagen.trainer.pretrain.data import open_pretraining_data
+    from bert_datagen.trainer.pretrain.train import pretrain
+    from bert_datagen.trainer.run.config import TrainConfig
+    from tests.support.packed_rows import write_packed_dataset
+
+    data = write_packed_dataset(str(tmp_path / "packed"))
+    info = open_pretraining_data(data)
+    assert info.packed and info.sequences_per_row == MAX_SEQS
+    assert info.features()["masked_lm_positions"] == ("int64", PRED * MAX_SEQS)
+    cfg = TrainConfig(data=data, out=str(tmp_path / "run"), model="tiny", batch_size=4, steps=2, learning_rate=1e-3,
+                      warmup_steps=1, seed=3, checkpoint_every=2, log_every=1, eval_batches=1, shuffle_buffer=8)
+    result = pretrain(cfg, log=lambda _: None)
+    assert result["step"] == 2 and np.isfinite(result["train"]["loss"])
+    # Eval counts sequences: more than the rows of its batch.
+    assert result["eval"]["examples"] > 4
