@@ -14,7 +14,8 @@ import time
 import traceback
 from pathlib import Path
 
-BENCHMARKS = ("bench_vocab", "bench_datagen", "bench_verify", "bench_tasks", "bench_trainer", "bench_finetune")
+BENCHMARKS = ("bench_vocab", "bench_datagen", "bench_verify", "bench_tasks", "bench_trainer", "bench_finetune",
+              "bench_padding")
 
 
 def main(argv: list[str] | None = None) -> int:
