@@ -210,14 +210,15 @@ def train_batches(split: SplitInfo, batch_size: int, seed: int, epoch: int,
 # Batches per window that length grouping sorts together: wide enough to find similar lengths,
 # narrow enough that the epoch's order stays shuffled.
 GROUP_WINDOW = 50
-# Padded lengths of grouped batches: max_seq_length / 2^k, so at most this many shapes to compile.
+# Padded lengths of grouped batches: k/4 of max_seq_length, so at most 4 shapes to compile (and
+# 4 traces of the step: tf.function warns of retracing from 5).
 BUCKETS = 4
 
 
 def bucket_lengths(max_seq_length: int) -> list[int]:
-    """The padded lengths a grouped or trimmed batch may have, shortest first."""
-    lengths = {max(8, -(-max_seq_length // (2 ** k) // 8) * 8) for k in range(BUCKETS)}
-    return sorted(min(n, max_seq_length) for n in lengths)
+    """The padded lengths a grouped or trimmed batch may have, shortest first (multiples of 8)."""
+    lengths = {max(8, -(-max_seq_length * k // BUCKETS // 8) * 8) for k in range(1, BUCKETS + 1)}
+    return sorted({min(n, max_seq_length) for n in lengths})
 
 
 def bucket_length(longest: tf.Tensor, max_seq_length: int) -> tf.Tensor:
