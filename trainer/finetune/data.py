@@ -169,13 +169,68 @@ def _options() -> tf.data.Options:
     return options
 
 
-def train_batches(split: SplitInfo, batch_size: int, seed: int, epoch: int) -> tf.data.Dataset:
-    """One epoch of full batches, shuffled over the whole split by (seed, epoch)."""
+def train_batches(split: SplitInfo, batch_size: int, seed: int, epoch: int,
+                  group_by_length: bool = False) -> tf.data.Dataset:
+    """One epoch of full batches, shuffled over the whole split by (seed, epoch).
+
+    `group_by_length`: the same shuffle, then each window of `GROUP_WINDOW` batches is sorted by
+    length, cut into batches, and those batches are put in an order drawn from (seed, epoch,
+    window); each batch is cut to its bucket length (`bucket_length`). Still floor(records /
+    batch_size) batches, a pure function of (seed, epoch)."""
     records = tf.data.TFRecordDataset(split.files, num_parallel_reads=1)
-    records = records.shuffle(max(split.records, 1), seed=(seed * 1000003 + epoch) & 0x7FFFFFFF,
-                              reshuffle_each_iteration=False)
+    shuffle_seed = (seed * 1000003 + epoch) & 0x7FFFFFFF
+    records = records.shuffle(max(split.records, 1), seed=shuffle_seed, reshuffle_each_iteration=False)
+    if group_by_length:
+        return _grouped(records, split, batch_size, shuffle_seed)
     ds = records.batch(batch_size, drop_remainder=True)
     ds = ds.map(lambda s: parse_batch(s, split.features), num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+    return ds.with_options(_options()).prefetch(tf.data.AUTOTUNE)
+
+
+# Batches per window that length grouping sorts together: wide enough to find similar lengths,
+# narrow enough that the epoch's order stays shuffled.
+GROUP_WINDOW = 50
+# Padded lengths of grouped batches: k/4 of max_seq_length, so at most 4 shapes to compile (and
+# 4 traces of the step: tf.function warns of retracing from 5).
+BUCKETS = 4
+
+
+def bucket_lengths(max_seq_length: int) -> list[int]:
+    """The padded lengths a grouped or trimmed batch may have, shortest first (multiples of 8)."""
+    lengths = {max(8, -(-max_seq_length * k // BUCKETS // 8) * 8) for k in range(1, BUCKETS + 1)}
+    return sorted({min(n, max_seq_length) for n in lengths})
+
+
+def bucket_length(longest: tf.Tensor, max_seq_length: int) -> tf.Tensor:
+    """The shortest bucket length that holds `longest` tokens."""
+    buckets = tf.constant(bucket_lengths(max_seq_length), tf.int32)
+    return tf.gather(buckets, tf.reduce_sum(tf.cast(buckets < tf.cast(longest, tf.int32), tf.int32)))
+
+
+def trim_batch(batch: dict[str, tf.Tensor], max_seq_length: int) -> dict[str, tf.Tensor]:
+    """The batch cut to its bucket length: every per-token feature (those of `max_seq_length`
+    values) loses padding columns that no example of the batch uses."""
+    length = bucket_length(tf.reduce_max(tf.reduce_sum(batch["input_mask"], axis=1)), max_seq_length)
+    return {k: v[:, :length] if v.shape.rank == 2 and v.shape[1] == max_seq_length else v for k, v in batch.items()}
+
+
+def _grouped(records: tf.data.Dataset, split: SplitInfo, batch_size: int, seed: int) -> tf.data.Dataset:
+    seq_len = split.features["input_ids"][1]
+
+    def sort_window(index, serialized):
+        full = tf.shape(serialized)[0] // batch_size * batch_size  # the window's own leftovers go
+        parsed = parse_batch(serialized[:full], split.features)
+        order = tf.argsort(tf.reduce_sum(parsed["input_mask"], axis=1), stable=True)
+        draw = tf.random.stateless_uniform([full // batch_size], seed=tf.stack([tf.constant(seed, tf.int64), index]),
+                                           alg="philox")
+        batches = tf.reshape(tf.gather(order, tf.argsort(draw)[:, None] * batch_size + tf.range(batch_size)), [-1])
+        return {k: tf.reshape(tf.gather(v, batches), [-1, batch_size] + v.shape[1:].as_list())
+                for k, v in parsed.items()}
+
+    ds = records.batch(batch_size * GROUP_WINDOW).enumerate().map(sort_window, num_parallel_calls=tf.data.AUTOTUNE,
+                                                                     deterministic=True)
+    ds = ds.unbatch().map(lambda b: trim_batch(b, seq_len), num_parallel_calls=tf.data.AUTOTUNE,
+                               deterministic=True)
     return ds.with_options(_options()).prefetch(tf.data.AUTOTUNE)
 
 

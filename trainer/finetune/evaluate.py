@@ -33,6 +33,7 @@ from bert_datagen.trainer.finetune.data import (
     ordered_batches,
     read_side_file,
     split_data_error,
+    trim_batch,
 )
 from bert_datagen.trainer.run import rundir
 from bert_datagen.trainer.run.errors import ConfigError, DataError
@@ -85,13 +86,25 @@ def predict_function(model, seq_length: int) -> tf.types.experimental.Polymorphi
     return functions[seq_length]
 
 
-def predict_arrays(model, split: SplitInfo, batch_size: int) -> dict[str, np.ndarray]:
-    """Run the model over a split in record order; logits plus the label/id features, concatenated."""
-    step = predict_function(model, split.features["input_ids"][1])
+# Task types whose predictions read no output at padding positions: their batches are cut to
+# their bucket length (finetune.data.trim_batch), per-token outputs padded back with zeros. Span
+# predictions rank every position of the window, padding included (as the original does), so
+# their batches keep the full length and the padding's logits stay what they always were.
+TRIMMED_TASK_TYPES = ("classification", "regression", "tagging")
+
+
+def predict_arrays(model, split: SplitInfo, batch_size: int, trim: bool = False) -> dict[str, np.ndarray]:
+    """Run the model over a split in record order; logits plus the label/id features, concatenated.
+    `trim`: each batch runs at its bucket length (same predictions, less work on padding)."""
+    seq_length = split.features["input_ids"][1]
     parts: dict[str, list[np.ndarray]] = {}
     try:
         for batch in ordered_batches(split, batch_size):
-            _predict_batch(step, batch, parts)
+            inputs = {k: batch[k] for k in MODEL_INPUTS}
+            if trim:
+                inputs = trim_batch(inputs, seq_length)
+            step = predict_function(model, int(inputs["input_ids"].shape[1]))
+            _predict_batch(step, inputs, batch, parts, seq_length)
     except TF_DATA_ERRORS as exc:
         raise split_data_error(split, exc) from exc
     if not parts:
@@ -99,10 +112,13 @@ def predict_arrays(model, split: SplitInfo, batch_size: int) -> dict[str, np.nda
     return {k: np.concatenate(v) for k, v in parts.items()}
 
 
-def _predict_batch(step, batch: dict, parts: dict[str, list[np.ndarray]]) -> None:
-    out = step({k: batch[k] for k in MODEL_INPUTS})
+def _predict_batch(step, inputs: dict, batch: dict, parts: dict[str, list[np.ndarray]], seq_length: int) -> None:
+    out = step(inputs)
     for k, v in out.items():
-        parts.setdefault(k, []).append(v.numpy())
+        v = v.numpy()
+        if v.ndim == 3 and v.shape[1] < seq_length:  # per-token logits of a trimmed batch
+            v = np.pad(v, [(0, 0), (0, seq_length - v.shape[1]), (0, 0)])
+        parts.setdefault(k, []).append(v)
     for k in ("label_ids", "unique_ids", "start_positions", "end_positions"):
         if k in batch:
             parts.setdefault(k, []).append(batch[k].numpy())
@@ -114,7 +130,7 @@ def evaluate_split(model, dataset: TaskDataset, split_name: str, batch_size: int
     if need_labels and not split.labelled:
         raise DataError(f"{dataset.source}: split {split_name!r} is unlabelled; it can be predicted "
                         "(`bert-train predict`) but not evaluated")
-    arrays = predict_arrays(model, split, batch_size)
+    arrays = predict_arrays(model, split, batch_size, trim=dataset.task_type in TRIMMED_TASK_TYPES)
     result = SplitPredictions(dataset.task_type, arrays)
     kind = dataset.task_type
     if kind in ("classification", "regression"):

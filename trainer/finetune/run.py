@@ -124,6 +124,9 @@ class FinetuneConfig:
     jit: bool = False
     tpu: str | None = None
     allow_vocab_mismatch: bool = False
+    # Length-grouped training batches (finetune.data.train_batches): other batches, so a setting
+    # of the run, not resumable with the other value.
+    group_by_length: bool = False
 
     RESUMABLE_CHANGES: ClassVar[frozenset[str]] = frozenset({
         "out", "checkpoint_every", "keep_checkpoints", "log_every", "eval_batch_size", "strategy", "jit", "tpu",
@@ -350,7 +353,8 @@ class FinetuneRun:
         """Batches from global step `step` on, epoch after epoch (each epoch its own shuffle)."""
         epoch, offset = divmod(step, self.steps_per_epoch)
         while True:
-            ds = train_batches(self.train_split, self.cfg.batch_size, self.cfg.seed, epoch)
+            ds = train_batches(self.train_split, self.cfg.batch_size, self.cfg.seed, epoch,
+                               group_by_length=self.cfg.group_by_length)
             yield from (iter(ds.skip(offset)) if offset else iter(ds))
             epoch, offset = epoch + 1, 0
 

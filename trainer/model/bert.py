@@ -22,6 +22,14 @@ Forward pass::
 
 `BertEncoder` takes the same arguments and returns only the last two.
 
+Packed rows (several sequences in one row, see docs/training.md) add `sequence_ids` [B,S] (1..n
+per sequence, 0 on padding), `position_ids` [B,S] (restarting at 0 per sequence) and
+`cls_positions` [B,N] (the row position of each sequence's [CLS]). Then attention is
+block-diagonal (a token attends only to tokens of its own sequence), positions come from
+`position_ids`, and the pooler reads each sequence's [CLS]: `pooled_output` is [B,N,H] and
+`nsp_logits` [B,N,2]. Each sequence therefore computes what it would alone. Without these inputs
+the original computation runs unchanged.
+
 Dropout is stateless: every mask is a pure function of `dropout_seed` and the dropout site, so a
 run that restarts from a checkpoint draws exactly the masks the uninterrupted run would have, and no
 random state needs saving. The trainer derives `dropout_seed` from (run seed, step, micro-step,
@@ -124,12 +132,16 @@ class Embeddings(keras.layers.Layer):
         self.layer_norm = LayerNorm(h, name="LayerNorm", dtype=self.dtype_policy)
         self.built = True
 
-    def call(self, input_ids: tf.Tensor, segment_ids: tf.Tensor, dropout_seed: tf.Tensor | None = None) -> tf.Tensor:
+    def call(self, input_ids: tf.Tensor, segment_ids: tf.Tensor, dropout_seed: tf.Tensor | None = None,
+             position_ids: tf.Tensor | None = None) -> tf.Tensor:
         seq_len = tf.shape(input_ids)[1]
         # Same summation order as the original: word, then token type, then position.
         x = tf.gather(self.word_embeddings, input_ids)
         x = x + tf.gather(self.token_type_embeddings, segment_ids)
-        x = x + self.position_embeddings[None, :seq_len, :]
+        if position_ids is None:
+            x = x + self.position_embeddings[None, :seq_len, :]
+        else:
+            x = x + tf.gather(self.position_embeddings, position_ids)
         x = tf.cast(x, self.compute_dtype)
         x = self.layer_norm(x)
         return dropout(x, self.config.hidden_dropout_prob, dropout_seed, site=0)
@@ -205,6 +217,8 @@ class BertEncoder(keras.Model):
         seed = tf.convert_to_tensor(dropout_seed) if training and dropout_seed is not None else None
         input_ids = tf.cast(inputs["input_ids"], tf.int32)
         segment_ids = tf.cast(inputs["segment_ids"], tf.int32)
+        if "sequence_ids" in inputs:
+            return self._packed_call(inputs, input_ids, segment_ids, seed)
         mask = tf.cast(inputs["input_mask"], tf.float32)
         # [B,1,1,S]: 0 where attending is allowed, -10000 on padding.
         attention_bias = (1.0 - mask[:, None, None, :]) * ATTENTION_MASK_VALUE
@@ -213,6 +227,23 @@ class BertEncoder(keras.Model):
         for layer in self.encoder_layers:
             x = layer(x, attention_bias, dropout_seed=seed)
         pooled = tf.tanh(self.pooler(x[:, 0, :]))
+        return {"sequence_output": x, "pooled_output": pooled}
+
+    def _packed_call(self, inputs: dict[str, tf.Tensor], input_ids: tf.Tensor, segment_ids: tf.Tensor,
+                     seed: tf.Tensor | None) -> dict[str, tf.Tensor]:
+        sequence_ids = tf.cast(inputs["sequence_ids"], tf.int32)
+        # [B,1,S,S]: a query attends to the keys of its own sequence only. The same -10000 as on
+        # padding, so a sequence's scores equal its scores alone (exp underflows to 0 either way).
+        same = tf.logical_and(tf.equal(sequence_ids[:, :, None], sequence_ids[:, None, :]),
+                              tf.not_equal(sequence_ids[:, None, :], 0))
+        attention_bias = (1.0 - tf.cast(same, tf.float32)[:, None, :, :]) * ATTENTION_MASK_VALUE
+        position_ids = tf.cast(inputs["position_ids"], tf.int32)
+
+        x = self.embeddings(input_ids, segment_ids, dropout_seed=seed, position_ids=position_ids)
+        for layer in self.encoder_layers:
+            x = layer(x, attention_bias, dropout_seed=seed)
+        cls = tf.gather(x, tf.cast(inputs["cls_positions"], tf.int32), batch_dims=1)  # [B,N,H]
+        pooled = tf.tanh(self.pooler(cls))
         return {"sequence_output": x, "pooled_output": pooled}
 
 
@@ -242,6 +273,7 @@ class BertPretrainer(keras.Model):
              dropout_seed: tf.Tensor | None = None) -> dict[str, tf.Tensor]:
         out = dict(self.encoder(inputs, training=training, dropout_seed=dropout_seed))
         # Logits leave the model in float32 whatever the compute dtype (losses need the range).
+        # Packed rows pool [B,N,H]: the [2,H] head applies per sequence ([B,N,2]).
         out["nsp_logits"] = tf.cast(
             tf.matmul(out["pooled_output"], self.nsp_output_weights, transpose_b=True) + self.nsp_output_bias,
             tf.float32,

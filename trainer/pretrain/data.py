@@ -42,13 +42,41 @@ class DatasetInfo:
     identity: dict = field(default_factory=dict)  # {"fingerprint", "shards"}: see dataset_identity
     objective: str = "nsp"  # from the manifest's config: nsp | doc-sentences | full-sentences
     masking: str = "static"  # static | dynamic (the input pipeline masks, bert_datagen.trainer.pretrain.dynamic_input)
+    # Packed rows (`bert-datagen run --packing`): the most sequences per row; 0 = one per record.
+    sequences_per_row: int = 0
 
     @property
     def has_nsp(self) -> bool:
         return self.objective == "nsp"
 
+    @property
+    def packed(self) -> bool:
+        return self.sequences_per_row > 0
+
     def features(self) -> dict[str, tuple[str, int]]:
+        if self.packed:
+            return packed_feature_spec(self.max_seq_length, self.max_predictions_per_seq,
+                                       self.sequences_per_row, self.objective)
         return feature_spec(self.max_seq_length, self.max_predictions_per_seq, self.objective, self.masking)
+
+
+# Row features of packed data beyond the unpacked record's (the issue-24 row contract).
+PACKED_ROW_FEATURES = ("sequence_ids", "position_ids")
+PACKED_SEQUENCE_FEATURES = ("next_sentence_labels", "next_sentence_weights", "cls_positions")
+
+
+def packed_feature_spec(row_length: int, max_predictions: int, sequences: int,
+                        objective: str = "nsp") -> dict[str, tuple[str, int]]:
+    """Packed rows: the token features per row position, `max_predictions * sequences` MLM slots
+    (row positions) and one slot per sequence for the NSP label, its presence and its [CLS]."""
+    spec = {name: ("int64", row_length) for name in ("input_ids", "input_mask", "segment_ids") + PACKED_ROW_FEATURES}
+    p = max_predictions * sequences
+    spec.update(masked_lm_positions=("int64", p), masked_lm_ids=("int64", p), masked_lm_weights=("float32", p),
+                next_sentence_labels=("int64", sequences), next_sentence_weights=("float32", sequences),
+                cls_positions=("int64", sequences))
+    if objective != "nsp":
+        del spec["next_sentence_labels"]
+    return spec
 
 
 def open_pretraining_data(data: str, max_seq_length: int | None = None, max_predictions_per_seq: int | None = None,
@@ -98,7 +126,15 @@ def _from_manifest(directory: str) -> DatasetInfo:
     assert manifest is not None
     seq_len, max_pred = ds.max_seq_length, ds.max_predictions
     objective, masking = data_kind(manifest)
-    expected = feature_spec(seq_len, max_pred, objective, masking)
+    sequences = packed_sequences(manifest, f"{directory}/{MANIFEST_NAME}")
+    if sequences and masking != "static":
+        raise DataError(f"{directory}/{MANIFEST_NAME}: packed rows with {masking} masking: the trainer "
+                        "reads packed data with static masks only")
+    if sequences:
+        # Per sequence, from the row's MLM slots: whatever the manifest's config calls its lengths.
+        max_pred = int(manifest["features"].get("masked_lm_positions", [None, 0])[1]) // sequences
+    expected = (packed_feature_spec(seq_len, max_pred, sequences, objective) if sequences
+                else feature_spec(seq_len, max_pred, objective, masking))
     got = {k: (v[0], int(v[1])) for k, v in manifest["features"].items()}
     for name, spec in expected.items():
         if got.get(name) != spec:
@@ -118,7 +154,18 @@ def _from_manifest(directory: str) -> DatasetInfo:
     return DatasetInfo(source=directory, max_seq_length=seq_len, max_predictions_per_seq=max_pred,
                        train_files=train, eval_files=evals, vocab_size=int(vocab["size"]),
                        train_records=n_train,
-                       eval_records=n_eval, manifest=manifest, objective=objective, masking=masking)
+                       eval_records=n_eval, manifest=manifest, objective=objective, masking=masking,
+                       sequences_per_row=sequences)
+
+
+def packed_sequences(manifest: dict, where: str) -> int:
+    """The most sequences per row of a packed dataset (its `cls_positions` length), 0 unpacked."""
+    if not manifest.get("config", {}).get("packing"):
+        return 0
+    spec = manifest["features"].get("cls_positions")
+    if not spec or int(spec[1]) < 1:
+        raise DataError(f"{where}: packed data without a cls_positions feature")
+    return int(spec[1])
 
 
 def data_kind(manifest: dict) -> tuple[str, str]:

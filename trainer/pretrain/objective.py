@@ -40,18 +40,13 @@ def batch_sums(outputs: dict, batch: dict) -> dict[str, tf.Tensor]:
     """Additive statistics of one (sub-)batch; `losses_from_sums` turns them into losses.
 
     A batch without `next_sentence_labels` (data without NSP) has no NSP terms: `nsp_examples` 0.
+    Packed rows (`next_sentence_weights` [B,N]) count sequences, not rows: `examples` is the number
+    of sequences present, and each contributes its own NSP cross-entropy, as it would unpacked.
     """
-    weights = tf.cast(batch["masked_lm_weights"], tf.float32)
-    mlm_ce = masked_lm_cross_entropy(outputs["mlm_logits"], batch["masked_lm_ids"])
-    mlm_hit = tf.cast(tf.equal(tf.argmax(outputs["mlm_logits"], axis=-1, output_type=tf.int32),
-                               tf.cast(batch["masked_lm_ids"], tf.int32)), tf.float32)
+    if "next_sentence_weights" in batch:
+        return _packed_sums(outputs, batch)
     examples = tf.cast(tf.shape(batch["input_ids"])[0], tf.float32)
-    mlm = {
-        "mlm_ce": tf.reduce_sum(weights * mlm_ce),
-        "mlm_weight": tf.reduce_sum(weights),
-        "mlm_correct": tf.reduce_sum(weights * mlm_hit),
-        "examples": examples,
-    }
+    mlm = {**_mlm_sums(outputs, batch), "examples": examples}
     if "next_sentence_labels" not in batch:
         zero = tf.constant(0.0, tf.float32)
         return {**mlm, "nsp_ce": zero, "nsp_correct": zero, "nsp_examples": zero}
@@ -65,6 +60,31 @@ def batch_sums(outputs: dict, batch: dict) -> dict[str, tf.Tensor]:
         "nsp_correct": tf.reduce_sum(nsp_hit),
         "nsp_examples": examples,
     }
+
+
+def _mlm_sums(outputs: dict, batch: dict) -> dict[str, tf.Tensor]:
+    weights = tf.cast(batch["masked_lm_weights"], tf.float32)
+    mlm_ce = masked_lm_cross_entropy(outputs["mlm_logits"], batch["masked_lm_ids"])
+    mlm_hit = tf.cast(tf.equal(tf.argmax(outputs["mlm_logits"], axis=-1, output_type=tf.int32),
+                               tf.cast(batch["masked_lm_ids"], tf.int32)), tf.float32)
+    return {"mlm_ce": tf.reduce_sum(weights * mlm_ce), "mlm_weight": tf.reduce_sum(weights),
+            "mlm_correct": tf.reduce_sum(weights * mlm_hit)}
+
+
+def _packed_sums(outputs: dict, batch: dict) -> dict[str, tf.Tensor]:
+    present = tf.cast(batch["next_sentence_weights"], tf.float32)  # [B,N]
+    sequences = tf.reduce_sum(present)
+    sums = {**_mlm_sums(outputs, batch), "examples": sequences}
+    if "next_sentence_labels" not in batch:
+        zero = tf.constant(0.0, tf.float32)
+        return {**sums, "nsp_ce": zero, "nsp_correct": zero, "nsp_examples": zero}
+    logits = outputs["nsp_logits"]  # [B,N,2]
+    labels = tf.cast(batch["next_sentence_labels"], tf.int32)
+    log_probs = tf.nn.log_softmax(tf.cast(logits, tf.float32), axis=-1)
+    nsp_ce = -tf.gather(log_probs, labels, axis=-1, batch_dims=2)
+    nsp_hit = tf.cast(tf.equal(tf.argmax(logits, axis=-1, output_type=tf.int32), labels), tf.float32)
+    return {**sums, "nsp_ce": tf.reduce_sum(present * nsp_ce), "nsp_correct": tf.reduce_sum(present * nsp_hit),
+            "nsp_examples": sequences}
 
 
 def losses_from_sums(sums: dict) -> dict[str, float]:

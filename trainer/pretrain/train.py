@@ -96,7 +96,8 @@ class Run:
             self.named = tf1_variable_map(self.model)
             self.optimizer = make_optimizer(cfg.optimizer, self.named, weight_decay=cfg.weight_decay)
             self.loss_scale = loss_scale_for(cfg.precision)
-        self.steps = make_step_functions(self.model, self.optimizer, self.strategy, cfg, self.loss_scale)
+        self.steps = make_step_functions(self.model, self.optimizer, self.strategy, cfg, self.loss_scale,
+                                         packed=self.info.packed)
         self.step = 0
         self.saved_step: int | None = None
         # One host pipeline whose iterator state can be checkpointed (a tf.distribute iterator

@@ -157,9 +157,28 @@ def pretraining_objective(model: BertPretrainer, batch_size: int) -> Objective:
     return Objective(whole_batch_total, micro_loss, PRETRAINING_DROPOUT_SALT, tf.UnconnectedGradients.ZERO)
 
 
+def packed_pretraining_objective(model: BertPretrainer) -> Objective:
+    """The same loss over packed rows: MLM over the batch's MLM weight sum, NSP over the number of
+    sequences in the batch (not rows), so a packed step equals the unpacked step over the same
+    instances."""
+
+    def whole_batch_total(batch):
+        return tf.stack([replica_sum(tf.reduce_sum(batch["masked_lm_weights"])),
+                         replica_sum(tf.reduce_sum(tf.cast(batch["next_sentence_weights"], tf.float32)))])
+
+    def micro_loss(part, totals, seed):
+        out = model(part, training=True, dropout_seed=seed)
+        sums = batch_sums(out, part)
+        return (sums["mlm_ce"] / (totals[0] + MLM_DENOMINATOR_EPSILON)
+                + sums["nsp_ce"] / tf.maximum(totals[1], 1.0)), sums
+
+    return Objective(whole_batch_total, micro_loss, PRETRAINING_DROPOUT_SALT, tf.UnconnectedGradients.ZERO)
+
+
 def make_step_functions(model: BertPretrainer, optimizer: AdamWeightDecay, strategy: tf.distribute.Strategy,
-                        cfg: TrainConfig, loss_scale: DynamicLossScale | None) -> StepFunctions:
-    train_step = make_train_step(pretraining_objective(model, cfg.batch_size), optimizer, strategy, cfg, loss_scale)
+                        cfg: TrainConfig, loss_scale: DynamicLossScale | None, packed: bool = False) -> StepFunctions:
+    objective = packed_pretraining_objective(model) if packed else pretraining_objective(model, cfg.batch_size)
+    train_step = make_train_step(objective, optimizer, strategy, cfg, loss_scale)
 
     def replica_eval(batch):
         return batch_sums(model(batch, training=False), batch)
