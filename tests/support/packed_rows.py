@@ -31,7 +31,7 @@ def pack_instances(instances: list[dict[str, np.ndarray]], row_length: int, max_
                                      ("masked_lm_positions", p * s, np.int32), ("masked_lm_ids", p * s, np.int32),
                                      ("masked_lm_weights", p * s, np.float32),
                                      ("next_sentence_labels", s, np.int32), ("next_sentence_weights", s, np.float32),
-                                     ("cls_positions", s, np.int32))}
+                                     ("cls_positions", s, np.int32), ("instance_key", s, np.int64))}
     for r, row in enumerate(rows):
         start, slot = 0, 0
         for k, inst in enumerate(row):
@@ -50,6 +50,7 @@ def pack_instances(instances: list[dict[str, np.ndarray]], row_length: int, max_
             out["next_sentence_labels"][r, k] = int(np.ravel(inst["next_sentence_labels"])[0])
             out["next_sentence_weights"][r, k] = 1.0
             out["cls_positions"][r, k] = start
+            out["instance_key"][r, k] = sum(len(before) for before in rows[:r]) + k + 1  # any distinct identity
             start += n
     return out
 

@@ -103,3 +103,32 @@ def test_pretrain_reads_a_packed_dataset_and_trains(tmp_path):
     assert result["step"] == 2 and np.isfinite(result["train"]["loss"])
     # Eval counts sequences: more than the rows of its batch.
     assert result["eval"]["examples"] > 4
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("objective", ["nsp", "doc-sentences"])
+def test_pretrain_trains_on_what_bert_datagen_run_packing_writes(tmp_path, objective):
+    """The two sides of the packed-row contract meet: rows written by the data pipeline (with their
+    instance keys; without NSP, without NSP weights) are read and trained on by `bert-train pretrain`."""
+    import dataclasses
+
+    from bert_datagen.pipelines.pretraining.run import generate_dataset
+    from bert_datagen.trainer.pretrain.data import open_pretraining_data
+    from bert_datagen.trainer.pretrain.train import pretrain
+    from bert_datagen.trainer.run.config import TrainConfig
+    from tests.support.pipeline_corpus import make_documents, write_sentence_files, write_vocab
+    from tests.support.pipeline_golden import CONFIG
+
+    write_sentence_files(tmp_path / "in", make_documents(30, seed=42, max_sentences=8), n_files=2)
+    vocab = str(write_vocab(tmp_path / "vocab.txt"))
+    extra = {} if objective == "nsp" else {"objective": objective, "masking_unit": "word"}
+    config = dataclasses.replace(CONFIG, packing=True, **extra)
+    data = str(tmp_path / "packed")
+    generate_dataset(config, inputs=[str(tmp_path / "in" / "*.txt")], vocab_path=vocab, output_dir=data)
+    info = open_pretraining_data(data)
+    assert info.packed and info.sequences_per_row == config.max_sequences_per_row
+    cfg = TrainConfig(data=data, out=str(tmp_path / "run"), model="tiny", batch_size=4, steps=2, learning_rate=1e-3,
+                      warmup_steps=1, seed=3, checkpoint_every=2, log_every=1, eval_batches=1, shuffle_buffer=8)
+    result = pretrain(cfg, log=lambda _: None)
+    assert result["step"] == 2 and np.isfinite(result["train"]["loss"])
+    assert result["eval"]["examples"] >= 4  # sequences, at least one per row

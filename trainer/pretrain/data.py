@@ -20,6 +20,7 @@ from bert_datagen.contract.dataset import Dataset, DatasetError, manifest_identi
 from bert_datagen.contract.features import PRETRAINING, TASK
 from bert_datagen.contract.fs import is_remote
 from bert_datagen.contract.manifest import MANIFEST_NAME, ManifestError
+from bert_datagen.datagen import records
 from bert_datagen.datagen.example_codec import decode_example
 from bert_datagen.datagen.records import INSTANCE_KEY, feature_spec
 from bert_datagen.datagen.tfrecord import RecordError, iter_tfrecords, masked_crc32c
@@ -60,23 +61,20 @@ class DatasetInfo:
         return feature_spec(self.max_seq_length, self.max_predictions_per_seq, self.objective, self.masking)
 
 
-# Row features of packed data beyond the unpacked record's (the issue-24 row contract).
-PACKED_ROW_FEATURES = ("sequence_ids", "position_ids")
-PACKED_SEQUENCE_FEATURES = ("next_sentence_labels", "next_sentence_weights", "cls_positions")
-
-
 def packed_feature_spec(row_length: int, max_predictions: int, sequences: int,
                         objective: str = "nsp") -> dict[str, tuple[str, int]]:
-    """Packed rows: the token features per row position, `max_predictions * sequences` MLM slots
-    (row positions) and one slot per sequence for the NSP label, its presence and its [CLS]."""
-    spec = {name: ("int64", row_length) for name in ("input_ids", "input_mask", "segment_ids") + PACKED_ROW_FEATURES}
-    p = max_predictions * sequences
-    spec.update(masked_lm_positions=("int64", p), masked_lm_ids=("int64", p), masked_lm_weights=("float32", p),
-                next_sentence_labels=("int64", sequences), next_sentence_weights=("float32", sequences),
-                cls_positions=("int64", sequences))
-    if objective != "nsp":
-        del spec["next_sentence_labels"]
-    return spec
+    """Packed rows as `bert-datagen run --packing` writes them (the data contract's spec)."""
+    return records.packed_feature_spec(row_length, max_predictions, sequences, objective)
+
+
+def with_sequence_weights(batch: dict[str, tf.Tensor]) -> dict[str, tf.Tensor]:
+    """Packed rows without NSP carry no `next_sentence_weights`; the losses count sequences by
+    them, so derive them: slot s is present when the row holds more than s sequences."""
+    if "next_sentence_weights" in batch or "cls_positions" not in batch:
+        return batch
+    present = tf.reduce_max(batch["sequence_ids"], axis=-1, keepdims=True)  # [B,1]: sequences in the row
+    slots = tf.range(1, tf.shape(batch["cls_positions"])[-1] + 1)[None, :]
+    return {**batch, "next_sentence_weights": tf.cast(slots <= present, tf.float32)}
 
 
 def open_pretraining_data(data: str, max_seq_length: int | None = None, max_predictions_per_seq: int | None = None,
@@ -419,7 +417,8 @@ def eval_dataset(info: DatasetInfo, batch_size: int, files: list[str] | None = N
 def _batched(records: tf.data.Dataset, info: DatasetInfo, batch_size: int) -> tf.data.Dataset:
     ds = records.batch(batch_size, drop_remainder=True)
     spec = info.features()
-    ds = ds.map(lambda s: parse_batch(s, info.max_seq_length, info.max_predictions_per_seq, spec),
+    ds = ds.map(lambda s: with_sequence_weights(parse_batch(s, info.max_seq_length, info.max_predictions_per_seq,
+                                                            spec)),
                 num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
     options = tf.data.Options()
     options.deterministic = True
