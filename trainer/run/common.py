@@ -91,8 +91,10 @@ def stop_on_non_finite_loss(loss: float, step: int, run_dir: Path, loss_scale: D
     raise TrainingError(f"step {step}: loss is {loss}; stopped ({kept})")
 
 
-def tensorboard_writers(run_dir: Path) -> tuple[tf.summary.SummaryWriter, tf.summary.SummaryWriter]:
-    """The (train, eval) writers of RUN/tensorboard/."""
+def tensorboard_writers(run_dir: Path, chief: bool = True) -> tuple[tf.summary.SummaryWriter, tf.summary.SummaryWriter]:
+    """The (train, eval) writers of RUN/tensorboard/; writers that write nothing on a non-chief worker."""
+    if not chief:
+        return tf.summary.create_noop_writer(), tf.summary.create_noop_writer()
     return (tf.summary.create_file_writer(str(run_dir / "tensorboard" / "train")),
             tf.summary.create_file_writer(str(run_dir / "tensorboard" / "eval")))
 
