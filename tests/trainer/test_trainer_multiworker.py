@@ -101,15 +101,15 @@ def test_two_workers_equal_one_process_and_only_the_chief_writes(tmp_path):
         assert losses_two[step] == pytest.approx(loss, abs=1e-5), step
 
     # The same run directory apart from timing: the same files, the same records (the config's
-    # strategy aside), the same checkpoints; the non-chief wrote nothing beside the chief.
+    # strategy and --out aside), the same checkpoints; the non-chief wrote nothing beside the chief.
     def names(run: Path) -> list[str]:
         return sorted(str(p.relative_to(run)) for p in run.rglob("*")
                       if "tensorboard" not in p.parts and not p.name.startswith(".bert-datagen"))
     assert names(tmp_path / "one") == names(tmp_path / "two")
     for run in ("one", "two"):
         assert len(list((tmp_path / run / "tensorboard" / "train").iterdir())) == 1
-    assert json_without(tmp_path / "one" / "train_config.json", {"strategy"}) == \
-        json_without(tmp_path / "two" / "train_config.json", {"strategy"})
+    assert json_without(tmp_path / "one" / "train_config.json", {"strategy", "out"}) == \
+        json_without(tmp_path / "two" / "train_config.json", {"strategy", "out"})
     for name in ("bert_config.json", "dataset.json"):
         assert (tmp_path / "one" / name).read_text() == (tmp_path / "two" / name).read_text()
     fm_one = json_without(tmp_path / "one" / "final_metrics.json", TIMING | {"run_dir"})
