@@ -62,9 +62,11 @@ from bert_datagen.trainer.model.heads import (
 from bert_datagen.trainer.run import checkpoint as ckpt_lib
 from bert_datagen.trainer.run import cluster, rundir
 from bert_datagen.trainer.run.common import (
+    LOST_WORKER_ERRORS,
     checkpoint_arrays,
     interrupts_between_steps,
     loss_scale_for,
+    lost_worker_error,
     make_run_strategy,
     replica_slices,
     restore_checkpoint_arrays,
@@ -398,8 +400,11 @@ class FinetuneRun:
                 if interrupted():
                     stop_interrupted(self.run_dir, self.step, self.saved_step, self.save, self.log)
                 lr = learning_rate(self.step, cfg.learning_rate, self.warmup_steps, self.total_steps)
-                sums = self.train_step(replica_slices(self.strategy, self._next_batch(batches), cfg.batch_size),
-                                       tf.constant(lr), tf.constant(self.step, tf.int64))
+                batch = replica_slices(self.strategy, self._next_batch(batches), cfg.batch_size)
+                try:
+                    sums = self.train_step(batch, tf.constant(lr), tf.constant(self.step, tf.int64))
+                except LOST_WORKER_ERRORS as exc:
+                    raise lost_worker_error(exc, self.step + 1, self.run_dir) from exc
                 sums = {k: float(v) for k, v in sums.items()}
                 stop_on_non_finite_loss(sums["loss_sum"] / max(sums["loss_count"], 1.0), self.step, self.run_dir,
                                         self.loss_scale)

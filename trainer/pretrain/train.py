@@ -40,9 +40,11 @@ from bert_datagen.trainer.pretrain.objective import losses_from_sums
 from bert_datagen.trainer.run import checkpoint as ckpt_lib
 from bert_datagen.trainer.run import cluster, rundir
 from bert_datagen.trainer.run.common import (
+    LOST_WORKER_ERRORS,
     checkpoint_arrays,
     interrupts_between_steps,
     loss_scale_for,
+    lost_worker_error,
     make_run_strategy,
     replica_slices,
     restore_checkpoint_arrays,
@@ -227,6 +229,8 @@ class Run:
         batch = self.next_batch()
         try:
             sums = self.steps.train_step(batch, tf.constant(lr), tf.constant(self.step, tf.int64))
+        except LOST_WORKER_ERRORS as exc:
+            raise lost_worker_error(exc, self.step + 1, self.run_dir) from exc
         except _TF_DATA_ERRORS as exc:
             # The step can fail on input the pipeline let through, or for reasons of its own (e.g. a
             # collective of another strategy in this process): blame the data only when a record is bad.

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import re
 import signal
 import threading
 from collections.abc import Callable, Iterator
@@ -57,6 +58,24 @@ def replica_slices(strategy: tf.distribute.Strategy, batch: dict[str, tf.Tensor]
         return {name: value[start:start + local] for name, value in batch.items()}
 
     return strategy.experimental_distribute_values_from_function(replica_slice)
+
+
+# What a collective raises when another worker of the cluster is gone (killed, lost, timed out).
+LOST_WORKER_ERRORS = (tf.errors.UnavailableError, tf.errors.AbortedError, tf.errors.DeadlineExceededError,
+                      tf.errors.CancelledError)
+_TASK = re.compile(r"/job:(\w+)/replica:\d+/task:(\d+)")
+
+
+def lost_worker_error(exc: Exception, step: int, run_dir: Path) -> TrainingError:
+    """One line for a step of a cluster that failed because a worker is gone: which (as TensorFlow
+    names it), and the checkpoint the relaunched workers resume from."""
+    message = str(getattr(exc, "message", exc))
+    named = sorted({f"{job} {task}" for job, task in _TASK.findall(message)})
+    who = ", ".join(named) if named else "another worker"
+    kept = ckpt_lib.list_checkpoints(run_dir)
+    where = f"from {kept[-1][1]}" if kept else "from the start (no checkpoint yet)"
+    return TrainingError(f"training step {step}: lost {who} of the cluster ({type(exc).__name__}); the run can "
+                         f"be resumed {where}: start every worker's command again")
 
 
 def checkpoint_arrays(named: dict, optimizer: AdamWeightDecay, loss_scale: DynamicLossScale | None,
