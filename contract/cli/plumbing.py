@@ -91,10 +91,20 @@ class ChildLogFilter:
         return False
 
 
+_unfiltered_stderr: list[int] = []
+
+
+def unfiltered_stderr() -> int:
+    """The process's stderr before ``filter_process_stderr`` (2 when unfiltered): for a helper
+    process whose line must get out while this process cannot run Python (its filter is Python)."""
+    return _unfiltered_stderr[-1] if _unfiltered_stderr else 2
+
+
 def filter_process_stderr(noise: re.Pattern[bytes] | None = None) -> Callable[[], None]:
     """Route file descriptor 2, which child processes inherit, through ``ChildLogFilter``; returns
     the function that restores it (call it before exiting)."""
     original = os.dup(2)
+    _unfiltered_stderr.append(original)
     read_end, write_end = os.pipe()
     os.dup2(write_end, 2)
     os.close(write_end)
@@ -117,6 +127,7 @@ def filter_process_stderr(noise: re.Pattern[bytes] | None = None) -> Callable[[]
         sys.stderr.flush()
         os.dup2(original, 2)  # closes our write end: the pump ends once child processes exit too
         thread.join(timeout=2.0)
+        _unfiltered_stderr.remove(original)
         os.close(original)
 
     return restore

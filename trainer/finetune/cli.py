@@ -55,6 +55,9 @@ def _seed_list(value: str | None) -> list[int] | None:
 @click.option("--null-score-diff-threshold", type=float, default=0.0, show_default=True, help="SQuAD v2.0.")
 @click.option("--strategy", type=click.Choice(STRATEGIES), default="auto", show_default=True)
 @click.option("--tpu", default=None)
+@click.option("--cluster-timeout", type=click.IntRange(min=1), default=300, show_default=True,
+              help="--strategy multi-worker: seconds to wait for the other workers (TF_CONFIG) to join, and "
+                   "for each collective step, before stopping.")
 @click.option("--precision", type=click.Choice(PRECISIONS), default="float32", show_default=True)
 @click.option("--jit/--no-jit", default=False, show_default=True)
 @click.option("--group-by-length/--no-group-by-length", default=False, show_default=True,
@@ -62,13 +65,21 @@ def _seed_list(value: str | None) -> list[int] | None:
                    "maximum, not always to it: faster on short examples; other batches than without it.")
 @click.option("--allow-vocab-mismatch", is_flag=True,
               help="Fine-tune although the task dataset's vocab is not the init checkpoint's (refused by default).")
-def finetune_command(bert_config_file, seeds, seed, epochs, learning_rate, batch_size, eval_split, **options) -> None:
+def finetune_command(bert_config_file, seeds, seed, epochs, learning_rate, batch_size, eval_split, cluster_timeout,
+                     **options) -> None:
     """Fine-tune a pre-trained BERT on a task dataset; evaluates after each epoch."""
     seed_list = _seed_list(seeds)
     if seed_list is not None and seed is not None:
         raise click.UsageError("--seed and --seeds are exclusive")
+    if seed_list is not None and options["strategy"] == "multi-worker":
+        raise click.UsageError("--seeds runs one process per seed; with --strategy multi-worker give one --seed")
     errors = _user_errors()
     try:
+        if options["strategy"] == "multi-worker":  # before anything runs on TensorFlow (run/cluster.py)
+            from bert_datagen.trainer.run.cluster import join_for
+            from bert_datagen.trainer.run.rundir import FINETUNING
+
+            join_for(options["out"], FINETUNING, cluster_timeout)
         from bert_datagen.trainer.finetune.data import open_task_dataset
         from bert_datagen.trainer.finetune.run import TASK_DEFAULTS, FinetuneConfig, finetune, finetune_seeds
 

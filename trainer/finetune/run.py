@@ -60,11 +60,13 @@ from bert_datagen.trainer.model.heads import (
     trained_variable_map,
 )
 from bert_datagen.trainer.run import checkpoint as ckpt_lib
-from bert_datagen.trainer.run import rundir
+from bert_datagen.trainer.run import cluster, rundir
 from bert_datagen.trainer.run.common import (
+    LOST_WORKER_ERRORS,
     checkpoint_arrays,
     interrupts_between_steps,
     loss_scale_for,
+    lost_worker_error,
     make_run_strategy,
     replica_slices,
     restore_checkpoint_arrays,
@@ -262,7 +264,10 @@ class FinetuneRun:
     def __init__(self, cfg: FinetuneConfig, log: Callable[[str], None] = print, bert_config_file: str | None = None):
         self.cfg, self.log = cfg, log
         self.run_dir = Path(cfg.out)
-        rundir.check_out_dir(cfg.out, rundir.FINETUNING)
+        # Only the chief writes the run; the others read it (to resume) and write nothing.
+        self.chief = cluster.is_chief()
+        if self.chief:  # the others checked it before joining: now the chief may be writing in it
+            rundir.check_out_dir(cfg.out, rundir.FINETUNING)
         rundir.check_settings(self.run_dir, cfg, CONFIG_FILE)
         enable_determinism(cfg.seed)
         self.data = open_task_dataset(cfg.data)
@@ -316,7 +321,8 @@ class FinetuneRun:
                 "primary_metric": primary_metric(self.data), "vocab_sha256": self.data.vocab_sha256}
 
     def restore_or_initialise(self) -> str:
-        cleanup_temp(self.run_dir)  # what interrupted writes of ours left (checkpoints, marked files)
+        if self.chief:
+            cleanup_temp(self.run_dir)  # what interrupted writes of ours left (checkpoints, marked files)
         found = ckpt_lib.list_checkpoints(self.run_dir)
         if not found:
             return initialise_encoder(self.model, self.cfg.init_from, self.cfg.init_checkpoint)
@@ -333,7 +339,10 @@ class FinetuneRun:
         self.history = list(state.get("history", []))
         return f"resumed from {path} (step {step})"
 
-    def save(self) -> Path:
+    def save(self) -> Path | None:
+        if not self.chief:
+            self.saved_step = self.step
+            return None
         model_arrays, opt_arrays = checkpoint_arrays(self.named, self.optimizer, self.loss_scale, self.step)
         state = {"step": self.step, "bert_config": self.bert.to_dict(), "task": self.task_record(),
                  "history": self.history, "data": self.data.source, "total_steps": self.total_steps,
@@ -373,13 +382,14 @@ class FinetuneRun:
 
     def run(self, stop_at: int | None = None) -> dict:
         cfg = self.cfg
-        rundir.start(self.run_dir, {CONFIG_FILE: cfg.to_json(), BERT_CONFIG_FILE: self.bert.to_json(),
-                                    TASK_FILE: json.dumps(self.task_record(), indent=2, sort_keys=True) + "\n"},
-                     cfg.data, self.data.identity)
+        if self.chief:
+            rundir.start(self.run_dir, {CONFIG_FILE: cfg.to_json(), BERT_CONFIG_FILE: self.bert.to_json(),
+                                        TASK_FILE: json.dumps(self.task_record(), indent=2, sort_keys=True) + "\n"},
+                         cfg.data, self.data.identity)
         self.log(f"{self.restore_or_initialise()}; {self.data.source}: {task_summary(self.data)}, "
                  f"{self.train_split.records} train records, "
                  f"{self.total_steps} steps ({self.steps_per_epoch} per epoch), warmup {self.warmup_steps}")
-        writer, eval_writer = tensorboard_writers(self.run_dir)
+        writer, eval_writer = tensorboard_writers(self.run_dir, self.chief)
         end = self.total_steps if stop_at is None else min(stop_at, self.total_steps)
         if self.step >= self.total_steps and (self.run_dir / "final_metrics.json").is_file():
             self.log(f"{self.run_dir}: the run is complete (step {self.step})")
@@ -394,8 +404,11 @@ class FinetuneRun:
                 if interrupted():
                     stop_interrupted(self.run_dir, self.step, self.saved_step, self.save, self.log)
                 lr = learning_rate(self.step, cfg.learning_rate, self.warmup_steps, self.total_steps)
-                sums = self.train_step(replica_slices(self.strategy, self._next_batch(batches), cfg.batch_size),
-                                       tf.constant(lr), tf.constant(self.step, tf.int64))
+                batch = replica_slices(self.strategy, self._next_batch(batches), cfg.batch_size)
+                try:
+                    sums = self.train_step(batch, tf.constant(lr), tf.constant(self.step, tf.int64))
+                except LOST_WORKER_ERRORS as exc:
+                    raise lost_worker_error(exc, self.step + 1, self.run_dir) from exc
                 sums = {k: float(v) for k, v in sums.items()}
                 stop_on_non_finite_loss(sums["loss_sum"] / max(sums["loss_count"], 1.0), self.step, self.run_dir,
                                         self.loss_scale)
@@ -450,9 +463,11 @@ class FinetuneRun:
             final["final"] = scored[-1]["metrics"]
             if last_eval is not None:
                 final["details"] = last_eval["result"].details
-                write_outputs(self.run_dir / "eval", self.data, last_eval["result"])
+                if self.chief:
+                    write_outputs(self.run_dir / "eval", self.data, last_eval["result"])
         final["history"] = self.history
-        write_atomic(self.run_dir / "final_metrics.json", json.dumps(final, indent=2, sort_keys=True) + "\n")
+        if self.chief:
+            write_atomic(self.run_dir / "final_metrics.json", json.dumps(final, indent=2, sort_keys=True) + "\n")
         if scored:
             self.log(f"best epoch {final['best_epoch']['epoch']:g} ({primary} {final['best_epoch'][primary]:.4f}); "
                      f"the run keeps the last checkpoint (epoch {scored[-1]['epoch']:g}, "
@@ -462,7 +477,10 @@ class FinetuneRun:
 
 def finetune(cfg: FinetuneConfig, log: Callable[[str], None] = print, stop_at: int | None = None,
              bert_config_file: str | None = None) -> dict:
-    """Fine-tune (or resume) `cfg` in its run directory, which it holds locked until the end."""
+    """Fine-tune (or resume) `cfg` in its run directory, which it holds locked until the end (the
+    chief only, in a cluster: the others write nothing there)."""
+    if not cluster.is_chief():
+        return FinetuneRun(cfg, log, bert_config_file).run(stop_at=stop_at)
     rundir.check_out_dir(cfg.out, rundir.FINETUNING)
     with rundir.output_lock(cfg.out):
         return FinetuneRun(cfg, log, bert_config_file).run(stop_at=stop_at)

@@ -8,6 +8,7 @@ import re
 import click
 
 from bert_datagen.trainer.finetune.cli import ALLOW_OTHER_TASK_HELP, ALLOW_VOCAB_MISMATCH_HELP
+from bert_datagen.trainer.run.cluster import DEFAULT_TIMEOUT, join_for
 from bert_datagen.trainer.run.config import (
     MODEL_SIZES,
     OPTIMIZERS,
@@ -17,6 +18,7 @@ from bert_datagen.trainer.run.config import (
     TrainConfig,
 )
 from bert_datagen.trainer.run.errors import ConfigError, TrainerError
+from bert_datagen.trainer.run.rundir import PRETRAINING
 
 
 def _train_config(options: dict) -> TrainConfig:
@@ -59,13 +61,18 @@ def _train_config(options: dict) -> TrainConfig:
 @click.option("--log-every", type=click.IntRange(min=1), default=50, show_default=True)
 @click.option("--strategy", type=click.Choice(STRATEGIES), default="auto", show_default=True)
 @click.option("--tpu", default=None, help="TPU name or address for --strategy tpu.")
+@click.option("--cluster-timeout", type=click.IntRange(min=1), default=DEFAULT_TIMEOUT, show_default=True,
+              help="--strategy multi-worker: seconds to wait for the other workers (TF_CONFIG) to join, and "
+                   "for each collective step, before stopping.")
 @click.option("--precision", type=click.Choice(PRECISIONS), default="float32", show_default=True)
 @click.option("--jit/--no-jit", default=False, show_default=True, help="Compile the step with XLA.")
 @click.option("--init-from", help="Phase 2: start from the weights of a run (its latest checkpoint) or checkpoint.")
 @click.option("--init-checkpoint", help="Start from an original TF1 checkpoint or a Hugging Face directory.")
-def pretrain_command(bert_config_file, **options) -> None:
+def pretrain_command(bert_config_file, cluster_timeout, **options) -> None:
     """Pre-train BERT (MLM + NSP) from a dataset; resumes RUN when it has checkpoints."""
     try:
+        if options["strategy"] == "multi-worker":  # before anything runs on TensorFlow (cluster.py)
+            join_for(options["out"], PRETRAINING, cluster_timeout)
         if options.get("init_checkpoint"):
             from bert_datagen.trainer.interop.loading import init_checkpoint_config
 

@@ -20,6 +20,7 @@ from bert_datagen.trainer.pretrain.data import (
 )
 from bert_datagen.trainer.pretrain.objective import batch_sums, losses_from_sums
 from bert_datagen.trainer.run import checkpoint as ckpt_lib
+from bert_datagen.trainer.run.common import replica_slices
 from bert_datagen.trainer.run.config import BertConfig
 from bert_datagen.trainer.run.errors import DataError
 
@@ -30,11 +31,11 @@ def evaluate_model(eval_step: Callable, strategy: tf.distribute.Strategy, info: 
     dataset = eval_dataset(info, batch_size, files)
     if max_batches:
         dataset = dataset.take(max_batches)
-    if strategy.num_replicas_in_sync > 1:
-        dataset = strategy.experimental_distribute_dataset(dataset)
     totals: dict[str, float] = {}
     for batch in dataset:
-        for k, v in eval_step(batch).items():
+        # Every replica takes its slice of the one global batch, as in training: a tf.distribute
+        # dataset would shard it per worker, and a worker left without a batch stops the others.
+        for k, v in eval_step(replica_slices(strategy, batch, batch_size)).items():
             totals[k] = totals.get(k, 0.0) + float(v)
     if not totals:
         raise DataError(f"{info.source}: fewer eval records than one batch of {batch_size}")

@@ -38,11 +38,13 @@ from bert_datagen.trainer.pretrain.data import (
 from bert_datagen.trainer.pretrain.evaluate import evaluate_model
 from bert_datagen.trainer.pretrain.objective import losses_from_sums
 from bert_datagen.trainer.run import checkpoint as ckpt_lib
-from bert_datagen.trainer.run import rundir
+from bert_datagen.trainer.run import cluster, rundir
 from bert_datagen.trainer.run.common import (
+    LOST_WORKER_ERRORS,
     checkpoint_arrays,
     interrupts_between_steps,
     loss_scale_for,
+    lost_worker_error,
     make_run_strategy,
     replica_slices,
     restore_checkpoint_arrays,
@@ -76,7 +78,10 @@ class Run:
     def __init__(self, cfg: TrainConfig, log: Callable[[str], None] = print):
         self.cfg, self.log = cfg, log
         self.run_dir = Path(cfg.out)
-        rundir.check_out_dir(cfg.out)
+        # Only the chief writes the run; the others read it (to resume) and write nothing.
+        self.chief = cluster.is_chief()
+        if self.chief:  # the others checked it before joining: now the chief may be writing in it
+            rundir.check_out_dir(cfg.out)
         rundir.check_settings(self.run_dir, cfg)
         if cfg.init_from:
             ckpt_lib.resolve_checkpoint(cfg.init_from)  # a bad --init-from fails before any work
@@ -108,7 +113,8 @@ class Run:
     # -- state
 
     def restore_or_initialise(self) -> str:
-        rundir.cleanup_temp(self.run_dir)
+        if self.chief:
+            rundir.cleanup_temp(self.run_dir)
         found = ckpt_lib.list_checkpoints(self.run_dir)
         if found:
             step, path = found[-1]
@@ -127,7 +133,10 @@ class Run:
             return f"initialised from {self.cfg.init_checkpoint}"
         return f"new run (seed {self.cfg.seed})"
 
-    def save(self, metrics: dict | None = None) -> Path:
+    def save(self, metrics: dict | None = None) -> Path | None:
+        if not self.chief:
+            self.saved_step = self.step
+            return None
         model_arrays, opt_arrays = checkpoint_arrays(self.named, self.optimizer, self.loss_scale, self.step)
         state = {"step": self.step, "bert_config": self.bert.to_dict(), "metrics": metrics or {},
                  "data": self.info.source, "data_fingerprint": self.info.identity["fingerprint"],
@@ -174,11 +183,12 @@ class Run:
 
     def pretrain(self, stop_at: int | None = None) -> dict:
         cfg = self.cfg
-        rundir.start(self.run_dir, {rundir.TRAIN_CONFIG_FILE: cfg.to_json(), rundir.BERT_CONFIG_FILE: self.bert.to_json()},
-                     cfg.data, self.info.identity)
+        if self.chief:
+            rundir.start(self.run_dir, {rundir.TRAIN_CONFIG_FILE: cfg.to_json(), rundir.BERT_CONFIG_FILE: self.bert.to_json()},
+                         cfg.data, self.info.identity)
         self.log(f"{self.restore_or_initialise()}; {self.info.source}: seq {self.info.max_seq_length}, "
                  f"{self.strategy.num_replicas_in_sync} replica(s), {cfg.precision}")
-        writer, eval_writer = tensorboard_writers(self.run_dir)
+        writer, eval_writer = tensorboard_writers(self.run_dir, self.chief)
         end = cfg.steps if stop_at is None else min(stop_at, cfg.steps)
         window: dict[str, float] = {}
         window_start, window_steps = time.perf_counter(), 0
@@ -209,8 +219,9 @@ class Run:
             ev = self.evaluate(cfg.eval_batches)
             self._report_eval(eval_writer, ev)
             result["eval"] = ev
-            rundir.write_atomic(self.run_dir / "final_metrics.json",
-                                json.dumps(result, indent=2, sort_keys=True) + "\n")
+            if self.chief:
+                rundir.write_atomic(self.run_dir / "final_metrics.json",
+                                    json.dumps(result, indent=2, sort_keys=True) + "\n")
         writer.flush()
         eval_writer.flush()
         return result
@@ -219,6 +230,8 @@ class Run:
         batch = self.next_batch()
         try:
             sums = self.steps.train_step(batch, tf.constant(lr), tf.constant(self.step, tf.int64))
+        except LOST_WORKER_ERRORS as exc:
+            raise lost_worker_error(exc, self.step + 1, self.run_dir) from exc
         except _TF_DATA_ERRORS as exc:
             # The step can fail on input the pipeline let through, or for reasons of its own (e.g. a
             # collective of another strategy in this process): blame the data only when a record is bad.
@@ -260,7 +273,10 @@ class Run:
 
 def pretrain(cfg: TrainConfig, log: Callable[[str], None] = print, stop_at: int | None = None) -> dict:
     """Run (or resume) `cfg`; with `stop_at`, stop after that step as if interrupted. The run
-    directory is locked from its check until the end (`rundir.output_lock`)."""
+    directory is locked from its check until the end (`rundir.output_lock`), by the chief only in
+    a cluster (the others write nothing there)."""
+    if not cluster.is_chief():
+        return Run(cfg, log).pretrain(stop_at=stop_at)
     rundir.check_out_dir(cfg.out)
     with rundir.output_lock(cfg.out):
         return Run(cfg, log).pretrain(stop_at=stop_at)

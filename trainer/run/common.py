@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import re
 import signal
 import threading
 from collections.abc import Callable, Iterator
@@ -59,6 +60,24 @@ def replica_slices(strategy: tf.distribute.Strategy, batch: dict[str, tf.Tensor]
     return strategy.experimental_distribute_values_from_function(replica_slice)
 
 
+# What a collective raises when another worker of the cluster is gone (killed, lost, timed out).
+LOST_WORKER_ERRORS = (tf.errors.UnavailableError, tf.errors.AbortedError, tf.errors.DeadlineExceededError,
+                      tf.errors.CancelledError)
+_TASK = re.compile(r"/job:(\w+)/replica:\d+/task:(\d+)")
+
+
+def lost_worker_error(exc: Exception, step: int, run_dir: Path) -> TrainingError:
+    """One line for a step of a cluster that failed because a worker is gone: which (as TensorFlow
+    names it), and the checkpoint the relaunched workers resume from."""
+    message = str(getattr(exc, "message", exc))
+    named = sorted({f"{job} {task}" for job, task in _TASK.findall(message)})
+    who = ", ".join(named) if named else "another worker"
+    kept = ckpt_lib.list_checkpoints(run_dir)
+    where = f"from {kept[-1][1]}" if kept else "from the start (no checkpoint yet)"
+    return TrainingError(f"training step {step}: lost {who} of the cluster ({type(exc).__name__}); the run can "
+                         f"be resumed {where}: start every worker's command again")
+
+
 def checkpoint_arrays(named: dict, optimizer: AdamWeightDecay, loss_scale: DynamicLossScale | None,
                       step: int) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
     """(model arrays by TF1 name, optimizer arrays: slots, global_step and the loss-scale state)."""
@@ -91,8 +110,10 @@ def stop_on_non_finite_loss(loss: float, step: int, run_dir: Path, loss_scale: D
     raise TrainingError(f"step {step}: loss is {loss}; stopped ({kept})")
 
 
-def tensorboard_writers(run_dir: Path) -> tuple[tf.summary.SummaryWriter, tf.summary.SummaryWriter]:
-    """The (train, eval) writers of RUN/tensorboard/."""
+def tensorboard_writers(run_dir: Path, chief: bool = True) -> tuple[tf.summary.SummaryWriter, tf.summary.SummaryWriter]:
+    """The (train, eval) writers of RUN/tensorboard/; writers that write nothing on a non-chief worker."""
+    if not chief:
+        return tf.summary.create_noop_writer(), tf.summary.create_noop_writer()
     return (tf.summary.create_file_writer(str(run_dir / "tensorboard" / "train")),
             tf.summary.create_file_writer(str(run_dir / "tensorboard" / "eval")))
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import keras
 import tensorflow as tf
 
+from bert_datagen.trainer.run import cluster
 from bert_datagen.trainer.run.errors import ConfigError
 
 
@@ -14,7 +15,14 @@ def enable_determinism(seed: int) -> None:
 
 
 def make_strategy(name: str, tpu: str | None = None) -> tf.distribute.Strategy:
-    """`auto`: all GPUs mirrored if more than one, else one device (GPU if any, else CPU)."""
+    """`auto`: all GPUs mirrored if more than one, else one device (GPU if any, else CPU).
+    `multi-worker`: the strategy the command built at its start (`cluster.join`)."""
+    if name == "multi-worker":
+        joined = cluster.joined_strategy()
+        if joined is None:
+            raise ConfigError("--strategy multi-worker: the cluster must be joined before anything else "
+                              "runs on TensorFlow (bert_datagen.trainer.run.cluster.join)")
+        return joined
     gpus = tf.config.list_logical_devices("GPU")
     cpus = tf.config.list_logical_devices("CPU")
     if name == "auto":
@@ -35,6 +43,4 @@ def make_strategy(name: str, tpu: str | None = None) -> tf.distribute.Strategy:
         tf.config.experimental_connect_to_cluster(resolver)
         tf.tpu.experimental.initialize_tpu_system(resolver)
         return tf.distribute.TPUStrategy(resolver)
-    if name == "multi-worker":
-        return tf.distribute.MultiWorkerMirroredStrategy()
     raise ConfigError(f"unknown strategy {name!r}")

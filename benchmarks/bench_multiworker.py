@@ -1,0 +1,78 @@
+"""`--strategy multi-worker` with N worker processes on localhost (CPU) against one process with the
+same global batch: the max abs weight difference of the final checkpoints (model.npz) and of the
+per-step losses. Pre-training (`--workers`, default 4) and fine-tuning (a span task).
+
+    python -m benchmarks.bench_multiworker --workers 4 --work /tmp/mw
+
+The timed test (tests/trainer/test_trainer_multiworker.py) does the same with 2 workers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+
+from bert_datagen.trainer.run import checkpoint as ckpt_lib
+from bert_datagen.trainer.run.config import BertConfig
+from tests.support.synthetic import write_synthetic_dataset
+from tests.support.task_fixtures import span_dataset, tiny_bert, write_pretrain_run
+from tests.trainer.test_trainer_multiworker import bert_train, finish, free_ports, tf_config, train_scalars
+
+
+def compare(work: Path, common: list[str], workers: int) -> dict:
+    ports = free_ports(workers)
+    start = time.perf_counter()
+    procs = [bert_train([*common, "--out", str(work / "one"), "--strategy", "one-device"])]
+    procs += [bert_train([*common, "--out", str(work / "many"), "--strategy", "multi-worker", "--cluster-timeout",
+                          "300"], tf_config(ports, i)) for i in range(workers)]
+    for proc in procs:
+        rc, out, err = finish(proc, timeout=1200)
+        if rc:
+            raise SystemExit(f"a process failed (exit {rc}):\n{out[-2000:]}\n{err[-3000:]}")
+    a = ckpt_lib.load_arrays(ckpt_lib.resolve_checkpoint(work / "one"), ckpt_lib.MODEL_FILE)
+    b = ckpt_lib.load_arrays(ckpt_lib.resolve_checkpoint(work / "many"), ckpt_lib.MODEL_FILE)
+    la, lb = train_scalars(work / "one", "loss"), train_scalars(work / "many", "loss")
+    return {"workers": workers, "max_abs_weight_diff": max(float(np.abs(a[k] - b[k]).max()) for k in a),
+            "max_abs_loss_diff": max(abs(la[s] - lb[s]) for s in la), "steps_compared": sorted(la),
+            "wall_seconds_all_processes": round(time.perf_counter() - start, 1)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--workers", type=int, default=4)
+    parser.add_argument("--steps", type=int, default=4)
+    parser.add_argument("--work", required=True)
+    parser.add_argument("--tasks", default="pretrain,finetune")
+    args = parser.parse_args()
+    work = Path(args.work)
+    batch = 4 * args.workers
+    results = {}
+    if "pretrain" in args.tasks:
+        data = write_synthetic_dataset(str(work / "ds"), seq_len=32, max_pred=5, vocab_size=120, train_shards=2,
+                                       records_per_shard=64, eval_records=2 * batch)
+        bert = work / "bert_config.json"
+        bert.write_text(json.dumps(BertConfig.from_name("tiny", 120, hidden_dropout_prob=0.0,
+                                                        attention_probs_dropout_prob=0.0).to_dict()))
+        results["pretrain"] = compare(work / "pretrain", [
+            "pretrain", "--data", data, "--bert-config", str(bert), "--batch-size", str(batch), "--steps",
+            str(args.steps), "--learning-rate", "2e-3", "--warmup-steps", "1", "--seed", "3", "--log-every", "1",
+            "--eval-batches", "1", "--shuffle-buffer", "50"], args.workers)
+    if "finetune" in args.tasks:
+        # A span task: its head has no dropout (the classification and tagging heads keep a fixed 0.1,
+        # whose masks depend on the replica, so those match a one-process run over as many replicas).
+        data = span_dataset(str(work / "task"))
+        bert = tiny_bert(act="gelu_exact").to_dict()
+        bert.update(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+        init = write_pretrain_run(str(work / "init"), BertConfig.from_dict(bert))
+        results["finetune"] = compare(work / "finetune", [
+            "finetune", "--data", data, "--init-from", init, "--max-steps", str(args.steps), "--batch-size",
+            str(batch), "--learning-rate", "1e-3", "--log-every", "1", "--seed", "3"], args.workers)
+    print(json.dumps(results, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,152 @@
+"""`--strategy multi-worker` on real worker processes: 2 workers on localhost (CPU) against one
+process with the same global batch; one writer; a worker alone stops within --cluster-timeout."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+tf = pytest.importorskip("tensorflow")
+
+from bert_datagen.trainer.run import checkpoint as ckpt_lib  # noqa: E402
+from bert_datagen.trainer.run.config import BertConfig  # noqa: E402
+from tests.support.synthetic import write_synthetic_dataset  # noqa: E402
+
+REPO = Path(__file__).resolve().parent.parent.parent
+TIMING = {"sequences_per_second"}
+
+
+def free_ports(n: int) -> list[int]:
+    socks = [socket.socket() for _ in range(n)]
+    for s in socks:
+        s.bind(("localhost", 0))
+    ports = [s.getsockname()[1] for s in socks]
+    for s in socks:
+        s.close()
+    return ports
+
+
+def tf_config(ports: list[int], index: int) -> str:
+    return json.dumps({"cluster": {"worker": [f"localhost:{p}" for p in ports]},
+                       "task": {"type": "worker", "index": index}})
+
+
+def bert_train(args: list[str], tf_config_value: str | None = None) -> subprocess.Popen:
+    env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
+    env.update(TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES="")
+    if tf_config_value is not None:
+        env["TF_CONFIG"] = tf_config_value
+    return subprocess.Popen([sys.executable, "-m", "bert_datagen.trainer.cli", *args], cwd=REPO, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def finish(proc: subprocess.Popen, timeout: float = 240) -> tuple[int, str, str]:
+    out, err = proc.communicate(timeout=timeout)
+    return proc.returncode, out, err
+
+
+def train_scalars(run: Path, name: str) -> dict[int, float]:
+    found = {}
+    for path in sorted((run / "tensorboard" / "train").iterdir()):
+        for event in tf.compat.v1.train.summary_iterator(str(path)):
+            for value in event.summary.value:
+                if value.tag == name:
+                    found[event.step] = float(tf.make_ndarray(value.tensor))
+    return found
+
+
+def json_without(path: Path, drop: set[str]):
+    def clean(x):
+        if isinstance(x, dict):
+            return {k: clean(v) for k, v in x.items() if k not in drop}
+        return x
+    return clean(json.loads(path.read_text()))
+
+
+@pytest.mark.integration
+def test_two_workers_equal_one_process_and_only_the_chief_writes(tmp_path):
+    data = write_synthetic_dataset(str(tmp_path / "ds"), seq_len=32, max_pred=5, vocab_size=120, train_shards=2,
+                                   records_per_shard=32, eval_records=16)
+    bert = tmp_path / "bert_config.json"
+    bert.write_text(json.dumps(BertConfig.from_name("tiny", 120, hidden_dropout_prob=0.0,
+                                                    attention_probs_dropout_prob=0.0).to_dict()))
+    common = ["pretrain", "--data", data, "--bert-config", str(bert), "--batch-size", "8", "--steps", "3",
+              "--learning-rate", "2e-3", "--warmup-steps", "1", "--seed", "3", "--checkpoint-every", "2",
+              "--log-every", "1", "--eval-batches", "1", "--shuffle-buffer", "50"]
+    ports = free_ports(2)
+    one = bert_train([*common, "--out", str(tmp_path / "one"), "--strategy", "one-device"])
+    workers = [bert_train([*common, "--out", str(tmp_path / "two"), "--strategy", "multi-worker",
+                           "--cluster-timeout", "120"], tf_config(ports, i)) for i in range(2)]
+    results = [finish(p) for p in (one, *workers)]
+    for rc, out, err in results:
+        assert rc == 0, out[-2000:] + err[-3000:]
+    assert "2 replica(s)" in results[1][1]
+
+    a = ckpt_lib.load_arrays(ckpt_lib.resolve_checkpoint(tmp_path / "one"), ckpt_lib.MODEL_FILE)
+    b = ckpt_lib.load_arrays(ckpt_lib.resolve_checkpoint(tmp_path / "two"), ckpt_lib.MODEL_FILE)
+    assert a.keys() == b.keys()
+    worst = max(float(np.abs(a[k] - b[k]).max()) for k in a)
+    print("MAX_ABS_WEIGHT_DIFF", worst)
+    assert worst < 1e-5
+    losses_one, losses_two = train_scalars(tmp_path / "one", "loss"), train_scalars(tmp_path / "two", "loss")
+    assert sorted(losses_one) == [1, 2, 3] and losses_one.keys() == losses_two.keys()
+    for step, loss in losses_one.items():
+        assert losses_two[step] == pytest.approx(loss, abs=1e-5), step
+
+    # The same run directory apart from timing: the same files, the same records (the config's
+    # strategy and --out aside), the same checkpoints; the non-chief wrote nothing beside the chief.
+    def names(run: Path) -> list[str]:
+        return sorted(str(p.relative_to(run)) for p in run.rglob("*")
+                      if "tensorboard" not in p.parts and not p.name.startswith(".bert-datagen"))
+    assert names(tmp_path / "one") == names(tmp_path / "two")
+    for run in ("one", "two"):
+        assert len(list((tmp_path / run / "tensorboard" / "train").iterdir())) == 1
+    assert json_without(tmp_path / "one" / "train_config.json", {"strategy", "out"}) == \
+        json_without(tmp_path / "two" / "train_config.json", {"strategy", "out"})
+    for name in ("bert_config.json", "dataset.json"):
+        assert (tmp_path / "one" / name).read_text() == (tmp_path / "two" / name).read_text()
+    fm_one = json_without(tmp_path / "one" / "final_metrics.json", TIMING | {"run_dir"})
+    fm_two = json_without(tmp_path / "two" / "final_metrics.json", TIMING | {"run_dir"})
+    assert fm_one.keys() == fm_two.keys()
+    for part in ("train", "eval"):
+        for k, v in fm_one[part].items():
+            assert fm_two[part][k] == pytest.approx(v, abs=1e-5), (part, k)
+    for step in (2, 3):
+        s1 = ckpt_lib.load_state(ckpt_lib.checkpoint_dir(tmp_path / "one", step))
+        s2 = ckpt_lib.load_state(ckpt_lib.checkpoint_dir(tmp_path / "two", step))
+        assert s1["step"] == s2["step"] == step and s1["data_fingerprint"] == s2["data_fingerprint"]
+
+
+@pytest.mark.integration
+def test_a_worker_alone_stops_within_the_cluster_timeout(tmp_path):
+    data = write_synthetic_dataset(str(tmp_path / "ds"), seq_len=32, max_pred=5, vocab_size=120,
+                                   train_shards=1, records_per_shard=16, eval_records=8)
+    proc = bert_train(["pretrain", "--data", data, "--out", str(tmp_path / "run"), "--batch-size", "8",
+                       "--steps", "2", "--strategy", "multi-worker", "--cluster-timeout", "3"],
+                      tf_config(free_ports(2), 1))
+    rc, out, err = finish(proc, timeout=60)
+    assert rc == 1
+    assert "worker 1 could not join the cluster within 3 s (--cluster-timeout)" in err
+    assert not (tmp_path / "run").exists() or not any((tmp_path / "run").iterdir())
+
+
+def test_a_malformed_tf_config_is_one_line(tmp_path):
+    from click.testing import CliRunner
+
+    from bert_datagen.trainer.cli import main
+
+    for value, expected in (("", "needs TF_CONFIG"), ("{", "TF_CONFIG is malformed"),
+                            ('{"cluster": {"worker": ["a:1"]}, "task": {"type": "worker", "index": 3}}',
+                             "index in 0..0")):
+        res = CliRunner().invoke(main, ["pretrain", "--data", str(tmp_path), "--out", str(tmp_path / "r"),
+                                        "--steps", "1", "--strategy", "multi-worker"],
+                                 env={"TF_CONFIG": value})
+        assert res.exit_code == 1, res.output
+        assert expected in res.output and len(res.output.strip().splitlines()) == 1, res.output

@@ -1,0 +1,127 @@
+"""`--strategy multi-worker`: the cluster from TF_CONFIG, joined before anything else touches TensorFlow.
+
+TensorFlow refuses to configure collective ops once its devices are initialised ("Collective ops
+must be configured at program startup"), and a run touches them early (reading the data's first
+records, op determinism, listing devices). So the command builds the strategy first (`join`), and
+`devices.make_strategy` hands that one out later. Joining waits for every worker; a worker that
+cannot reach the others is stopped after `timeout` seconds with one line (`_connect_watchdog`).
+
+One writer: the chief (worker 0) writes the run directory; every other worker computes the same
+steps (all of them take part in every collective) and writes nothing (`is_chief`).
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import json
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+
+from bert_datagen.contract.cli.plumbing import unfiltered_stderr
+from bert_datagen.trainer.run.errors import ConfigError
+
+DEFAULT_TIMEOUT = 300
+_joined: dict[str, object] = {}
+
+
+@dataclass(frozen=True)
+class ClusterTask:
+    workers: list[str]
+    index: int
+
+    @property
+    def is_chief(self) -> bool:
+        return self.index == 0
+
+
+def cluster_task(environ: dict[str, str] | None = None) -> ClusterTask:
+    """This process's place in the cluster TF_CONFIG describes; ConfigError (one line) when it is
+    missing or malformed. Only `worker` tasks (worker 0 is the chief), as in TF Model Garden."""
+    raw = (os.environ if environ is None else environ).get("TF_CONFIG", "")
+    if not raw.strip():
+        raise ConfigError("--strategy multi-worker needs TF_CONFIG (see docs/training.md: one command per host)")
+    try:
+        config = json.loads(raw)
+        workers = config["cluster"]["worker"]
+        task = config["task"]
+        kind, index = task["type"], task["index"]
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ConfigError(f"TF_CONFIG is malformed ({type(exc).__name__}: {exc}); expected "
+                          '{"cluster": {"worker": ["host:port", ...]}, "task": {"type": "worker", "index": N}}') from exc
+    if set(config["cluster"]) - {"worker"}:
+        raise ConfigError(f"TF_CONFIG: only a 'worker' job is supported (worker 0 is the chief), not "
+                          f"{sorted(set(config['cluster']) - {'worker'})}")
+    if (not isinstance(workers, list) or not workers
+            or not all(isinstance(w, str) and w.rpartition(":")[2].isdigit() for w in workers)):
+        raise ConfigError(f"TF_CONFIG: cluster.worker must be a list of host:port, not {workers!r}")
+    if kind != "worker" or not isinstance(index, int) or not 0 <= index < len(workers):
+        raise ConfigError(f"TF_CONFIG: task must be a worker with an index in 0..{len(workers) - 1}, not {task!r}")
+    return ClusterTask(workers=workers, index=index)
+
+
+def is_chief() -> bool:
+    """Whether this process writes the run (always, unless it joined a cluster as a non-chief)."""
+    task = _joined.get("task")
+    return task is None or task.is_chief  # type: ignore[union-attr]
+
+
+def joined_strategy():
+    """The strategy `join` built, or None."""
+    return _joined.get("strategy")
+
+
+def join_for(out: str, kind: str, timeout: int = DEFAULT_TIMEOUT):
+    """`join`, after checking TF_CONFIG and that `out` can take a run of `kind` (every worker checks
+    it here, before the chief can start writing in it)."""
+    from bert_datagen.trainer.run import rundir
+
+    cluster_task()
+    rundir.check_out_dir(out, kind)
+    return join(timeout)
+
+
+def join(timeout: int = DEFAULT_TIMEOUT):
+    """Build the MultiWorkerMirroredStrategy of TF_CONFIG; call it before any other TensorFlow call.
+    Collectives time out after `timeout` seconds too, so a lost worker stops the others."""
+    task = cluster_task()
+    if "strategy" in _joined:
+        return _joined["strategy"]
+    import tensorflow as tf
+
+    options = tf.distribute.experimental.CommunicationOptions(timeout_seconds=timeout)
+    with _connect_watchdog(task, timeout):
+        strategy = tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
+    _joined.update(task=task, strategy=strategy)
+    return strategy
+
+
+class _connect_watchdog:
+    """Stop the process with one line when the cluster is not joined in `timeout` seconds.
+
+    TensorFlow waits for the other workers inside a call that holds the GIL, so no Python timer can
+    fire; faulthandler's timer is a C thread. Its traceback goes into a pipe read by a small
+    process of ours, which prints the line instead (and prints nothing when the pipe just closes).
+    """
+
+    def __init__(self, task: ClusterTask, timeout: int):
+        self.task, self.timeout = task, timeout
+
+    def __enter__(self) -> None:
+        others = ", ".join(w for i, w in enumerate(self.task.workers) if i != self.task.index) or "none"
+        line = (f"Error: worker {self.task.index} could not join the cluster within {self.timeout} s "
+                f"(--cluster-timeout); are the other workers ({others}) started and reachable?\n")
+        read, self.write = os.pipe()
+        script = "import os,sys\nif os.read(0, 1):\n    sys.stderr.write(sys.argv[1]); sys.stderr.flush()\n"
+        # The line must bypass the command's stderr filter: it runs in this process, which may be stuck.
+        self.watcher = subprocess.Popen([sys.executable, "-c", script, line], stdin=read,
+                                        stderr=unfiltered_stderr(), close_fds=True)
+        os.close(read)
+        self.pipe = os.fdopen(self.write, "w")
+        faulthandler.dump_traceback_later(self.timeout, exit=True, file=self.pipe)
+
+    def __exit__(self, *exc) -> None:
+        faulthandler.cancel_dump_traceback_later()
+        self.pipe.close()
+        self.watcher.wait()
