@@ -14,18 +14,8 @@ ROOT: dict[str, str] = {}
 class DeletingObjectStore(FakeObjectStore):
     """The fake object store of test_tools_remote, under its own scheme, with object deletes."""
 
-    @classmethod
-    def scheme(cls) -> str:
-        return SCHEME
-
-    @staticmethod
-    def _local(path: str) -> str:
-        assert path.startswith(PREFIX), f"not an object path: {path}"
-        return os.path.join(ROOT["dir"], path[len(PREFIX):])
-
-    @staticmethod
-    def _remote(path: str) -> str:
-        return PREFIX + os.path.relpath(path, ROOT["dir"]).replace(os.sep, "/")
+    SCHEME = SCHEME
+    ROOT = ROOT
 
     def delete(self, paths) -> None:
         for path in paths:

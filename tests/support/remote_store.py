@@ -13,20 +13,23 @@ ROOT: dict[str, str] = {}
 
 
 class FakeObjectStore(LocalFileSystem):
-    """Objects named ``fakegcs://bucket/key`` stored as files under ROOT; no directories."""
+    """Objects named ``fakegcs://bucket/key`` stored as files under ROOT; no directories. A subclass
+    sets its own SCHEME and ROOT to be a second store."""
+
+    SCHEME = SCHEME
+    ROOT = ROOT
 
     @classmethod
     def scheme(cls) -> str:
-        return SCHEME
+        return cls.SCHEME
 
-    @staticmethod
-    def _local(path: str) -> str:
-        assert path.startswith(PREFIX), f"not an object path: {path}"
-        return os.path.join(ROOT["dir"], path[len(PREFIX):])
+    def _local(self, path: str) -> str:
+        prefix = f"{self.SCHEME}://"
+        assert path.startswith(prefix), f"not an object path: {path}"
+        return os.path.join(self.ROOT["dir"], path[len(prefix):])
 
-    @staticmethod
-    def _remote(path: str) -> str:
-        return PREFIX + os.path.relpath(path, ROOT["dir"]).replace(os.sep, "/")
+    def _remote(self, path: str) -> str:
+        return f"{self.SCHEME}://" + os.path.relpath(path, self.ROOT["dir"]).replace(os.sep, "/")
 
     def join(self, basepath: str, *paths: str) -> str:
         return "/".join([basepath.rstrip("/"), *(p.strip("/") for p in paths)])

@@ -217,34 +217,30 @@ class BertEncoder(keras.Model):
         seed = tf.convert_to_tensor(dropout_seed) if training and dropout_seed is not None else None
         input_ids = tf.cast(inputs["input_ids"], tf.int32)
         segment_ids = tf.cast(inputs["segment_ids"], tf.int32)
-        if "sequence_ids" in inputs:
-            return self._packed_call(inputs, input_ids, segment_ids, seed)
-        mask = tf.cast(inputs["input_mask"], tf.float32)
-        # [B,1,1,S]: 0 where attending is allowed, -10000 on padding.
-        attention_bias = (1.0 - mask[:, None, None, :]) * ATTENTION_MASK_VALUE
-
-        x = self.embeddings(input_ids, segment_ids, dropout_seed=seed)
-        for layer in self.encoder_layers:
-            x = layer(x, attention_bias, dropout_seed=seed)
-        pooled = tf.tanh(self.pooler(x[:, 0, :]))
-        return {"sequence_output": x, "pooled_output": pooled}
-
-    def _packed_call(self, inputs: dict[str, tf.Tensor], input_ids: tf.Tensor, segment_ids: tf.Tensor,
-                     seed: tf.Tensor | None) -> dict[str, tf.Tensor]:
-        sequence_ids = tf.cast(inputs["sequence_ids"], tf.int32)
-        # [B,1,S,S]: a query attends to the keys of its own sequence only. The same -10000 as on
-        # padding, so a sequence's scores equal its scores alone (exp underflows to 0 either way).
-        same = tf.logical_and(tf.equal(sequence_ids[:, :, None], sequence_ids[:, None, :]),
-                              tf.not_equal(sequence_ids[:, None, :], 0))
-        attention_bias = (1.0 - tf.cast(same, tf.float32)[:, None, :, :]) * ATTENTION_MASK_VALUE
-        position_ids = tf.cast(inputs["position_ids"], tf.int32)
+        packed = "sequence_ids" in inputs  # a row of several sequences (`bert-datagen run --packing`)
+        position_ids = tf.cast(inputs["position_ids"], tf.int32) if packed else None
 
         x = self.embeddings(input_ids, segment_ids, dropout_seed=seed, position_ids=position_ids)
+        attention_bias = _attention_bias(inputs)
         for layer in self.encoder_layers:
             x = layer(x, attention_bias, dropout_seed=seed)
-        cls = tf.gather(x, tf.cast(inputs["cls_positions"], tf.int32), batch_dims=1)  # [B,N,H]
-        pooled = tf.tanh(self.pooler(cls))
+        # Packed: each sequence's [CLS] -> [B,N,H]; else the row's first position -> [B,H].
+        first = tf.gather(x, tf.cast(inputs["cls_positions"], tf.int32), batch_dims=1) if packed else x[:, 0, :]
+        pooled = tf.tanh(self.pooler(first))
         return {"sequence_output": x, "pooled_output": pooled}
+
+
+def _attention_bias(inputs: dict[str, tf.Tensor]) -> tf.Tensor:
+    """0 where a query may attend to a key, -10000 elsewhere: [B,1,1,S] masking padding, or for
+    packed rows [B,1,S,S], where a query attends to the keys of its own sequence only (the same
+    -10000, so a sequence's scores equal its scores alone: exp underflows to 0 either way)."""
+    if "sequence_ids" not in inputs:
+        mask = tf.cast(inputs["input_mask"], tf.float32)
+        return (1.0 - mask[:, None, None, :]) * ATTENTION_MASK_VALUE
+    sequence_ids = tf.cast(inputs["sequence_ids"], tf.int32)
+    same = tf.logical_and(tf.equal(sequence_ids[:, :, None], sequence_ids[:, None, :]),
+                          tf.not_equal(sequence_ids[:, None, :], 0))
+    return (1.0 - tf.cast(same, tf.float32)[:, None, :, :]) * ATTENTION_MASK_VALUE
 
 
 class BertPretrainer(keras.Model):
