@@ -130,6 +130,16 @@ class DatagenConfig:
             raise ConfigError("--packing with --masking dynamic is not supported: packed rows are masked "
                               "when they are written (use --masking static)")
 
+    @classmethod
+    def from_recorded(cls, recorded: dict[str, Any]) -> DatagenConfig:
+        """The config a manifest recorded (`to_dict`), as far as it names fields of this version
+        (older manifests lack the later ones: their defaults; ``extra`` is not a field)."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        known = {k: v for k, v in recorded.items() if k in names}
+        if "mask_ratios" in known:
+            known["mask_ratios"] = tuple(known["mask_ratios"])
+        return cls(**known)
+
     def to_dict(self) -> dict[str, Any]:
         """The config as a manifest records it.
 

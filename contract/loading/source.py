@@ -8,7 +8,6 @@ records is then one sequential read, framed and CRC-checked by `bert_datagen.dat
 
 from __future__ import annotations
 
-import dataclasses
 import io
 import struct
 from dataclasses import dataclass, field
@@ -39,11 +38,7 @@ def dataset_fingerprint(manifest: dict) -> str:
 
 def masking_config(manifest: dict) -> DatagenConfig:
     """The dataset's masking options, from its manifest config (as the trainer's dynamic input reads them)."""
-    names = {f.name for f in dataclasses.fields(DatagenConfig)}
-    known = {k: v for k, v in manifest.get("config", {}).items() if k in names}
-    if "mask_ratios" in known:
-        known["mask_ratios"] = tuple(known["mask_ratios"])
-    return DatagenConfig(**known)
+    return DatagenConfig.from_recorded(manifest.get("config", {}))
 
 
 @dataclass

@@ -10,7 +10,6 @@ pending record's epoch, so a resumed run sees the masks the uninterrupted one wo
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from collections.abc import Callable
 
@@ -28,12 +27,8 @@ class DynamicMaskError(ValueError):
 
 def masking_config(manifest: dict) -> DatagenConfig:
     """The dataset's masking options (masked_lm_prob, max predictions, ratios, unit) from its manifest."""
-    fields = {f.name for f in dataclasses.fields(DatagenConfig)}
-    known = {k: v for k, v in manifest.get("config", {}).items() if k in fields}
-    if "mask_ratios" in known:
-        known["mask_ratios"] = tuple(known["mask_ratios"])
     try:
-        return DatagenConfig(**known)
+        return DatagenConfig.from_recorded(manifest.get("config", {}))
     except (TypeError, ValueError) as exc:
         raise DynamicMaskError(f"manifest config cannot be used for dynamic masking: {exc}") from exc
 
