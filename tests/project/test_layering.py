@@ -278,3 +278,11 @@ def test_nothing_imports_our_packages_by_their_bare_names() -> None:
     known = set(module_files(REPO))
     files = [p for top in (*LAYERS, "tests", "benchmarks", "examples") for p in sorted((REPO / top).rglob("*.py"))]
     assert [ref for path in files if path != Path(__file__).resolve() for ref in bare_references(path, known)] == []
+
+
+def test_every_module_reads_in_one_sitting() -> None:
+    """A module that outgrows 500 lines holds more than one concept: split it (as
+    trainer/finetune/checks.py was split from run.py)."""
+    long = {name: n for name, path in module_files(REPO).items()
+            if (n := len(path.read_text(encoding="utf-8").splitlines())) >= 500}
+    assert not long, long

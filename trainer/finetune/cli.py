@@ -132,9 +132,9 @@ def predict_run(run: str, data: str, split: str, out: str | None, batch_size: in
 def _predict(run: str, data: str, split: str, out: str | None, batch_size: int,
              null_score_diff_threshold: float, need_labels: bool, previous: list[str],
              allow_other_task: bool = False, allow_vocab_mismatch: bool = False) -> dict:
+    from bert_datagen.trainer.finetune.checks import check_data_fits, check_same_task
     from bert_datagen.trainer.finetune.data import check_split_files, open_task_dataset
     from bert_datagen.trainer.finetune.evaluate import evaluate_split, write_predictions_dir
-    from bert_datagen.trainer.finetune.run import check_data_fits, check_same_task
     from bert_datagen.trainer.interop.finetune_export import restore_finetuned
     from bert_datagen.trainer.run.devices import enable_determinism
 
