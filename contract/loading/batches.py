@@ -62,7 +62,13 @@ class NumpyBatches:
 
     def batch_at(self, step: int) -> dict[str, np.ndarray]:
         """This rank's share of global batch ``step`` (any step, in any order)."""
-        placed = self.order.batch(step, self.world_size, self.rank)
+        return self.read_positions(self.order.batch_positions(step, self.world_size, self.rank))
+
+    def read_positions(self, positions: np.ndarray) -> dict[str, np.ndarray]:
+        """The records at these positions of the run's sequence, as a batch (every feature, masked when
+        the data is dynamic). Readers that cut batches their own way (fine-tuning's epochs) call this;
+        positions should move forward, as the chunk cache keeps only the windows last asked for."""
+        placed = self.order.place(np.asarray(positions, np.int64))
         bs = self.order.block_size
         chunks = placed.chunk(bs)
         rows = (placed.virtual - chunks * bs).tolist()

@@ -115,13 +115,13 @@ class GlobalOrder:
             sel = window == w
             if w < full_windows:
                 batch_in_window, slot = np.divmod(q[sel], B)
-                rounds = _perm(self._key("batches", epoch, w), bs)[batch_in_window]
+                rounds = permutation(self._key("batches", epoch, w), bs)[batch_in_window]
                 chunk = w * B + slot
                 within = _chunk_perms(self._key("chunk", epoch), chunk, rounds, bs)
                 out[sel] = chunk * bs + within
             else:
                 tail = self.total - w * window_len
-                out[sel] = w * window_len + _perm(self._key("tail", epoch), tail)[q[sel]]
+                out[sel] = w * window_len + permutation(self._key("tail", epoch), tail)[q[sel]]
         return out
 
     def batch_positions(self, step: int, world_size: int = 1, rank: int = 0) -> np.ndarray:
@@ -163,7 +163,8 @@ def _perm_cached(key: int, n: int) -> np.ndarray:
     return out
 
 
-def _perm(key: int, n: int) -> np.ndarray:
+def permutation(key: int, n: int) -> np.ndarray:
+    """A permutation of range(n), a pure function of ``key`` (a `derive_key` value); read-only."""
     return _perm_cached(key, n)
 
 
@@ -185,7 +186,7 @@ def _permuted_blocks(counts: tuple[int, ...], block_size: int, key: int
     first_of_shard = np.concatenate([[0], np.cumsum(per_shard)[:-1]]).astype(np.int64)
     first = (np.arange(len(shard)) - first_of_shard[shard]) * block_size
     length = np.minimum(block_size, counts_a[shard] - first)
-    perm = _perm(key, len(shard))
+    perm = permutation(key, len(shard))
     shard, first, length = shard[perm], first[perm], length[perm]
     start = np.concatenate([[0], np.cumsum(length)[:-1]]).astype(np.int64)
     for a in (shard, first, start):

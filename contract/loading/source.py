@@ -159,6 +159,17 @@ def open_source(target: str, split: str = "train", fs: FileSystem = LOCAL_FS) ->
                   vocab, mask_config)
 
 
+def files_source(root: str, files: list[str], counts: list[int], fingerprint: str, spec: FeatureSpec, kind: str,
+                 fs: FileSystem = LOCAL_FS, vocab: Vocab | None = None,
+                 mask_config: DatagenConfig | None = None) -> Source:
+    """A source over a list of shard files with known record counts: a split the caller has
+    described itself (the trainer's TFRecord globs of the original tool, which have no manifest).
+    ``vocab`` and ``mask_config`` make it dynamic-masking data."""
+    refs = [ShardRef(split="train", name=path, path=path) for path in files]
+    return Source(root, "train", refs, tuple(int(c) for c in counts), fingerprint, spec, kind,
+                  vocab is not None, fs, vocab, mask_config)
+
+
 def as_model_inputs(features: dict[str, Any]) -> dict[str, np.ndarray]:
     """Integer features as int32, as the Keras trainer parses them; a record's 64-bit identity stays int64."""
     return {k: v.astype(np.int32) if v.dtype == np.int64 and k != INSTANCE_KEY else v for k, v in features.items()}

@@ -80,8 +80,9 @@ def finetune_command(bert_config_file, seeds, seed, epochs, learning_rate, batch
             from bert_datagen.trainer.run.rundir import FINETUNING
 
             join_for(options["out"], FINETUNING, cluster_timeout)
+        from bert_datagen.trainer.finetune.config import TASK_DEFAULTS, FinetuneConfig
         from bert_datagen.trainer.finetune.data import open_task_dataset
-        from bert_datagen.trainer.finetune.run import TASK_DEFAULTS, FinetuneConfig, finetune, finetune_seeds
+        from bert_datagen.trainer.finetune.run import finetune, finetune_seeds
 
         defaults = TASK_DEFAULTS[open_task_dataset(options["data"]).task_type]
         try:

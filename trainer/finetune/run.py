@@ -25,17 +25,16 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
-import math
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 import tensorflow as tf
 
 from bert_datagen.trainer.finetune.checks import check_data_fits, check_vocab, task_summary
+from bert_datagen.trainer.finetune.config import FinetuneConfig
 from bert_datagen.trainer.finetune.data import (
     TF_DATA_ERRORS,
     check_split_files,
@@ -49,6 +48,7 @@ from bert_datagen.trainer.finetune.init import (
     init_from_run_config,
     initialise_encoder,
 )
+from bert_datagen.trainer.finetune.ordered import BLOCK_SIZE, FinetuneBatches
 from bert_datagen.trainer.interop.loading import dtype_policy
 from bert_datagen.trainer.model.heads import (
     FineTuneModel,
@@ -73,10 +73,11 @@ from bert_datagen.trainer.run.common import (
     tensorboard_writers,
     write_scalar,
 )
-from bert_datagen.trainer.run.config import PRECISIONS, STRATEGIES, BertConfig, ConfigError, check_seed
+from bert_datagen.trainer.run.config import BertConfig
 from bert_datagen.trainer.run.devices import enable_determinism
 from bert_datagen.trainer.run.errors import DataError, TrainingError
 from bert_datagen.trainer.run.optimizer import AdamWeightDecay, learning_rate
+from bert_datagen.trainer.run.ordered_input import INPUT_ORDER, OrderedInput
 from bert_datagen.trainer.run.rundir import cleanup_temp, write_atomic
 from bert_datagen.trainer.run.step import Objective, make_train_step, replica_sum
 
@@ -84,91 +85,6 @@ FINETUNING_DROPOUT_SALT = 0xF17E  # other dropout masks than pre-training's at t
 CONFIG_FILE = rundir.FINETUNE_CONFIG_FILE
 TASK_FILE = "task.json"
 BERT_CONFIG_FILE = "bert_config.json"
-
-# RECIPE.md section 10: run_classifier.py and run_squad.py defaults (tagging follows the classifier).
-TASK_DEFAULTS: dict[str, dict[str, float]] = {
-    "classification": {"learning_rate": 5e-5, "epochs": 3, "batch_size": 32},
-    "regression": {"learning_rate": 5e-5, "epochs": 3, "batch_size": 32},
-    "tagging": {"learning_rate": 5e-5, "epochs": 3, "batch_size": 32},
-    "span": {"learning_rate": 3e-5, "epochs": 2, "batch_size": 12},
-}
-
-
-@dataclass
-class FinetuneConfig:
-    """One fine-tuning run. Serialized into RUN/finetune_config.json."""
-
-    data: str
-    out: str
-    init_from: str | None = None
-    init_checkpoint: str | None = None
-    bert_config: dict[str, Any] | None = None
-    epochs: float = 3
-    learning_rate: float = 5e-5
-    batch_size: int = 32
-    warmup_proportion: float = 0.1
-    seed: int = 12345
-    max_steps: int | None = None
-    train_split: str = "train"
-    eval_split: str | None = "dev"
-    weight_decay: float = 0.01
-    clip_norm: float = 1.0
-    accumulation_steps: int = 1
-    checkpoint_every: int = 0  # 0: at the end of each epoch only
-    keep_checkpoints: int = 1
-    log_every: int = 50
-    eval_batch_size: int = 64
-    null_score_diff_threshold: float = 0.0
-    strategy: str = "auto"
-    precision: str = "float32"
-    jit: bool = False
-    tpu: str | None = None
-    allow_vocab_mismatch: bool = False
-    # Length-grouped training batches (finetune.data.train_batches): other batches, so a setting
-    # of the run, not resumable with the other value.
-    group_by_length: bool = False
-
-    RESUMABLE_CHANGES: ClassVar[frozenset[str]] = frozenset({
-        "out", "checkpoint_every", "keep_checkpoints", "log_every", "eval_batch_size", "strategy", "jit", "tpu",
-        "allow_vocab_mismatch"})
-
-    def __post_init__(self) -> None:
-        self.validate()
-
-    def validate(self) -> None:
-        if (self.init_from is None) == (self.init_checkpoint is None):
-            raise ConfigError("pass exactly one of --init-from and --init-checkpoint")
-        for name in ("batch_size", "accumulation_steps", "keep_checkpoints", "log_every", "eval_batch_size"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-                raise ConfigError(f"--{name.replace('_', '-')} must be a positive integer, got {value!r}")
-        if self.batch_size % self.accumulation_steps:
-            raise ConfigError(f"--batch-size {self.batch_size} is not a multiple of --accumulation-steps "
-                              f"{self.accumulation_steps}")
-        check_seed(self.seed, "--seed")
-        if self.max_steps is not None and self.max_steps <= 0:
-            raise ConfigError(f"--max-steps must be positive, got {self.max_steps}")
-        if not (math.isfinite(self.epochs) and self.epochs > 0):
-            raise ConfigError(f"--epochs must be a positive number, got {self.epochs}")
-        if not (math.isfinite(self.learning_rate) and self.learning_rate > 0):
-            raise ConfigError(f"--learning-rate must be a positive number, got {self.learning_rate}")
-        if not (math.isfinite(self.warmup_proportion) and 0 <= self.warmup_proportion < 1):
-            raise ConfigError(f"--warmup-proportion must be in [0, 1), got {self.warmup_proportion}")
-        if not math.isfinite(self.null_score_diff_threshold):
-            raise ConfigError("--null-score-diff-threshold must be a finite number")
-        if self.checkpoint_every < 0:
-            raise ConfigError("--checkpoint-every must be >= 0")
-        if self.strategy not in STRATEGIES:
-            raise ConfigError(f"strategy {self.strategy!r} not in {STRATEGIES}")
-        if self.precision not in PRECISIONS:
-            raise ConfigError(f"precision {self.precision!r} not in {PRECISIONS}")
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-    def to_json(self) -> str:
-        return json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n"
-
 
 def model_config_for(cfg: FinetuneConfig, bert_config_file: str | None = None) -> BertConfig:
     if cfg.bert_config is not None:
@@ -247,6 +163,9 @@ class FinetuneRun:
         self.step = 0
         self.saved_step: int | None = None
         self.history: list[dict] = []
+        self.legacy_input = False  # set on resume: a run of an earlier version reads through tf.data
+        self.world, self.rank = cluster.worker_share()
+        self.input: OrderedInput | None = None
 
     # -- state
 
@@ -273,6 +192,8 @@ class FinetuneRun:
         restore_checkpoint_arrays(path, self.named, self.optimizer, self.loss_scale)
         self.step = self.saved_step = step
         self.history = list(state.get("history", []))
+        # Checkpoints of earlier versions record no input: their runs go on reading through tf.data.
+        self.legacy_input = "input" not in state
         return f"resumed from {path} (step {step})"
 
     def save(self) -> Path | None:
@@ -283,6 +204,8 @@ class FinetuneRun:
         state = {"step": self.step, "bert_config": self.bert.to_dict(), "task": self.task_record(),
                  "history": self.history, "data": self.data.source, "total_steps": self.total_steps,
                  "steps_per_epoch": self.steps_per_epoch}
+        if not self.legacy_input:
+            state["input"] = {"order": INPUT_ORDER, "block_size": BLOCK_SIZE}
         try:
             path = ckpt_lib.save_checkpoint(self.run_dir, self.step, model_arrays, opt_arrays, state,
                                             keep=self.cfg.keep_checkpoints)
@@ -302,6 +225,17 @@ class FinetuneRun:
                                group_by_length=self.cfg.group_by_length)
             yield from (iter(ds.skip(offset)) if offset else iter(ds))
             epoch, offset = epoch + 1, 0
+
+    def _train_input(self) -> tuple[Callable[[], dict], int]:
+        """(the next training batch, from the current step on; the workers it is shared over)."""
+        if self.legacy_input:
+            batches = self.batches_from(self.step)
+            return (lambda: self._next_batch(batches)), 1
+        cfg = self.cfg
+        ordered = FinetuneBatches(cfg.data, cfg.train_split, cfg.seed, cfg.batch_size, self.steps_per_epoch,
+                                  self.world, self.rank, cfg.group_by_length)
+        self.input = OrderedInput(ordered.batch, self.step)
+        return self.input.next, self.world
 
     def _next_batch(self, batches):
         try:
@@ -333,14 +267,14 @@ class FinetuneRun:
                     "total_steps": self.total_steps, "run_dir": str(self.run_dir)}
         window: dict[str, float] = {}
         window_start, window_steps = time.perf_counter(), 0
-        batches = self.batches_from(self.step)
+        next_batch, workers = self._train_input()
         last_eval = None
-        with interrupts_between_steps() as interrupted:
+        with interrupts_between_steps() as interrupted, self._input_closed():
             while self.step < end:
                 if interrupted():
                     stop_interrupted(self.run_dir, self.step, self.saved_step, self.save, self.log)
                 lr = learning_rate(self.step, cfg.learning_rate, self.warmup_steps, self.total_steps)
-                batch = replica_slices(self.strategy, self._next_batch(batches), cfg.batch_size)
+                batch = replica_slices(self.strategy, next_batch(), cfg.batch_size, workers)
                 try:
                     sums = self.train_step(batch, tf.constant(lr), tf.constant(self.step, tf.int64))
                 except LOST_WORKER_ERRORS as exc:
@@ -376,6 +310,15 @@ class FinetuneRun:
         if self.step >= self.total_steps:
             result.update(self._final(last_eval))
         return result
+
+    @contextlib.contextmanager
+    def _input_closed(self):
+        try:
+            yield
+        finally:
+            if self.input is not None:
+                self.input.close()
+                self.input = None
 
     def _record_epoch(self, writer, evaluation: dict | None) -> None:
         epoch = self.step / self.steps_per_epoch

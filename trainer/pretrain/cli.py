@@ -32,6 +32,17 @@ def _train_config(options: dict) -> TrainConfig:
         raise click.UsageError(message) from exc
 
 
+def _skip_ranges(ctx, param, value: str | None) -> list[list[int]]:
+    if value is None:
+        return []
+    from bert_datagen.contract.loading.skips import SkipError, parse_ranges
+
+    try:
+        return [list(r) for r in parse_ranges(value)]
+    except SkipError as exc:
+        raise click.BadParameter(str(exc)) from exc
+
+
 @click.command("pretrain")
 @click.option("--data", required=True, help="Dataset directory (manifest.json) or TFRecord glob(s), comma-separated.")
 @click.option("--out", "out", required=True, help="Run directory; rerunning the same command resumes it.")
@@ -68,6 +79,9 @@ def _train_config(options: dict) -> TrainConfig:
 @click.option("--jit/--no-jit", default=False, show_default=True, help="Compile the step with XLA.")
 @click.option("--init-from", help="Phase 2: start from the weights of a run (its latest checkpoint) or checkpoint.")
 @click.option("--init-checkpoint", help="Start from an original TF1 checkpoint or a Hugging Face directory.")
+@click.option("--skip-batches", "skip_batches", callback=_skip_ranges, metavar="A-B[,C-D]",
+              help="Leave out these global batches (inclusive; `bert-datagen batches` shows them) from here "
+                   "on, e.g. past a loss spike on resume; the run records what it skipped.")
 def pretrain_command(bert_config_file, cluster_timeout, **options) -> None:
     """Pre-train BERT (MLM + NSP) from a dataset; resumes RUN when it has checkpoints."""
     try:

@@ -19,7 +19,9 @@ import tensorflow as tf
 from bert_datagen.contract.dataset import Dataset, DatasetError, manifest_identity, open_dataset
 from bert_datagen.contract.features import PRETRAINING, TASK
 from bert_datagen.contract.fs import is_remote
+from bert_datagen.contract.loading.source import Source, files_source
 from bert_datagen.contract.manifest import MANIFEST_NAME, ManifestError
+from bert_datagen.contract.vocab_io import load_vocab
 from bert_datagen.datagen import records
 from bert_datagen.datagen.example_codec import decode_example
 from bert_datagen.datagen.records import INSTANCE_KEY, feature_spec
@@ -90,6 +92,25 @@ def open_pretraining_data(data: str, max_seq_length: int | None = None, max_pred
         info = _from_globs(data, max_seq_length, max_predictions_per_seq, eval_data)
     info.identity = dataset_identity(info)
     return info
+
+
+def training_source(info: DatasetInfo) -> Source:
+    """The train split as the global order reads it (`trainer/run/ordered_input.py`): its shards and
+    their record counts, the dataset's fingerprint, the features the model reads, and for dynamic
+    masking the dataset's vocab and masking options."""
+    if info.manifest is not None:
+        counts = [int(ref.expected["records"]) for ref in open_manifest_dataset(info.source).split_shards("train")]
+    else:
+        counts = [count_records(path) for path in info.train_files]
+    masking = {}
+    if info.masking == "dynamic":
+        from bert_datagen.trainer.pretrain.dynamic_input import masking_config
+
+        assert info.manifest is not None  # dynamic data is always a dataset of ours
+        vocab = load_vocab(os.path.join(info.source, info.manifest["vocab"]["path"]), GFILE_FS)
+        masking = {"vocab": vocab, "mask_config": masking_config(info.manifest)}
+    return files_source(info.source, info.train_files, counts, info.identity["fingerprint"], info.features(),
+                       PRETRAINING, GFILE_FS, **masking)
 
 
 def open_manifest_dataset(directory: str) -> Dataset:

@@ -14,6 +14,7 @@ its first records parse with the model's lengths, that data and model fit.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from collections.abc import Callable
@@ -22,6 +23,9 @@ from pathlib import Path
 import numpy as np
 import tensorflow as tf
 
+from bert_datagen.contract.loading.batches import NumpyBatches
+from bert_datagen.contract.loading.skips import SkipError, add_ranges, batch_of_step
+from bert_datagen.datagen.records import INSTANCE_KEY
 from bert_datagen.trainer.interop.loading import dtype_policy, init_weights_from, load_init_checkpoint
 from bert_datagen.trainer.model.bert import build_model, tf1_variable_map
 from bert_datagen.trainer.pretrain.data import (
@@ -34,6 +38,8 @@ from bert_datagen.trainer.pretrain.data import (
     find_bad_record,
     open_pretraining_data,
     train_dataset,
+    training_source,
+    with_sequence_weights,
 )
 from bert_datagen.trainer.pretrain.evaluate import evaluate_model
 from bert_datagen.trainer.pretrain.objective import losses_from_sums
@@ -57,6 +63,7 @@ from bert_datagen.trainer.run.config import BertConfig, TrainConfig
 from bert_datagen.trainer.run.devices import enable_determinism
 from bert_datagen.trainer.run.errors import CheckpointError, ConfigError, DataError, TrainingError
 from bert_datagen.trainer.run.optimizer import learning_rate, make_optimizer
+from bert_datagen.trainer.run.ordered_input import INPUT_ORDER, OrderedInput
 from bert_datagen.trainer.run.step import make_step_functions
 
 _TF_DATA_ERRORS = (tf.errors.DataLossError, tf.errors.InvalidArgumentError)
@@ -105,10 +112,21 @@ class Run:
                                          packed=self.info.packed)
         self.step = 0
         self.saved_step: int | None = None
-        # One host pipeline whose iterator state can be checkpointed (a tf.distribute iterator
-        # cannot be); each step's global batch is then cut into per-replica slices.
-        self.iterator = iter(train_dataset(self.info, cfg.batch_size, cfg.seed, cfg.shuffle_buffer))
-        self.iterator_ckpt = tf.train.Checkpoint(iterator=self.iterator)
+        self.skipped: list[tuple[int, int]] = []
+        self.input: OrderedInput | None = None
+        # Runs started before the global order read through tf.data to the end, from the iterator
+        # state their checkpoints hold, so that they resume on the batches they would have read.
+        self.legacy_input = _reads_through_tf_data(self.run_dir)
+        self.world, self.rank = (1, 0) if self.legacy_input else cluster.worker_share()
+        if self.legacy_input:
+            if cfg.skip_batches:
+                raise ConfigError(f"{self.run_dir}: the run was started by an earlier version that read its "
+                                  "input through tf.data; --skip-batches needs the global order of new runs")
+            self.iterator = iter(train_dataset(self.info, cfg.batch_size, cfg.seed, cfg.shuffle_buffer))
+            self.iterator_ckpt = tf.train.Checkpoint(iterator=self.iterator)
+        else:
+            self.batches = NumpyBatches(training_source(self.info), seed=cfg.seed, batch_size=cfg.batch_size,
+                                        world_size=self.world, rank=self.rank)
 
     # -- state
 
@@ -116,14 +134,16 @@ class Run:
         if self.chief:
             rundir.cleanup_temp(self.run_dir)
         found = ckpt_lib.list_checkpoints(self.run_dir)
+        self._set_skipped(ckpt_lib.load_state(found[-1][1]) if found else {}, found[-1][0] if found else 0)
         if found:
             step, path = found[-1]
             restore_checkpoint_arrays(path, self.named, self.optimizer, self.loss_scale)
-            try:
-                self.iterator_ckpt.read(str(path / ckpt_lib.INPUT_PREFIX)).assert_consumed()
-            except (tf.errors.OpError, AssertionError, ValueError) as exc:
-                raise CheckpointError(f"{path / ckpt_lib.INPUT_PREFIX}: cannot restore the input position: "
-                                      f"{getattr(exc, 'message', exc)}") from exc
+            if self.legacy_input:
+                try:
+                    self.iterator_ckpt.read(str(path / ckpt_lib.INPUT_PREFIX)).assert_consumed()
+                except (tf.errors.OpError, AssertionError, ValueError) as exc:
+                    raise CheckpointError(f"{path / ckpt_lib.INPUT_PREFIX}: cannot restore the input position: "
+                                          f"{getattr(exc, 'message', exc)}") from exc
             self.step = self.saved_step = step
             return f"resumed from {path} (step {step})"
         if self.cfg.init_from:
@@ -132,6 +152,29 @@ class Run:
             load_init_checkpoint(self.model, self.cfg.init_checkpoint)
             return f"initialised from {self.cfg.init_checkpoint}"
         return f"new run (seed {self.cfg.seed})"
+
+    def _set_skipped(self, state: dict, step: int) -> None:
+        """The skipped ranges: those the checkpoint recorded plus --skip-batches (checked: only
+        batches the run has not trained on)."""
+        recorded = state.get("input", {}).get("skip_batches", [])
+        try:
+            self.skipped = add_ranges(recorded, self.cfg.skip_batches, step)
+        except SkipError as exc:
+            raise ConfigError(f"--skip-batches {exc}") from exc
+        if self.skipped != recorded:
+            shown = ", ".join(f"{a}-{b}" for a, b in self.skipped)
+            self.log(f"skipping global batches {shown} (recorded with each checkpoint of the run)")
+
+    def input_record(self) -> dict:
+        """How the run reads, as its checkpoints record it."""
+        return {"order": INPUT_ORDER, "block_size": self.batches.order.block_size,
+                "skip_batches": [list(r) for r in self.skipped]}
+
+    def _batch_for_step(self, step: int) -> dict[str, np.ndarray]:
+        batch = self.batches.batch_at(batch_of_step(step, self.skipped))
+        if self.info.masking == "dynamic":
+            batch.pop(INSTANCE_KEY)  # the masks are made; the model does not read it
+        return batch
 
     def save(self, metrics: dict | None = None) -> Path | None:
         if not self.chief:
@@ -142,9 +185,11 @@ class Run:
                  "data": self.info.source, "data_fingerprint": self.info.identity["fingerprint"],
                  "max_seq_length": self.info.max_seq_length,
                  "max_predictions_per_seq": self.info.max_predictions_per_seq}
+        if not self.legacy_input:
+            state["input"] = self.input_record()
         try:
             path = ckpt_lib.save_checkpoint(self.run_dir, self.step, model_arrays, opt_arrays, state,
-                                            iterator_saver=self.iterator_ckpt.write,
+                                            iterator_saver=self.iterator_ckpt.write if self.legacy_input else None,
                                             keep=self.cfg.keep_checkpoints)
         except OSError as exc:
             raise TrainingError(f"{self.run_dir}: cannot write the checkpoint of step {self.step}: "
@@ -155,6 +200,11 @@ class Run:
     # -- loop
 
     def next_batch(self) -> dict[str, tf.Tensor]:
+        if not self.legacy_input:
+            if self.input is None:
+                self.input = OrderedInput(self._batch_for_step, self.step)
+            return replica_slices(self.strategy, with_sequence_weights(self.input.next()), self.cfg.batch_size,
+                                  self.world)
         try:
             batch = next(self.iterator)
         except _TF_DATA_ERRORS as exc:
@@ -188,12 +238,15 @@ class Run:
                          cfg.data, self.info.identity)
         self.log(f"{self.restore_or_initialise()}; {self.info.source}: seq {self.info.max_seq_length}, "
                  f"{self.strategy.num_replicas_in_sync} replica(s), {cfg.precision}")
+        if self.world > 1:
+            self.log(f"worker {self.rank} of {self.world} reads its share of each global batch "
+                     f"({cfg.batch_size // self.world} of {cfg.batch_size} sequences)")
         writer, eval_writer = tensorboard_writers(self.run_dir, self.chief)
         end = cfg.steps if stop_at is None else min(stop_at, cfg.steps)
         window: dict[str, float] = {}
         window_start, window_steps = time.perf_counter(), 0
         last: dict = {}
-        with interrupts_between_steps() as interrupted:
+        with interrupts_between_steps() as interrupted, self._input_closed():
             while self.step < end:
                 if interrupted():
                     self._stop_interrupted(last)
@@ -225,6 +278,15 @@ class Run:
         writer.flush()
         eval_writer.flush()
         return result
+
+    @contextlib.contextmanager
+    def _input_closed(self):
+        try:
+            yield
+        finally:
+            if self.input is not None:
+                self.input.close()
+                self.input = None
 
     def _train_step(self, lr: np.float32) -> dict[str, float]:
         batch = self.next_batch()
@@ -269,6 +331,12 @@ class Run:
             for name in ("loss", "mlm_loss", "nsp_loss", "mlm_accuracy", "nsp_accuracy"):
                 if name in m:
                     write_scalar(name, m[name])
+
+
+def _reads_through_tf_data(run_dir: Path) -> bool:
+    """Whether the run's latest checkpoint holds a tf.data iterator state (a run of an earlier version)."""
+    found = ckpt_lib.list_checkpoints(run_dir)
+    return bool(found) and any(p.name.startswith(ckpt_lib.INPUT_PREFIX + ".") for p in found[-1][1].iterdir())
 
 
 def pretrain(cfg: TrainConfig, log: Callable[[str], None] = print, stop_at: int | None = None) -> dict:

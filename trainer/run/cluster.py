@@ -67,6 +67,15 @@ def is_chief() -> bool:
     return task is None or task.is_chief  # type: ignore[union-attr]
 
 
+def worker_share() -> tuple[int, int]:
+    """(workers, this worker's index): the world a worker reads its share of each global batch in;
+    (1, 0) outside a cluster."""
+    task = _joined.get("task")
+    if task is None:
+        return 1, 0
+    return len(task.workers), task.index  # type: ignore[union-attr]
+
+
 def joined_strategy():
     """The strategy `join` built, or None."""
     return _joined.get("strategy")

@@ -45,16 +45,18 @@ def loss_scale_for(precision: str) -> DynamicLossScale | None:
 
 
 def replica_slices(strategy: tf.distribute.Strategy, batch: dict[str, tf.Tensor],
-                   batch_size: int) -> dict[str, tf.Tensor]:
-    """The global batch cut into consecutive per-replica slices (the input pipeline stays one host
-    pipeline, whose position can be checkpointed; a tf.distribute iterator's cannot)."""
+                   batch_size: int, workers: int = 1) -> dict[str, tf.Tensor]:
+    """``batch`` cut into consecutive per-replica slices of ``batch_size / replicas`` rows: the global
+    batch (``workers`` 1), or this worker's share of it when each of ``workers`` workers reads its own
+    (`ordered_input`). A tf.distribute iterator is not used: its position cannot be checkpointed."""
     replicas = strategy.num_replicas_in_sync
     if replicas == 1:
         return batch
     local = batch_size // replicas
+    per_worker = replicas // workers
 
     def replica_slice(ctx):
-        start = ctx.replica_id_in_sync_group * local
+        start = ctx.replica_id_in_sync_group % per_worker * local
         return {name: value[start:start + local] for name, value in batch.items()}
 
     return strategy.experimental_distribute_values_from_function(replica_slice)

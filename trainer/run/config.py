@@ -174,6 +174,9 @@ class TrainConfig:
     init_from: str | None = None  # phase 2: weights from a run or a checkpoint of ours
     init_checkpoint: str | None = None  # original TF1 checkpoint / Hugging Face dir (bert_datagen.trainer.interop.loading)
     tpu: str | None = None  # TPU address for --strategy tpu
+    # Global batches to leave out from here on ([first, last] inclusive; contract/loading/skips.py);
+    # the run keeps the ranges it skipped in its checkpoints, so a resume need not repeat them.
+    skip_batches: list[list[int]] = dataclasses.field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.validate()
@@ -186,6 +189,10 @@ class TrainConfig:
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise ConfigError(f"{name} must be a positive integer, got {value!r}")
         check_seed(self.seed, "seed")
+        for r in self.skip_batches:
+            if (len(r) != 2 or not all(isinstance(x, int) and not isinstance(x, bool) for x in r)
+                    or not 0 <= r[0] <= r[1]):
+                raise ConfigError(f"skip_batches: {r!r} is not a range [first, last] with 0 <= first <= last")
         if self.warmup_steps < 0 or self.eval_every < 0:
             raise ConfigError("warmup_steps and eval_every must be >= 0")
         if self.batch_size % self.accumulation_steps:
@@ -224,4 +231,5 @@ class TrainConfig:
     # computes (how often it reports, which devices run it). `steps` is not one: it sets the
     # learning-rate decay. `extra` is a field that runs of earlier versions recorded.
     RESUMABLE_CHANGES: ClassVar[frozenset[str]] = frozenset({"out", "checkpoint_every", "keep_checkpoints", "eval_every",
-                                   "eval_batches", "log_every", "strategy", "jit", "tpu", "extra"})
+                                   "eval_batches", "log_every", "strategy", "jit", "tpu", "extra",
+                                   "skip_batches"})

@@ -1,0 +1,95 @@
+"""A fine-tuning run's settings (RUN/finetune_config.json) and the recipe's per-task defaults."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from bert_datagen.trainer.run.config import PRECISIONS, STRATEGIES, ConfigError, check_seed
+
+# RECIPE.md section 10: run_classifier.py and run_squad.py defaults (tagging follows the classifier).
+TASK_DEFAULTS: dict[str, dict[str, float]] = {
+    "classification": {"learning_rate": 5e-5, "epochs": 3, "batch_size": 32},
+    "regression": {"learning_rate": 5e-5, "epochs": 3, "batch_size": 32},
+    "tagging": {"learning_rate": 5e-5, "epochs": 3, "batch_size": 32},
+    "span": {"learning_rate": 3e-5, "epochs": 2, "batch_size": 12},
+}
+
+
+@dataclass
+class FinetuneConfig:
+    """One fine-tuning run. Serialized into RUN/finetune_config.json."""
+
+    data: str
+    out: str
+    init_from: str | None = None
+    init_checkpoint: str | None = None
+    bert_config: dict[str, Any] | None = None
+    epochs: float = 3
+    learning_rate: float = 5e-5
+    batch_size: int = 32
+    warmup_proportion: float = 0.1
+    seed: int = 12345
+    max_steps: int | None = None
+    train_split: str = "train"
+    eval_split: str | None = "dev"
+    weight_decay: float = 0.01
+    clip_norm: float = 1.0
+    accumulation_steps: int = 1
+    checkpoint_every: int = 0  # 0: at the end of each epoch only
+    keep_checkpoints: int = 1
+    log_every: int = 50
+    eval_batch_size: int = 64
+    null_score_diff_threshold: float = 0.0
+    strategy: str = "auto"
+    precision: str = "float32"
+    jit: bool = False
+    tpu: str | None = None
+    allow_vocab_mismatch: bool = False
+    # Length-grouped training batches (finetune.data.train_batches): other batches, so a setting
+    # of the run, not resumable with the other value.
+    group_by_length: bool = False
+
+    RESUMABLE_CHANGES: ClassVar[frozenset[str]] = frozenset({
+        "out", "checkpoint_every", "keep_checkpoints", "log_every", "eval_batch_size", "strategy", "jit", "tpu",
+        "allow_vocab_mismatch"})
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        if (self.init_from is None) == (self.init_checkpoint is None):
+            raise ConfigError("pass exactly one of --init-from and --init-checkpoint")
+        for name in ("batch_size", "accumulation_steps", "keep_checkpoints", "log_every", "eval_batch_size"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise ConfigError(f"--{name.replace('_', '-')} must be a positive integer, got {value!r}")
+        if self.batch_size % self.accumulation_steps:
+            raise ConfigError(f"--batch-size {self.batch_size} is not a multiple of --accumulation-steps "
+                              f"{self.accumulation_steps}")
+        check_seed(self.seed, "--seed")
+        if self.max_steps is not None and self.max_steps <= 0:
+            raise ConfigError(f"--max-steps must be positive, got {self.max_steps}")
+        if not (math.isfinite(self.epochs) and self.epochs > 0):
+            raise ConfigError(f"--epochs must be a positive number, got {self.epochs}")
+        if not (math.isfinite(self.learning_rate) and self.learning_rate > 0):
+            raise ConfigError(f"--learning-rate must be a positive number, got {self.learning_rate}")
+        if not (math.isfinite(self.warmup_proportion) and 0 <= self.warmup_proportion < 1):
+            raise ConfigError(f"--warmup-proportion must be in [0, 1), got {self.warmup_proportion}")
+        if not math.isfinite(self.null_score_diff_threshold):
+            raise ConfigError("--null-score-diff-threshold must be a finite number")
+        if self.checkpoint_every < 0:
+            raise ConfigError("--checkpoint-every must be >= 0")
+        if self.strategy not in STRATEGIES:
+            raise ConfigError(f"strategy {self.strategy!r} not in {STRATEGIES}")
+        if self.precision not in PRECISIONS:
+            raise ConfigError(f"precision {self.precision!r} not in {PRECISIONS}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n"

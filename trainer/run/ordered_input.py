@@ -1,0 +1,68 @@
+"""The training input of both runs: this worker's share of the global sample order
+(`bert_datagen.contract.loading`, docs/loading.md), read a few batches ahead on one thread.
+
+The position is the step. Pre-training step ``s`` reads global batch ``batch_of_step(s, skipped)``;
+fine-tuning step ``s`` reads batch ``s mod E`` of epoch ``s div E`` (E whole batches per epoch). So a
+checkpoint holds no iterator state, a run resumes at any step on any number of workers, and the
+batches are, byte for byte, what the NumPy and PyTorch readers give for the same step. In a cluster
+of W workers worker w reads only rank w's share of every global batch (1/W of the bytes); its
+replicas then take consecutive slices of that share (`common.replica_slices`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+
+import numpy as np
+import tensorflow as tf
+
+from bert_datagen.contract.loading.batches import NumpyBatches
+from bert_datagen.contract.loading.source import LoadError
+from bert_datagen.trainer.run.errors import DataError
+
+# What a run records (checkpoint state and RUN files) about how it reads.
+INPUT_ORDER = "global-order-v1"
+
+
+class OrderedInput:
+    """Batches ``make(start)``, ``make(start + 1)``, ... computed ``depth`` ahead on one thread (the
+    reader releases the GIL in I/O and NumPy, so it overlaps the step); a LoadError is a DataError."""
+
+    def __init__(self, make: Callable[[int], dict[str, np.ndarray]], start: int, depth: int = 2) -> None:
+        self._make, self._next, self._depth = make, start, depth
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="bert-input")
+        self._ahead: list[Future] = []
+
+    def next(self) -> dict[str, tf.Tensor]:
+        while len(self._ahead) <= self._depth:
+            self._ahead.append(self._pool.submit(self._make, self._next))
+            self._next += 1
+        try:
+            batch = self._ahead.pop(0).result()
+        except LoadError as exc:
+            # The loader says "corrupt shard" where the trainer's messages say "corrupt input" first.
+            raise DataError(f"corrupt input: {str(exc).replace(': corrupt shard: ', ': ', 1)}") from exc
+        return {name: tf.constant(value) for name, value in batch.items()}
+
+    def close(self) -> None:
+        for future in self._ahead:
+            future.cancel()
+        self._pool.shutdown(wait=True)
+
+
+def epoch_batch(batches: NumpyBatches, step: int, per_epoch: int) -> dict[str, np.ndarray]:
+    """Fine-tuning's batch of training step ``step``: batch ``step mod per_epoch`` of its epoch, so
+    every epoch is whole batches of one pass (an epoch's last, partial batch is left out)."""
+    epoch, index = divmod(step, per_epoch)
+    order = batches.order
+    share = order.batch_size // batches.world_size
+    start = epoch * order.total + index * order.batch_size + batches.rank * share
+    return batches.read_positions(np.arange(start, start + share, dtype=np.int64))
+
+
+def rows_of_rank(batch: dict[str, np.ndarray], world_size: int, rank: int) -> dict[str, np.ndarray]:
+    """Rank ``rank``'s contiguous share of a whole global batch."""
+    n = len(next(iter(batch.values())))
+    share = n // world_size
+    return {k: v[rank * share:(rank + 1) * share] for k, v in batch.items()}
