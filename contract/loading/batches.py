@@ -39,7 +39,10 @@ class NumpyBatches:
         self.world_size, self.rank = world_size, rank
         self.step = start
         self.stop = stop
-        self._chunks: dict[tuple[int, int], dict[str, np.ndarray]] = {}
+        # (epoch, chunk) -> (store, first row): where a chunk's decoded records are.
+        self._chunks: dict[tuple[int, int], tuple[int, int]] = {}
+        self._stores: dict[int, dict[str, np.ndarray]] = {}
+        self._next_store = 0
 
     # ------------------------------------------------------------ iteration
 
@@ -71,13 +74,24 @@ class NumpyBatches:
         placed = self.order.place(np.asarray(positions, np.int64))
         bs = self.order.block_size
         chunks = placed.chunk(bs)
-        rows = (placed.virtual - chunks * bs).tolist()
         keys = list(zip(placed.epoch.tolist(), chunks.tolist(), strict=True))
-        for key in dict.fromkeys(keys):
-            if key not in self._chunks:
-                self._chunks[key] = self._read_chunk(*key)
-        features = {name: np.stack([self._chunks[k][name][r] for k, r in zip(keys, rows, strict=True)])
-                    for name in self.source.spec}
+        missing = [k for k in dict.fromkeys(keys) if k not in self._chunks]
+        if missing:
+            self._load(self._with_window_share(missing))
+        where = np.array([self._chunks[k] for k in keys], np.int64).reshape(-1, 2)  # (store, first row)
+        rows = where[:, 1] + placed.virtual - chunks * bs
+        features = {}
+        for name in self.source.spec:
+            stores = np.unique(where[:, 0])
+            if len(stores) == 1:  # the usual case: one gather per feature
+                features[name] = self._stores[int(stores[0])][name][rows]
+                continue
+            first = self._stores[int(stores[0])][name]
+            out = np.empty((len(rows),) + first.shape[1:], first.dtype)
+            for store in stores.tolist():
+                sel = where[:, 0] == store
+                out[sel] = self._stores[store][name][rows[sel]]
+            features[name] = out
         self._evict(placed)
         if self.source.dynamic:
             features = self._mask(features, placed.epoch)
@@ -110,15 +124,36 @@ class NumpyBatches:
         virtual = np.arange(chunk * bs, min((chunk + 1) * bs, self.order.total), dtype=np.int64)
         return self.order.locate(epoch, virtual)
 
-    def _read_chunk(self, epoch: int, chunk: int) -> dict[str, np.ndarray]:
-        shards, indices = self._chunk_records(epoch, chunk)
-        # A chunk is runs of consecutive records (the blocks it spans): one range read per run.
-        breaks = np.nonzero((np.diff(shards) != 0) | (np.diff(indices) != 1))[0] + 1
-        parts = []
-        for run in np.split(np.arange(len(shards)), breaks):
-            s, a = int(shards[run[0]]), int(indices[run[0]])
-            parts.append(self.source.read(s, a, a + len(run)))
-        return {k: np.concatenate([p[k] for p in parts]) for k in self.source.spec}
+    def _with_window_share(self, keys: list[tuple[int, int]]) -> list[tuple[int, int]]:
+        """``keys`` plus every chunk of this rank's slots in the full windows they are in: the rank
+        will need them for the window's next batches, and one decode of all is cheaper than many."""
+        o = self.order
+        B, full = o.batch_size, o.total // (o.batch_size * o.block_size)
+        share = B // self.world_size
+        out = dict.fromkeys(keys)
+        for epoch, chunk in keys:
+            window = chunk // B
+            if window < full:
+                first = window * B + self.rank * share
+                out.update(dict.fromkeys((epoch, c) for c in range(first, first + share)))
+        return [k for k in out if k not in self._chunks]
+
+    def _load(self, keys: list[tuple[int, int]]) -> None:
+        """Read and decode these chunks together into one store; the cache maps each to its rows."""
+        ranges, firsts = [], []
+        for key in keys:
+            shards, indices = self._chunk_records(*key)
+            firsts.append(sum(b - a for _, a, b in ranges))
+            # A chunk is runs of consecutive records (the blocks it spans): one range read per run.
+            breaks = np.nonzero((np.diff(shards) != 0) | (np.diff(indices) != 1))[0] + 1
+            for run in np.split(np.arange(len(shards)), breaks):
+                s, a = int(shards[run[0]]), int(indices[run[0]])
+                ranges.append((s, a, a + len(run)))
+        store = self._next_store
+        self._next_store += 1
+        self._stores[store] = self.source.read_ranges(ranges)
+        for key, first in zip(keys, firsts, strict=True):
+            self._chunks[key] = (store, first)
 
     def _evict(self, placed) -> None:
         # Keep the chunks of the windows this batch is in; a run moves forward through windows.
@@ -128,6 +163,9 @@ class NumpyBatches:
         oldest = min(live)
         for key in [k for k in self._chunks if (k[0], k[1] // window) < oldest]:
             del self._chunks[key]
+        used = {store for store, _ in self._chunks.values()}
+        for store in [s for s in self._stores if s not in used]:
+            del self._stores[store]
 
     def _mask(self, features: dict[str, np.ndarray], epochs: np.ndarray) -> dict[str, np.ndarray]:
         src = self.source
