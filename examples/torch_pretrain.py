@@ -54,6 +54,7 @@ def export_to_hf(model: Any, out: str) -> Any:
 
     directory = export_hf(out, model_tf1_arrays(model), model.config.to_dict(), None, overwrite=True)
     transformers.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
     return transformers.BertForPreTraining.from_pretrained(str(directory), local_files_only=True)
 
 
