@@ -5,6 +5,7 @@ Shards: pre-training records of 128 tokens and 20 predictions (tests/support/syn
 Every reader decodes every feature of every record into arrays; records/s, best of a few passes:
 
 - numpy read: ``Source.read`` of whole shards (CRC-checked, decoded into NumPy);
+- numpy read 64: the same in ranges of 64 records (the iterators' chunk: block size 64);
 - numpy batches: ``NumpyBatches`` over an epoch in the global order (batch 256; reads, CRCs, order,
   gathering into batches);
 - torch batches: the PyTorch adapter over the same epoch (no workers: one core);
@@ -48,6 +49,13 @@ def _rate(records: int, run: Callable[[], int]) -> float:
 def _numpy_read(data: str) -> int:
     source = open_source(data)  # a fresh source: the offset index is part of the cost
     return sum(len(source.read(s, 0, n)["input_ids"]) for s, n in enumerate(source.counts))
+
+
+def _numpy_read_chunks(data: str, size: int) -> int:
+    """Whole shards in ranges of ``size`` records: what a decode call costs at the iterators' chunk size."""
+    source = open_source(data)
+    return sum(len(source.read(s, a, min(a + size, n))["input_ids"])
+               for s, n in enumerate(source.counts) for a in range(0, n, size))
 
 
 def _numpy_batches(data: str, steps: int) -> int:
@@ -126,6 +134,7 @@ def _measure(data: str) -> dict:
     steps = total // BATCH
     rates = {
         "numpy_read": _rate(total, lambda: _numpy_read(data)),
+        "numpy_read_64": _rate(total, lambda: _numpy_read_chunks(data, 64)),
         "numpy_batches": _rate(steps * BATCH, lambda: _numpy_batches(data, steps)),
     }
     try:
@@ -148,7 +157,7 @@ def _measure(data: str) -> dict:
     print(f"{total} records of {SEQ} tokens in {SHARDS} shards, one core, records/s (best of {PASSES}):")
     for k, v in rates.items():
         print(f"  {k:<18} {v:>10,.0f}")
-    for ours in ("numpy_read", "numpy_batches", "torch_batches"):
+    for ours in ("numpy_read", "numpy_read_64", "numpy_batches", "torch_batches"):
         for base in ("tfrecord_package", "tf_data"):
             if ours in rates and base in rates:
                 ratio = rates[ours] / rates[base]
