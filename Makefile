@@ -8,7 +8,7 @@ RUN_DIR ?= runs/pretrain
 FINETUNE_DIR ?= runs/finetune
 PYTEST_ARGS ?=
 
-.PHONY: test test-fast pretrain finetune bench ablation lint clean install-data install-train install-dev
+.PHONY: test test-fast pretrain finetune torch-pretrain bench ablation lint clean install-data install-train install-dev
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -61,6 +61,12 @@ pretrain: $(VENV)/.stamp-train
 finetune: $(VENV)/.stamp-train
 	@test -d $(RUN_DIR)/phase1 || $(MAKE) pretrain
 	$(PY) -m examples.finetune_demo --pretrain $(RUN_DIR) --out $(FINETUNE_DIR)
+
+# Hugging Face BertForPreTraining (PyTorch, CPU) trained through the loaders' PyTorch adapter, from the
+# Keras trainer's initial weights (first-batch losses checked to 1e-4): docs/loading.md.
+TORCH_DIR ?= runs/torch-pretrain
+torch-pretrain: $(VENV)/.stamp-dev
+	$(PY) -m examples.torch_pretrain --out $(TORCH_DIR)
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache .ruff_cache .hypothesis build dist *.egg-info .bench
