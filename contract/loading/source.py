@@ -71,8 +71,9 @@ class Source:
         read each, then framed, CRC-checked and decoded in one pass (a decode call has a fixed cost,
         so a window's chunks are decoded together); LoadError names the shard and record."""
         datas = [self._range_bytes(*r) for r in ranges]
-        stream = ShardStream(self.root, self.split)
-        raws = list(stream.read_from(io.BytesIO(b"".join(datas))))
+        blob = b"".join(datas)
+        stream = ShardStream(self.root, self.split, chunk_bytes=max(len(blob), 1))  # one pass, one decode
+        raws = list(stream.read_from(io.BytesIO(blob)))
         firsts = np.cumsum([0] + [b - a for _, a, b in ranges])
         if stream.problems:
             shard, record = self._locate(ranges, firsts, stream.problems[0][0])
@@ -119,18 +120,29 @@ class Source:
         return got
 
 
+_INDEX_READ = 8 << 20
+
+
 def _index_shard(ref: ShardRef, count: int, fs: FileSystem) -> np.ndarray:
+    # One sequential pass in large reads (a seek and a small read per record would be a request per
+    # record on an object store), the headers walked in memory.
     size = int(ref.expected["bytes"]) if ref.expected else None
     offsets = np.zeros(count + 1, np.int64)
-    pos = 0
+    pos = base = 0  # pos: the next header's file offset; base: the file offset of data[0]
+    data = b""
     try:
         with fs.open_read(ref.path) as f:
             for i in range(count):
-                f.seek(pos)
-                header = f.read(12)
-                if len(header) < 12:
-                    raise LoadError(f"{ref.path}: corrupt shard: truncated at record {i} (byte {pos}); "
-                                    f"the manifest lists {count} records")
+                while pos + 12 > base + len(data):
+                    drop = min(pos - base, len(data))  # what lies before the next header
+                    data, base = data[drop:], base + drop
+                    chunk = f.read(_INDEX_READ)
+                    if not chunk:
+                        raise LoadError(f"{ref.path}: corrupt shard: truncated at record {i} (byte {pos}); "
+                                        f"the manifest lists {count} records")
+                    data += chunk
+                h = pos - base
+                header = data[h:h + 12]
                 if masked_crc32c(header[:8]) != struct.unpack("<I", header[8:])[0]:
                     raise LoadError(f"{ref.path}: corrupt shard: record {i} at byte {pos}: length CRC mismatch")
                 offsets[i] = pos
