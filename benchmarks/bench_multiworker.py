@@ -1,16 +1,20 @@
 """`--strategy multi-worker` with N worker processes on localhost (CPU) against one process with the
-same global batch: the max abs weight difference of the final checkpoints (model.npz) and of the
-per-step losses. Pre-training (`--workers`, default 4) and fine-tuning (a span task).
+same global batch: the max abs weight difference of the final checkpoints (model.npz), of the
+per-step losses and of the eval metrics. Pre-training (`--workers`, default 4; by default with
+`--accumulation-steps 2` on `--masking dynamic` data) and fine-tuning (a span task).
 
     python -m benchmarks.bench_multiworker --workers 4 --work /tmp/mw
 
-The timed test (tests/trainer/test_trainer_multiworker.py) does the same with 2 workers.
+The timed tests do the same with 2 workers (tests/trainer/test_trainer_multiworker.py; with
+accumulation on dynamic data, a killed worker and resumes on other cluster sizes:
+tests/trainer/test_trainer_multiworker_faults.py).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import tempfile
 import time
 from pathlib import Path
 
@@ -21,6 +25,12 @@ from bert_datagen.trainer.run.config import BertConfig
 from tests.support.synthetic import write_synthetic_dataset
 from tests.support.task_fixtures import span_dataset, tiny_bert, write_pretrain_run
 from tests.trainer.test_trainer_multiworker import bert_train, finish, free_ports, tf_config, train_scalars
+
+
+def eval_metrics(run: Path) -> dict[str, float]:
+    """The final eval metrics of a pre-training (`eval`) or fine-tuning (`final`) run."""
+    final = json.loads((run / "final_metrics.json").read_text())
+    return final.get("eval") or final["final"]
 
 
 def compare(work: Path, common: list[str], workers: int) -> dict:
@@ -36,31 +46,44 @@ def compare(work: Path, common: list[str], workers: int) -> dict:
     a = ckpt_lib.load_arrays(ckpt_lib.resolve_checkpoint(work / "one"), ckpt_lib.MODEL_FILE)
     b = ckpt_lib.load_arrays(ckpt_lib.resolve_checkpoint(work / "many"), ckpt_lib.MODEL_FILE)
     la, lb = train_scalars(work / "one", "loss"), train_scalars(work / "many", "loss")
+    ea, eb = eval_metrics(work / "one"), eval_metrics(work / "many")
+    if la.keys() != lb.keys() or ea.keys() != eb.keys():
+        raise SystemExit(f"different steps or metrics: {sorted(la)} {sorted(lb)} {sorted(ea)} {sorted(eb)}")
     return {"workers": workers, "max_abs_weight_diff": max(float(np.abs(a[k] - b[k]).max()) for k in a),
             "max_abs_loss_diff": max(abs(la[s] - lb[s]) for s in la), "steps_compared": sorted(la),
+            "max_abs_eval_metric_diff": max(abs(ea[k] - eb[k]) for k in ea), "eval_metrics": sorted(ea),
             "wall_seconds_all_processes": round(time.perf_counter() - start, 1)}
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workers", type=int, default=4)
     parser.add_argument("--steps", type=int, default=4)
-    parser.add_argument("--work", required=True)
+    parser.add_argument("--accumulation-steps", type=int, default=2)
+    parser.add_argument("--masking", choices=("static", "dynamic"), default="dynamic", help="pre-training data")
+    parser.add_argument("--work", help="a directory for the runs (default: a temporary one)")
     parser.add_argument("--tasks", default="pretrain,finetune")
-    args = parser.parse_args()
-    work = Path(args.work)
+    args = parser.parse_args(argv)
+    if args.work is None:
+        with tempfile.TemporaryDirectory(prefix="bench-mw-") as work:
+            return run(args, Path(work))
+    return run(args, Path(args.work))
+
+
+def run(args: argparse.Namespace, work: Path) -> dict:
     batch = 4 * args.workers
+    accumulation = ["--accumulation-steps", str(args.accumulation_steps)]
     results = {}
     if "pretrain" in args.tasks:
         data = write_synthetic_dataset(str(work / "ds"), seq_len=32, max_pred=5, vocab_size=120, train_shards=2,
-                                       records_per_shard=64, eval_records=2 * batch)
+                                       records_per_shard=64, eval_records=2 * batch, masking=args.masking)
         bert = work / "bert_config.json"
         bert.write_text(json.dumps(BertConfig.from_name("tiny", 120, hidden_dropout_prob=0.0,
                                                         attention_probs_dropout_prob=0.0).to_dict()))
         results["pretrain"] = compare(work / "pretrain", [
             "pretrain", "--data", data, "--bert-config", str(bert), "--batch-size", str(batch), "--steps",
             str(args.steps), "--learning-rate", "2e-3", "--warmup-steps", "1", "--seed", "3", "--log-every", "1",
-            "--eval-batches", "1", "--shuffle-buffer", "50"], args.workers)
+            "--eval-batches", "1", "--shuffle-buffer", "50", *accumulation], args.workers)
     if "finetune" in args.tasks:
         # A span task: its head has no dropout (the classification and tagging heads keep a fixed 0.1,
         # whose masks depend on the replica, so those match a one-process run over as many replicas).
@@ -70,8 +93,10 @@ def main() -> None:
         init = write_pretrain_run(str(work / "init"), BertConfig.from_dict(bert))
         results["finetune"] = compare(work / "finetune", [
             "finetune", "--data", data, "--init-from", init, "--max-steps", str(args.steps), "--batch-size",
-            str(batch), "--learning-rate", "1e-3", "--log-every", "1", "--seed", "3"], args.workers)
+            str(batch), "--learning-rate", "1e-3", "--log-every", "1", "--seed", "3", *accumulation], args.workers)
+    results["settings"] = {"accumulation_steps": args.accumulation_steps, "pretraining_masking": args.masking}
     print(json.dumps(results, indent=2))
+    return results
 
 
 if __name__ == "__main__":

@@ -18,9 +18,10 @@ import pytest
 
 tf = pytest.importorskip("tensorflow")
 
-from bert_datagen.trainer.finetune.run import FinetuneConfig, finetune  # noqa: E402
+from bert_datagen.trainer.finetune.run import FinetuneConfig, FinetuneRun, finetune  # noqa: E402
 from bert_datagen.trainer.run import checkpoint as ckpt_lib  # noqa: E402
 from tests.support.task_fixtures import classification_dataset, span_dataset, tiny_bert, write_pretrain_run  # noqa: E402
+from tests.trainer.test_trainer_tpu_ready import Recorded, assert_static_and_compiled, to_object_store  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent.parent
 TESTS = Path(__file__).resolve().parent.parent
@@ -152,7 +153,13 @@ def test_mixed_precision_runs_close_to_float32(tmp_path, init_run):
 def test_jit_compiled_step_matches_the_graph_step(tmp_path, no_dropout_run):
     data = span_dataset(str(tmp_path / "span"))
     graph = finetune(_cfg(data, tmp_path / "graph", no_dropout_run), log=lambda _: None)
-    xla = finetune(_cfg(data, tmp_path / "xla", no_dropout_run, jit=True), log=lambda _: None)
+    # TPU readiness (tests/trainer/test_trainer_tpu_ready.py), here where an XLA run is paid for
+    # anyway: the data read through tf.io.gfile (ram:// for gs://), the step compiled from static shapes.
+    remote = to_object_store(data, f"ram://{tmp_path.name}/span")
+    run = FinetuneRun(_cfg(remote, tmp_path / "xla", no_dropout_run, jit=True), log=lambda _: None)
+    run.train_step = recorded = Recorded(run.train_step)
+    xla = run.run()
+    assert_static_and_compiled(recorded, micro_batch=8)
     _assert_finite_metrics(graph)
     _assert_finite_metrics(xla)
     a, b = _arrays(tmp_path / "graph"), _arrays(tmp_path / "xla")

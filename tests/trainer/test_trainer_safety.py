@@ -241,9 +241,18 @@ def test_tensorflow_quieting_leaves_a_users_log_level_alone():
     for line in (b"WARNING: All log messages before absl::InitializeLog() is called are written to STDERR",
                  b"I0000 00:00:1796176912.409377   11519 tf_record_dataset_op.cc:390] TFRecordDataset "
                  b"`buffer_size` is unspecified, default to 262144",
-                 b"E0000 00:00:1796176910.618393   11168 cuda_platform.cc:52] failed call to cuInit: INTERNAL"):
+                 b"E0000 00:00:1796176910.618393   11168 cuda_platform.cc:52] failed call to cuInit: INTERNAL",
+                 # a lost worker (the command's own line names it)
+                 b"E0000 00:00:1796186559.001319    1212 ring_alg.cc:291] Aborting RingReduce with UNAVAILABLE: "
+                 b"recvmsg:Connection reset by peer",
+                 b"Additional GRPC error information from remote target /job:worker/replica:0/task:1 while "
+                 b"calling /tensorflow.WorkerService/RecvBuf:",
+                 b':UNKNOWN:Error received from peer  {grpc_status:14, grpc_message:"recvmsg:Connection reset"}',
+                 b"E0000 00:00:1796186559.001391    1212 base_collective_executor.cc:252] "
+                 b"BaseCollectiveExecutor::StartAbort UNAVAILABLE: recvmsg:Connection reset by peer"):
         assert TF_NATIVE_NOISE.match(line), line
     assert not TF_NATIVE_NOISE.match(b"Error: run: a real problem")
+    assert not TF_NATIVE_NOISE.match(b"E0000 00:00:1796186559.001319    1212 op_kernel.cc:1840] OP_REQUIRES failed")
 
 
 # ------------------------------------------------------------------ clean errors and output paths
