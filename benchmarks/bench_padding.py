@@ -6,6 +6,9 @@ English Wikipedia from ../shared/corpora; skipped with a reason when that folder
 
 Both sides of each ratio run the trainer's own step (`finetune.run.FinetuneRun`, `pretrain.train.Run`) in
 one process, on the same model size and data, timed after a warm-up that traces every batch shape.
+The fine-tuning sides take their steps in turn (the shared machine's load moves by minutes), and
+are compared with `transformers`' BertForSequenceClassification of the same size on the grouped
+side's batches, each padded to its longest example (its dynamic padding; torch on CPU).
 """
 
 from __future__ import annotations
@@ -46,9 +49,9 @@ def mrpc_like_dataset(directory: str, n: int, seed: int = 0) -> str:
     return directory
 
 
-def finetune_steps_per_second(data: str, out: str, model: str, batch_size: int, steps: int,
-                              group_by_length: bool, keep: list | None = None) -> float:
-    """`keep`: gets the timed batches (NumPy), for the `transformers` comparison."""
+def finetune_stepper(data: str, out: str, model: str, batch_size: int, group_by_length: bool):
+    """The trainer's own fine-tuning step on its own input, warmed up: (one-step callable, the
+    step number the timing starts at, the run)."""
     import tensorflow as tf
 
     from bert_datagen.trainer.finetune.run import FinetuneConfig, FinetuneRun
@@ -61,30 +64,26 @@ def finetune_steps_per_second(data: str, out: str, model: str, batch_size: int, 
                          epochs=100, group_by_length=group_by_length)
     run = FinetuneRun(cfg, log=lambda _: None)
     batches = run.batches_from(0)
+    counter = [0]
 
-    def step(i: int) -> None:
+    def step() -> None:
         batch = replica_slices(run.strategy, next(batches), batch_size)
-        sums = run.train_step(batch, tf.constant(1e-5), tf.constant(i, tf.int64))
+        sums = run.train_step(batch, tf.constant(1e-5), tf.constant(counter[0], tf.int64))
         float(sums["loss_sum"])  # wait for the step
+        counter[0] += 1
 
     # Warm-up: two epochs, every bucket shape traced (the grouped input's second epoch pays a
     # one-time cost of several seconds in tf.data, measured once on CPU: outside the timing).
     warm = 2 * run.steps_per_epoch
-    for i in range(warm):
-        step(i)
-    start = time.perf_counter()
-    for i in range(steps):
-        step(warm + i)
-    rate = steps / (time.perf_counter() - start)
-    if keep is not None:  # the timed steps' batches again (a pure function of the step)
-        again = run.batches_from(warm)
-        keep.extend({k: v.numpy() for k, v in next(again).items()} for _ in range(steps))
-    return rate
+    for _ in range(warm):
+        step()
+    return step, warm, run
 
 
-def transformers_steps_per_second(model: str, batches: list[dict], warm: int = 3) -> float:
-    """`transformers`' BertForSequenceClassification of the same size (torch, CPU), trained with
-    AdamW on the same batches, each padded to its longest example (its dynamic padding)."""
+def transformers_stepper(model: str, batches: list[dict], warm: int = 3):
+    """One step of `transformers`' BertForSequenceClassification of the same size (torch, CPU,
+    AdamW) per call, on `batches` in turn, each padded to its longest example (its dynamic
+    padding); warmed up."""
     import torch
     from transformers import BertConfig as HFConfig
     from transformers import BertForSequenceClassification
@@ -105,18 +104,57 @@ def transformers_steps_per_second(model: str, batches: list[dict], warm: int = 3
                       "attention_mask": torch.tensor(b["input_mask"][:, :longest], dtype=torch.long),
                       "token_type_ids": torch.tensor(b["segment_ids"][:, :longest], dtype=torch.long),
                       "labels": torch.tensor(b["label_ids"].reshape(-1), dtype=torch.long)})
+    counter = [0]
 
-    def step(feed: dict) -> None:
+    def step() -> None:
         optimizer.zero_grad()
-        net(**feed).loss.backward()
+        net(**feeds[counter[0] % len(feeds)]).loss.backward()
         optimizer.step()
+        counter[0] += 1
 
-    for feed in feeds[:warm]:
-        step(feed)
-    start = time.perf_counter()
-    for feed in feeds:
-        step(feed)
-    return len(feeds) / (time.perf_counter() - start)
+    for _ in range(warm):
+        step()
+    counter[0] = 0
+    return step
+
+
+def interleaved_steps_per_second(steppers: dict, steps: int, block: int = 1) -> dict[str, float]:
+    """Steps per second of each stepper, taking `block` steps of each in turn until each took
+    `steps`: the machine's load, which moves by minutes on a shared machine, falls on all sides
+    alike."""
+    spent = dict.fromkeys(steppers, 0.0)
+    for _ in range(0, steps, block):
+        for name, step in steppers.items():
+            start = time.perf_counter()
+            for _ in range(block):
+                step()
+            spent[name] += time.perf_counter() - start
+    return {name: steps // block * block / seconds for name, seconds in spent.items()}
+
+
+def finetune_ratios(data: str, tmp: str, model: str, batch_size: int, steps: int, transformers: bool) -> dict:
+    padded, _, _ = finetune_stepper(data, f"{tmp}/a", model, batch_size, False)
+    grouped, warm, run = finetune_stepper(data, f"{tmp}/b", model, batch_size, True)
+    again = run.batches_from(warm)  # the timed steps' batches (a pure function of the step)
+    timed = [{k: v.numpy() for k, v in next(again).items()} for _ in range(steps)]
+    rates = interleaved_steps_per_second({"padded": padded, "grouped": grouped}, steps)
+    if transformers:
+        # In blocks of 5, not step by step: torch's and TensorFlow's thread pools keep spinning a
+        # moment after a step and slow the other framework's next step.
+        hf = transformers_stepper(model, timed)
+        pair = interleaved_steps_per_second({"grouped": grouped, "transformers": hf}, steps, 5)
+        rates["transformers"], rates["grouped_beside_transformers"] = pair["transformers"], pair["grouped"]
+    result = {"finetune_steps_per_second_padded": round(rates["padded"], 3),
+              "finetune_steps_per_second_grouped": round(rates["grouped"], 3),
+              "finetune_grouped_over_padded": round(rates["grouped"] / rates["padded"], 3),
+              "finetune_mean_padded_length_grouped": round(float(np.mean([b["input_ids"].shape[1] for b in timed])), 1),
+              "finetune_step_traces_grouped": int(run.train_step.experimental_get_tracing_count())}
+    if transformers:
+        result.update(finetune_steps_per_second_transformers=round(rates["transformers"], 3),
+                      finetune_steps_per_second_grouped_beside_transformers=round(rates["grouped_beside_transformers"], 3),
+                      finetune_grouped_over_transformers=round(rates["grouped_beside_transformers"]
+                                                               / rates["transformers"], 3))
+    return result
 
 
 def pretraining_instances(n: int, seed: int = 0, max_pred: int = 20) -> list[dict[str, np.ndarray]]:
@@ -306,16 +344,7 @@ def main(argv: list[str] | None = None) -> dict:
             ex = tf.train.Example.FromString(record.numpy())
             lengths.append(sum(ex.features.feature["input_mask"].int64_list.value))
         result["median_tokens"] = float(np.median(lengths))
-        padded = finetune_steps_per_second(data, f"{tmp}/a", args.model, args.batch_size, args.steps, False)
-        timed: list[dict] = []
-        grouped = finetune_steps_per_second(data, f"{tmp}/b", args.model, args.batch_size, args.steps, True, timed)
-    result.update(finetune_steps_per_second_padded=round(padded, 3), finetune_steps_per_second_grouped=round(grouped, 3),
-                  finetune_grouped_over_padded=round(grouped / padded, 3))
-    result["finetune_mean_padded_length_grouped"] = round(float(np.mean([b["input_ids"].shape[1] for b in timed])), 1)
-    if not args.no_transformers:
-        hf = transformers_steps_per_second(args.model, timed)
-        result.update(finetune_steps_per_second_transformers=round(hf, 3),
-                      finetune_grouped_over_transformers=round(grouped / hf, 3))
+        result.update(finetune_ratios(data, tmp, args.model, args.batch_size, args.steps, not args.no_transformers))
     if not args.no_pretraining:
         result.update(pretraining_ratio(args.model, args.batch_size, args.steps))
     print(json.dumps(result, indent=2))
