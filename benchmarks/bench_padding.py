@@ -1,15 +1,23 @@
 """No compute on padding (issue 24), measured: fine-tuning steps per second with length-grouped
 batches vs padded-to-max on MRPC-like pairs (median ~50 tokens, max_seq_length 128), and
-pre-training real (non-pad) tokens per second on packed vs unpacked rows of the same instances.
+pre-training real (non-pad) tokens per second on packed vs unpacked rows of the same instances:
+synthetic at 128, and at 512 on real text (`bert-datagen run` with and without `--packing` on
+English Wikipedia from ../shared/corpora; skipped with a reason when that folder is absent).
 
 Both sides of each ratio run the trainer's own step (`finetune.run.FinetuneRun`, `pretrain.train.Run`) in
 one process, on the same model size and data, timed after a warm-up that traces every batch shape.
+The fine-tuning sides take their steps in turn (the shared machine's load moves by minutes), and
+are compared with `transformers`' BertForSequenceClassification of the same size on the grouped
+side's batches, each padded to its longest example (its dynamic padding; torch on CPU).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import subprocess
+import sys
 import tempfile
 import time
 
@@ -41,8 +49,9 @@ def mrpc_like_dataset(directory: str, n: int, seed: int = 0) -> str:
     return directory
 
 
-def finetune_steps_per_second(data: str, out: str, model: str, batch_size: int, steps: int,
-                              group_by_length: bool) -> float:
+def finetune_stepper(data: str, out: str, model: str, batch_size: int, group_by_length: bool):
+    """The trainer's own fine-tuning step on its own input, warmed up: (one-step callable, the
+    step number the timing starts at, the run)."""
     import tensorflow as tf
 
     from bert_datagen.trainer.finetune.run import FinetuneConfig, FinetuneRun
@@ -55,21 +64,97 @@ def finetune_steps_per_second(data: str, out: str, model: str, batch_size: int, 
                          epochs=100, group_by_length=group_by_length)
     run = FinetuneRun(cfg, log=lambda _: None)
     batches = run.batches_from(0)
+    counter = [0]
 
-    def step(i: int) -> None:
+    def step() -> None:
         batch = replica_slices(run.strategy, next(batches), batch_size)
-        sums = run.train_step(batch, tf.constant(1e-5), tf.constant(i, tf.int64))
+        sums = run.train_step(batch, tf.constant(1e-5), tf.constant(counter[0], tf.int64))
         float(sums["loss_sum"])  # wait for the step
+        counter[0] += 1
 
     # Warm-up: two epochs, every bucket shape traced (the grouped input's second epoch pays a
     # one-time cost of several seconds in tf.data, measured once on CPU: outside the timing).
     warm = 2 * run.steps_per_epoch
-    for i in range(warm):
-        step(i)
-    start = time.perf_counter()
-    for i in range(steps):
-        step(warm + i)
-    return steps / (time.perf_counter() - start)
+    for _ in range(warm):
+        step()
+    return step, warm, run
+
+
+def transformers_stepper(model: str, batches: list[dict], warm: int = 3):
+    """One step of `transformers`' BertForSequenceClassification of the same size (torch, CPU,
+    AdamW) per call, on `batches` in turn, each padded to its longest example (its dynamic
+    padding); warmed up."""
+    import torch
+    from transformers import BertConfig as HFConfig
+    from transformers import BertForSequenceClassification
+
+    from bert_datagen.trainer.run.config import BertConfig
+
+    c = BertConfig.from_name(model, VOCAB)
+    net = BertForSequenceClassification(HFConfig(
+        vocab_size=VOCAB, hidden_size=c.hidden_size, num_hidden_layers=c.num_hidden_layers,
+        num_attention_heads=c.num_attention_heads, intermediate_size=c.intermediate_size,
+        max_position_embeddings=c.max_position_embeddings, type_vocab_size=c.type_vocab_size, num_labels=2))
+    net.train()
+    optimizer = torch.optim.AdamW(net.parameters(), lr=1e-5)
+    feeds = []
+    for b in batches:
+        longest = int(b["input_mask"].sum(axis=1).max())
+        feeds.append({"input_ids": torch.tensor(b["input_ids"][:, :longest], dtype=torch.long),
+                      "attention_mask": torch.tensor(b["input_mask"][:, :longest], dtype=torch.long),
+                      "token_type_ids": torch.tensor(b["segment_ids"][:, :longest], dtype=torch.long),
+                      "labels": torch.tensor(b["label_ids"].reshape(-1), dtype=torch.long)})
+    counter = [0]
+
+    def step() -> None:
+        optimizer.zero_grad()
+        net(**feeds[counter[0] % len(feeds)]).loss.backward()
+        optimizer.step()
+        counter[0] += 1
+
+    for _ in range(warm):
+        step()
+    counter[0] = 0
+    return step
+
+
+def interleaved_steps_per_second(steppers: dict, steps: int, block: int = 1) -> dict[str, float]:
+    """Steps per second of each stepper, taking `block` steps of each in turn until each took
+    `steps`: the machine's load, which moves by minutes on a shared machine, falls on all sides
+    alike."""
+    spent = dict.fromkeys(steppers, 0.0)
+    for _ in range(0, steps, block):
+        for name, step in steppers.items():
+            start = time.perf_counter()
+            for _ in range(block):
+                step()
+            spent[name] += time.perf_counter() - start
+    return {name: steps // block * block / seconds for name, seconds in spent.items()}
+
+
+def finetune_ratios(data: str, tmp: str, model: str, batch_size: int, steps: int, transformers: bool) -> dict:
+    padded, _, _ = finetune_stepper(data, f"{tmp}/a", model, batch_size, False)
+    grouped, warm, run = finetune_stepper(data, f"{tmp}/b", model, batch_size, True)
+    again = run.batches_from(warm)  # the timed steps' batches (a pure function of the step)
+    timed = [{k: v.numpy() for k, v in next(again).items()} for _ in range(steps)]
+    rates = interleaved_steps_per_second({"padded": padded, "grouped": grouped}, steps)
+    if transformers:
+        # In blocks of 5, not step by step: torch's and TensorFlow's thread pools keep spinning a
+        # moment after a step and slow the other framework's next step.
+        hf = transformers_stepper(model, timed)
+        pair = interleaved_steps_per_second({"grouped": grouped, "transformers": hf}, steps, 5)
+        rates["transformers"], rates["grouped_beside_transformers"] = pair["transformers"], pair["grouped"]
+    result = {"finetune_steps_per_second_padded": round(rates["padded"], 3),
+              "finetune_steps_per_second_grouped": round(rates["grouped"], 3),
+              "finetune_grouped_over_padded": round(rates["grouped"] / rates["padded"], 3),
+              "finetune_mean_padded_length_grouped": round(float(np.mean([b["input_ids"].shape[1] for b in timed])), 1),
+              "finetune_step_traces_grouped": int(run.train_step.experimental_get_tracing_count())}
+    if transformers:
+        result.update(finetune_steps_per_second_transformers=round(rates["transformers"], 3),
+                      finetune_steps_per_second_grouped_beside_transformers=round(rates["grouped_beside_transformers"], 3),
+                      finetune_grouped_over_transformers=round(rates["grouped_beside_transformers"]
+                                                               / rates["transformers"], 3))
+    return result
 
 
 def pretraining_instances(n: int, seed: int = 0, max_pred: int = 20) -> list[dict[str, np.ndarray]]:
@@ -113,7 +198,8 @@ def first_fit_order(instances: list[dict], row_length: int, max_sequences: int) 
     return [instances[i] for row in rows for i in row]
 
 
-def pretraining_tokens_per_second(model: str, batches: list[dict], packed: bool, steps: int) -> float:
+def pretraining_tokens_per_second(model: str, batches: list[dict], packed: bool, steps: int,
+                                  vocab_size: int = VOCAB) -> float:
     import tensorflow as tf
 
     from bert_datagen.trainer.model.bert import build_model, tf1_variable_map
@@ -121,7 +207,7 @@ def pretraining_tokens_per_second(model: str, batches: list[dict], packed: bool,
     from bert_datagen.trainer.run.optimizer import make_optimizer
     from bert_datagen.trainer.run.step import make_step_functions
 
-    bert = BertConfig.from_name(model, VOCAB)
+    bert = BertConfig.from_name(model, vocab_size)
     cfg = TrainConfig(data="unused", out="unused", batch_size=len(batches[0]["input_ids"]))
     strategy = tf.distribute.get_strategy()
     net = build_model(bert, seed=1)
@@ -156,16 +242,96 @@ def pretraining_ratio(model: str, batch_size: int, steps: int) -> dict:
             "pretrain_packed_over_unpacked": round(dense / plain, 3)}
 
 
+CORPUS = os.path.join("..", "shared", "corpora", "enwiki_extract_2015")
+REAL_SEQ = 512
+
+
+def _datagen(*args: str) -> None:
+    # A child process: the Beam pipeline's threads and imports stay out of the timed process.
+    done = subprocess.run([sys.executable, "-c", "from bert_datagen.pipelines.cli import main; main()", *args],
+                          capture_output=True, text=True)
+    if done.returncode:
+        raise RuntimeError(f"bert-datagen {args[0]} failed: {done.stderr.strip()[-2000:]}")
+
+
+def _read_dataset(directory: str) -> dict[str, np.ndarray]:
+    """Every train record of a dataset (packed or not), as the trainer's int32/float32 arrays."""
+    import tensorflow as tf
+
+    with open(os.path.join(directory, "manifest.json"), encoding="utf-8") as f:
+        manifest = json.load(f)
+    features = {k: v for k, v in manifest["features"].items() if k != "instance_key"}
+    spec = {k: tf.io.FixedLenFeature([n], tf.int64 if t == "int64" else tf.float32) for k, (t, n) in features.items()}
+    files = [os.path.join(directory, s["path"]) for s in manifest["splits"]["train"]["shards"]]
+    records = [r for r in tf.data.TFRecordDataset(files)]
+    parsed = tf.io.parse_example(tf.stack(records), spec)
+    return {k: v.numpy().astype(np.int32) if v.dtype == tf.int64 else v.numpy() for k, v in parsed.items()}
+
+
+def real_text_batches(directory: str, batch_size: int, files: int) -> tuple[list[dict], list[dict], int]:
+    """The same 512-token instances of English Wikipedia, unpacked and packed (`--packing`, up to 3
+    sequences a row), as full batches of `batch_size` records or rows; and the vocab size."""
+    inputs = [a for i in range(files) for a in ("--input", os.path.join(CORPUS, f"wiki_{i:02d}"))]
+    vocab = os.path.join(directory, "vocab.txt")
+    _datagen("vocab", *inputs, "--output", vocab, "--vocab-size", "8000", "--input-format", "wikiextractor")
+    common = [*inputs, "--vocab", vocab, "--input-format", "wikiextractor", "--max-seq-length", str(REAL_SEQ),
+              "--max-predictions-per-seq", "80", "--dupe-factor", "1", "--num-shards", "1"]
+    sides = []
+    for name, extra in (("unpacked", []), ("packed", ["--packing"])):
+        _datagen("run", *common, "--output", os.path.join(directory, name), *extra)
+        records = _read_dataset(os.path.join(directory, name))
+        n = len(records["input_ids"])
+        sides.append([{k: v[b:b + batch_size] for k, v in records.items()}
+                      for b in range(0, n - batch_size + 1, batch_size)])
+    with open(vocab, encoding="utf-8") as f:
+        vocab_size = sum(1 for _ in f)
+    return sides[0], sides[1], vocab_size
+
+
+def _spread(batches: list[dict], n: int) -> list[dict]:
+    """`n` batches evenly spread over the whole list (all of them when n >= its length)."""
+    if n >= len(batches):
+        return batches
+    return [batches[i * len(batches) // n] for i in range(n)]
+
+
+def real_text_ratio(model: str, batch_size: int, directory: str, steps: int = 16, files: int = 1) -> dict:
+    """Packed over unpacked real tokens per second at 512. Both sides hold the same instances; a
+    full pass over them takes minutes on 2 cores, so each side times `steps` batches spread evenly
+    over its pass (the same mix of documents and lengths)."""
+    if not os.path.isdir(CORPUS):
+        return {"pretrain_512_skipped": f"{CORPUS} is absent (real text needed)"}
+    unpacked, packed, vocab_size = real_text_batches(directory, batch_size, files)
+    instances = len(unpacked) * batch_size
+    plain = pretraining_tokens_per_second(model, _spread(unpacked, steps), False, steps, vocab_size)
+    dense = pretraining_tokens_per_second(model, _spread(packed, steps), True, steps, vocab_size)
+    real = sum(int(b["input_mask"].sum()) for b in unpacked)
+    return {"pretrain_512_model": model, "pretrain_512_instances": instances,
+            "pretrain_512_padding_share": round(1.0 - real / (instances * REAL_SEQ), 4),
+            "pretrain_512_rows_per_instance": round(len(packed) / len(unpacked), 3),
+            "pretrain_512_real_tokens_per_second_unpacked": round(plain, 1),
+            "pretrain_512_real_tokens_per_second_packed": round(dense, 1),
+            "pretrain_512_packed_over_unpacked": round(dense / plain, 3)}
+
+
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--model", default="mini")
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--no-pretraining", action="store_true", help="only the fine-tuning ratio")
-    parser.add_argument("--no-finetuning", action="store_true", help="only the pre-training ratio")
+    parser.add_argument("--no-finetuning", action="store_true", help="only the pre-training ratios")
+    parser.add_argument("--model-512", default="mini", help="model size of the 512-token pre-training ratio")
+    parser.add_argument("--batch-size-512", type=int, default=8)
+    parser.add_argument("--no-transformers", action="store_true",
+                        help="skip the comparison with transformers' dynamic padding (needs torch)")
+    parser.add_argument("--steps-512", type=int, default=16)
+    parser.add_argument("--no-512", action="store_true", help="skip the 512-token real-text ratio")
     args = parser.parse_args(argv or [])
     result: dict = {"model": args.model, "batch_size": args.batch_size, "max_seq_length": SEQ}
     with tempfile.TemporaryDirectory() as tmp:
+        if not args.no_pretraining and not args.no_512:
+            result.update(real_text_ratio(args.model_512, args.batch_size_512, f"{tmp}/real", args.steps_512))
         if args.no_finetuning:
             result.update(pretraining_ratio(args.model, args.batch_size, args.steps))
             print(json.dumps(result, indent=2))
@@ -178,10 +344,7 @@ def main(argv: list[str] | None = None) -> dict:
             ex = tf.train.Example.FromString(record.numpy())
             lengths.append(sum(ex.features.feature["input_mask"].int64_list.value))
         result["median_tokens"] = float(np.median(lengths))
-        padded = finetune_steps_per_second(data, f"{tmp}/a", args.model, args.batch_size, args.steps, False)
-        grouped = finetune_steps_per_second(data, f"{tmp}/b", args.model, args.batch_size, args.steps, True)
-    result.update(finetune_steps_per_second_padded=round(padded, 3), finetune_steps_per_second_grouped=round(grouped, 3),
-                  finetune_grouped_over_padded=round(grouped / padded, 3))
+        result.update(finetune_ratios(data, tmp, args.model, args.batch_size, args.steps, not args.no_transformers))
     if not args.no_pretraining:
         result.update(pretraining_ratio(args.model, args.batch_size, args.steps))
     print(json.dumps(result, indent=2))

@@ -20,9 +20,9 @@ from tests.support.task_fixtures import classification_dataset, tagging_dataset,
 
 
 def test_bucket_lengths_are_few_and_end_at_the_maximum():
-    assert bucket_lengths(128) == [32, 64, 96, 128]
-    assert bucket_lengths(384) == [96, 192, 288, 384]
-    assert bucket_lengths(100) == [32, 56, 80, 100]
+    assert bucket_lengths(128) == [16, 32, 48, 64, 80, 96, 112, 128]
+    assert bucket_lengths(384) == [48, 96, 144, 192, 240, 288, 336, 384]
+    assert bucket_lengths(100) == [16, 32, 40, 56, 64, 80, 88, 100]
     assert bucket_lengths(16) == [8, 16]
 
 

@@ -190,9 +190,10 @@ def train_batches(split: SplitInfo, batch_size: int, seed: int, epoch: int,
 # Batches per window that length grouping sorts together: wide enough to find similar lengths,
 # narrow enough that the epoch's order stays shuffled.
 GROUP_WINDOW = 50
-# Padded lengths of grouped batches: k/4 of max_seq_length, so at most 4 shapes to compile (and
-# 4 traces of the step: tf.function warns of retracing from 5).
-BUCKETS = 4
+# Padded lengths of grouped batches: k/8 of max_seq_length, so at most 8 shapes to compile. Eighths,
+# not quarters: at 128 tokens a batch of MRPC pairs (median ~53) pads to 64 or 80 instead of 64 or 96
+# (docs/packing.md). The training step traces at most twice whatever the count (run/step.py).
+BUCKETS = 8
 
 
 def bucket_lengths(max_seq_length: int) -> list[int]:
