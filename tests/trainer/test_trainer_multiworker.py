@@ -88,6 +88,8 @@ def test_two_workers_equal_one_process_and_only_the_chief_writes(tmp_path):
     for rc, out, err in results:
         assert rc == 0, out[-2000:] + err[-3000:]
     assert "2 replica(s)" in results[1][1]
+    for index, (_, out, _) in enumerate(results[1:]):  # each reads its share of every global batch
+        assert f"worker {index} of 2 reads its share of each global batch (4 of 8 sequences)" in out
 
     a = ckpt_lib.load_arrays(ckpt_lib.resolve_checkpoint(tmp_path / "one"), ckpt_lib.MODEL_FILE)
     b = ckpt_lib.load_arrays(ckpt_lib.resolve_checkpoint(tmp_path / "two"), ckpt_lib.MODEL_FILE)
@@ -122,6 +124,42 @@ def test_two_workers_equal_one_process_and_only_the_chief_writes(tmp_path):
         s1 = ckpt_lib.load_state(ckpt_lib.checkpoint_dir(tmp_path / "one", step))
         s2 = ckpt_lib.load_state(ckpt_lib.checkpoint_dir(tmp_path / "two", step))
         assert s1["step"] == s2["step"] == step and s1["data_fingerprint"] == s2["data_fingerprint"]
+
+
+@pytest.mark.integration
+def test_two_workers_fine_tune_as_one_process(tmp_path):
+    # A span task: its head has no dropout (the classification and tagging heads keep a fixed 0.1,
+    # whose masks depend on the replica), so two workers must give the one-process numbers.
+    from tests.support.task_fixtures import span_dataset, tiny_bert, write_pretrain_run
+
+    data = span_dataset(str(tmp_path / "task"), n_train=32, n_dev=8)
+    bert = tiny_bert(act="gelu_exact").to_dict()
+    bert.update(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    init = write_pretrain_run(str(tmp_path / "init"), BertConfig.from_dict(bert))
+    common = ["finetune", "--data", data, "--init-from", init, "--max-steps", "3", "--batch-size", "8",
+              "--learning-rate", "1e-3", "--log-every", "1", "--seed", "3", "--accumulation-steps", "2"]
+    ports = free_ports(2)
+    procs = [bert_train([*common, "--out", str(tmp_path / "one"), "--strategy", "one-device"])]
+    procs += [bert_train([*common, "--out", str(tmp_path / "two"), "--strategy", "multi-worker",
+                          "--cluster-timeout", "120"], tf_config(ports, i)) for i in range(2)]
+    for rc, out, err in (finish(p) for p in procs):
+        assert rc == 0, out[-2000:] + err[-3000:]
+    a = ckpt_lib.load_arrays(ckpt_lib.resolve_checkpoint(tmp_path / "one"), ckpt_lib.MODEL_FILE)
+    b = ckpt_lib.load_arrays(ckpt_lib.resolve_checkpoint(tmp_path / "two"), ckpt_lib.MODEL_FILE)
+    worst = max(float(np.abs(a[k] - b[k]).max()) for k in a)
+    print("MAX_ABS_WEIGHT_DIFF_FINETUNE", worst)
+    assert worst < 1e-5
+    la, lb = train_scalars(tmp_path / "one", "loss"), train_scalars(tmp_path / "two", "loss")
+    assert sorted(la) == [1, 2, 3] and la.keys() == lb.keys()
+    for step in la:
+        assert lb[step] == pytest.approx(la[step], abs=1e-5), step
+    ea = json.loads((tmp_path / "one" / "final_metrics.json").read_text())["final"]
+    eb = json.loads((tmp_path / "two" / "final_metrics.json").read_text())["final"]
+    assert ea.keys() == eb.keys()
+    for k, v in ea.items():
+        assert eb[k] == pytest.approx(v, abs=1e-6), k
+    assert sorted(p.name for p in (tmp_path / "one" / "eval").iterdir()) == \
+        sorted(p.name for p in (tmp_path / "two" / "eval").iterdir())
 
 
 @pytest.mark.integration
