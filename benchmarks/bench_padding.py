@@ -7,9 +7,10 @@ Vietnamese with 46%; each skipped with a reason when its folder is absent).
 
 Both sides of each ratio run the trainer's own step (`finetune.run.FinetuneRun`, `pretrain.train.Run`) in
 one process, on the same model size and data, timed after a warm-up that traces every batch shape.
-The fine-tuning sides take their steps in turn (the shared machine's load moves by minutes), and
-are compared with `transformers`' BertForSequenceClassification of the same size on the grouped
-side's batches, each padded to its longest example (its dynamic padding; torch on CPU).
+The fine-tuning sides and the 512-token pre-training sides take their steps in turn (the shared
+machine's load moves by minutes); the fine-tuning ones are compared with `transformers`'
+BertForSequenceClassification of the same size on the grouped side's batches, each padded to its
+longest example (its dynamic padding; torch on CPU).
 """
 
 from __future__ import annotations
@@ -199,8 +200,9 @@ def first_fit_order(instances: list[dict], row_length: int, max_sequences: int) 
     return [instances[i] for row in rows for i in row]
 
 
-def pretraining_tokens_per_second(model: str, batches: list[dict], packed: bool, steps: int,
-                                  vocab_size: int = VOCAB) -> float:
+def pretraining_stepper(model: str, batches: list[dict], packed: bool, vocab_size: int = VOCAB):
+    """The trainer's own pre-training step on `batches` in turn, one per call, traced (all batches
+    share one shape): (one-step callable, a one-item list counting the real tokens it stepped over)."""
     import tensorflow as tf
 
     from bert_datagen.trainer.model.bert import build_model, tf1_variable_map
@@ -215,14 +217,26 @@ def pretraining_tokens_per_second(model: str, batches: list[dict], packed: bool,
     optimizer = make_optimizer("adamw", tf1_variable_map(net))
     train_step = make_step_functions(net, optimizer, strategy, cfg, None, packed=packed).train_step
     feeds = [{k: tf.constant(v) for k, v in b.items()} for b in batches]
+    real = [int(b["input_mask"].sum()) for b in batches]
     float(train_step(feeds[0], tf.constant(1e-5), tf.constant(0, tf.int64))["mlm_ce"])  # trace
-    tokens = 0
+    counter, tokens = [0], [0]
+
+    def step() -> None:
+        i = counter[0] % len(feeds)
+        float(train_step(feeds[i], tf.constant(1e-5), tf.constant(counter[0] + 1, tf.int64))["mlm_ce"])
+        tokens[0] += real[i]
+        counter[0] += 1
+
+    return step, tokens
+
+
+def pretraining_tokens_per_second(model: str, batches: list[dict], packed: bool, steps: int,
+                                  vocab_size: int = VOCAB) -> float:
+    step, tokens = pretraining_stepper(model, batches, packed, vocab_size)
     start = time.perf_counter()
-    for i in range(steps):
-        batch = feeds[i % len(feeds)]
-        float(train_step(batch, tf.constant(1e-5), tf.constant(i + 1, tf.int64))["mlm_ce"])
-        tokens += int(batches[i % len(feeds)]["input_mask"].sum())
-    return tokens / (time.perf_counter() - start)
+    for _ in range(steps):
+        step()
+    return tokens[0] / (time.perf_counter() - start)
 
 
 def pretraining_ratio(model: str, batch_size: int, steps: int) -> dict:
@@ -304,19 +318,29 @@ def _spread(batches: list[dict], n: int) -> list[dict]:
     return [batches[i * len(batches) // n] for i in range(n)]
 
 
-def real_text_ratio(model: str, batch_size: int, directory: str, steps: int = 16, corpus: str = "enwiki") -> dict:
+def real_text_ratio(model: str, batch_size: int, directory: str, steps: int = 16, corpus: str = "enwiki",
+                    block: int = 1) -> dict:
     """Packed over unpacked real tokens per second at 512 on `corpus` (its figures are named
     pretrain_512_*, pretrain_512_<corpus>_* for any but enwiki). Both sides hold the same
     instances; a full pass over them takes minutes on 2 cores, so each side times `steps` batches
-    spread evenly over its pass (the same mix of documents and lengths)."""
+    spread evenly over its pass (the same mix of documents and lengths), `block` steps of each side
+    in turn: the shared machine's load moves by minutes and must fall on both sides alike."""
+    steps = max(block, steps // block * block)  # whole blocks: each side steps over each batch once
     prefix = "pretrain_512_" if corpus == "enwiki" else f"pretrain_512_{corpus}_"
     folder = os.path.join(CORPORA, CORPORA_512[corpus][0])
     if not os.path.isdir(folder):
         return {f"{prefix}skipped": f"{folder} is absent (real text needed)"}
     unpacked, packed, vocab_size = real_text_batches(directory, batch_size, corpus)
     instances = len(unpacked) * batch_size
-    plain = pretraining_tokens_per_second(model, _spread(unpacked, steps), False, steps, vocab_size)
-    dense = pretraining_tokens_per_second(model, _spread(packed, steps), True, steps, vocab_size)
+    sides = {"unpacked": pretraining_stepper(model, _spread(unpacked, steps), False, vocab_size),
+             "packed": pretraining_stepper(model, _spread(packed, steps), True, vocab_size)}
+    for step, tokens in sides.values():  # warm-up: one untimed step each past the trace
+        step()
+        tokens[0] = 0
+    rates = interleaved_steps_per_second({name: step for name, (step, _) in sides.items()}, steps, block)
+    # Steps per second x real tokens per step: each side took `steps` steps over its own batches.
+    plain = rates["unpacked"] * sides["unpacked"][1][0] / steps
+    dense = rates["packed"] * sides["packed"][1][0] / steps
     real = sum(int(b["input_mask"].sum()) for b in unpacked)
     figures = {"model": model, "instances": instances,
                "padding_share": round(1.0 - real / (instances * REAL_SEQ), 4),
