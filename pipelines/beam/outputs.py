@@ -171,7 +171,9 @@ class DatasetOutput:
 
 def prepare_dataset_output(directory: str, overwrite: bool, inputs: Iterable[str] = (),
                            split_dirs: Iterable[str] = SPLIT_DIRS, side_names: Iterable[str] = ()) -> DatasetOutput:
-    """Check DIR before any work (see the module doc) and create the run's staging directory.
+    """Check DIR before any work (see the module doc); the caller creates the run's staging directory
+    (`create_staging`) inside the block that discards it on failure, so that an interrupt can never
+    fall between its creation and the cleanup's start.
 
     ``split_dirs`` and ``side_names``: the split directories and side-file names the new dataset
     writes besides shards (task datasets: any split names, examples.jsonl, windows.jsonl)."""
@@ -211,8 +213,11 @@ def prepare_dataset_output(directory: str, overwrite: bool, inputs: Iterable[str
             keep.append(name)  # the new vocab copy is a byte copy of it: it stays where it is
     out = DatasetOutput(directory, uuid.uuid4().hex, owned=sorted(owned), keep=keep,
                         created=not _exists(directory), split_dirs=split_dirs)
-    fsio.ensure_dir(out.staging)
     return out
+
+
+def create_staging(out: DatasetOutput) -> None:
+    fsio.ensure_dir(out.staging)
 
 
 def _is_empty_dir(path: str) -> bool:

@@ -316,6 +316,7 @@ def staged_dataset(output_dir: str, overwrite: bool, **layout: Any) -> Iterator[
         except outputs.OutputError as e:
             raise DatagenError(str(e)) from e
         try:
+            outputs.create_staging(out)
             yield out
             outputs.commit(out)
         except BaseException:

@@ -186,6 +186,7 @@ def test_every_step_of_an_interrupted_swap_rolls_back_to_the_old_dataset(corpus,
     while True:
         monkeypatch.setattr(outputs, "_move", dying_after(steps))
         ds = outputs.prepare_dataset_output(str(out), overwrite=True)
+        outputs.create_staging(ds)
         for path in new_out.rglob("*"):  # a complete new dataset in staging, as the pipeline leaves it
             if path.is_file():
                 target = Path(ds.staging) / path.relative_to(new_out)
