@@ -99,7 +99,7 @@ def write_packed_dataset(directory: str, *, row_length: int = 64, max_sequences:
                     feats[name] = (tf.train.Feature(float_list=tf.train.FloatList(value=v.tolist())) if floats
                                    else tf.train.Feature(int64_list=tf.train.Int64List(value=v.tolist())))
                     features[name] = ["float32" if floats else "int64", int(v.size)]
-                writer.write(tf.train.Example(features=tf.train.Features(feature=feats)).SerializeToString())
+                writer.write(tf.train.Example(features=tf.train.Features(feature=feats)).SerializeToString(deterministic=True))
         data = open(path, "rb").read()
         return {"path": rel, "records": len(rows["input_ids"]), "bytes": len(data),
                 "sha256": hashlib.sha256(data).hexdigest()}

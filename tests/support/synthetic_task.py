@@ -46,7 +46,9 @@ def _shard_bytes(arrays: dict[str, np.ndarray], float_features: Sequence[str]) -
             for i in range(n):
                 feats = {k: (_float_feature if k in float_features else _int_feature)(np.ravel(v[i]))
                          for k, v in arrays.items()}
-                writer.write(tf.train.Example(features=tf.train.Features(feature=feats)).SerializeToString())
+                # Deterministic: protobuf's map order may change between processes, and the loaders'
+                # order is keyed by the dataset's fingerprint (the shards' sha256).
+                writer.write(tf.train.Example(features=tf.train.Features(feature=feats)).SerializeToString(deterministic=True))
         with open(name, "rb") as f:
             return f.read()
     finally:
