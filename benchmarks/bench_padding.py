@@ -201,8 +201,9 @@ def first_fit_order(instances: list[dict], row_length: int, max_sequences: int) 
 
 
 def pretraining_stepper(model: str, batches: list[dict], packed: bool, vocab_size: int = VOCAB):
-    """The trainer's own pre-training step on `batches` in turn, one per call, traced (all batches
-    share one shape): (one-step callable, a one-item list counting the real tokens it stepped over)."""
+    """The trainer's own pre-training step on `batches` in turn, one per call, traced for each shape
+    (packed rows' prediction slots compacted, as the trainer does): (one-step callable, a one-item
+    list counting the real tokens it stepped over)."""
     import tensorflow as tf
 
     from bert_datagen.trainer.model.bert import build_model, tf1_variable_map
@@ -216,9 +217,18 @@ def pretraining_stepper(model: str, batches: list[dict], packed: bool, vocab_siz
     net = build_model(bert, seed=1)
     optimizer = make_optimizer("adamw", tf1_variable_map(net))
     train_step = make_step_functions(net, optimizer, strategy, cfg, None, packed=packed).train_step
+    if packed:  # as `bert-train pretrain` feeds packed rows: only the prediction slots some row uses
+        from bert_datagen.datagen.packed import compact_predictions
+
+        unit = batches[0]["masked_lm_weights"].shape[1] // batches[0]["cls_positions"].shape[1]
+        batches = [compact_predictions(b, unit) for b in batches]
     feeds = [{k: tf.constant(v) for k, v in b.items()} for b in batches]
     real = [int(b["input_mask"].sum()) for b in batches]
-    float(train_step(feeds[0], tf.constant(1e-5), tf.constant(0, tf.int64))["mlm_ce"])  # trace
+    traced = set()
+    for feed in feeds:  # trace every shape (packed: a few slot counts) outside the timing
+        if feed["masked_lm_weights"].shape not in traced:
+            traced.add(feed["masked_lm_weights"].shape)
+            float(train_step(feed, tf.constant(1e-5), tf.constant(0, tf.int64))["mlm_ce"])
     counter, tokens = [0], [0]
 
     def step() -> None:

@@ -205,3 +205,23 @@ def pack_records(records: EncodedRecords, config: DatagenConfig, where: str) -> 
     if not blobs:
         return records
     return EncodedRecords(np.concatenate(keys), np.concatenate(lengths), b"".join(blobs))
+
+
+MLM_SLOT_FEATURES = ("masked_lm_positions", "masked_lm_ids", "masked_lm_weights")
+
+
+def compact_predictions(batch: dict[str, np.ndarray], unit: int) -> dict[str, np.ndarray]:
+    """A batch of packed rows with each row's used prediction slots (weight > 0) moved to its front,
+    in order, and the slots cut to the fewest multiple of ``unit`` (one sequence's slots) that holds
+    the fullest row. A row of S sequences has S x unit slots, most of them unused when its sequences
+    are short, and the MLM head computes every slot it is given; a slot of weight 0 adds nothing to
+    a loss or a metric, so this changes no figure, only the work (and the slot axis takes at most S
+    lengths: a few shapes to compile)."""
+    used = batch["masked_lm_weights"] > 0
+    order = np.argsort(~used, axis=1, kind="stable")
+    fullest = max(int(used.sum(axis=1).max()), 1)
+    keep = min(used.shape[1], -(-fullest // unit) * unit)
+    out = dict(batch)
+    for name in MLM_SLOT_FEATURES:
+        out[name] = np.take_along_axis(batch[name], order, axis=1)[:, :keep]
+    return out

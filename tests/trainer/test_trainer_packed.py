@@ -80,6 +80,25 @@ def test_a_packed_step_has_the_loss_and_gradient_of_the_unpacked_step(setup):
                                    atol=1e-5, err_msg=var.path)
 
 
+def test_compacted_prediction_slots_keep_the_loss_and_gradient(setup):
+    from bert_datagen.datagen.packed import compact_predictions
+
+    model, _, packed = setup
+    compact = compact_predictions(packed, PRED)
+    slots = compact["masked_lm_weights"].shape[1]
+    assert slots % PRED == 0 and slots < packed["masked_lm_weights"].shape[1]  # fewer slots to compute
+    assert compact["masked_lm_weights"].sum() == packed["masked_lm_weights"].sum()
+    objective = packed_pretraining_objective(model)
+    loss_p, sums_p, grads_p = _loss_and_grads(model, objective, packed)
+    loss_c, sums_c, grads_c = _loss_and_grads(model, objective, compact)
+    np.testing.assert_allclose(float(loss_c), float(loss_p), rtol=1e-6)
+    for name, value in losses_from_sums(sums_p).items():
+        assert losses_from_sums(sums_c)[name] == pytest.approx(value, abs=1e-6)
+    for var, gp, gc in zip(model.trainable_variables, grads_p, grads_c, strict=True):
+        np.testing.assert_allclose(tf.convert_to_tensor(gc).numpy(), tf.convert_to_tensor(gp).numpy(),
+                                   atol=1e-6, err_msg=var.path)
+
+
 def test_packed_sums_count_sequences_not_rows(setup):
     model, unpacked, packed = setup
     sums = batch_sums(model({k: tf.constant(v) for k, v in packed.items()}), packed)
