@@ -77,7 +77,7 @@ from bert_datagen.trainer.run.config import BertConfig
 from bert_datagen.trainer.run.devices import enable_determinism
 from bert_datagen.trainer.run.errors import DataError, TrainingError
 from bert_datagen.trainer.run.optimizer import AdamWeightDecay, learning_rate
-from bert_datagen.trainer.run.ordered_input import INPUT_ORDER, OrderedInput
+from bert_datagen.trainer.run.ordered_input import INPUT_ORDER, OrderedInput, input_closed
 from bert_datagen.trainer.run.rundir import cleanup_temp, write_atomic
 from bert_datagen.trainer.run.step import Objective, make_train_step, replica_sum
 
@@ -269,7 +269,7 @@ class FinetuneRun:
         window_start, window_steps = time.perf_counter(), 0
         next_batch, workers = self._train_input()
         last_eval = None
-        with interrupts_between_steps() as interrupted, self._input_closed():
+        with interrupts_between_steps() as interrupted, input_closed(self):
             while self.step < end:
                 if interrupted():
                     stop_interrupted(self.run_dir, self.step, self.saved_step, self.save, self.log)
@@ -310,15 +310,6 @@ class FinetuneRun:
         if self.step >= self.total_steps:
             result.update(self._final(last_eval))
         return result
-
-    @contextlib.contextmanager
-    def _input_closed(self):
-        try:
-            yield
-        finally:
-            if self.input is not None:
-                self.input.close()
-                self.input = None
 
     def _record_epoch(self, writer, evaluation: dict | None) -> None:
         epoch = self.step / self.steps_per_epoch

@@ -14,7 +14,6 @@ its first records parse with the model's lengths, that data and model fit.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import time
 from collections.abc import Callable
@@ -64,7 +63,7 @@ from bert_datagen.trainer.run.config import BertConfig, TrainConfig
 from bert_datagen.trainer.run.devices import enable_determinism
 from bert_datagen.trainer.run.errors import CheckpointError, ConfigError, DataError, TrainingError
 from bert_datagen.trainer.run.optimizer import learning_rate, make_optimizer
-from bert_datagen.trainer.run.ordered_input import INPUT_ORDER, OrderedInput
+from bert_datagen.trainer.run.ordered_input import INPUT_ORDER, OrderedInput, input_closed
 from bert_datagen.trainer.run.step import make_step_functions
 
 _TF_DATA_ERRORS = (tf.errors.DataLossError, tf.errors.InvalidArgumentError)
@@ -249,7 +248,7 @@ class Run:
         window: dict[str, float] = {}
         window_start, window_steps = time.perf_counter(), 0
         last: dict = {}
-        with interrupts_between_steps() as interrupted, self._input_closed():
+        with interrupts_between_steps() as interrupted, input_closed(self):
             while self.step < end:
                 if interrupted():
                     self._stop_interrupted(last)
@@ -281,15 +280,6 @@ class Run:
         writer.flush()
         eval_writer.flush()
         return result
-
-    @contextlib.contextmanager
-    def _input_closed(self):
-        try:
-            yield
-        finally:
-            if self.input is not None:
-                self.input.close()
-                self.input = None
 
     def _train_step(self, lr: np.float32) -> dict[str, float]:
         batch = self.next_batch()

@@ -11,7 +11,8 @@ replicas then take consecutive slices of that share (`common.replica_slices`).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
@@ -49,6 +50,18 @@ class OrderedInput:
         for future in self._ahead:
             future.cancel()
         self._pool.shutdown(wait=True)
+
+
+@contextlib.contextmanager
+def input_closed(run) -> Iterator[None]:
+    """Close ``run.input`` (an `OrderedInput`, or None) when the block ends, however it ends: its
+    reader thread stops and the batches read ahead are dropped."""
+    try:
+        yield
+    finally:
+        if run.input is not None:
+            run.input.close()
+            run.input = None
 
 
 def epoch_batch(batches: NumpyBatches, step: int, per_epoch: int) -> dict[str, np.ndarray]:
