@@ -65,17 +65,16 @@ def finetune_stepper(data: str, out: str, model: str, batch_size: int, group_by_
     cfg = FinetuneConfig(data=data, out=out, init_from=init, batch_size=batch_size, eval_split=None,
                          epochs=100, group_by_length=group_by_length)
     run = FinetuneRun(cfg, log=lambda _: None)
-    batches = run.batches_from(0)
+    next_batch, _ = run._train_input()  # what `bert-train finetune` reads: the global order's batches
     counter = [0]
 
     def step() -> None:
-        batch = replica_slices(run.strategy, next(batches), batch_size)
+        batch = replica_slices(run.strategy, next_batch(), batch_size)
         sums = run.train_step(batch, tf.constant(1e-5), tf.constant(counter[0], tf.int64))
         float(sums["loss_sum"])  # wait for the step
         counter[0] += 1
 
-    # Warm-up: two epochs, every bucket shape traced (the grouped input's second epoch pays a
-    # one-time cost of several seconds in tf.data, measured once on CPU: outside the timing).
+    # Warm-up: two epochs, every bucket shape traced (outside the timing).
     warm = 2 * run.steps_per_epoch
     for _ in range(warm):
         step()
@@ -137,8 +136,12 @@ def interleaved_steps_per_second(steppers: dict, steps: int, block: int = 1) -> 
 def finetune_ratios(data: str, tmp: str, model: str, batch_size: int, steps: int, transformers: bool) -> dict:
     padded, _, _ = finetune_stepper(data, f"{tmp}/a", model, batch_size, False)
     grouped, warm, run = finetune_stepper(data, f"{tmp}/b", model, batch_size, True)
-    again = run.batches_from(warm)  # the timed steps' batches (a pure function of the step)
-    timed = [{k: v.numpy() for k, v in next(again).items()} for _ in range(steps)]
+    from bert_datagen.trainer.finetune.ordered import FinetuneBatches
+
+    # The timed steps' batches (a pure function of the step).
+    again = FinetuneBatches(run.cfg.data, run.cfg.train_split, run.cfg.seed, batch_size, run.steps_per_epoch, 1, 0,
+                            True)
+    timed = [again.batch(warm + s) for s in range(steps)]
     rates = interleaved_steps_per_second({"padded": padded, "grouped": grouped}, steps)
     if transformers:
         # In blocks of 5, not step by step: torch's and TensorFlow's thread pools keep spinning a
