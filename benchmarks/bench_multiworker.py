@@ -22,9 +22,9 @@ import numpy as np
 
 from bert_datagen.trainer.run import checkpoint as ckpt_lib
 from bert_datagen.trainer.run.config import BertConfig
+from tests.support.cluster import bert_train, finish, free_ports, tf_config, train_scalars
 from tests.support.synthetic import write_synthetic_dataset
 from tests.support.task_fixtures import span_dataset, tiny_bert, write_pretrain_run
-from tests.trainer.test_trainer_multiworker import bert_train, finish, free_ports, tf_config, train_scalars
 
 
 def eval_metrics(run: Path) -> dict[str, float]:

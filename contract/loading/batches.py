@@ -80,9 +80,9 @@ class NumpyBatches:
             self._load(self._with_window_share(missing))
         where = np.array([self._chunks[k] for k in keys], np.int64).reshape(-1, 2)  # (store, first row)
         rows = where[:, 1] + placed.virtual - chunks * bs
+        stores = np.unique(where[:, 0])
         features = {}
         for name in self.source.spec:
-            stores = np.unique(where[:, 0])
             if len(stores) == 1:  # the usual case: one gather per feature
                 features[name] = self._stores[int(stores[0])][name][rows]
                 continue

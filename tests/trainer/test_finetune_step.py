@@ -21,7 +21,7 @@ tf = pytest.importorskip("tensorflow")
 from bert_datagen.trainer.finetune.run import FinetuneConfig, FinetuneRun, finetune  # noqa: E402
 from bert_datagen.trainer.run import checkpoint as ckpt_lib  # noqa: E402
 from tests.support.task_fixtures import classification_dataset, span_dataset, tiny_bert, write_pretrain_run  # noqa: E402
-from tests.trainer.test_trainer_tpu_ready import Recorded, assert_static_and_compiled, to_object_store  # noqa: E402
+from tests.support.xla_checks import Recorded, assert_static_and_compiled, to_object_store  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent.parent
 TESTS = Path(__file__).resolve().parent.parent

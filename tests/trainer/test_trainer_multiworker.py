@@ -4,10 +4,6 @@ process with the same global batch; one writer; a worker alone stops within --cl
 from __future__ import annotations
 
 import json
-import os
-import socket
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -17,49 +13,10 @@ tf = pytest.importorskip("tensorflow")
 
 from bert_datagen.trainer.run import checkpoint as ckpt_lib  # noqa: E402
 from bert_datagen.trainer.run.config import BertConfig  # noqa: E402
+from tests.support.cluster import bert_train, finish, free_ports, tf_config, train_scalars  # noqa: E402
 from tests.support.synthetic import write_synthetic_dataset  # noqa: E402
 
-REPO = Path(__file__).resolve().parent.parent.parent
 TIMING = {"sequences_per_second"}
-
-
-def free_ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    for s in socks:
-        s.bind(("localhost", 0))
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
-
-
-def tf_config(ports: list[int], index: int) -> str:
-    return json.dumps({"cluster": {"worker": [f"localhost:{p}" for p in ports]},
-                       "task": {"type": "worker", "index": index}})
-
-
-def bert_train(args: list[str], tf_config_value: str | None = None) -> subprocess.Popen:
-    env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
-    env.update(TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES="")
-    if tf_config_value is not None:
-        env["TF_CONFIG"] = tf_config_value
-    return subprocess.Popen([sys.executable, "-m", "bert_datagen.trainer.cli", *args], cwd=REPO, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-
-
-def finish(proc: subprocess.Popen, timeout: float = 240) -> tuple[int, str, str]:
-    out, err = proc.communicate(timeout=timeout)
-    return proc.returncode, out, err
-
-
-def train_scalars(run: Path, name: str) -> dict[int, float]:
-    found = {}
-    for path in sorted((run / "tensorboard" / "train").iterdir()):
-        for event in tf.compat.v1.train.summary_iterator(str(path)):
-            for value in event.summary.value:
-                if value.tag == name:
-                    found[event.step] = float(tf.make_ndarray(value.tensor))
-    return found
 
 
 def json_without(path: Path, drop: set[str]):

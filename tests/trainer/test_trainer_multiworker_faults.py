@@ -30,8 +30,8 @@ from bert_datagen.trainer.cli import main  # noqa: E402
 from bert_datagen.trainer.pretrain.train import pretrain  # noqa: E402
 from bert_datagen.trainer.run import checkpoint as ckpt_lib  # noqa: E402
 from bert_datagen.trainer.run.config import BertConfig, TrainConfig  # noqa: E402
+from tests.support.cluster import REPO, finish, free_ports, tf_config  # noqa: E402
 from tests.support.synthetic import write_synthetic_dataset  # noqa: E402
-from tests.trainer.test_trainer_multiworker import REPO, finish, free_ports, tf_config  # noqa: E402
 
 CLUSTER_TIMEOUT = 10
 SETTINGS = dict(batch_size=8, accumulation_steps=2, steps=12, learning_rate=2e-3, warmup_steps=1, seed=3,
@@ -95,12 +95,25 @@ def reference(tmp_path_factory):
     return data, bert_file, root / "one", result
 
 
+@pytest.fixture
+def started():
+    """The worker processes a test starts; any still running at its end (a failed assertion) are killed."""
+    procs: list[subprocess.Popen] = []
+    yield procs
+    for proc in procs:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=30)
+
+
 @pytest.mark.integration
-def test_killed_worker_then_resumed_on_other_cluster_sizes_equals_one_uninterrupted_process(reference, tmp_path):
+def test_killed_worker_then_resumed_on_other_cluster_sizes_equals_one_uninterrupted_process(reference, tmp_path,
+                                                                                           started):
     data, bert_file, one, one_result = reference
     run = tmp_path / "run"
     ports = free_ports(2)
     workers = [worker(cli_args(data, bert_file, run), tf_config(ports, i)) for i in range(2)]
+    started.extend(workers)
 
     # Kill worker 1 as soon as the chief has a checkpoint (stopped first, so no step runs between).
     deadline = time.monotonic() + 180
@@ -113,7 +126,7 @@ def test_killed_worker_then_resumed_on_other_cluster_sizes_equals_one_uninterrup
     killed = time.monotonic()
     rc, out, err = finish(workers[0], timeout=6 * CLUSTER_TIMEOUT)
     stopped_after = time.monotonic() - killed
-    workers[1].wait()
+    workers[1].wait(timeout=30)
     lines = [line for line in err.splitlines() if line.strip()]
     print("STOPPED_AFTER_S", round(stopped_after, 1), lines[-1:])
     assert rc == 1, out[-2000:] + err[-3000:]
@@ -147,6 +160,7 @@ def test_killed_worker_then_resumed_on_other_cluster_sizes_equals_one_uninterrup
     # 1 -> 2: every worker's command again, to the end.
     ports = free_ports(2)
     workers = [worker(cli_args(data, bert_file, run), tf_config(ports, i)) for i in range(2)]
+    started.extend(workers)
     results = [finish(p) for p in workers]
     for rc, out, err in results:
         assert rc == 0, out[-2000:] + err[-3000:]

@@ -68,16 +68,22 @@ def _loss_and_grads(model, objective, batch):
     return strategy.extended.call_for_each_replica(run)
 
 
+def _assert_same_step(model, expected: tuple, got: tuple, grad_atol: float) -> None:
+    """The loss, the summed statistics and the gradient of two (objective, batch) pairs agree."""
+    loss_e, sums_e, grads_e = _loss_and_grads(model, *expected)
+    loss_g, sums_g, grads_g = _loss_and_grads(model, *got)
+    np.testing.assert_allclose(float(loss_g), float(loss_e), rtol=1e-6)
+    for name, value in losses_from_sums(sums_e).items():
+        assert losses_from_sums(sums_g)[name] == pytest.approx(value, abs=1e-6)
+    for var, ge, gg in zip(model.trainable_variables, grads_e, grads_g, strict=True):
+        np.testing.assert_allclose(tf.convert_to_tensor(gg).numpy(), tf.convert_to_tensor(ge).numpy(),
+                                   atol=grad_atol, err_msg=var.path)
+
+
 def test_a_packed_step_has_the_loss_and_gradient_of_the_unpacked_step(setup):
     model, unpacked, packed = setup
-    loss_u, sums_u, grads_u = _loss_and_grads(model, pretraining_objective(model, len(unpacked["input_ids"])), unpacked)
-    loss_p, sums_p, grads_p = _loss_and_grads(model, packed_pretraining_objective(model), packed)
-    np.testing.assert_allclose(float(loss_p), float(loss_u), rtol=1e-6)
-    for name, value in losses_from_sums(sums_u).items():
-        assert losses_from_sums(sums_p)[name] == pytest.approx(value, abs=1e-6)
-    for var, gu, gp in zip(model.trainable_variables, grads_u, grads_p, strict=True):
-        np.testing.assert_allclose(tf.convert_to_tensor(gp).numpy(), tf.convert_to_tensor(gu).numpy(),
-                                   atol=1e-5, err_msg=var.path)
+    _assert_same_step(model, (pretraining_objective(model, len(unpacked["input_ids"])), unpacked),
+                      (packed_pretraining_objective(model), packed), grad_atol=1e-5)
 
 
 def test_compacted_prediction_slots_keep_the_loss_and_gradient(setup):
@@ -89,14 +95,7 @@ def test_compacted_prediction_slots_keep_the_loss_and_gradient(setup):
     assert slots % PRED == 0 and slots < packed["masked_lm_weights"].shape[1]  # fewer slots to compute
     assert compact["masked_lm_weights"].sum() == packed["masked_lm_weights"].sum()
     objective = packed_pretraining_objective(model)
-    loss_p, sums_p, grads_p = _loss_and_grads(model, objective, packed)
-    loss_c, sums_c, grads_c = _loss_and_grads(model, objective, compact)
-    np.testing.assert_allclose(float(loss_c), float(loss_p), rtol=1e-6)
-    for name, value in losses_from_sums(sums_p).items():
-        assert losses_from_sums(sums_c)[name] == pytest.approx(value, abs=1e-6)
-    for var, gp, gc in zip(model.trainable_variables, grads_p, grads_c, strict=True):
-        np.testing.assert_allclose(tf.convert_to_tensor(gc).numpy(), tf.convert_to_tensor(gp).numpy(),
-                                   atol=1e-6, err_msg=var.path)
+    _assert_same_step(model, (objective, packed), (objective, compact), grad_atol=1e-6)
 
 
 def test_packed_sums_count_sequences_not_rows(setup):

@@ -7,8 +7,6 @@ anyway."""
 
 from __future__ import annotations
 
-import os
-
 import pytest
 
 tf = pytest.importorskip("tensorflow")
@@ -16,44 +14,7 @@ tf = pytest.importorskip("tensorflow")
 from bert_datagen.trainer.pretrain.train import Run  # noqa: E402
 from bert_datagen.trainer.run.config import BertConfig, TrainConfig  # noqa: E402
 from tests.support.synthetic import write_synthetic_dataset  # noqa: E402
-
-
-def to_object_store(local: str, url: str) -> str:
-    """A copy of the dataset directory `local` under `url`, written through tf.io.gfile."""
-    for top, _, files in os.walk(local):
-        for name in files:
-            source = os.path.join(top, name)
-            target = f"{url}/{os.path.relpath(source, local)}"
-            tf.io.gfile.makedirs(os.path.dirname(target))
-            tf.io.gfile.copy(source, target, overwrite=True)
-    return url
-
-
-class Recorded:
-    """Wraps a tf.function step and keeps the arguments of its last call."""
-
-    def __init__(self, step):
-        self.step, self.args = step, None
-
-    def __call__(self, *args):
-        self.args = args
-        return self.step(*args)
-
-
-def assert_static_and_compiled(recorded: Recorded, micro_batch: int) -> None:
-    step = recorded.step
-    assert step.experimental_get_tracing_count() == 1  # the same shapes at every step
-    traced = step.get_concrete_function(*recorded.args)
-    assert step.experimental_get_tracing_count() == 1
-    assert traced.inputs and all(t.shape.is_fully_defined() for t in traced.inputs), \
-        [t for t in traced.inputs if not t.shape.is_fully_defined()]
-    compiled = [op for op in traced.graph.get_operations()
-                if "_XlaMustCompile" in op.node_def.attr and op.get_attr("_XlaMustCompile")]
-    assert compiled, "no XLA-compiled part in the train step"
-    for op in compiled:
-        assert all(t.shape.is_fully_defined() for t in op.inputs), op.name
-        # The micro-batch's features ([batch, ...]; the rest are a dropout seed and scalars).
-        assert {t.shape[0] for t in op.inputs if t.shape.rank >= 2} == {micro_batch}, op.name
+from tests.support.xla_checks import Recorded, assert_static_and_compiled, to_object_store  # noqa: E402
 
 
 def test_pretraining_step_compiles_with_static_shapes_from_gfile_data(tmp_path):

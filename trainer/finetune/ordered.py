@@ -23,7 +23,6 @@ from bert_datagen.datagen.rng import derive_key
 from bert_datagen.trainer.finetune.data import GROUP_WINDOW, bucket_lengths
 from bert_datagen.trainer.run.errors import DataError
 from bert_datagen.trainer.run.gfs import GFILE_FS
-from bert_datagen.trainer.run.ordered_input import epoch_batch, rows_of_rank
 
 BLOCK_SIZE = 1  # a full shuffle per epoch: task splits are small, and examples are often sorted
 
@@ -79,3 +78,20 @@ def trimmed(batch: dict[str, np.ndarray], max_seq_length: int) -> dict[str, np.n
     longest = int(batch["input_mask"].sum(axis=1).max())
     length = next(n for n in bucket_lengths(max_seq_length) if n >= longest)
     return {k: v[:, :length] if v.ndim == 2 and v.shape[1] == max_seq_length else v for k, v in batch.items()}
+
+
+def epoch_batch(batches: NumpyBatches, step: int, per_epoch: int) -> dict[str, np.ndarray]:
+    """Fine-tuning's batch of training step ``step``: batch ``step mod per_epoch`` of its epoch, so
+    every epoch is whole batches of one pass (an epoch's last, partial batch is left out)."""
+    epoch, index = divmod(step, per_epoch)
+    order = batches.order
+    share = order.batch_size // batches.world_size
+    start = epoch * order.total + index * order.batch_size + batches.rank * share
+    return batches.read_positions(np.arange(start, start + share, dtype=np.int64))
+
+
+def rows_of_rank(batch: dict[str, np.ndarray], world_size: int, rank: int) -> dict[str, np.ndarray]:
+    """Rank ``rank``'s contiguous share of a whole global batch."""
+    n = len(next(iter(batch.values())))
+    share = n // world_size
+    return {k: v[rank * share:(rank + 1) * share] for k, v in batch.items()}

@@ -41,6 +41,7 @@ class DatasetInfo:
     vocab_size: int | None = None
     train_records: int | None = None
     eval_records: int | None = None
+    train_counts: list[int] | None = None  # records of each train file (manifest, else counted once)
     manifest: dict | None = None
     identity: dict = field(default_factory=dict)  # {"fingerprint", "shards"}: see dataset_identity
     objective: str = "nsp"  # from the manifest's config: nsp | doc-sentences | full-sentences
@@ -98,10 +99,8 @@ def training_source(info: DatasetInfo) -> Source:
     """The train split as the global order reads it (`trainer/run/ordered_input.py`): its shards and
     their record counts, the dataset's fingerprint, the features the model reads, and for dynamic
     masking the dataset's vocab and masking options."""
-    if info.manifest is not None:
-        counts = [int(ref.expected["records"]) for ref in open_manifest_dataset(info.source).split_shards("train")]
-    else:
-        counts = [count_records(path) for path in info.train_files]
+    split_records(info, "train")  # counts a glob's files, once
+    counts = info.train_counts
     masking = {}
     if info.masking == "dynamic":
         from bert_datagen.trainer.pretrain.dynamic_input import masking_config
@@ -172,7 +171,7 @@ def _from_manifest(directory: str) -> DatasetInfo:
     vocab = manifest["vocab"]
     return DatasetInfo(source=directory, max_seq_length=seq_len, max_predictions_per_seq=max_pred,
                        train_files=train, eval_files=evals, vocab_size=int(vocab["size"]),
-                       train_records=n_train,
+                       train_records=n_train, train_counts=[int(r.expected["records"]) for r in ds.split_shards("train")],
                        eval_records=n_eval, manifest=manifest, objective=objective, masking=masking,
                        sequences_per_row=sequences)
 
@@ -279,8 +278,11 @@ def split_records(info: DatasetInfo, split: str) -> int:
     known = info.train_records if split == "train" else info.eval_records
     if known is not None:
         return known
-    files = info.train_files if split == "train" else info.eval_files
-    return sum(count_records(path) for path in files)
+    if split == "eval":
+        return sum(count_records(path) for path in info.eval_files)
+    info.train_counts = [count_records(path) for path in info.train_files]  # the loaders need them too
+    info.train_records = sum(info.train_counts)
+    return info.train_records
 
 
 def check_split_size(info: DatasetInfo, split: str, batch_size: int) -> int:

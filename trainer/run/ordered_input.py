@@ -2,7 +2,8 @@
 (`bert_datagen.contract.loading`, docs/loading.md), read a few batches ahead on one thread.
 
 The position is the step. Pre-training step ``s`` reads global batch ``batch_of_step(s, skipped)``;
-fine-tuning step ``s`` reads batch ``s mod E`` of epoch ``s div E`` (E whole batches per epoch). So a
+fine-tuning step ``s`` reads batch ``s mod E`` of epoch ``s div E`` (E whole batches per epoch;
+`trainer/finetune/ordered.py`). So a
 checkpoint holds no iterator state, a run resumes at any step on any number of workers, and the
 batches are, byte for byte, what the NumPy and PyTorch readers give for the same step. In a cluster
 of W workers worker w reads only rank w's share of every global batch (1/W of the bytes); its
@@ -18,7 +19,6 @@ from concurrent.futures import Future, ThreadPoolExecutor
 import numpy as np
 import tensorflow as tf
 
-from bert_datagen.contract.loading.batches import NumpyBatches
 from bert_datagen.contract.loading.source import LoadError
 from bert_datagen.trainer.run.errors import DataError
 
@@ -62,20 +62,3 @@ def input_closed(run) -> Iterator[None]:
         if run.input is not None:
             run.input.close()
             run.input = None
-
-
-def epoch_batch(batches: NumpyBatches, step: int, per_epoch: int) -> dict[str, np.ndarray]:
-    """Fine-tuning's batch of training step ``step``: batch ``step mod per_epoch`` of its epoch, so
-    every epoch is whole batches of one pass (an epoch's last, partial batch is left out)."""
-    epoch, index = divmod(step, per_epoch)
-    order = batches.order
-    share = order.batch_size // batches.world_size
-    start = epoch * order.total + index * order.batch_size + batches.rank * share
-    return batches.read_positions(np.arange(start, start + share, dtype=np.int64))
-
-
-def rows_of_rank(batch: dict[str, np.ndarray], world_size: int, rank: int) -> dict[str, np.ndarray]:
-    """Rank ``rank``'s contiguous share of a whole global batch."""
-    n = len(next(iter(batch.values())))
-    share = n // world_size
-    return {k: v[rank * share:(rank + 1) * share] for k, v in batch.items()}

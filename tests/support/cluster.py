@@ -1,0 +1,61 @@
+"""Worker processes of `bert-train --strategy multi-worker` on localhost, for the multi-worker tests
+and benchmarks/bench_multiworker.py: free ports, TF_CONFIG, a command started and finished, the
+train loss a run logged."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent.parent
+
+
+def free_ports(n: int) -> list[int]:
+    socks = [socket.socket() for _ in range(n)]
+    for s in socks:
+        s.bind(("localhost", 0))
+    ports = [s.getsockname()[1] for s in socks]
+    for s in socks:
+        s.close()
+    return ports
+
+
+def tf_config(ports: list[int], index: int) -> str:
+    return json.dumps({"cluster": {"worker": [f"localhost:{p}" for p in ports]},
+                       "task": {"type": "worker", "index": index}})
+
+
+def bert_train(args: list[str], tf_config_value: str | None = None) -> subprocess.Popen:
+    env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
+    env.update(TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES="")
+    if tf_config_value is not None:
+        env["TF_CONFIG"] = tf_config_value
+    return subprocess.Popen([sys.executable, "-m", "bert_datagen.trainer.cli", *args], cwd=REPO, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def finish(proc: subprocess.Popen, timeout: float = 240) -> tuple[int, str, str]:
+    """(exit code, stdout, stderr) of a started command; past ``timeout`` it is killed, not left running."""
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.communicate()
+        raise
+    return proc.returncode, out, err
+
+
+def train_scalars(run: Path, name: str) -> dict[int, float]:
+    import tensorflow as tf
+
+    found = {}
+    for path in sorted((run / "tensorboard" / "train").iterdir()):
+        for event in tf.compat.v1.train.summary_iterator(str(path)):
+            for value in event.summary.value:
+                if value.tag == name:
+                    found[event.step] = float(tf.make_ndarray(value.tensor))
+    return found
