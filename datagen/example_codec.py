@@ -17,6 +17,7 @@ from typing import Protocol
 import numpy as np
 
 from bert_datagen.datagen.tfrecord import RawBatch, RecordError
+from bert_datagen.datagen.varint_rows import decode_varint_rows, rows_at
 
 
 class RecordSpec(Protocol):
@@ -220,74 +221,6 @@ def _expect_ld(buf: np.ndarray, start: np.ndarray, end: np.ndarray, tag: int | n
     return np.where(ok, c_start, 0), np.where(ok, c_end, 0)
 
 
-def _gather_ranges(buf: np.ndarray, start: np.ndarray, end: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The bytes of every range, concatenated, and each range's offset in the result."""
-    lengths = end - start
-    offsets = np.zeros(len(lengths) + 1, np.int64)
-    np.cumsum(lengths, out=offsets[1:])
-    if len(lengths) and (lengths == lengths[0]).all():  # common: a 2-D gather, no repeat needed
-        return buf[start[:, None] + np.arange(lengths[0])].ravel(), offsets
-    total = int(offsets[-1])
-    idx = np.repeat(start - offsets[:-1], lengths) + np.arange(total)
-    return buf[idx], offsets
-
-
-def _decode_packed_varints(data: np.ndarray, offsets: np.ndarray, count: int,
-                           bad_rows: np.ndarray) -> np.ndarray:
-    """Rows of exactly ``count`` packed varints each; rows that do not fit are flagged in bad_rows."""
-    n = len(offsets) - 1
-    if n == 0:
-        return np.zeros((0, count), np.int64)
-    term = data < 0x80
-    lengths = np.diff(offsets)
-    if len(data) == n * count and term.all():  # one byte per value everywhere: nothing to split
-        return data.astype(np.int64).reshape(n, count)
-    nonempty = lengths > 0
-    ends_ok = np.zeros(n, bool)
-    ends_ok[nonempty] = term[offsets[1:][nonempty] - 1]
-    term_cum = np.concatenate([[0], np.cumsum(term)])
-    per_row = term_cum[offsets[1:]] - term_cum[offsets[:-1]]
-    row_ok = ends_ok & (per_row == count)
-    bad_rows |= ~row_ok
-    out = np.zeros((n, count), np.int64)
-    if not row_ok.any():
-        return out
-    # Keep only the bytes of well-formed rows, so values line up as rows x count.
-    if row_ok.all():
-        b, t = data, term
-    else:
-        keep = row_ok[np.repeat(np.arange(n), lengths)]
-        b, t = data[keep], term[keep]
-    if t.all():  # every value fits in one byte (masks, segment ids, short positions)
-        values = b.astype(np.int64)
-        too_long = np.zeros(len(b), bool)
-    else:
-        starts = np.nonzero(np.concatenate([[True], t[:-1]]))[0]
-        acc = (b[starts] & 0x7F).astype(np.uint64)
-        too_long = np.zeros(len(starts), bool)
-        idx = np.nonzero(~t[starts])[0]
-        k = 1
-        while len(idx):
-            if k >= 10:
-                too_long[idx] = True
-                break
-            p = starts[idx] + k
-            acc[idx] |= (b[p] & 0x7F).astype(np.uint64) << np.uint64(min(7 * k, 63))
-            idx = idx[~t[p]]
-            k += 1
-        values = acc.view(np.int64)
-    rows_values = values.reshape(-1, count)
-    if row_ok.all():
-        out = rows_values
-    else:
-        out[row_ok] = rows_values
-    long_rows = too_long.reshape(-1, count).any(axis=1)
-    if long_rows.any():
-        idx = np.nonzero(row_ok)[0][long_rows]
-        bad_rows[idx] = True
-    return out
-
-
 @dataclass(frozen=True)
 class _NameTable:
     """How the batch decoder tells a spec's feature names apart without a per-name comparison.
@@ -300,6 +233,7 @@ class _NameTable:
     names: tuple[str, ...]
     dtypes: tuple[str, ...]
     counts: tuple[int, ...]
+    lengths: tuple[int, ...]  # of each name's bytes
     at: int
     guess: np.ndarray  # [key length, byte at `at`] -> index in names, -1: no name
     table: np.ndarray  # the names' bytes, zero padded
@@ -324,7 +258,7 @@ def _name_table(items: tuple[tuple[str, tuple[str, int]], ...]) -> _NameTable:
         table[j, :len(b)] = np.frombuffer(b, np.uint8)
     tags = np.array([0x12 if dtype == "float32" else 0x1A for _, (dtype, _) in items], np.uint8)
     return _NameTable(names, tuple(d for _, (d, _) in items), tuple(c for _, (_, c) in items),
-                      at, guess, table, tags)
+                      tuple(len(b) for b in encoded), at, guess, table, tags)
 
 
 def _spec_of(spec: RecordSpec | FeatureSpec) -> FeatureSpec:
@@ -353,21 +287,53 @@ def decode_batch(payloads: list[bytes], indices: list[int], spec: RecordSpec | F
     return decode_raw(RawBatch(list(indices), b"".join(payloads), starts.tolist(), lengths), spec)
 
 
-def decode_raw(raw: RawBatch, spec: RecordSpec | FeatureSpec) -> tuple[Batch, list[tuple[int, str]]]:
-    """decode_batch on payloads that are ranges of one buffer (as ShardStream.raw_batches gives them)."""
-    spec = _spec_of(spec)
-    names = _name_table(tuple((k, (d, int(c))) for k, (d, c) in spec.items()))  # hashable, for the cache
-    indices = raw.indices
-    n = len(indices)
-    lengths = np.asarray(raw.lengths, np.int64)
-    rec_start = np.asarray(raw.starts, np.int64)
-    buf = np.frombuffer(raw.data, np.uint8)
-    last = max(len(buf) - 1, 0)
-    bad = np.zeros(n, bool)
-    rec_ids = np.arange(n)
+def _regular_columns(buf: np.ndarray, f_start: np.ndarray, f_end: np.ndarray, names: _NameTable
+                     ) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]] | None:
+    """Where each feature's packed values are, for the layout one writer gives every record: the
+    spec's features once each, in one order shared by all records, each a single packed list. Walks
+    all records in step, a map entry at a time; None as soon as any record differs (the general
+    walk then sorts the records out)."""
+    n, k = len(f_start), len(names.names)
+    if n == 0:
+        return None
+    entries, pos = [], f_start
+    for _ in range(k):
+        e_s, e_e, ok = _ld_at(buf, pos, f_end, 0x0A)
+        if not ok.all():
+            return None
+        entries.append((e_s, e_e))
+        pos = e_e
+    if not (pos == f_end).all():
+        return None
+    recs = np.arange(n)
+    columns: list[tuple[np.ndarray, np.ndarray, np.ndarray] | None] = [None] * k
+    for e_s, e_e in entries:
+        key_s, key_e, ok = _ld_at(buf, e_s, e_e, 0x0A)
+        key_len = int(key_e[0] - key_s[0])
+        if not ok.all() or not (key_e - key_s == key_len).all() or not names.at < key_len < len(names.guess):
+            return None
+        j = int(names.guess[key_len, buf[key_s[0] + names.at]])
+        if j < 0 or columns[j] is not None or names.lengths[j] != key_len:
+            return None
+        if not (rows_at(buf, key_s, key_len) == names.table[j, :key_len]).all():  # every record's key
+            return None
+        v_s, v_e, ok_v = _ld_at(buf, key_e, e_e, 0x12)
+        l_s, l_e, ok_l = _ld_at(buf, v_s, v_e, int(names.tags[j]))
+        d_s, d_e, ok_d = _ld_at(buf, l_s, l_e, 0x0A)
+        if not (ok_v & ok_l & ok_d & (v_e == e_e) & (l_e == v_e) & (d_e == l_e)).all():
+            return None
+        columns[j] = (recs, d_s, d_e)
+    return columns  # type: ignore[return-value]  # k distinct names filled k slots
 
-    # Example{features: Features{feature: map entries, in any order}}
-    f_start, f_end = _expect_ld(buf, rec_start, rec_start + lengths, 0x0A, bad, rec_ids)
+
+def _columns_of_any_layout(buf: np.ndarray, f_start: np.ndarray, f_end: np.ndarray, names: _NameTable,
+                           bad: np.ndarray) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """Where each feature's packed values are, for records whose map entries come in any order:
+    (records, content start, content end) per feature of the spec; records whose layout is not the
+    plain one are marked in ``bad`` for the exact decoder."""
+    n = len(f_start)
+    last = max(len(buf) - 1, 0)
+    rec_ids = np.arange(n)
     entries = _walk(buf, f_start, f_end, bad, rec_ids)
     ent_rec = entries.owner
     bad[ent_rec[(entries.number != 1) | (entries.wire != 2)]] = True
@@ -381,7 +347,7 @@ def decode_raw(raw: RawBatch, spec: RecordSpec | FeatureSpec) -> tuple[Batch, li
     key_len = key_e - key_s
     guess = names.guess[np.clip(key_len, 0, len(names.guess) - 1), buf[np.minimum(key_s + names.at, last)]]
     width = names.table.shape[1]
-    got = buf[np.minimum(key_s[:, None] + np.arange(width), last)]
+    got = rows_at(buf, key_s, width)
     same = (got == names.table[np.maximum(guess, 0)]) | (np.arange(width) >= key_len[:, None])
     name_of = np.where((guess >= 0) & same.all(axis=1) & ok_entry, guess, -1)
     bad[ent_rec[name_of < 0]] = True
@@ -395,24 +361,44 @@ def decode_raw(raw: RawBatch, spec: RecordSpec | FeatureSpec) -> tuple[Batch, li
     l_s, l_e = _expect_ld(buf, val_s[use], val_e[use], names.tags[name_of[use]], bad, ent_rec[use])
     d_s_all, d_e_all = _expect_ld(buf, l_s, l_e, 0x0A, bad, ent_rec[use])
 
-    features: dict[str, np.ndarray] = {}
-    for j, (name, dtype, count) in enumerate(zip(names.names, names.dtypes, names.counts, strict=True)):
+    columns = []
+    for j in range(len(names.names)):
         sel = np.nonzero(name_of[use] == j)[0]
         recs = ent_rec[use[sel]]
         ok = ~bad[recs]
-        recs, d_s, d_e = recs[ok], d_s_all[sel][ok], d_e_all[sel][ok]
+        columns.append((recs[ok], d_s_all[sel][ok], d_e_all[sel][ok]))
+    return columns
+
+
+def decode_raw(raw: RawBatch, spec: RecordSpec | FeatureSpec) -> tuple[Batch, list[tuple[int, str]]]:
+    """decode_batch on payloads that are ranges of one buffer (as ShardStream.raw_batches gives them)."""
+    spec = _spec_of(spec)
+    names = _name_table(tuple((k, (d, int(c))) for k, (d, c) in spec.items()))  # hashable, for the cache
+    indices = raw.indices
+    n = len(indices)
+    lengths = np.asarray(raw.lengths, np.int64)
+    rec_start = np.asarray(raw.starts, np.int64)
+    buf = np.frombuffer(raw.data, np.uint8)
+    bad = np.zeros(n, bool)
+
+    # Example{features: Features{feature: map entries, in any order}}
+    f_start, f_end = _expect_ld(buf, rec_start, rec_start + lengths, 0x0A, bad, np.arange(n))
+    columns = _regular_columns(buf, f_start, f_end, names) if not bad.any() else None
+    if columns is None:
+        columns = _columns_of_any_layout(buf, f_start, f_end, names, bad)
+    features: dict[str, np.ndarray] = {}
+    for j, (name, dtype, count) in enumerate(zip(names.names, names.dtypes, names.counts, strict=True)):
+        recs, d_s, d_e = columns[j]
         if dtype == "float32":
             values = np.zeros((n, count), np.float32)
             right = (d_e - d_s) == 4 * count
             bad[recs[~right]] = True
             recs, d_s = recs[right], d_s[right]
             if len(recs):
-                idx = d_s[:, None] + np.arange(4 * count)
-                values[recs] = buf[idx].copy().view("<f4").reshape(len(recs), count)
+                values[recs] = rows_at(buf, d_s, 4 * count).view("<f4")
         else:
-            data, offsets = _gather_ranges(buf, d_s, d_e)
             bad_rows = np.zeros(len(recs), bool)
-            decoded = _decode_packed_varints(data, offsets, count, bad_rows)
+            decoded = decode_varint_rows(buf, d_s, d_e, count, bad_rows)
             bad[recs[bad_rows]] = True
             if len(recs) == n:  # every record so far is regular: rows are already in order
                 values = decoded

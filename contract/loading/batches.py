@@ -39,10 +39,12 @@ class NumpyBatches:
         self.world_size, self.rank = world_size, rank
         self.step = start
         self.stop = stop
-        # (epoch, chunk) -> (store, first row): where a chunk's decoded records are.
-        self._chunks: dict[tuple[int, int], tuple[int, int]] = {}
+        # chunk code (epoch * chunks per epoch + chunk) -> (store, first row): where its records are.
+        self._per_epoch = -(-self.order.total // block_size)
+        self._chunks: dict[int, tuple[int, int]] = {}
         self._stores: dict[int, dict[str, np.ndarray]] = {}
         self._next_store = 0
+        self._oldest_window = -1
 
     # ------------------------------------------------------------ iteration
 
@@ -74,11 +76,12 @@ class NumpyBatches:
         placed = self.order.place(np.asarray(positions, np.int64))
         bs = self.order.block_size
         chunks = placed.chunk(bs)
-        keys = list(zip(placed.epoch.tolist(), chunks.tolist(), strict=True))
-        missing = [k for k in dict.fromkeys(keys) if k not in self._chunks]
+        codes, inverse = np.unique(placed.epoch * self._per_epoch + chunks, return_inverse=True)
+        keys = codes.tolist()
+        missing = [k for k in keys if k not in self._chunks]
         if missing:
             self._load(self._with_window_share(missing))
-        where = np.array([self._chunks[k] for k in keys], np.int64).reshape(-1, 2)  # (store, first row)
+        where = np.array([self._chunks[k] for k in keys], np.int64).reshape(-1, 2)[inverse.ravel()]
         rows = where[:, 1] + placed.virtual - chunks * bs
         stores = np.unique(where[:, 0])
         features = {}
@@ -92,7 +95,7 @@ class NumpyBatches:
                 sel = where[:, 0] == store
                 out[sel] = self._stores[store][name][rows[sel]]
             features[name] = out
-        self._evict(placed)
+        self._evict(codes)
         if self.source.dynamic:
             features = self._mask(features, placed.epoch)
         return as_model_inputs(features)
@@ -119,31 +122,34 @@ class NumpyBatches:
 
     # ------------------------------------------------------------ reading
 
-    def _chunk_records(self, epoch: int, chunk: int) -> tuple[np.ndarray, np.ndarray]:
+    def _chunk_records(self, code: int) -> tuple[np.ndarray, np.ndarray]:
+        epoch, chunk = divmod(code, self._per_epoch)
         bs = self.order.block_size
         virtual = np.arange(chunk * bs, min((chunk + 1) * bs, self.order.total), dtype=np.int64)
         return self.order.locate(epoch, virtual)
 
-    def _with_window_share(self, keys: list[tuple[int, int]]) -> list[tuple[int, int]]:
-        """``keys`` plus every chunk of this rank's slots in the full windows they are in: the rank
+    def _with_window_share(self, codes: list[int]) -> list[int]:
+        """``codes`` plus every chunk of this rank's slots in the full windows they are in: the rank
         will need them for the window's next batches, and one decode of all is cheaper than many."""
         o = self.order
         B, full = o.batch_size, o.total // (o.batch_size * o.block_size)
         share = B // self.world_size
-        out = dict.fromkeys(keys)
-        for epoch, chunk in keys:
+        out = dict.fromkeys(codes)
+        for code in codes:
+            epoch, chunk = divmod(code, self._per_epoch)
             window = chunk // B
             if window < full:
-                first = window * B + self.rank * share
-                out.update(dict.fromkeys((epoch, c) for c in range(first, first + share)))
+                first = epoch * self._per_epoch + window * B + self.rank * share
+                out.update(dict.fromkeys(range(first, first + share)))
         return [k for k in out if k not in self._chunks]
 
-    def _load(self, keys: list[tuple[int, int]]) -> None:
+    def _load(self, codes: list[int]) -> None:
         """Read and decode these chunks together into one store; the cache maps each to its rows."""
-        ranges, firsts = [], []
-        for key in keys:
-            shards, indices = self._chunk_records(*key)
-            firsts.append(sum(b - a for _, a, b in ranges))
+        ranges, firsts, rows = [], [], 0
+        for code in codes:
+            shards, indices = self._chunk_records(code)
+            firsts.append(rows)
+            rows += len(shards)
             # A chunk is runs of consecutive records (the blocks it spans): one range read per run.
             breaks = np.nonzero((np.diff(shards) != 0) | (np.diff(indices) != 1))[0] + 1
             for run in np.split(np.arange(len(shards)), breaks):
@@ -152,17 +158,22 @@ class NumpyBatches:
         store = self._next_store
         self._next_store += 1
         self._stores[store] = self.source.read_ranges(ranges)
-        for key, first in zip(keys, firsts, strict=True):
-            self._chunks[key] = (store, first)
+        for code, first in zip(codes, firsts, strict=True):
+            self._chunks[code] = (store, first)
 
-    def _evict(self, placed) -> None:
+    def _window_of(self, code: int | np.ndarray) -> int | np.ndarray:
+        """A chunk code's window, counted across epochs (later windows have larger numbers)."""
+        epoch, chunk = np.divmod(code, self._per_epoch)
+        return epoch * (self._per_epoch // self.order.batch_size + 1) + chunk // self.order.batch_size
+
+    def _evict(self, codes: np.ndarray) -> None:
         # Keep the chunks of the windows this batch is in; a run moves forward through windows.
-        window = self.order.batch_size
-        chunks = placed.chunk(self.order.block_size)
-        live = {(e, c // window) for e, c in zip(placed.epoch.tolist(), chunks.tolist(), strict=True)}
-        oldest = min(live)
-        for key in [k for k in self._chunks if (k[0], k[1] // window) < oldest]:
-            del self._chunks[key]
+        oldest = int(np.min(self._window_of(codes)))
+        if oldest == self._oldest_window:
+            return
+        self._oldest_window = oldest
+        for code in [k for k in self._chunks if self._window_of(k) < oldest]:
+            del self._chunks[code]
         used = {store for store, _ in self._chunks.values()}
         for store in [s for s in self._stores if s not in used]:
             del self._stores[store]

@@ -59,6 +59,7 @@ class GlobalOrder:
     batch_size: int
     block_size: int = DEFAULT_BLOCK_SIZE
     _blocks: dict = field(default_factory=dict, repr=False, compare=False)
+    _windows: dict = field(default_factory=dict, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.batch_size < 1 or self.block_size < 1:
@@ -115,14 +116,25 @@ class GlobalOrder:
             sel = window == w
             if w < full_windows:
                 batch_in_window, slot = np.divmod(q[sel], B)
-                rounds = permutation(self._key("batches", epoch, w), bs)[batch_in_window]
-                chunk = w * B + slot
-                within = _chunk_perms(self._key("chunk", epoch), chunk, rounds, bs)
-                out[sel] = chunk * bs + within
+                rounds, perms = self._window(epoch, w)
+                out[sel] = (w * B + slot) * bs + perms[slot, rounds[batch_in_window]]
             else:
                 tail = self.total - w * window_len
                 out[sel] = w * window_len + permutation(self._key("tail", epoch), tail)[q[sel]]
         return out
+
+    def _window(self, epoch: int, w: int) -> tuple[np.ndarray, np.ndarray]:
+        """Of full window ``w``: the round each of its batches takes, and each chunk slot's own
+        permutation of range(block_size) (slots x block_size); computed once for the window's batches."""
+        cached = self._windows.get((epoch, w))
+        if cached is None:
+            if len(self._windows) > 3:  # a run moves forward: keep the windows in use only
+                self._windows.clear()
+            B, bs = self.batch_size, self.block_size
+            rounds = permutation(self._key("batches", epoch, w), bs)
+            chunks = np.arange(w * B, (w + 1) * B, dtype=np.uint64)
+            cached = self._windows[(epoch, w)] = (rounds, _chunk_perms(self._key("chunk", epoch), chunks, bs))
+        return cached
 
     def batch_positions(self, step: int, world_size: int = 1, rank: int = 0) -> np.ndarray:
         """Global positions of rank ``rank``'s share of global batch ``step`` (contiguous B/N)."""
@@ -168,14 +180,12 @@ def permutation(key: int, n: int) -> np.ndarray:
     return _perm_cached(key, n)
 
 
-def _chunk_perms(key: int, chunk: np.ndarray, rounds: np.ndarray, bs: int) -> np.ndarray:
-    """Element ``rounds[i]`` of chunk ``chunk[i]``'s own permutation of range(bs), all at once."""
-    unique, inverse = np.unique(chunk, return_inverse=True)
-    keys = u64_for_keys(np.uint64(key), unique.astype(np.uint64))
+def _chunk_perms(key: int, chunks: np.ndarray, bs: int) -> np.ndarray:
+    """Each chunk's own permutation of range(bs), a row per chunk: sorting by (draw, i) as `permutation` does."""
+    keys = u64_for_keys(np.uint64(key), chunks.astype(np.uint64))
     draws = u64_for_keys(keys[:, None], np.arange(bs, dtype=np.uint64)[None, :])
     ties = np.broadcast_to(np.arange(bs), draws.shape)
-    perms = np.lexsort((ties, draws), axis=-1)
-    return perms[inverse.ravel(), rounds].astype(np.int64)
+    return np.lexsort((ties, draws), axis=-1).astype(np.int64)
 
 
 def _permuted_blocks(counts: tuple[int, ...], block_size: int, key: int

@@ -3,13 +3,12 @@ and any range of a shard's records, CRC-checked and decoded into NumPy.
 
 A shard's records are found through an index of record offsets, built the first time the shard is
 touched by walking its length headers (12 bytes per record, each header CRC checked); a range of
-records is then one sequential read, framed and CRC-checked by `bert_datagen.datagen.tfrecord`.
+records is then one sequential read whose frames and CRCs `bert_datagen.datagen.tfrecord` checks
+against that index.
 """
 
 from __future__ import annotations
 
-import io
-import struct
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,7 +22,7 @@ from bert_datagen.contract.vocab_io import load_vocab
 from bert_datagen.datagen.config import DatagenConfig
 from bert_datagen.datagen.example_codec import FeatureSpec, decode_raw
 from bert_datagen.datagen.records import INSTANCE_KEY, feature_spec
-from bert_datagen.datagen.tfrecord import ShardStream, masked_crc32c
+from bert_datagen.datagen.tfrecord import RawBatch, RecordError, check_frames_at, record_offsets
 from bert_datagen.vocab.vocab_file import Vocab, VocabError
 
 
@@ -67,29 +66,32 @@ class Source:
         return self.read_ranges([(shard, start, stop)])
 
     def read_ranges(self, ranges: list[tuple[int, int, int]]) -> dict[str, np.ndarray]:
-        """The records of several ``(shard, start, stop)`` ranges, rows in the ranges' order: one range
-        read each, then framed, CRC-checked and decoded in one pass (a decode call has a fixed cost,
-        so a window's chunks are decoded together); LoadError names the shard and record."""
-        datas = [self._range_bytes(*r) for r in ranges]
+        """The records of several ``(shard, start, stop)`` ranges, rows in the ranges' order: one read
+        per range, then every frame and CRC checked and all records decoded in one pass (a decode
+        call has a fixed cost, so a window's chunks are decoded together); LoadError names the shard
+        and record."""
+        datas, heads, lengths, base = [], [], [], 0
+        for shard, start, stop in ranges:
+            offsets = self.offsets(shard)
+            datas.append(self._range_bytes(shard, start, stop))
+            heads.append(offsets[start:stop] - offsets[start] + base)
+            lengths.append(np.diff(offsets[start:stop + 1]) - 16)
+            base += len(datas[-1])
         blob = b"".join(datas)
-        stream = ShardStream(self.root, self.split, chunk_bytes=max(len(blob), 1))  # one pass, one decode
-        raws = list(stream.read_from(io.BytesIO(blob)))
+        heads_a = np.concatenate(heads) if heads else np.zeros(0, np.int64)
+        lengths_a = np.concatenate(lengths) if lengths else np.zeros(0, np.int64)
         firsts = np.cumsum([0] + [b - a for _, a, b in ranges])
-        if stream.problems:
-            shard, record = self._locate(ranges, firsts, stream.problems[0][0])
-            what = stream.problems[0][1].split(": ", 1)[-1]
+        problems = check_frames_at(blob, heads_a, lengths_a)
+        if problems:
+            shard, record = self._locate(ranges, firsts, problems[0][0])
             raise LoadError(f"{self.shards[shard].path}: corrupt shard: record {record} at byte "
-                            f"{int(self.offsets(shard)[record])}: {what}")
-        parts = []
-        for raw in raws:
-            batch, problems = decode_raw(raw, self.spec)
-            if problems:
-                shard, record = self._locate(ranges, firsts, problems[0][0])
-                raise LoadError(f"{self.shards[shard].path}: record {record}: {problems[0][1]}")
-            parts.append(batch.features)
-        if not parts:
-            return {k: np.zeros((0, c), np.float32 if d == "float32" else np.int64) for k, (d, c) in self.spec.items()}
-        return {k: np.concatenate([p[k] for p in parts]) if len(parts) > 1 else parts[0][k] for k in self.spec}
+                            f"{int(self.offsets(shard)[record])}: {problems[0][1]}")
+        raw = RawBatch(np.arange(len(heads_a)), blob, heads_a + 12, lengths_a)
+        batch, problems = decode_raw(raw, self.spec)
+        if problems:
+            shard, record = self._locate(ranges, firsts, problems[0][0])
+            raise LoadError(f"{self.shards[shard].path}: record {record}: {problems[0][1]}")
+        return batch.features
 
     def _range_bytes(self, shard: int, start: int, stop: int) -> bytes:
         ref = self.shards[shard]
@@ -120,41 +122,20 @@ class Source:
         return got
 
 
-_INDEX_READ = 8 << 20
-
-
 def _index_shard(ref: ShardRef, count: int, fs: FileSystem) -> np.ndarray:
-    # One sequential pass in large reads (a seek and a small read per record would be a request per
-    # record on an object store), the headers walked in memory.
     size = int(ref.expected["bytes"]) if ref.expected else None
-    offsets = np.zeros(count + 1, np.int64)
-    pos = base = 0  # pos: the next header's file offset; base: the file offset of data[0]
-    data = b""
     try:
         with fs.open_read(ref.path) as f:
-            for i in range(count):
-                while pos + 12 > base + len(data):
-                    drop = min(pos - base, len(data))  # what lies before the next header
-                    data, base = data[drop:], base + drop
-                    chunk = f.read(_INDEX_READ)
-                    if not chunk:
-                        raise LoadError(f"{ref.path}: corrupt shard: truncated at record {i} (byte {pos}); "
-                                        f"the manifest lists {count} records")
-                    data += chunk
-                h = pos - base
-                header = data[h:h + 12]
-                if masked_crc32c(header[:8]) != struct.unpack("<I", header[8:])[0]:
-                    raise LoadError(f"{ref.path}: corrupt shard: record {i} at byte {pos}: length CRC mismatch")
-                offsets[i] = pos
-                pos += 16 + struct.unpack("<Q", header[:8])[0]
+            offsets = record_offsets(f.read, count, ref.path)
+    except RecordError as e:
+        raise LoadError(str(e).replace(f"{ref.path}: ", f"{ref.path}: corrupt shard: ", 1)) from e
     except FileNotFoundError as e:
         raise LoadError(f"{ref.path}: shard listed in the manifest is missing") from e
     except OSError as e:
         raise LoadError(f"{ref.path}: cannot read shard: {e}") from e
-    if size is not None and pos != size:
-        raise LoadError(f"{ref.path}: corrupt shard: {count} records end at byte {pos}, the manifest says "
-                        f"{size} bytes (bert-datagen verify tells more)")
-    offsets[count] = pos
+    if size is not None and int(offsets[-1]) != size:
+        raise LoadError(f"{ref.path}: corrupt shard: {count} records end at byte {int(offsets[-1])}, the manifest "
+                        f"says {size} bytes (bert-datagen verify tells more)")
     return offsets
 
 

@@ -88,6 +88,26 @@ def test_each_epoch_is_a_permutation_and_epochs_differ():
     assert epoch_order(COUNTS, "other", SEED, 0, B, BS)[1].tolist() != [i for _, i in seen[0]]
 
 
+# The order is a contract between frameworks and between versions: a change of it must be deliberate.
+ORDER_GOLDEN = "ae92c35cbc648ba1a619d0bc8394433bb9796c6fa1e0078b2fd1ce305e9170a1"
+
+
+def test_order_is_pinned():
+    h = hashlib.sha256()
+    # Uneven shards and short blocks, several full windows and a tail, block size 1 (fine-tuning's).
+    for counts, batch, block in (((1000, 37, 640, 1), 16, 8), ((5000, 5000, 123), 32, 64), ((300,), 4, 1),
+                                 ((2048, 2048), 8, 64)):
+        order = GlobalOrder(counts, f"fp-{batch}", 7, batch, block)
+        for epoch in range(2):
+            placed = order.place(np.arange(epoch * order.total, (epoch + 1) * order.total))
+            for a in (placed.shard, placed.index, placed.virtual):
+                h.update(np.ascontiguousarray(a, np.int64).tobytes())
+        placed = order.place(np.array([order.total - 3, 5, order.total + 7, 2 * order.total - 1, 0]))
+        h.update(placed.shard.tobytes())
+        h.update(placed.index.tobytes())
+    assert h.hexdigest() == ORDER_GOLDEN
+
+
 def test_rank_shares_of_a_full_window_come_from_disjoint_chunks():
     order = GlobalOrder(COUNTS, "fp", SEED, B, BS)
     for world in (2, 4):

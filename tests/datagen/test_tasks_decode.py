@@ -87,3 +87,25 @@ def test_names_one_byte_cannot_tell_apart_still_decode_exactly():
     assert batch.features["ab"].tolist() == [[i, 300 + i] for i in range(5)]
     assert batch.features["ac"][:, 0].tolist() == [i / 2 for i in range(5)]
     assert batch.features["bb"][:, 0].tolist() == [-i for i in range(5)]
+
+
+def test_one_shared_order_and_mixed_orders_decode_alike():
+    # A writer may order the map entries its own way: a batch in one shared order (not the spec's)
+    # takes the in-step walk, a batch mixing orders the general one; both give the exact values.
+    L = 4
+    spec = task_feature_spec("classification", L, False)
+    rows = [{"input_ids": np.array([[2, 300 + i, 70000 * i, 3]]), "input_mask": np.array([[1, 1, 1, 0]]),
+             "segment_ids": np.array([[0, 0, 1, 1]]), "label_ids": np.array([[i % 3]]),
+             "is_real_example": np.ones((1, 1), np.int64)} for i in range(6)]
+
+    def reordered(row: dict, names: list[str]) -> bytes:
+        return _example(b"".join(_entries(encode_payloads({k: row[k]})[0]) for k in names))
+
+    backwards = sorted(spec, reverse=True)
+    shared = [reordered(r, backwards) for r in rows]
+    mixed = [reordered(r, backwards if i % 2 else sorted(spec)) for i, r in enumerate(rows)]
+    for payloads in (shared, mixed):
+        batch, problems = decode_batch(payloads, list(range(6)), spec)
+        assert problems == [] and batch.index.tolist() == list(range(6))
+        for name in spec:
+            assert batch.features[name].tolist() == [r[name][0].tolist() for r in rows], name

@@ -1,0 +1,78 @@
+"""The row-wise packed-varint decoder equals a byte-at-a-time reference on every length of varint,
+and flags every malformed row instead of guessing."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from bert_datagen.datagen.records import _varint
+from bert_datagen.datagen.varint_rows import decode_varint_rows, rows_at
+
+
+def _packed(values: list[int]) -> bytes:
+    return b"".join(_varint(v & ((1 << 64) - 1)) for v in values)
+
+
+def _layout(rows: list[bytes], rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The rows in one buffer with junk bytes (>= 0x80 too) around and between them."""
+    buf, starts, ends = bytearray(), [], []
+    for row in rows:
+        buf += bytes(rng.integers(0, 256, int(rng.integers(0, 4)), dtype=np.uint8))
+        starts.append(len(buf))
+        buf += row
+        ends.append(len(buf))
+    buf += bytes(rng.integers(128, 256, int(rng.integers(0, 3)), dtype=np.uint8))  # a row may end the buffer
+    return np.frombuffer(bytes(buf), np.uint8), np.array(starts, np.int64), np.array(ends, np.int64)
+
+
+def test_every_varint_length_and_sign_decodes_exactly():
+    rng = np.random.default_rng(0)
+    count = 9
+    bits = rng.integers(0, 64, (300, count))
+    values = [[int(rng.integers(0, 1 << int(b))) if b else 0 for b in row] for row in bits]
+    values[3] = [-1, -(1 << 62), (1 << 63) - 1, 0, 127, 128, 16383, 16384, 1 << 21]
+    buf, start, end = _layout([_packed(v) for v in values], rng)
+    bad = np.zeros(len(values), bool)
+    got = decode_varint_rows(buf, start, end, count, bad)
+    assert not bad.any()
+    assert got.dtype == np.int64 and got.tolist() == values
+
+
+def test_one_byte_rows_take_the_plain_path():
+    rng = np.random.default_rng(1)
+    values = rng.integers(0, 128, (50, 7))
+    buf, start, end = _layout([bytes(v.astype(np.uint8)) for v in values], rng)
+    bad = np.zeros(50, bool)
+    assert decode_varint_rows(buf, start, end, 7, bad).tolist() == values.tolist() and not bad.any()
+
+
+def test_malformed_rows_are_flagged_and_the_others_still_decode():
+    rng = np.random.default_rng(2)
+    good = [[5, 300, 70000], [1, 2, 3], [1 << 40, 0, 9]]
+    rows = [_packed(v) for v in good]
+    broken = {
+        "too few values": _packed([1, 2]),
+        "too many values": _packed([1, 2, 3, 4]),
+        "ends inside a varint": _packed([1, 2, 3])[:-1] + b"\x85",
+        "eleven-byte varint": b"\xff" * 10 + b"\x01" + _packed([1, 2]),
+        "empty": b"",
+    }
+    layout = rows[:2] + list(broken.values()) + rows[2:]
+    buf, start, end = _layout(layout, rng)
+    bad = np.zeros(len(layout), bool)
+    got = decode_varint_rows(buf, start, end, 3, bad)
+    assert bad.tolist() == [False, False] + [True] * len(broken) + [False]
+    assert got[[0, 1, len(layout) - 1]].tolist() == good
+
+
+def test_rows_at_reads_zeros_past_the_end():
+    buf = np.arange(10, dtype=np.uint8)
+    assert rows_at(buf, np.array([0, 8]), 4).tolist() == [[0, 1, 2, 3], [8, 9, 0, 0]]
+    assert rows_at(buf, np.zeros(0, np.int64), 4).shape == (0, 4)
+
+
+def test_a_single_short_row():
+    buf = np.frombuffer(b"\x05\xac\x02", np.uint8)
+    bad = np.zeros(1, bool)
+    assert decode_varint_rows(buf, np.array([1]), np.array([3]), 1, bad).tolist() == [[300]] and not bad.any()
+    assert decode_varint_rows(buf, np.array([0]), np.array([1]), 1, bad).tolist() == [[5]] and not bad.any()
