@@ -70,6 +70,39 @@ def test_framing_and_crc_checks() -> None:
     assert length == len(payloads[0])
 
 
+@pytest.mark.parametrize("block", [13, 64, 1 << 20])
+def test_record_offsets_walk_the_headers_in_blocks(block: int) -> None:
+    # Blocks smaller than a record, than a header, and larger than the file: the same offsets.
+    payloads = records.encode_batch(_batch(n=9))
+    data = tfrecord.frame_records(payloads)
+    offsets = tfrecord.record_offsets(io.BytesIO(data).read, 9, "s", block)
+    assert offsets.tolist() == np.cumsum([0] + [16 + len(p) for p in payloads]).tolist()
+    assert tfrecord.record_offsets(io.BytesIO(b"").read, 0, "s", block).tolist() == [0]
+    broken = bytearray(data)
+    broken[int(offsets[4]) + 2] ^= 0x01  # record 4's length field: its header CRC no longer matches
+    with pytest.raises(tfrecord.RecordError, match=f"s: record 4 at byte {offsets[4]}: length CRC mismatch"):
+        tfrecord.record_offsets(io.BytesIO(bytes(broken)).read, 9, "s", block)
+    with pytest.raises(tfrecord.RecordError, match="s: truncated at record 9"):
+        tfrecord.record_offsets(io.BytesIO(data).read, 10, "s", block)
+
+
+def test_frames_are_checked_against_an_index() -> None:
+    payloads = records.encode_batch(_batch(n=5))
+    data = tfrecord.frame_records(payloads)
+    offsets = tfrecord.record_offsets(io.BytesIO(data).read, 5, "s")
+    heads, lengths = offsets[:-1], np.diff(offsets) - 16
+    assert tfrecord.check_frames_at(data, heads, lengths) == []
+    flipped = bytearray(data)
+    flipped[int(offsets[2]) + 20] ^= 0xFF  # a payload byte of record 2
+    header = bytearray(data)
+    header[int(offsets[3]) + 9] ^= 0xFF  # record 3's stored header CRC
+    assert tfrecord.check_frames_at(bytes(flipped), heads, lengths) == [(2, "payload CRC mismatch")]
+    assert tfrecord.check_frames_at(bytes(header), heads, lengths) == [(3, "length CRC mismatch")]
+    # A sound frame of another length than the index says: the file changed since it was indexed.
+    other = tfrecord.frame_records([payloads[0] + b"\x00"])
+    assert tfrecord.check_frames_at(other, heads[:1], lengths[:1]) == [(0, "length differs from the shard's index")]
+
+
 def test_feature_spec_matches_recipe() -> None:
     spec = records.feature_spec(128, 20)
     assert spec["input_ids"] == ("int64", 128) and spec["masked_lm_weights"] == ("float32", 20)
