@@ -1,11 +1,13 @@
 """Decoding speed of the loaders (bert_datagen.contract.loading) on one core, against the `tfrecord`
 PyPI package's reader and tf.data, on the same shards (docs/loading.md, issue #22 point 6).
 
-Shards: pre-training records of 128 tokens and 20 predictions (tests/support/synthetic.py), 4 shards.
-Every reader decodes every feature of every record into arrays; records/s, best of a few passes:
+Shards: pre-training records of 128 tokens and 20 predictions (tests/support/synthetic.py), 4 shards,
+twice: token ids below 4,000 (one or two varint bytes) and below 30,522 (BERT's vocabulary: up to
+three). Every reader decodes every feature of every record into arrays; records/s, best of a few
+passes taken round the readers in turn:
 
 - numpy read: ``Source.read`` of whole shards (CRC-checked, decoded into NumPy);
-- numpy read 64: the same in ranges of 64 records (the iterators' chunk: block size 64);
+- numpy read 64: the same in ranges of 64 records (what one decode call per block would cost);
 - numpy batches: ``NumpyBatches`` over an epoch in the global order (batch 256; reads, CRCs, order,
   gathering into batches);
 - torch batches: the PyTorch adapter over the same epoch (no workers: one core);
@@ -14,7 +16,9 @@ Every reader decodes every feature of every record into arrays; records/s, best 
   (``pip install bert-datagen[bench]``);
 - tf.data: ``TFRecordDataset`` -> ``batch(256)`` -> ``parse_example``, tensors not converted.
 
-The process is pinned to one CPU for the measurement (and tf.data's own thread pools to one thread).
+The process is pinned to one CPU for the measurement (and tf.data's own thread pools to one thread),
+and time is the process's CPU time (all its threads), not wall time: on a shared machine another
+job's slices of that CPU would otherwise count against whichever reader ran then.
 Targets: numpy/torch at least 3x the tfrecord package and at least 0.8x tf.data.
 """
 
@@ -33,17 +37,22 @@ from bert_datagen.contract.loading.source import open_source
 from tests.support.synthetic import write_synthetic_dataset
 
 SHARDS, PER_SHARD, SEQ, PREDS, BATCH, PASSES = 4, 4096, 128, 20, 256, 3
+# Token ids of one or two varint bytes, and BERT's vocabulary size: up to three bytes.
+VOCABS = (4000, 30522)
 
 
-def _rate(records: int, run: Callable[[], int]) -> float:
-    best = float("inf")
+def _rates(runs: dict[str, tuple[int, Callable[[], int]]]) -> dict[str, float]:
+    """records per CPU second of each reader, best of PASSES; the passes go round the readers in
+    turn, so a change in the machine's load touches them all alike."""
+    best = dict.fromkeys(runs, float("inf"))
     for _ in range(PASSES):
-        start = time.perf_counter()
-        got = run()
-        best = min(best, time.perf_counter() - start)
-        if got != records:
-            raise AssertionError(f"read {got} records, expected {records}")
-    return records / best
+        for name, (records, run) in runs.items():
+            start = time.process_time()
+            got = run()
+            best[name] = min(best[name], time.process_time() - start)
+            if got != records:
+                raise AssertionError(f"{name} read {got} records, expected {records}")
+    return {name: runs[name][0] / t for name, t in best.items()}
 
 
 def _numpy_read(data: str) -> int:
@@ -81,9 +90,9 @@ except ImportError:
 files, description, passes = json.loads(sys.argv[1])
 best = float("inf")
 for _ in range(passes):
-    start = time.perf_counter()
+    start = time.process_time()
     n = sum(1 for f in files for _ in tfrecord_loader(f, None, description))
-    best = min(best, time.perf_counter() - start)
+    best = min(best, time.process_time() - start)
 print(json.dumps([n, best]))
 """
 
@@ -119,42 +128,47 @@ def main() -> dict:
     affinity = os.sched_getaffinity(0)
     os.sched_setaffinity(0, {min(affinity)})
     try:
-        with tempfile.TemporaryDirectory() as tmp:
-            return _measure(os.path.join(tmp, "data"))
+        out = {}
+        for vocab in VOCABS:
+            with tempfile.TemporaryDirectory() as tmp:
+                out[f"vocab_{vocab}"] = _measure(os.path.join(tmp, "data"), vocab)
+        return out
     finally:
         os.sched_setaffinity(0, affinity)
 
 
-def _measure(data: str) -> dict:
-    write_synthetic_dataset(data, seq_len=SEQ, max_pred=PREDS, vocab_size=4000, train_shards=SHARDS,
+def _measure(data: str, vocab: int) -> dict:
+    write_synthetic_dataset(data, seq_len=SEQ, max_pred=PREDS, vocab_size=vocab, train_shards=SHARDS,
                             records_per_shard=PER_SHARD, eval_records=0)
     source = open_source(data)
     files = [s.path for s in source.shards]
     total = sum(source.counts)
     steps = total // BATCH
-    rates = {
-        "numpy_read": _rate(total, lambda: _numpy_read(data)),
-        "numpy_read_64": _rate(total, lambda: _numpy_read_chunks(data, 64)),
-        "numpy_batches": _rate(steps * BATCH, lambda: _numpy_batches(data, steps)),
+    runs = {
+        "numpy_read": (total, lambda: _numpy_read(data)),
+        "numpy_read_64": (total, lambda: _numpy_read_chunks(data, 64)),
+        "numpy_batches": (steps * BATCH, lambda: _numpy_batches(data, steps)),
     }
     try:
-        rates["torch_batches"] = _rate(steps * BATCH, lambda: _torch_batches(data, steps))
+        import bert_datagen.contract.loading.torch_adapter  # noqa: F401
     except ImportError:
         print("bench_loader_speed: torch is not installed; no torch figure")
+    else:
+        runs["torch_batches"] = (steps * BATCH, lambda: _torch_batches(data, steps))
+    try:
+        runs["tf_data"] = (total, _tf_data(files, source.spec))
+    except ImportError:
+        print("bench_loader_speed: TensorFlow is not installed; no tf.data baseline")
+    rates = _rates(runs)
     package = _tfrecord_package(files, source.spec, total)
     if package is None:
         print("bench_loader_speed: the tfrecord package is not installed (pip install bert-datagen[bench]); "
               "no tfrecord baseline")
     else:
         rates["tfrecord_package"] = package
-    try:
-        tf_run = _tf_data(files, source.spec)
-    except ImportError:
-        print("bench_loader_speed: TensorFlow is not installed; no tf.data baseline")
-    else:
-        rates["tf_data"] = _rate(total, tf_run)
     out: dict = {f"{k}_records_per_s": round(v) for k, v in rates.items()}
-    print(f"{total} records of {SEQ} tokens in {SHARDS} shards, one core, records/s (best of {PASSES}):")
+    print(f"{total} records of {SEQ} tokens in {SHARDS} shards, token ids below {vocab}, one core, "
+          f"records/s (best of {PASSES}):")
     for k, v in rates.items():
         print(f"  {k:<18} {v:>10,.0f}")
     for ours in ("numpy_read", "numpy_read_64", "numpy_batches", "torch_batches"):

@@ -308,22 +308,46 @@ def _regular_columns(buf: np.ndarray, f_start: np.ndarray, f_end: np.ndarray, na
     recs = np.arange(n)
     columns: list[tuple[np.ndarray, np.ndarray, np.ndarray] | None] = [None] * k
     for e_s, e_e in entries:
-        key_s, key_e, ok = _ld_at(buf, e_s, e_e, 0x0A)
-        key_len = int(key_e[0] - key_s[0])
-        if not ok.all() or not (key_e - key_s == key_len).all() or not names.at < key_len < len(names.guess):
-            return None
-        j = int(names.guess[key_len, buf[key_s[0] + names.at]])
-        if j < 0 or columns[j] is not None or names.lengths[j] != key_len:
-            return None
-        if not (rows_at(buf, key_s, key_len) == names.table[j, :key_len]).all():  # every record's key
-            return None
-        v_s, v_e, ok_v = _ld_at(buf, key_e, e_e, 0x12)
-        l_s, l_e, ok_l = _ld_at(buf, v_s, v_e, int(names.tags[j]))
-        d_s, d_e, ok_d = _ld_at(buf, l_s, l_e, 0x0A)
-        if not (ok_v & ok_l & ok_d & (v_e == e_e) & (l_e == v_e) & (d_e == l_e)).all():
+        size = e_e - e_s
+        if (size == size[0]).all():
+            # Every record's entry has one size, so its key and headers are the same bytes at the
+            # same place: parse the first record's, then compare that prefix in all at once.
+            found = _entry_values(buf, e_s[:1], e_e[:1], names)
+            if found is None:
+                return None
+            j, d_s, _ = found
+            prefix = int(d_s[0] - e_s[0])
+            if not (rows_at(buf, e_s, prefix) == buf[e_s[0]:e_s[0] + prefix]).all():
+                return None
+            d_s, d_e = e_s + prefix, e_e
+        else:
+            found = _entry_values(buf, e_s, e_e, names)
+            if found is None:
+                return None
+            j, d_s, d_e = found
+        if columns[j] is not None:
             return None
         columns[j] = (recs, d_s, d_e)
     return columns  # type: ignore[return-value]  # k distinct names filled k slots
+
+
+def _entry_values(buf: np.ndarray, e_s: np.ndarray, e_e: np.ndarray, names: _NameTable
+                  ) -> tuple[int, np.ndarray, np.ndarray] | None:
+    """The feature of map entries [e_s, e_e) that all hold the same key, and where each one's packed
+    values are: (name index, start, end); None unless every entry is that plain layout."""
+    key_s, key_e, ok = _ld_at(buf, e_s, e_e, 0x0A)
+    key_len = int(key_e[0] - key_s[0])
+    if not ok.all() or not (key_e - key_s == key_len).all() or not names.at < key_len < len(names.guess):
+        return None
+    j = int(names.guess[key_len, buf[key_s[0] + names.at]])
+    if j < 0 or names.lengths[j] != key_len or not (rows_at(buf, key_s, key_len) == names.table[j, :key_len]).all():
+        return None
+    v_s, v_e, ok_v = _ld_at(buf, key_e, e_e, 0x12)
+    l_s, l_e, ok_l = _ld_at(buf, v_s, v_e, int(names.tags[j]))
+    d_s, d_e, ok_d = _ld_at(buf, l_s, l_e, 0x0A)
+    if not (ok_v & ok_l & ok_d & (v_e == e_e) & (l_e == v_e) & (d_e == l_e)).all():
+        return None
+    return j, d_s, d_e
 
 
 def _columns_of_any_layout(buf: np.ndarray, f_start: np.ndarray, f_end: np.ndarray, names: _NameTable,

@@ -98,7 +98,7 @@ class NumpyBatches:
         self._evict(codes)
         if self.source.dynamic:
             features = self._mask(features, placed.epoch)
-        return as_model_inputs(features)
+        return features
 
     # ------------------------------------------------------------ state
 
@@ -122,12 +122,6 @@ class NumpyBatches:
 
     # ------------------------------------------------------------ reading
 
-    def _chunk_records(self, code: int) -> tuple[np.ndarray, np.ndarray]:
-        epoch, chunk = divmod(code, self._per_epoch)
-        bs = self.order.block_size
-        virtual = np.arange(chunk * bs, min((chunk + 1) * bs, self.order.total), dtype=np.int64)
-        return self.order.locate(epoch, virtual)
-
     def _with_window_share(self, codes: list[int]) -> list[int]:
         """``codes`` plus every chunk of this rank's slots in the full windows they are in: the rank
         will need them for the window's next batches, and one decode of all is cheaper than many."""
@@ -145,20 +139,26 @@ class NumpyBatches:
 
     def _load(self, codes: list[int]) -> None:
         """Read and decode these chunks together into one store; the cache maps each to its rows."""
-        ranges, firsts, rows = [], [], 0
-        for code in codes:
-            shards, indices = self._chunk_records(code)
-            firsts.append(rows)
-            rows += len(shards)
-            # A chunk is runs of consecutive records (the blocks it spans): one range read per run.
-            breaks = np.nonzero((np.diff(shards) != 0) | (np.diff(indices) != 1))[0] + 1
-            for run in np.split(np.arange(len(shards)), breaks):
-                s, a = int(shards[run[0]]), int(indices[run[0]])
-                ranges.append((s, a, a + len(run)))
+        o = self.order
+        epoch, chunk = np.divmod(np.asarray(codes, np.int64), self._per_epoch)
+        sizes = np.minimum((chunk + 1) * o.block_size, o.total) - chunk * o.block_size
+        firsts = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
+        # The chunks' records in order, then cut into runs of consecutive records of a shard: one
+        # range read per run (a chunk spans one block, or a few where blocks are short).
+        virtual = np.repeat(chunk * o.block_size - firsts, sizes) + np.arange(int(sizes.sum()))
+        epochs = np.repeat(epoch, sizes)
+        shard, index = np.empty_like(virtual), np.empty_like(virtual)
+        for e in np.unique(epochs).tolist():
+            sel = epochs == e
+            shard[sel], index[sel] = o.locate(e, virtual[sel])
+        run = np.flatnonzero(np.concatenate([[True], (np.diff(shard) != 0) | (np.diff(index) != 1)]))
+        length = np.diff(np.append(run, len(shard)))
+        ranges = list(zip(shard[run].tolist(), index[run].tolist(), (index[run] + length).tolist(), strict=True))
         store = self._next_store
         self._next_store += 1
-        self._stores[store] = self.source.read_ranges(ranges)
-        for code, first in zip(codes, firsts, strict=True):
+        # Held in the dtypes batches have (int32 ids): half the bytes to gather, no cast per batch.
+        self._stores[store] = as_model_inputs(self.source.read_ranges(ranges))
+        for code, first in zip(codes, firsts.tolist(), strict=True):
             self._chunks[code] = (store, first)
 
     def _window_of(self, code: int | np.ndarray) -> int | np.ndarray:
@@ -183,8 +183,8 @@ class NumpyBatches:
         masked = mask_records(features["input_ids"], features["input_mask"], features[INSTANCE_KEY][:, 0],
                               epochs, self.order.seed, src.mask_config, src.vocab)
         out = dict(features)
-        out["input_ids"] = masked.input_ids.astype(np.int64)
-        out["masked_lm_positions"] = masked.masked_lm_positions.astype(np.int64)
-        out["masked_lm_ids"] = masked.masked_lm_ids.astype(np.int64)
+        out["input_ids"] = masked.input_ids.astype(np.int32)
+        out["masked_lm_positions"] = masked.masked_lm_positions.astype(np.int32)
+        out["masked_lm_ids"] = masked.masked_lm_ids.astype(np.int32)
         out["masked_lm_weights"] = masked.masked_lm_weights.astype(np.float32)
         return out

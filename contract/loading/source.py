@@ -67,45 +67,56 @@ class Source:
 
     def read_ranges(self, ranges: list[tuple[int, int, int]]) -> dict[str, np.ndarray]:
         """The records of several ``(shard, start, stop)`` ranges, rows in the ranges' order: one read
-        per range, then every frame and CRC checked and all records decoded in one pass (a decode
-        call has a fixed cost, so a window's chunks are decoded together); LoadError names the shard
-        and record."""
-        datas, heads, lengths, base = [], [], [], 0
-        for shard, start, stop in ranges:
-            offsets = self.offsets(shard)
-            datas.append(self._range_bytes(shard, start, stop))
-            heads.append(offsets[start:stop] - offsets[start] + base)
-            lengths.append(np.diff(offsets[start:stop + 1]) - 16)
-            base += len(datas[-1])
-        blob = b"".join(datas)
-        heads_a = np.concatenate(heads) if heads else np.zeros(0, np.int64)
-        lengths_a = np.concatenate(lengths) if lengths else np.zeros(0, np.int64)
-        firsts = np.cumsum([0] + [b - a for _, a, b in ranges])
-        problems = check_frames_at(blob, heads_a, lengths_a)
+        per range (a shard opened once), then every frame and CRC checked and all records decoded in
+        one pass (a decode call has a fixed cost, so a window's chunks are decoded together);
+        LoadError names the shard and record."""
+        spans = np.asarray(ranges, np.int64).reshape(-1, 3)
+        shard, start, stop = spans.T
+        sizes = stop - start
+        firsts = np.concatenate([[0], np.cumsum(sizes)])
+        count = int(firsts[-1])
+        # Every record's file offset and the next one's, through one table of the shards' offsets.
+        used = np.unique(shard).tolist()
+        tables = [self.offsets(s) for s in used]
+        table = np.concatenate(tables) if tables else np.zeros(0, np.int64)
+        base = np.zeros(len(self.shards), np.int64)
+        base[used] = np.concatenate([[0], np.cumsum([len(t) for t in tables])[:-1]]).astype(np.int64)
+        row = np.repeat(base[shard] + start - firsts[:-1], sizes) + np.arange(count)
+        begin, end = table[base[shard] + start], table[base[shard] + stop]  # each range's bytes
+        blob_at = np.concatenate([[0], np.cumsum(end - begin)])
+        heads = table[row] - np.repeat(begin - blob_at[:-1], sizes)
+        lengths = table[row + 1] - table[row] - 16
+        blob = self._ranges_bytes(shard.tolist(), start.tolist(), begin.tolist(), end.tolist())
+        problems = check_frames_at(blob, heads, lengths)
         if problems:
-            shard, record = self._locate(ranges, firsts, problems[0][0])
-            raise LoadError(f"{self.shards[shard].path}: corrupt shard: record {record} at byte "
-                            f"{int(self.offsets(shard)[record])}: {problems[0][1]}")
-        raw = RawBatch(np.arange(len(heads_a)), blob, heads_a + 12, lengths_a)
-        batch, problems = decode_raw(raw, self.spec)
+            at, record = self._locate(ranges, firsts, problems[0][0])
+            raise LoadError(f"{self.shards[at].path}: corrupt shard: record {record} at byte "
+                            f"{int(self.offsets(at)[record])}: {problems[0][1]}")
+        batch, problems = decode_raw(RawBatch(np.arange(count), blob, heads + 12, lengths), self.spec)
         if problems:
-            shard, record = self._locate(ranges, firsts, problems[0][0])
-            raise LoadError(f"{self.shards[shard].path}: record {record}: {problems[0][1]}")
+            at, record = self._locate(ranges, firsts, problems[0][0])
+            raise LoadError(f"{self.shards[at].path}: record {record}: {problems[0][1]}")
         return batch.features
 
-    def _range_bytes(self, shard: int, start: int, stop: int) -> bytes:
-        ref = self.shards[shard]
-        offsets = self.offsets(shard)
-        begin, end = int(offsets[start]), int(offsets[stop])
-        try:
-            with self.fs.open_read(ref.path) as f:
-                f.seek(begin)
-                data = f.read(end - begin)
-        except OSError as e:
-            raise LoadError(f"{ref.path}: cannot read shard: {e}") from e
-        if len(data) != end - begin:
-            raise LoadError(f"{ref.path}: corrupt shard: record {start} at byte {begin}: truncated")
-        return data
+    def _ranges_bytes(self, shards: list[int], starts: list[int], begins: list[int], ends: list[int]) -> bytes:
+        """The byte ranges laid end to end, in the order given; each shard file opened once."""
+        datas: list[bytes] = [b""] * len(shards)
+        of_shard: dict[int, list[int]] = {}
+        for i, shard in enumerate(shards):
+            of_shard.setdefault(shard, []).append(i)
+        for shard, indices in of_shard.items():
+            ref = self.shards[shard]
+            try:
+                with self.fs.open_read(ref.path) as f:
+                    for i in indices:
+                        f.seek(begins[i])
+                        datas[i] = f.read(ends[i] - begins[i])
+                        if len(datas[i]) != ends[i] - begins[i]:
+                            raise LoadError(f"{ref.path}: corrupt shard: record {starts[i]} at byte {begins[i]}: "
+                                            "truncated")
+            except OSError as e:
+                raise LoadError(f"{ref.path}: cannot read shard: {e}") from e
+        return b"".join(datas)
 
     @staticmethod
     def _locate(ranges: list[tuple[int, int, int]], firsts: np.ndarray, index: int) -> tuple[int, int]:
