@@ -109,3 +109,19 @@ def test_one_shared_order_and_mixed_orders_decode_alike():
         assert problems == [] and batch.index.tolist() == list(range(6))
         for name in spec:
             assert batch.features[name].tolist() == [r[name][0].tolist() for r in rows], name
+
+
+def test_entries_of_one_size_with_other_keys_are_told_apart():
+    # Two features of the same size: a record that swaps them has its entries at the same places
+    # with the same sizes, so only the key bytes tell them apart.
+    spec = {"ab": ("int64", 2), "ac": ("int64", 2)}
+    rows = [{"ab": np.array([[i, 1]]), "ac": np.array([[i, 2]])} for i in range(4)]
+
+    def ordered(row: dict, names: list[str]) -> bytes:
+        return _example(b"".join(_entries(encode_payloads({k: row[k]})[0]) for k in names))
+
+    payloads = [ordered(r, ["ab", "ac"] if i != 2 else ["ac", "ab"]) for i, r in enumerate(rows)]
+    batch, problems = decode_batch(payloads, list(range(4)), spec)
+    assert problems == []
+    assert batch.features["ab"].tolist() == [[i, 1] for i in range(4)]
+    assert batch.features["ac"].tolist() == [[i, 2] for i in range(4)]
