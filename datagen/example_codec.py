@@ -5,6 +5,11 @@ parse a whole batch with NumPy against a feature spec (the names, dtypes and len
 spec; nothing here knows a record kind), and hand every record they find irregular to
 ``decode_exact``, the exact record-at-a-time parser (any field order, packed or not), which gives
 exact values or an exact error.
+
+The batch parser first tries the layout one writer gives all its records (the same features in
+the same order): it walks every record in step and compares what must be equal at once; a batch
+where any record differs is parsed level by level in any order. The packed values themselves are
+decoded a row per record by `bert_datagen.datagen.varint_rows`.
 """
 
 from __future__ import annotations

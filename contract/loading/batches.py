@@ -39,9 +39,11 @@ class NumpyBatches:
         self.world_size, self.rank = world_size, rank
         self.step = start
         self.stop = stop
-        # chunk code (epoch * chunks per epoch + chunk) -> (store, first row): where its records are.
+        # Chunks in the cache by code (epoch * chunks per epoch + chunk), sorted, and where each one's
+        # records are: (store, first row). Arrays, so a batch finds its chunks in one search.
         self._per_epoch = -(-self.order.total // block_size)
-        self._chunks: dict[int, tuple[int, int]] = {}
+        self._codes = np.zeros(0, np.int64)
+        self._where = np.zeros((0, 2), np.int64)
         self._stores: dict[int, dict[str, np.ndarray]] = {}
         self._next_store = 0
         self._oldest_window = -1
@@ -76,12 +78,12 @@ class NumpyBatches:
         placed = self.order.place(np.asarray(positions, np.int64))
         bs = self.order.block_size
         chunks = placed.chunk(bs)
-        codes, inverse = np.unique(placed.epoch * self._per_epoch + chunks, return_inverse=True)
-        keys = codes.tolist()
-        missing = [k for k in keys if k not in self._chunks]
-        if missing:
-            self._load(self._with_window_share(missing))
-        where = np.array([self._chunks[k] for k in keys], np.int64).reshape(-1, 2)[inverse.ravel()]
+        codes = placed.epoch * self._per_epoch + chunks
+        at, found = self._find(codes)
+        if not found.all():
+            self._load(self._with_window_share(np.unique(codes[~found]).tolist()))
+            at, found = self._find(codes)
+        where = self._where[at]
         rows = where[:, 1] + placed.virtual - chunks * bs
         stores = np.unique(where[:, 0])
         features = {}
@@ -122,6 +124,11 @@ class NumpyBatches:
 
     # ------------------------------------------------------------ reading
 
+    def _find(self, codes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Each code's place in the cache arrays, and whether it is there."""
+        at = np.minimum(np.searchsorted(self._codes, codes), max(len(self._codes) - 1, 0))
+        return at, (self._codes[at] == codes) if len(self._codes) else np.zeros(len(codes), bool)
+
     def _with_window_share(self, codes: list[int]) -> list[int]:
         """``codes`` plus every chunk of this rank's slots in the full windows they are in: the rank
         will need them for the window's next batches, and one decode of all is cheaper than many."""
@@ -135,7 +142,8 @@ class NumpyBatches:
             if window < full:
                 first = epoch * self._per_epoch + window * B + self.rank * share
                 out.update(dict.fromkeys(range(first, first + share)))
-        return [k for k in out if k not in self._chunks]
+        wanted = np.fromiter(out, np.int64, count=len(out))
+        return wanted[~self._find(wanted)[1]].tolist()
 
     def _load(self, codes: list[int]) -> None:
         """Read and decode these chunks together into one store; the cache maps each to its rows."""
@@ -158,8 +166,10 @@ class NumpyBatches:
         self._next_store += 1
         # Held in the dtypes batches have (int32 ids): half the bytes to gather, no cast per batch.
         self._stores[store] = as_model_inputs(self.source.read_ranges(ranges))
-        for code, first in zip(codes, firsts.tolist(), strict=True):
-            self._chunks[code] = (store, first)
+        codes_a = np.concatenate([self._codes, np.asarray(codes, np.int64)])
+        where = np.concatenate([self._where, np.stack([np.full(len(codes), store), firsts], axis=1)])
+        order = np.argsort(codes_a, kind="stable")
+        self._codes, self._where = codes_a[order], where[order]
 
     def _window_of(self, code: int | np.ndarray) -> int | np.ndarray:
         """A chunk code's window, counted across epochs (later windows have larger numbers)."""
@@ -172,9 +182,9 @@ class NumpyBatches:
         if oldest == self._oldest_window:
             return
         self._oldest_window = oldest
-        for code in [k for k in self._chunks if self._window_of(k) < oldest]:
-            del self._chunks[code]
-        used = {store for store, _ in self._chunks.values()}
+        keep = self._window_of(self._codes) >= oldest
+        self._codes, self._where = self._codes[keep], self._where[keep]
+        used = set(self._where[:, 0].tolist())
         for store in [s for s in self._stores if s not in used]:
             del self._stores[store]
 
