@@ -15,7 +15,7 @@ decoded a row per record by `bert_datagen.datagen.varint_rows`.
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -399,8 +399,11 @@ def _columns_of_any_layout(buf: np.ndarray, f_start: np.ndarray, f_end: np.ndarr
     return columns
 
 
-def decode_raw(raw: RawBatch, spec: RecordSpec | FeatureSpec) -> tuple[Batch, list[tuple[int, str]]]:
-    """decode_batch on payloads that are ranges of one buffer (as ShardStream.raw_batches gives them)."""
+def decode_raw(raw: RawBatch, spec: RecordSpec | FeatureSpec, narrow: Collection[str] = ()
+               ) -> tuple[Batch, list[tuple[int, str]]]:
+    """decode_batch on payloads that are ranges of one buffer (as ShardStream.raw_batches gives them).
+    Integer features named in ``narrow`` come out as int32 (as a model takes them; NumPy's cast of
+    the int64 value) rather than int64, without an int64 copy in between."""
     spec = _spec_of(spec)
     names = _name_table(tuple((k, (d, int(c))) for k, (d, c) in spec.items()))  # hashable, for the cache
     indices = raw.indices
@@ -427,12 +430,13 @@ def decode_raw(raw: RawBatch, spec: RecordSpec | FeatureSpec) -> tuple[Batch, li
                 values[recs] = rows_at(buf, d_s, 4 * count).view("<f4")
         else:
             bad_rows = np.zeros(len(recs), bool)
-            decoded = decode_varint_rows(buf, d_s, d_e, count, bad_rows)
+            dtype = np.int32 if name in narrow else np.int64
+            decoded = decode_varint_rows(buf, d_s, d_e, count, bad_rows, dtype)
             bad[recs[bad_rows]] = True
             if len(recs) == n:  # every record so far is regular: rows are already in order
                 values = decoded
             else:
-                values = np.zeros((n, count), np.int64)
+                values = np.zeros((n, count), dtype)
                 values[recs] = decoded
         features[name] = values
 

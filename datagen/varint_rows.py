@@ -32,22 +32,23 @@ _BLOCK_BYTES = 1 << 19  # rows decoded together: their working arrays stay in th
 
 
 def decode_varint_rows(buf: np.ndarray, start: np.ndarray, end: np.ndarray, count: int,
-                       bad_rows: np.ndarray) -> np.ndarray:
-    """Rows of exactly ``count`` packed varints each, row i from ``buf[start[i]:end[i]]``, as int64;
-    a row that does not hold exactly ``count`` well-formed varints is flagged in ``bad_rows`` (its
-    values are left zero, for the exact decoder to settle)."""
+                       bad_rows: np.ndarray, dtype: type = np.int64) -> np.ndarray:
+    """Rows of exactly ``count`` packed varints each, row i from ``buf[start[i]:end[i]]``, as int64
+    (or ``dtype``, cast as NumPy casts int64 to it); a row that does not hold exactly ``count``
+    well-formed varints is flagged in ``bad_rows`` (its values are left zero, for the exact decoder
+    to settle)."""
     n = len(start)
     step = max(64, _BLOCK_BYTES // max(int((end - start).max(initial=0)), 1))
     if n <= step:
-        return _decode_block(buf, start, end, count, bad_rows)
-    out = np.empty((n, count), np.int64)
+        return _decode_block(buf, start, end, count, bad_rows, dtype).astype(dtype, copy=False)
+    out = np.empty((n, count), dtype)
     for a in range(0, n, step):
-        out[a:a + step] = _decode_block(buf, start[a:a + step], end[a:a + step], count, bad_rows[a:a + step])
+        out[a:a + step] = _decode_block(buf, start[a:a + step], end[a:a + step], count, bad_rows[a:a + step], dtype)
     return out
 
 
 def _decode_block(buf: np.ndarray, start: np.ndarray, end: np.ndarray, count: int,
-                  bad_rows: np.ndarray) -> np.ndarray:
+                  bad_rows: np.ndarray, dtype: type) -> np.ndarray:
     n = len(start)
     lengths = end - start
     if n == 0 or count == 0:
@@ -57,7 +58,7 @@ def _decode_block(buf: np.ndarray, start: np.ndarray, end: np.ndarray, count: in
     if width == count and (lengths == count).all():
         m = rows_at(buf, start, count)
         if (m < 0x80).all():  # one byte per value everywhere (masks, segment ids, short positions)
-            return m.astype(np.int64)
+            return m.astype(dtype)
     # One leading zero column: the byte before every row's first varint is then never a
     # continuation byte, so decoding backwards from a varint's end stops inside its own row.
     if int(start.min()) >= 1:

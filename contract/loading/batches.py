@@ -14,7 +14,7 @@ from collections.abc import Iterator
 import numpy as np
 
 from bert_datagen.contract.loading.order import DEFAULT_BLOCK_SIZE, GlobalOrder, check_world
-from bert_datagen.contract.loading.source import LoadError, Source, as_model_inputs
+from bert_datagen.contract.loading.source import LoadError, Source
 from bert_datagen.datagen.dynamic import mask_records
 from bert_datagen.datagen.records import INSTANCE_KEY
 
@@ -164,8 +164,8 @@ class NumpyBatches:
         ranges = list(zip(shard[run].tolist(), index[run].tolist(), (index[run] + length).tolist(), strict=True))
         store = self._next_store
         self._next_store += 1
-        # Held in the dtypes batches have (int32 ids): half the bytes to gather, no cast per batch.
-        self._stores[store] = as_model_inputs(self.source.read_ranges(ranges))
+        # Decoded into the dtypes batches have (int32 ids): half the bytes to write and gather.
+        self._stores[store] = self.source.read_ranges(ranges, model_inputs=True)
         codes_a = np.concatenate([self._codes, np.asarray(codes, np.int64)])
         where = np.concatenate([self._where, np.stack([np.full(len(codes), store), firsts], axis=1)])
         order = np.argsort(codes_a, kind="stable")

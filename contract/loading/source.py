@@ -65,11 +65,11 @@ class Source:
         """Records [start, stop) of a shard, decoded (rows in shard order); LoadError names the shard."""
         return self.read_ranges([(shard, start, stop)])
 
-    def read_ranges(self, ranges: list[tuple[int, int, int]]) -> dict[str, np.ndarray]:
+    def read_ranges(self, ranges: list[tuple[int, int, int]], model_inputs: bool = False) -> dict[str, np.ndarray]:
         """The records of several ``(shard, start, stop)`` ranges, rows in the ranges' order: one read
         per range (a shard opened once), then every frame and CRC checked and all records decoded in
         one pass (a decode call has a fixed cost, so a window's chunks are decoded together);
-        LoadError names the shard and record."""
+        LoadError names the shard and record. ``model_inputs``: in `as_model_inputs`' dtypes."""
         spans = np.asarray(ranges, np.int64).reshape(-1, 3)
         shard, start, stop = spans.T
         sizes = stop - start
@@ -92,7 +92,8 @@ class Source:
             at, record = self._locate(ranges, firsts, problems[0][0])
             raise LoadError(f"{self.shards[at].path}: corrupt shard: record {record} at byte "
                             f"{int(self.offsets(at)[record])}: {problems[0][1]}")
-        batch, problems = decode_raw(RawBatch(np.arange(count), blob, heads + 12, lengths), self.spec)
+        narrow = [k for k, (d, _) in self.spec.items() if d == "int64" and k != INSTANCE_KEY] if model_inputs else ()
+        batch, problems = decode_raw(RawBatch(np.arange(count), blob, heads + 12, lengths), self.spec, narrow)
         if problems:
             at, record = self._locate(ranges, firsts, problems[0][0])
             raise LoadError(f"{self.shards[at].path}: record {record}: {problems[0][1]}")

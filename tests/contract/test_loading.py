@@ -126,10 +126,10 @@ def test_ranks_read_disjoint_records_in_a_full_window(static_ds):
         got: set[tuple[int, int]] = set()
         real = it.source.read_ranges
 
-        def counting(ranges, real=real, got=got):
+        def counting(ranges, real=real, got=got, **kwargs):
             for shard, start, stop in ranges:
                 got.update((shard, i) for i in range(start, stop))
-            return real(ranges)
+            return real(ranges, **kwargs)
 
         it.source.read_ranges = counting
         for _ in range(BS):  # the first window

@@ -76,3 +76,19 @@ def test_a_single_short_row():
     bad = np.zeros(1, bool)
     assert decode_varint_rows(buf, np.array([1]), np.array([3]), 1, bad).tolist() == [[300]] and not bad.any()
     assert decode_varint_rows(buf, np.array([0]), np.array([1]), 1, bad).tolist() == [[5]] and not bad.any()
+
+
+def test_blocks_and_narrow_dtype_give_the_same_values(monkeypatch):
+    import bert_datagen.datagen.varint_rows as varint_rows
+
+    rng = np.random.default_rng(3)
+    values = rng.integers(-(1 << 40), 1 << 40, (500, 6))
+    values[0, 0], values[1, 1] = (1 << 31) + 5, -(1 << 33)  # outside int32: wrap as NumPy's cast does
+    buf, start, end = _layout([_packed(v.tolist()) for v in values], rng)
+    whole = decode_varint_rows(buf, start, end, 6, np.zeros(500, bool))
+    monkeypatch.setattr(varint_rows, "_BLOCK_BYTES", 256)  # blocks of 64 rows
+    bad = np.zeros(500, bool)
+    blocks = decode_varint_rows(buf, start, end, 6, bad)
+    narrow = decode_varint_rows(buf, start, end, 6, bad, np.int32)
+    assert not bad.any() and whole.tolist() == blocks.tolist() == values.tolist()
+    assert narrow.dtype == np.int32 and narrow.tolist() == values.astype(np.int32).tolist()
