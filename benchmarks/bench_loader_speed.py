@@ -14,7 +14,9 @@ passes taken round the readers in turn:
 - tfrecord package: ``tfrecord.reader.tfrecord_loader`` (one dict of arrays per record, no batching:
   its DataLoader collation would only add to it); skipped with a line when not installed
   (``pip install bert-datagen[bench]``);
-- tf.data: ``TFRecordDataset`` -> ``batch(256)`` -> ``parse_example``, tensors not converted.
+- tf.data: ``TFRecordDataset`` -> ``batch(256)`` -> ``parse_example``, tensors not converted;
+- tf.data shuffled: the same behind the interleave and 10,000-record shuffle buffer the trainer
+  used before the global order (what the iterators replace: they shuffle too).
 
 The process is pinned to one CPU for the measurement (and tf.data's own thread pools to one thread),
 and time is the process's CPU time (all its threads), not wall time: on a shared machine another
@@ -112,15 +114,22 @@ def _tfrecord_package(files: list[str], spec: dict, records: int) -> float | Non
     return records / best
 
 
-def _tf_data(files: list[str], spec: dict) -> Callable[[], int]:
+def _tf_data(files: list[str], spec: dict, shuffled: bool) -> Callable[[], int]:
+    """Plain: the shards in file order. Shuffled: what the trainer read through before the global
+    order (trainer/pretrain/data.py `train_dataset`): interleaved files, a 10,000-record buffer."""
     import tensorflow as tf
 
     features = {k: tf.io.FixedLenFeature([c], tf.float32 if d == "float32" else tf.int64) for k, (d, c) in spec.items()}
     options = tf.data.Options()
     options.threading.private_threadpool_size = 1
     options.threading.max_intra_op_parallelism = 1
-    ds = tf.data.TFRecordDataset(files).batch(BATCH).map(lambda r: tf.io.parse_example(r, features))
-    ds = ds.with_options(options)
+    if shuffled:
+        records = tf.data.Dataset.from_tensor_slices(files).interleave(
+            tf.data.TFRecordDataset, cycle_length=min(8, len(files)), block_length=1, deterministic=True)
+        records = records.shuffle(10_000, seed=1)
+    else:
+        records = tf.data.TFRecordDataset(files)
+    ds = records.batch(BATCH).map(lambda r: tf.io.parse_example(r, features)).with_options(options)
     return lambda: sum(int(b["input_ids"].shape[0]) for b in ds)
 
 
@@ -156,7 +165,8 @@ def _measure(data: str, vocab: int) -> dict:
     else:
         runs["torch_batches"] = (steps * BATCH, lambda: _torch_batches(data, steps))
     try:
-        runs["tf_data"] = (total, _tf_data(files, source.spec))
+        runs["tf_data"] = (total, _tf_data(files, source.spec, shuffled=False))
+        runs["tf_data_shuffled"] = (total, _tf_data(files, source.spec, shuffled=True))
     except ImportError:
         print("bench_loader_speed: TensorFlow is not installed; no tf.data baseline")
     rates = _rates(runs)
@@ -172,7 +182,7 @@ def _measure(data: str, vocab: int) -> dict:
     for k, v in rates.items():
         print(f"  {k:<18} {v:>10,.0f}")
     for ours in ("numpy_read", "numpy_read_64", "numpy_batches", "torch_batches"):
-        for base in ("tfrecord_package", "tf_data"):
+        for base in ("tfrecord_package", "tf_data", "tf_data_shuffled"):
             if ours in rates and base in rates:
                 ratio = rates[ours] / rates[base]
                 out[f"{ours}_vs_{base}"] = round(ratio, 2)

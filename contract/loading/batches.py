@@ -39,10 +39,11 @@ class NumpyBatches:
         self.world_size, self.rank = world_size, rank
         self.step = start
         self.stop = stop
-        # Chunks in the cache by code (epoch * chunks per epoch + chunk), sorted, and where each one's
-        # records are: (store, first row). Arrays, so a batch finds its chunks in one search.
+        # The records in the cache by their position in the run's sequence, sorted, and where each
+        # one is: (store, row). A store's rows are in position order, so a batch is found with one
+        # search and is mostly one run of rows. Chunks are named by code: epoch * chunks + chunk.
         self._per_epoch = -(-self.order.total // block_size)
-        self._codes = np.zeros(0, np.int64)
+        self._keys = np.zeros(0, np.int64)
         self._where = np.zeros((0, 2), np.int64)
         self._stores: dict[int, dict[str, np.ndarray]] = {}
         self._next_store = 0
@@ -74,32 +75,32 @@ class NumpyBatches:
     def read_positions(self, positions: np.ndarray) -> dict[str, np.ndarray]:
         """The records at these positions of the run's sequence, as a batch (every feature, masked when
         the data is dynamic). Readers that cut batches their own way (fine-tuning's epochs) call this;
-        positions should move forward, as the chunk cache keeps only the windows last asked for."""
-        placed = self.order.place(np.asarray(positions, np.int64))
-        bs = self.order.block_size
-        chunks = placed.chunk(bs)
-        codes = placed.epoch * self._per_epoch + chunks
-        at, found = self._find(codes)
+        positions should move forward, as the cache keeps only the windows last asked for."""
+        positions = np.asarray(positions, np.int64)
+        at, found = self._find(positions)
         if not found.all():
-            self._load(self._with_window_share(np.unique(codes[~found]).tolist()))
-            at, found = self._find(codes)
-        where = self._where[at]
-        rows = where[:, 1] + placed.virtual - chunks * bs
-        stores = np.unique(where[:, 0])
-        features = {}
-        for name in self.source.spec:
-            if len(stores) == 1:  # the usual case: one gather per feature
-                features[name] = self._stores[int(stores[0])][name][rows]
-                continue
-            first = self._stores[int(stores[0])][name]
-            out = np.empty((len(rows),) + first.shape[1:], first.dtype)
-            for store in stores.tolist():
-                sel = where[:, 0] == store
-                out[sel] = self._stores[store][name][rows[sel]]
-            features[name] = out
-        self._evict(codes)
+            placed = self.order.place(positions[~found])
+            codes = placed.epoch * self._per_epoch + placed.chunk(self.order.block_size)
+            self._load(self._with_window_share(np.unique(codes).tolist()))
+            at, found = self._find(positions)
+        store, rows = self._where[at, 0], self._where[at, 1]
+        first = int(rows[0]) if len(rows) else 0
+        if len(rows) and (store == store[0]).all() and (rows == np.arange(first, first + len(rows))).all():
+            # The usual case: the share of a batch is one run of rows (a copy, not a view: a caller
+            # may change its batch in place, and the cache must not see it).
+            features = {k: v[first:first + len(rows)].copy() for k, v in self._stores[int(store[0])].items()}
+        else:
+            features = {}
+            for name in self.source.spec:
+                first_store = self._stores[int(store[0])][name]
+                out = np.empty((len(rows),) + first_store.shape[1:], first_store.dtype)
+                for s in np.unique(store).tolist():
+                    sel = store == s
+                    out[sel] = self._stores[s][name][rows[sel]]
+                features[name] = out
+        self._evict(positions)
         if self.source.dynamic:
-            features = self._mask(features, placed.epoch)
+            features = self._mask(features, positions // self.order.total)
         return features
 
     # ------------------------------------------------------------ state
@@ -124,10 +125,12 @@ class NumpyBatches:
 
     # ------------------------------------------------------------ reading
 
-    def _find(self, codes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Each code's place in the cache arrays, and whether it is there."""
-        at = np.minimum(np.searchsorted(self._codes, codes), max(len(self._codes) - 1, 0))
-        return at, (self._codes[at] == codes) if len(self._codes) else np.zeros(len(codes), bool)
+    def _find(self, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Each position's place in the cache arrays, and whether it is there."""
+        if not len(self._keys):
+            return np.zeros(len(positions), np.int64), np.zeros(len(positions), bool)
+        at = np.minimum(np.searchsorted(self._keys, positions), len(self._keys) - 1)
+        return at, self._keys[at] == positions
 
     def _with_window_share(self, codes: list[int]) -> list[int]:
         """``codes`` plus every chunk of this rank's slots in the full windows they are in: the rank
@@ -142,11 +145,10 @@ class NumpyBatches:
             if window < full:
                 first = epoch * self._per_epoch + window * B + self.rank * share
                 out.update(dict.fromkeys(range(first, first + share)))
-        wanted = np.fromiter(out, np.int64, count=len(out))
-        return wanted[~self._find(wanted)[1]].tolist()
+        return list(out)
 
     def _load(self, codes: list[int]) -> None:
-        """Read and decode these chunks together into one store; the cache maps each to its rows."""
+        """Read and decode these chunks together into one store, its rows in position order."""
         o = self.order
         epoch, chunk = np.divmod(np.asarray(codes, np.int64), self._per_epoch)
         sizes = np.minimum((chunk + 1) * o.block_size, o.total) - chunk * o.block_size
@@ -155,36 +157,49 @@ class NumpyBatches:
         # range read per run (a chunk spans one block, or a few where blocks are short).
         virtual = np.repeat(chunk * o.block_size - firsts, sizes) + np.arange(int(sizes.sum()))
         epochs = np.repeat(epoch, sizes)
-        shard, index = np.empty_like(virtual), np.empty_like(virtual)
+        shard, index, position = np.empty_like(virtual), np.empty_like(virtual), np.empty_like(virtual)
         for e in np.unique(epochs).tolist():
             sel = epochs == e
             shard[sel], index[sel] = o.locate(e, virtual[sel])
+            position[sel] = e * o.total + o.offsets_of(e, virtual[sel])
+        new = ~self._find(position)[1]  # a chunk may be partly here already (tail windows, odd orders)
+        shard, index, position = shard[new], index[new], position[new]
+        if not len(position):
+            return
         run = np.flatnonzero(np.concatenate([[True], (np.diff(shard) != 0) | (np.diff(index) != 1)]))
         length = np.diff(np.append(run, len(shard)))
         ranges = list(zip(shard[run].tolist(), index[run].tolist(), (index[run] + length).tolist(), strict=True))
-        store = self._next_store
-        self._next_store += 1
-        # Decoded into the dtypes batches have (int32 ids): half the bytes to write and gather.
-        self._stores[store] = self.source.read_ranges(ranges, model_inputs=True)
-        codes_a = np.concatenate([self._codes, np.asarray(codes, np.int64)])
-        where = np.concatenate([self._where, np.stack([np.full(len(codes), store), firsts], axis=1)])
-        order = np.argsort(codes_a, kind="stable")
-        self._codes, self._where = codes_a[order], where[order]
+        # Read in file order, decoded in the order the records will be asked for; in the dtypes
+        # batches have (int32 ids): half the bytes to write and copy.
+        rows = np.argsort(position, kind="stable")
+        pieces = self.source.read_pieces(ranges, model_inputs=True, order=rows)
+        where = []
+        for piece in pieces:  # a store each: rows 0.. of a piece
+            n = len(next(iter(piece.values())))
+            where.append(np.stack([np.full(n, self._next_store), np.arange(n)], axis=1))
+            self._stores[self._next_store] = piece
+            self._next_store += 1
+        keys = np.concatenate([self._keys, position[rows]])
+        where = np.concatenate([self._where, *where])
+        order = np.argsort(keys, kind="stable")
+        self._keys, self._where = keys[order], where[order]
 
-    def _window_of(self, code: int | np.ndarray) -> int | np.ndarray:
-        """A chunk code's window, counted across epochs (later windows have larger numbers)."""
-        epoch, chunk = np.divmod(code, self._per_epoch)
-        return epoch * (self._per_epoch // self.order.batch_size + 1) + chunk // self.order.batch_size
+    def _window_of(self, position: np.ndarray) -> np.ndarray:
+        """The window of positions of the run's sequence, counted across epochs."""
+        o = self.order
+        window_len = o.batch_size * o.block_size
+        epoch, offset = np.divmod(position, o.total)
+        return epoch * (o.total // window_len + 1) + offset // window_len
 
-    def _evict(self, codes: np.ndarray) -> None:
-        # Keep the chunks of the windows this batch is in; a run moves forward through windows.
-        oldest = int(np.min(self._window_of(codes)))
+    def _evict(self, positions: np.ndarray) -> None:
+        # Keep the records of the windows this batch is in; a run moves forward through windows.
+        oldest = int(np.min(self._window_of(positions)))
         if oldest == self._oldest_window:
             return
         self._oldest_window = oldest
-        keep = self._window_of(self._codes) >= oldest
-        self._codes, self._where = self._codes[keep], self._where[keep]
-        used = set(self._where[:, 0].tolist())
+        keep = self._window_of(self._keys) >= oldest
+        self._keys, self._where = self._keys[keep], self._where[keep]
+        used = set(np.unique(self._where[:, 0]).tolist())
         for store in [s for s in self._stores if s not in used]:
             del self._stores[store]
 

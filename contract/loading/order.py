@@ -123,6 +123,28 @@ class GlobalOrder:
                 out[sel] = w * window_len + permutation(self._key("tail", epoch), tail)[q[sel]]
         return out
 
+    def offsets_of(self, epoch: int, virtual: np.ndarray) -> np.ndarray:
+        """The within-epoch offset (position in the epoch) of records at these places of the epoch's
+        virtual sequence: the inverse of the window shuffle, so a reader can lay records out in the
+        order they will be asked for."""
+        virtual = np.asarray(virtual, np.int64)
+        B, bs = self.batch_size, self.block_size
+        window_len = B * bs
+        full_windows = self.total // window_len
+        window, q = np.divmod(virtual, window_len)
+        out = np.empty_like(virtual)
+        for w in np.unique(window).tolist():
+            sel = window == w
+            if w < full_windows:
+                slot, within = np.divmod(q[sel], bs)
+                rounds, perms = self._window(epoch, w)
+                which_round = np.argsort(perms, axis=1)[slot, within]  # perms[slot, r] == within
+                out[sel] = w * window_len + np.argsort(rounds)[which_round] * B + slot
+            else:
+                tail = self.total - w * window_len
+                out[sel] = w * window_len + np.argsort(permutation(self._key("tail", epoch), tail))[q[sel]]
+        return out
+
     def _window(self, epoch: int, w: int) -> tuple[np.ndarray, np.ndarray]:
         """Of full window ``w``: the round each of its batches takes, and each chunk slot's own
         permutation of range(block_size) (slots x block_size); computed once for the window's batches."""

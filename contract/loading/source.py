@@ -40,6 +40,9 @@ def masking_config(manifest: dict) -> DatagenConfig:
     return DatagenConfig.from_recorded(manifest.get("config", {}))
 
 
+_DECODE_RECORDS = 4096  # per decode call: larger ones run slower, their arrays outgrowing the caches
+
+
 @dataclass
 class Source:
     """One split of a dataset with a manifest, ready to be read a record range at a time."""
@@ -65,11 +68,20 @@ class Source:
         """Records [start, stop) of a shard, decoded (rows in shard order); LoadError names the shard."""
         return self.read_ranges([(shard, start, stop)])
 
-    def read_ranges(self, ranges: list[tuple[int, int, int]], model_inputs: bool = False) -> dict[str, np.ndarray]:
-        """The records of several ``(shard, start, stop)`` ranges, rows in the ranges' order: one read
-        per range (a shard opened once), then every frame and CRC checked and all records decoded in
-        one pass (a decode call has a fixed cost, so a window's chunks are decoded together);
-        LoadError names the shard and record. ``model_inputs``: in `as_model_inputs`' dtypes."""
+    def read_ranges(self, ranges: list[tuple[int, int, int]], model_inputs: bool = False,
+                    order: np.ndarray | None = None) -> dict[str, np.ndarray]:
+        """The records of several ``(shard, start, stop)`` ranges, rows in the ranges' order (or row i
+        is their record ``order[i]``): one read per range (a shard opened once), then every frame and
+        CRC checked and all records decoded (a decode call has a fixed cost, so a window's chunks are
+        decoded together); LoadError names the shard and record. ``model_inputs``: in
+        `as_model_inputs`' dtypes."""
+        parts = self.read_pieces(ranges, model_inputs, order)
+        return parts[0] if len(parts) == 1 else {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+
+    def read_pieces(self, ranges: list[tuple[int, int, int]], model_inputs: bool = False,
+                    order: np.ndarray | None = None) -> list[dict[str, np.ndarray]]:
+        """``read_ranges`` as consecutive pieces of at most _DECODE_RECORDS rows, not joined (a
+        reader that can use the pieces as they are saves copying them all once more)."""
         spans = np.asarray(ranges, np.int64).reshape(-1, 3)
         shard, start, stop = spans.T
         sizes = stop - start
@@ -93,11 +105,16 @@ class Source:
             raise LoadError(f"{self.shards[at].path}: corrupt shard: record {record} at byte "
                             f"{int(self.offsets(at)[record])}: {problems[0][1]}")
         narrow = [k for k, (d, _) in self.spec.items() if d == "int64" and k != INSTANCE_KEY] if model_inputs else ()
-        batch, problems = decode_raw(RawBatch(np.arange(count), blob, heads + 12, lengths), self.spec, narrow)
-        if problems:
-            at, record = self._locate(ranges, firsts, problems[0][0])
-            raise LoadError(f"{self.shards[at].path}: record {record}: {problems[0][1]}")
-        return batch.features
+        rows = np.arange(count) if order is None else np.asarray(order, np.int64)
+        parts = []
+        for a in range(0, max(count, 1), _DECODE_RECORDS):  # in pieces whose work stays in the caches
+            part = rows[a:a + _DECODE_RECORDS]
+            batch, problems = decode_raw(RawBatch(part, blob, heads[part] + 12, lengths[part]), self.spec, narrow)
+            if problems:
+                at, record = self._locate(ranges, firsts, problems[0][0])
+                raise LoadError(f"{self.shards[at].path}: record {record}: {problems[0][1]}")
+            parts.append(batch.features)
+        return parts
 
     def _ranges_bytes(self, shards: list[int], starts: list[int], begins: list[int], ends: list[int]) -> bytes:
         """The byte ranges laid end to end, in the order given; each shard file opened once."""

@@ -124,14 +124,14 @@ def test_ranks_read_disjoint_records_in_a_full_window(static_ds):
     for rank in range(4):
         it = _numpy(static_ds, 4, rank)
         got: set[tuple[int, int]] = set()
-        real = it.source.read_ranges
+        real = it.source.read_pieces
 
-        def counting(ranges, real=real, got=got, **kwargs):
+        def counting(ranges, *args, real=real, got=got, **kwargs):
             for shard, start, stop in ranges:
                 got.update((shard, i) for i in range(start, stop))
-            return real(ranges, **kwargs)
+            return real(ranges, *args, **kwargs)
 
-        it.source.read_ranges = counting
+        it.source.read_pieces = counting
         for _ in range(BS):  # the first window
             next(it)
         read.append(got)
@@ -149,6 +149,32 @@ STEPS = 7  # crosses a window and (at 133 records, 16.6 batches per epoch) nothi
 def reference(static_ds):
     it = _numpy(static_ds)
     return [next(it) for _ in range(STEPS)]
+
+
+@pytest.mark.parametrize("piece", [4096, 5])
+def test_batches_hold_the_records_the_order_places(static_ds, monkeypatch, piece):
+    # Against an independent reader: every frame read in order, decoded one record at a time. With
+    # pieces of 5 records a window's store is many pieces and batches straddle them.
+    from bert_datagen.contract.loading import source as source_module
+    from bert_datagen.datagen.example_codec import decode_exact
+    from bert_datagen.datagen.tfrecord import iter_tfrecords
+
+    monkeypatch.setattr(source_module, "_DECODE_RECORDS", piece)
+    src = open_source(static_ds)
+    records = []
+    for ref in src.shards:
+        with open(ref.path, "rb") as f:
+            records.append([decode_exact(p, src.spec) for p in iter_tfrecords(f, ref.path)])
+    order = GlobalOrder(src.counts, src.fingerprint, SEED, B, BS)
+    for world in (1, 4):
+        its = [_numpy(static_ds, world, r) for r in range(world)]
+        for step in range(40):  # past two epochs: full windows, tails, a batch across epochs
+            got = _union([it.batch_at(step) for it in its])
+            placed = order.batch(step)
+            for name, (dtype, _) in src.spec.items():
+                want = np.stack([records[s][i][name] for s, i in zip(placed.shard, placed.index, strict=True)])
+                cast = np.int32 if dtype == "int64" and name != INSTANCE_KEY else want.dtype
+                assert got[name].dtype == cast and np.array_equal(got[name], want.astype(cast)), (world, step, name)
 
 
 @pytest.mark.parametrize("world", [1, 2, 4])
