@@ -92,10 +92,13 @@ def train_briefly(data: str, run: Path, stop_at: int, seed: int = 1, **settings)
 
 
 def evaluate(model, info, top: int) -> dict:
+    import tensorflow as tf
+
+    forward = tf.function(lambda batch: model(batch, training=False))  # a few times faster than eager calls
     hits = weight = base_hits = 0.0
     per_class = {0: [0, 0], 1: [0, 0]}  # label -> [correct, total]
     for batch in eval_dataset(info, 64):
-        out = model(batch, training=False)
+        out = forward(batch)
         w = batch["masked_lm_weights"].numpy()
         ids = batch["masked_lm_ids"].numpy()
         hits += float((w * (out["mlm_logits"].numpy().argmax(-1) == ids)).sum())
