@@ -7,7 +7,8 @@ threads. `tokenizers` reads RAYON_NUM_THREADS once, when its thread pool starts,
 count runs in its own subprocess. Repetitions are interleaved and the best of each is kept.
 Also: vocabulary training time and bytes-identical output with 1 and 2 threads, and parity: ours
 against the independent reference (tests/vocab/test_vocab_reference.py) on every corpus under
-../shared/corpora, cased and uncased; and how many tokens stock `tokenizers` gets wrong on part of enwiki.
+../shared/corpora, cased and uncased; how many tokens stock `tokenizers` gets wrong on part of enwiki;
+and the shipped divergence table against a full fresh scan of every code point.
 """
 
 from __future__ import annotations
@@ -180,11 +181,29 @@ def _mismatched(a: list[int], b: list[int]) -> int:
     return sum(x != y for x, y in zip(a, b, strict=False)) + abs(len(a) - len(b))
 
 
+def divergence_full_scan() -> dict[str, object]:
+    """Every code point scanned afresh against the shipped divergence table (the timed test probes a
+    sample: tests/vocab/test_vocab_parity.py); a difference fails the benchmark."""
+    from bert_datagen.vocab import divergence
+
+    start = time.perf_counter()
+    table = divergence.compute_table()
+    seconds = time.perf_counter() - start
+    shipped = divergence._table()
+    for mode in ("uncased", "cased"):
+        if [list(r) for r in table[mode]] != [list(r) for r in shipped[mode]]:
+            raise SystemExit(f"divergence table ({mode}): a fresh scan differs from {divergence.TABLE_PATH.name}; "
+                             "regenerate it with `python -m bert_datagen.vocab.divergence`")
+    print(f"divergence table: a full scan ({seconds:.1f} s) equals the shipped one")
+    return {"divergence_full_scan_seconds": round(seconds, 1), "divergence_table_matches_full_scan": True}
+
+
 def main() -> dict[str, object]:
+    scan = divergence_full_scan()
     if not corpus_files():
         print(f"skipped: {CORPUS} not found")
-        return {"skipped": f"{CORPUS} not found"}
-    results: dict[str, object] = {}
+        return {"skipped": f"{CORPUS} not found", **scan}
+    results: dict[str, object] = dict(scan)
     with tempfile.TemporaryDirectory() as tmp:
         vocab_path = str(Path(tmp) / "vocab.txt")
         trained = {t: _train_in_subprocess(str(Path(tmp) / f"vocab{t}.txt"), t) for t in (1, 2)}
