@@ -77,6 +77,8 @@ class NumpyBatches:
         the data is dynamic). Readers that cut batches their own way (fine-tuning's epochs) call this;
         positions should move forward, as the cache keeps only the windows last asked for."""
         positions = np.asarray(positions, np.int64)
+        if not len(positions):
+            return self.source.read_ranges([], model_inputs=True)
         at, found = self._find(positions)
         if not found.all():
             placed = self.order.place(positions[~found])
@@ -84,8 +86,8 @@ class NumpyBatches:
             self._load(self._with_window_share(np.unique(codes).tolist()))
             at, found = self._find(positions)
         store, rows = self._where[at, 0], self._where[at, 1]
-        first = int(rows[0]) if len(rows) else 0
-        if len(rows) and (store == store[0]).all() and (rows == np.arange(first, first + len(rows))).all():
+        first = int(rows[0])
+        if (store == store[0]).all() and (rows == np.arange(first, first + len(rows))).all():
             # The usual case: the share of a batch is one run of rows (a copy, not a view: a caller
             # may change its batch in place, and the cache must not see it).
             features = {k: v[first:first + len(rows)].copy() for k, v in self._stores[int(store[0])].items()}
