@@ -24,6 +24,7 @@ The run's sequence is epoch 0, epoch 1, ... back to back; global batch ``k`` is 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import lru_cache
 
@@ -108,42 +109,44 @@ class GlobalOrder:
     def _virtual(self, epoch: int, offset: np.ndarray) -> np.ndarray:
         """Virtual-sequence position of each within-epoch offset (the window shuffle)."""
         B, bs = self.batch_size, self.block_size
-        window_len = B * bs
-        full_windows = self.total // window_len
-        window, q = np.divmod(offset, window_len)
-        out = np.empty_like(offset)
-        for w in np.unique(window).tolist():
-            sel = window == w
-            if w < full_windows:
-                batch_in_window, slot = np.divmod(q[sel], B)
-                rounds, perms = self._window(epoch, w)
-                out[sel] = (w * B + slot) * bs + perms[slot, rounds[batch_in_window]]
-            else:
-                tail = self.total - w * window_len
-                out[sel] = w * window_len + permutation(self._key("tail", epoch), tail)[q[sel]]
-        return out
+
+        def full(w: int, q: np.ndarray) -> np.ndarray:
+            batch_in_window, slot = np.divmod(q, B)
+            rounds, perms = self._window(epoch, w)
+            return slot * bs + perms[slot, rounds[batch_in_window]]
+
+        return self._by_window(offset, full, lambda w, q: self._tail(epoch, w)[q])
 
     def offsets_of(self, epoch: int, virtual: np.ndarray) -> np.ndarray:
         """The within-epoch offset (position in the epoch) of records at these places of the epoch's
         virtual sequence: the inverse of the window shuffle, so a reader can lay records out in the
         order they will be asked for."""
-        virtual = np.asarray(virtual, np.int64)
         B, bs = self.batch_size, self.block_size
-        window_len = B * bs
+
+        def full(w: int, q: np.ndarray) -> np.ndarray:
+            slot, within = np.divmod(q, bs)
+            rounds, perms = self._window(epoch, w)
+            which_round = np.argsort(perms, axis=1)[slot, within]  # perms[slot, r] == within
+            return np.argsort(rounds)[which_round] * B + slot
+
+        return self._by_window(np.asarray(virtual, np.int64), full, lambda w, q: np.argsort(self._tail(epoch, w))[q])
+
+    def _by_window(self, at: np.ndarray, full: Callable[[int, np.ndarray], np.ndarray],
+                   tail: Callable[[int, np.ndarray], np.ndarray]) -> np.ndarray:
+        """A mapping that keeps records in their window: ``full(w, q)`` or, for the epoch's last,
+        partial window, ``tail(w, q)`` maps each place ``q`` in window ``w`` to a place in it."""
+        window_len = self.batch_size * self.block_size
         full_windows = self.total // window_len
-        window, q = np.divmod(virtual, window_len)
-        out = np.empty_like(virtual)
+        window, q = np.divmod(at, window_len)
+        out = np.empty_like(at)
         for w in np.unique(window).tolist():
             sel = window == w
-            if w < full_windows:
-                slot, within = np.divmod(q[sel], bs)
-                rounds, perms = self._window(epoch, w)
-                which_round = np.argsort(perms, axis=1)[slot, within]  # perms[slot, r] == within
-                out[sel] = w * window_len + np.argsort(rounds)[which_round] * B + slot
-            else:
-                tail = self.total - w * window_len
-                out[sel] = w * window_len + np.argsort(permutation(self._key("tail", epoch), tail))[q[sel]]
+            out[sel] = w * window_len + (full if w < full_windows else tail)(w, q[sel])
         return out
+
+    def _tail(self, epoch: int, w: int) -> np.ndarray:
+        """The shuffle of the epoch's last window (``w``), which is partial: one permutation of it."""
+        return permutation(self._key("tail", epoch), self.total - w * self.batch_size * self.block_size)
 
     def _window(self, epoch: int, w: int) -> tuple[np.ndarray, np.ndarray]:
         """Of full window ``w``: the round each of its batches takes, and each chunk slot's own

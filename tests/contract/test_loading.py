@@ -108,6 +108,15 @@ def test_order_is_pinned():
     assert h.hexdigest() == ORDER_GOLDEN
 
 
+def test_offsets_of_inverts_the_window_shuffle():
+    for counts, batch, block in ((COUNTS, B, BS), ((1000, 37, 640, 1), 16, 8), ((300,), 4, 1)):
+        order = GlobalOrder(counts, "fp", SEED, batch, block)
+        for epoch in (0, 1):
+            offsets = np.arange(order.total)
+            placed = order.place(epoch * order.total + offsets)
+            assert order.offsets_of(epoch, placed.virtual).tolist() == offsets.tolist()
+
+
 def test_rank_shares_of_a_full_window_come_from_disjoint_chunks():
     order = GlobalOrder(COUNTS, "fp", SEED, B, BS)
     for world in (2, 4):
