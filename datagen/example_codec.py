@@ -243,6 +243,7 @@ class _NameTable:
     guess: np.ndarray  # [key length, byte at `at`] -> index in names, -1: no name
     table: np.ndarray  # the names' bytes, zero padded
     tags: np.ndarray  # each name's Feature tag byte: float_list is field 2, int64_list field 3
+    index: dict[bytes, int]  # a name's bytes -> its index
 
 
 @functools.lru_cache(maxsize=64)
@@ -263,7 +264,7 @@ def _name_table(items: tuple[tuple[str, tuple[str, int]], ...]) -> _NameTable:
         table[j, :len(b)] = np.frombuffer(b, np.uint8)
     tags = np.array([0x12 if dtype == "float32" else 0x1A for _, (dtype, _) in items], np.uint8)
     return _NameTable(names, tuple(d for _, (d, _) in items), tuple(c for _, (_, c) in items),
-                      tuple(len(b) for b in encoded), at, guess, table, tags)
+                      tuple(len(b) for b in encoded), at, guess, table, tags, {b: j for j, b in enumerate(encoded)})
 
 
 def _spec_of(spec: RecordSpec | FeatureSpec) -> FeatureSpec:
@@ -292,7 +293,7 @@ def decode_batch(payloads: list[bytes], indices: list[int], spec: RecordSpec | F
     return decode_raw(RawBatch(list(indices), b"".join(payloads), starts.tolist(), lengths), spec)
 
 
-def _regular_columns(buf: np.ndarray, f_start: np.ndarray, f_end: np.ndarray, names: _NameTable
+def _regular_columns(data: bytes, f_start: np.ndarray, f_end: np.ndarray, names: _NameTable
                      ) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]] | None:
     """Where each feature's packed values are, for the layout one writer gives every record: the
     spec's features once each, in one order shared by all records, each a single packed list. Walks
@@ -301,6 +302,7 @@ def _regular_columns(buf: np.ndarray, f_start: np.ndarray, f_end: np.ndarray, na
     n, k = len(f_start), len(names.names)
     if n == 0:
         return None
+    buf = np.frombuffer(data, np.uint8)
     entries, pos = [], f_start
     for _ in range(k):
         e_s, e_e, ok = _ld_at(buf, pos, f_end, 0x0A)
@@ -316,12 +318,12 @@ def _regular_columns(buf: np.ndarray, f_start: np.ndarray, f_end: np.ndarray, na
         size = e_e - e_s
         if (size == size[0]).all():
             # Every record's entry has one size, so its key and headers are the same bytes at the
-            # same place: parse the first record's, then compare that prefix in all at once.
-            found = _entry_values(buf, e_s[:1], e_e[:1], names)
+            # same place: parse the first record's (in Python: one entry), then compare that
+            # prefix in all at once.
+            found = _plain_entry(data, int(e_s[0]), int(e_e[0]), names)
             if found is None:
                 return None
-            j, d_s, _ = found
-            prefix = int(d_s[0] - e_s[0])
+            j, prefix = found
             if not (rows_at(buf, e_s, prefix) == buf[e_s[0]:e_s[0] + prefix]).all():
                 return None
             d_s, d_e = e_s + prefix, e_e
@@ -334,6 +336,27 @@ def _regular_columns(buf: np.ndarray, f_start: np.ndarray, f_end: np.ndarray, na
             return None
         columns[j] = (recs, d_s, d_e)
     return columns  # type: ignore[return-value]  # k distinct names filled k slots
+
+
+def _plain_entry(data: bytes, start: int, end: int, names: _NameTable) -> tuple[int, int] | None:
+    """One map entry ``data[start:end]`` in the plain layout: (its feature's index, how many bytes
+    come before the packed values); None for anything else."""
+    try:
+        if data[start] != 0x0A:
+            return None
+        size, pos = _read_varint(data, start + 1)
+        j = names.index.get(data[pos:pos + size])
+        pos += size
+        if j is None or data[pos] != 0x12:
+            return None
+        for tag in (int(names.tags[j]), 0x0A):  # Feature{list}, then List{packed values}
+            size, pos = _read_varint(data, pos + 1)
+            if pos + size != end or data[pos] != tag:
+                return None
+        size, pos = _read_varint(data, pos + 1)
+    except (IndexError, RecordError):
+        return None
+    return (j, pos - start) if pos + size == end else None
 
 
 def _entry_values(buf: np.ndarray, e_s: np.ndarray, e_e: np.ndarray, names: _NameTable
@@ -415,7 +438,7 @@ def decode_raw(raw: RawBatch, spec: RecordSpec | FeatureSpec, narrow: Collection
 
     # Example{features: Features{feature: map entries, in any order}}
     f_start, f_end = _expect_ld(buf, rec_start, rec_start + lengths, 0x0A, bad, np.arange(n))
-    columns = _regular_columns(buf, f_start, f_end, names) if not bad.any() else None
+    columns = _regular_columns(raw.data, f_start, f_end, names) if not bad.any() else None
     if columns is None:
         columns = _columns_of_any_layout(buf, f_start, f_end, names, bad)
     features: dict[str, np.ndarray] = {}
