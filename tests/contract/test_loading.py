@@ -165,7 +165,7 @@ def test_batches_hold_the_records_the_order_places(static_ds, monkeypatch, piece
     # Against an independent reader: every frame read in order, decoded one record at a time. With
     # pieces of 5 records a window's store is many pieces and batches straddle them.
     from bert_datagen.contract.loading import source as source_module
-    from bert_datagen.datagen.example_codec import decode_exact
+    from bert_datagen.datagen.example_exact import decode_exact
     from bert_datagen.datagen.tfrecord import iter_tfrecords
 
     monkeypatch.setattr(source_module, "_DECODE_RECORDS", piece)

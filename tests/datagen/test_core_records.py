@@ -8,7 +8,7 @@ import struct
 import numpy as np
 import pytest
 
-from bert_datagen.datagen import example_codec, records, tfrecord
+from bert_datagen.datagen import example_exact, records, tfrecord
 
 
 def _batch(n: int = 4, seq: int = 16, preds: int = 3, seed: int = 0) -> records.InstanceBatch:
@@ -27,7 +27,7 @@ def _batch(n: int = 4, seq: int = 16, preds: int = 3, seed: int = 0) -> records.
 def test_encode_decode_round_trip() -> None:
     batch = _batch()
     for i, payload in enumerate(records.encode_batch(batch)):
-        decoded = example_codec.decode_example(payload)
+        decoded = example_exact.decode_example(payload)
         assert list(decoded) == list(records.FEATURE_ORDER)
         for name, expected in batch.row(i).items():
             assert np.array_equal(decoded[name], expected.astype(decoded[name].dtype)), name

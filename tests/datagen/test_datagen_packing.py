@@ -11,7 +11,7 @@ import pytest
 
 from bert_datagen.datagen.config import ConfigError, DatagenConfig
 from bert_datagen.datagen.documents import unique_documents
-from bert_datagen.datagen.example_codec import decode_example
+from bert_datagen.datagen.example_exact import decode_example
 from bert_datagen.datagen.instances import build_pool_instances, masked_rows
 from bert_datagen.datagen.instances import plan_pool_pass as plan_unique_pool
 from bert_datagen.datagen.packing import DOC_SEPARATOR

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from bert_datagen.datagen.config import DatagenConfig
-from bert_datagen.datagen.example_codec import decode_example
+from bert_datagen.datagen.example_exact import decode_example
 from bert_datagen.pipelines.pretraining.run import generate_dataset
 from tests.support.pipeline_corpus import make_documents, manifest_of, write_text_files, write_vocab
 

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from bert_datagen.datagen.example_codec import decode_example
+from bert_datagen.datagen.example_exact import decode_example
 from bert_datagen.datagen.tfrecord import iter_tfrecords
 from bert_datagen.pipelines.cli import main
 from tests.support.pipeline_corpus import (

@@ -16,7 +16,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent.parent))  # benchm
 
 from benchmarks.bench_verify import CLS, MASK, SEP, fixture_instances, fixture_vocab, make_dataset  # noqa: E402
 from bert_datagen.contract.dataset import open_dataset  # noqa: E402
-from bert_datagen.datagen.example_codec import _fields, decode_batch  # noqa: E402
+from bert_datagen.datagen.example_codec import decode_batch  # noqa: E402
+from bert_datagen.datagen.example_exact import _fields  # noqa: E402
 from bert_datagen.datagen.records import encode_batch  # noqa: E402
 from bert_datagen.datagen.tfrecord import frame_records  # noqa: E402
 from bert_datagen.pipelines.beam.fsio import BEAM_FS  # noqa: E402
@@ -300,7 +301,7 @@ def _ld(field: int, body: bytes) -> bytes:
 
 
 def test_parser_accepts_any_map_order_and_matches_the_exact_decoder() -> None:
-    from bert_datagen.datagen.example_codec import decode_example
+    from bert_datagen.datagen.example_exact import decode_example
 
     batch, _ = fixture_instances(99, 0, 50, SEQ, PREDS, len(fixture_vocab()))
     payloads = encode_batch(batch)
@@ -408,7 +409,7 @@ def test_spawned_workers_give_the_same_report(ds_dir: Path, monkeypatch) -> None
 
 def test_unusual_but_valid_encodings_take_the_exact_path() -> None:
     """Value-before-key map entries and unpacked int lists are valid protobuf: same values, no problem."""
-    from bert_datagen.datagen.example_codec import decode_example
+    from bert_datagen.datagen.example_exact import decode_example
     from bert_datagen.datagen.record_rules import RecordShape
 
     batch, _ = fixture_instances(7, 0, 6, SEQ, PREDS, len(fixture_vocab()))

@@ -13,7 +13,7 @@ from bert_datagen.contract.fs import LOCAL_FS  # noqa: E402
 from bert_datagen.contract.vocab_io import load_vocab  # noqa: E402
 from bert_datagen.datagen.config import DatagenConfig  # noqa: E402
 from bert_datagen.datagen.dynamic import mask_records  # noqa: E402
-from bert_datagen.datagen.example_codec import decode_example  # noqa: E402
+from bert_datagen.datagen.example_exact import decode_example  # noqa: E402
 from bert_datagen.datagen.tfrecord import iter_tfrecords  # noqa: E402
 from bert_datagen.pipelines.pretraining.run import generate_dataset  # noqa: E402
 from bert_datagen.trainer.pretrain.data import open_pretraining_data, train_dataset  # noqa: E402

@@ -23,7 +23,7 @@ from bert_datagen.contract.loading.source import Source, files_source
 from bert_datagen.contract.manifest import MANIFEST_NAME, ManifestError
 from bert_datagen.contract.vocab_io import load_vocab
 from bert_datagen.datagen import records
-from bert_datagen.datagen.example_codec import decode_example
+from bert_datagen.datagen.example_exact import decode_example
 from bert_datagen.datagen.records import INSTANCE_KEY, feature_spec
 from bert_datagen.datagen.tfrecord import RecordError, iter_tfrecords, masked_crc32c
 from bert_datagen.trainer.run.config import BertConfig
