@@ -10,7 +10,6 @@ against that index.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 
@@ -73,8 +72,8 @@ class Source:
         """The records of several ``(shard, start, stop)`` ranges, rows in the ranges' order (or row i
         is their record ``order[i]``): one read per range (a shard opened once), then every frame and
         CRC checked and all records decoded (a decode call has a fixed cost, so a window's chunks are
-        decoded together); LoadError names the shard and record. ``model_inputs``: in
-        `as_model_inputs`' dtypes."""
+        decoded together); LoadError names the shard and record. ``model_inputs``: integer features
+        as int32, as the Keras trainer parses them (a record's 64-bit identity stays int64)."""
         parts = self.read_pieces(ranges, model_inputs, order)
         return parts[0] if len(parts) == 1 else {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
 
@@ -210,8 +209,3 @@ def files_source(root: str, files: list[str], counts: list[int], fingerprint: st
     refs = [ShardRef(split="train", name=path, path=path) for path in files]
     return Source(root, "train", refs, tuple(int(c) for c in counts), fingerprint, spec, kind,
                   vocab is not None, fs, vocab, mask_config)
-
-
-def as_model_inputs(features: dict[str, Any]) -> dict[str, np.ndarray]:
-    """Integer features as int32, as the Keras trainer parses them; a record's 64-bit identity stays int64."""
-    return {k: v.astype(np.int32) if v.dtype == np.int64 and k != INSTANCE_KEY else v for k, v in features.items()}
