@@ -103,7 +103,7 @@ def _tfrecord_package(files: list[str], spec: dict, records: int) -> float | Non
     """records/s of the tfrecord package (None when it is not installed), on the same pinned core."""
     description = {k: "float" if d == "float32" else "int" for k, (d, _) in spec.items()}
     done = subprocess.run([sys.executable, "-c", _TFRECORD_CHILD, json.dumps([files, description, PASSES])],
-                          capture_output=True, text=True)
+                          capture_output=True, text=True, timeout=600)  # killed past it
     if done.returncode == 3:
         return None
     if done.returncode:

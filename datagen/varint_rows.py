@@ -4,9 +4,9 @@ The batch Example decoder finds, for every record, where a feature's packed valu
 shard's bytes; these two functions turn those ranges into a (records x values) matrix.
 
 Rows are copied through a sliding-window view of the buffer: one row copy per record, about ten
-times faster than an element-wise fancy index of the same bytes. Varints are then decoded on the
-whole matrix with shifted slices (no per-varint gather until the last step), so the cost is a few
-passes over the bytes whatever the mix of one-, two- and three-byte values.
+times faster than an element-wise fancy index of the same bytes. Each varint's last byte is then
+found in the matrix, and its value built backwards from there, one byte of every varint per step:
+as many steps as the longest varint has bytes (two or three for token ids).
 """
 
 from __future__ import annotations

@@ -186,20 +186,13 @@ class NumpyBatches:
         order = np.argsort(keys, kind="stable")
         self._keys, self._where = keys[order], where[order]
 
-    def _window_of(self, position: np.ndarray) -> np.ndarray:
-        """The window of positions of the run's sequence, counted across epochs."""
-        o = self.order
-        window_len = o.batch_size * o.block_size
-        epoch, offset = np.divmod(position, o.total)
-        return epoch * (o.total // window_len + 1) + offset // window_len
-
     def _evict(self, positions: np.ndarray) -> None:
         # Keep the records of the windows this batch is in; a run moves forward through windows.
-        oldest = int(np.min(self._window_of(positions)))
+        oldest = int(np.min(self.order.window_of(positions)))
         if oldest == self._oldest_window:
             return
         self._oldest_window = oldest
-        keep = self._window_of(self._keys) >= oldest
+        keep = self.order.window_of(self._keys) >= oldest
         self._keys, self._where = self._keys[keep], self._where[keep]
         used = set(np.unique(self._where[:, 0]).tolist())
         for store in [s for s in self._stores if s not in used]:

@@ -144,6 +144,13 @@ class GlobalOrder:
             out[sel] = w * window_len + (full if w < full_windows else tail)(w, q[sel])
         return out
 
+    def window_of(self, positions: np.ndarray) -> np.ndarray:
+        """The window of each position of the run's sequence, numbered across epochs (a later window
+        has a larger number)."""
+        window_len = self.batch_size * self.block_size
+        epoch, offset = np.divmod(positions, self.total)
+        return epoch * (self.total // window_len + 1) + offset // window_len
+
     def _tail(self, epoch: int, w: int) -> np.ndarray:
         """The shuffle of the epoch's last window (``w``), which is partial: one permutation of it."""
         return permutation(self._key("tail", epoch), self.total - w * self.batch_size * self.block_size)

@@ -44,7 +44,7 @@ def finish(proc: subprocess.Popen, timeout: float = 240) -> tuple[int, str, str]
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         proc.kill()
-        proc.communicate()
+        proc.communicate(timeout=30)  # a killed process closes its pipes at once
         raise
     return proc.returncode, out, err
 
