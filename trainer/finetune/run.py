@@ -4,7 +4,7 @@ Like pre-training (trainer/pretrain/train.py), with the same step (trainer/run/s
 given the task's `finetuning_objective`), optimizer, clipping and schedule: one optimizer step = one
 global batch, split over replicas and `accumulation_steps` micro-batches, each part's loss divided
 by the WHOLE batch's denominator (examples; labelled positions for tagging) so the summed gradient
-is the whole batch's. Dropout masks are a pure function of (seed, step, micro-step, replica) and
+is the whole batch's. Dropout masks are a pure function of (seed, step, position in the global batch) and
 batch b of epoch e a pure function of (seed, e): with op determinism the same data + init + config
 + seed give bitwise-identical weights and metrics on CPU, and a run resumed from any checkpoint
 ends bitwise identical to the uninterrupted one.

@@ -13,7 +13,7 @@ Forward pass::
         {"input_ids": [B,S] int, "input_mask": [B,S] 0/1, "segment_ids": [B,S] int,
          "masked_lm_positions": [B,P] int},          # optional; without it no mlm_logits
         training=False,                              # True applies dropout
-        dropout_seed=None,                           # [2] int tensor; required when training
+        dropout_seed=None,                           # dropout_key(...) [3] (or a [2] seed); required when training
     )
     out["mlm_logits"]      # [B,P,V] float32
     out["nsp_logits"]      # [B,2]   float32 (index 0 = IsNext, 1 = NotNext)
@@ -30,10 +30,12 @@ block-diagonal (a token attends only to tokens of its own sequence), positions c
 `nsp_logits` [B,N,2]. Each sequence therefore computes what it would alone. Without these inputs
 the original computation runs unchanged.
 
-Dropout is stateless: every mask is a pure function of `dropout_seed` and the dropout site, so a
-run that restarts from a checkpoint draws exactly the masks the uninterrupted run would have, and no
-random state needs saving. The trainer derives `dropout_seed` from (run seed, step, micro-step,
-replica).
+Dropout is stateless: every row's mask is a pure function of the step's seed pair, the dropout site
+and the row's position in the global batch (`dropout_key`), so a run that restarts from a checkpoint
+draws exactly the masks the uninterrupted run would have, no random state needs saving, and the
+masks do not depend on how the global batch is cut over replicas, workers or micro-batches. The
+trainer derives the seed pair from (run seed, step) and the position from the replica's and the
+micro-batch's place in the global batch (`trainer/run/step.py`).
 
 All kernels are plain `[in, out]` matrices and every weight has an original TF1 name
 (`tf1_variable_map`), so checkpoints convert without reshaping.
@@ -45,12 +47,14 @@ import math
 
 import keras
 import tensorflow as tf
+from tensorflow.python.ops import gen_stateless_random_ops_v2
 
 from bert_datagen.datagen.rng import derive_key
 from bert_datagen.trainer.run.config import BertConfig
 
 LAYER_NORM_EPSILON = 1e-12
 ATTENTION_MASK_VALUE = -10000.0
+PHILOX = 1  # TensorFlow's number for the Philox algorithm in its random ops
 
 
 def gelu(x: tf.Tensor) -> tf.Tensor:
@@ -67,14 +71,47 @@ def gelu_exact(x: tf.Tensor) -> tf.Tensor:
 ACTIVATIONS = {"gelu": gelu, "gelu_new": gelu, "gelu_exact": gelu_exact}
 
 
+def dropout_key(seed: tf.Tensor, first_row: tf.Tensor | int = 0) -> tf.Tensor:
+    """The [3] int64 `dropout_seed` of a call whose first row is row `first_row` of the step's global
+    batch: (seed pair, first_row). A [2] seed alone means first_row 0."""
+    seed = tf.cast(tf.convert_to_tensor(seed), tf.int64)
+    return tf.concat([seed[:2], tf.reshape(tf.cast(first_row, tf.int64), [1])], axis=0)
+
+
 def dropout(x: tf.Tensor, rate: float, seed: tf.Tensor | None, site: int) -> tf.Tensor:
-    """Inverted dropout whose mask depends only on (seed, site)."""
+    """Inverted dropout whose mask of each row (the first axis) depends only on (seed pair, site,
+    the row's position in the global batch): `seed` is a `dropout_key` ([3]: the pair and the global
+    position of x's first row; a [2] pair means 0).
+
+    A row's mask is therefore the same whether the global batch runs on one device, is cut over
+    replicas and workers, or over accumulation micro-batches, and with or without XLA: the bits are
+    Philox's raw 32-bit outputs at counter (row position x words per row), which TensorFlow's CPU
+    and GPU kernels and XLA all produce alike (its float conversion is where XLA's uniforms differ,
+    so the threshold is compared on integers)."""
     if seed is None or rate == 0.0:
         return x
-    # Philox named explicitly: "auto_select" may pick another generator under XLA or on another
-    # device, and then --jit or a GPU would draw other masks than the plain CPU run.
-    site_seed = tf.random.experimental.stateless_fold_in(seed, site, alg="philox")
-    return tf.nn.experimental.stateless_dropout(x, rate=rate, seed=site_seed, rng_alg="philox")
+    seed = tf.cast(tf.convert_to_tensor(seed), tf.int64)
+    first_row = seed[2] if seed.shape[0] == 3 else tf.constant(0, tf.int64)
+    site_seed = _low_words(tf.random.experimental.stateless_fold_in(_low_words(seed[:2]), site, alg="philox"))
+    key, counter, _ = gen_stateless_random_ops_v2.stateless_random_get_key_counter_alg(site_seed)
+    shape = tf.shape(x)
+    per_row = tf.cast(tf.reduce_prod(shape[1:]), tf.int64)
+    words = (per_row + 3) // 4  # Philox gives 4 words a counter: each row starts on a counter of its own
+    start = tf.stack([tf.cast(first_row * words, tf.uint64), counter[1]])
+    bits = gen_stateless_random_ops_v2.stateless_random_uniform_full_int_v2(
+        shape=tf.stack([tf.cast(shape[0], tf.int64), words * 4]), key=key, counter=start, alg=PHILOX,
+        dtype=tf.uint32)
+    bits = tf.reshape(bits[:, :per_row], shape)
+    # The top 24 bits as a uniform integer in [0, 2^24): kept where it is at least rate * 2^24.
+    uniform = tf.cast(tf.bitwise.right_shift(bits, tf.constant(8, tf.uint32)), tf.int32)
+    keep = uniform >= int(round(rate * (1 << 24)))
+    return tf.where(keep, x * tf.cast(1.0 / (1.0 - rate), x.dtype), tf.zeros_like(x))
+
+
+def _low_words(seed: tf.Tensor) -> tf.Tensor:
+    """A seed pair as int64 words of 32 bits: XLA reads only the low 32 bits of each seed word, the
+    CPU and GPU kernels all 64, so only such seeds draw the same numbers with and without --jit."""
+    return tf.bitwise.bitwise_and(tf.cast(seed, tf.int64), tf.constant(0xFFFFFFFF, tf.int64))
 
 
 def truncated_normal(config: BertConfig, seed: int, name: str) -> keras.initializers.Initializer:
@@ -213,7 +250,7 @@ class BertEncoder(keras.Model):
         if training and dropout_seed is None and (
             self.config.hidden_dropout_prob > 0 or self.config.attention_probs_dropout_prob > 0
         ):
-            raise ValueError("training=True needs a dropout_seed ([2] int tensor)")
+            raise ValueError("training=True needs a dropout_seed (dropout_key: [3] int tensor, or a [2] seed)")
         seed = tf.convert_to_tensor(dropout_seed) if training and dropout_seed is not None else None
         input_ids = tf.cast(inputs["input_ids"], tf.int32)
         segment_ids = tf.cast(inputs["segment_ids"], tf.int32)

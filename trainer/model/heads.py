@@ -256,7 +256,7 @@ class FineTuneModel(keras.Model):
     def call(self, inputs, training=False, dropout_seed=None):
         seed = tf.convert_to_tensor(dropout_seed) if training and dropout_seed is not None else None
         if training and seed is None:
-            raise ValueError("training=True needs a dropout_seed ([2] int tensor)")
+            raise ValueError("training=True needs a dropout_seed (dropout_key: [3] int tensor, or a [2] seed)")
         encoded = self.encoder(inputs, training=training, dropout_seed=seed)
         return self.head(encoded, dropout_seed=seed)
 

@@ -2,7 +2,7 @@
 run, feed batches, log, evaluate, checkpoint.
 
 Reproducibility: weights start from seeds derived per weight name, dropout masks are a pure function
-of (seed, step, micro-step, replica), the input pipeline is seeded and its position is checkpointed.
+of (seed, step, position in the global batch), the input position is the step.
 With op determinism on, the same data + config + seed give bitwise-identical weights, and a run
 stopped at any checkpoint (or interrupted, or killed) and resumed ends bitwise identical to the
 uninterrupted run.

@@ -5,7 +5,9 @@ One optimizer step = one global batch of `batch_size` sequences, split over repl
 (pre-training: its MLM weight sum and example count; fine-tuning: its examples, or labelled
 positions for tagging), so the summed gradient equals the gradient of the original loss on the
 whole batch: distribution and accumulation change the arithmetic order, not what is computed.
-Dropout masks are a pure function of (seed, step, micro-step, replica).
+Dropout masks are too: each row's mask is a pure function of (seed, step, the row's position in the
+global batch) (`model.bert.dropout_key`), never of the replica, worker, micro-batch or `--jit`, so
+one process, N mirrored replicas, N workers and K accumulation steps draw the same masks.
 
 Pre-training and fine-tuning differ only in their `Objective` (what is minimised); the step around
 it (accumulation, all-reduce, loss-scale unscaling, skipped non-finite steps, clipping, the update)
@@ -20,7 +22,7 @@ from typing import Protocol
 
 import tensorflow as tf
 
-from bert_datagen.trainer.model.bert import BertPretrainer
+from bert_datagen.trainer.model.bert import BertPretrainer, dropout_key
 from bert_datagen.trainer.pretrain.objective import MLM_DENOMINATOR_EPSILON, batch_sums
 from bert_datagen.trainer.run.config import TrainConfig
 from bert_datagen.trainer.run.optimizer import AdamWeightDecay, DynamicLossScale, clip_by_global_norm
@@ -87,13 +89,13 @@ def make_train_step(objective: Objective, optimizer: AdamWeightDecay, strategy: 
 
     micro_grads_fn = tf.function(micro_grads, jit_compile=True) if settings.jit else micro_grads
 
-    def accumulated_grads(batch, total, seed, scale):
+    def accumulated_grads(batch, total, seed, first_row, scale):
         micro = tf.shape(batch["input_ids"])[0] // accum
         grads, totals = None, None
         for k in range(accum):  # unrolled: accumulation counts are small
             part = {name: value[k * micro:(k + 1) * micro] for name, value in batch.items()}
-            part_seed = tf.random.experimental.stateless_fold_in(seed, k, alg="philox")
-            g, sums = micro_grads_fn(part, total, part_seed, scale)
+            part_key = dropout_key(seed, first_row + tf.cast(k * micro, tf.int64))
+            g, sums = micro_grads_fn(part, total, part_key, scale)
             grads = g if grads is None else [a + b for a, b in zip(grads, g, strict=True)]
             totals = sums if totals is None else {n: totals[n] + sums[n] for n in totals}
         return grads, totals
@@ -103,8 +105,11 @@ def make_train_step(objective: Objective, optimizer: AdamWeightDecay, strategy: 
         total = objective.whole_batch_total(batch)
         scale = loss_scale.scale if loss_scale is not None else None
         seed = tf.random.experimental.stateless_fold_in(base_seed, step, alg="philox")
-        seed = tf.random.experimental.stateless_fold_in(seed, ctx.replica_id_in_sync_group, alg="philox")
-        grads, totals = accumulated_grads(batch, total, seed, scale)
+        # Replica r holds rows [r*n, (r+1)*n) of the global batch (`common.replica_slices`, the
+        # workers' shares of the global order), so its rows keep their global positions' masks.
+        rows = tf.cast(tf.shape(batch["input_ids"])[0], tf.int64)
+        first_row = tf.cast(ctx.replica_id_in_sync_group, tf.int64) * rows
+        grads, totals = accumulated_grads(batch, total, seed, first_row, scale)
         if replicas > 1:
             grads = ctx.all_reduce(SUM, grads)
         finite, norm = _unscale_clip_apply(grads, scale, lr, optimizer, loss_scale, settings.clip_norm)
