@@ -1,5 +1,5 @@
 """`--strategy multi-worker` under faults and cluster-size changes, on real worker processes
-(localhost, CPU, tiny model without dropout, --accumulation-steps 2 on --masking dynamic data).
+(localhost, CPU, the tiny model with its default dropout, --accumulation-steps 2 on --masking dynamic data).
 
 To keep the suite's time, one run goes through every change and ends compared with one
 uninterrupted 1-process run of the same global batch:
@@ -87,7 +87,7 @@ def reference(tmp_path_factory):
     root = tmp_path_factory.mktemp("mw-faults")
     data = write_synthetic_dataset(str(root / "ds"), seq_len=32, max_pred=5, vocab_size=120, train_shards=2,
                                    records_per_shard=24, eval_records=8, masking="dynamic")
-    bert = BertConfig.from_name("tiny", 120, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0).to_dict()
+    bert = BertConfig.from_name("tiny", 120).to_dict()  # dropout 0.1, the default
     bert_file = root / "bert_config.json"
     bert_file.write_text(json.dumps(bert))
     result = pretrain(TrainConfig(data=data, out=str(root / "one"), bert_config=bert, strategy="one-device",

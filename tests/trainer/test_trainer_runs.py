@@ -89,9 +89,12 @@ def test_same_seed_bitwise_identical_and_exact_resume(dataset, tmp_path):
 
 
 def test_accumulation_equals_the_full_batch(dataset, tmp_path):
-    no_dropout = BertConfig.from_name("tiny", 120, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0).to_dict()
-    pretrain(config(dataset, tmp_path / "full", steps=2, bert_config=no_dropout), log=lambda _: None)
-    pretrain(config(dataset, tmp_path / "acc", steps=2, bert_config=no_dropout, accumulation_steps=4),
+    # Dropout on (the tiny model's default 0.1): each row's mask is keyed by its place in the global
+    # batch, so micro-batches draw the full batch's masks.
+    bert = BertConfig.from_name("tiny", 120).to_dict()
+    assert bert["hidden_dropout_prob"] == bert["attention_probs_dropout_prob"] == 0.1
+    pretrain(config(dataset, tmp_path / "full", steps=2, bert_config=bert), log=lambda _: None)
+    pretrain(config(dataset, tmp_path / "acc", steps=2, bert_config=bert, accumulation_steps=4),
              log=lambda _: None)
     full, acc = final_weights(tmp_path / "full"), final_weights(tmp_path / "acc")
     for k in full:
@@ -106,11 +109,11 @@ MIRRORED_SCRIPT = textwrap.dedent("""
     from bert_datagen.trainer.run.config import BertConfig, TrainConfig
     from bert_datagen.trainer.pretrain.train import pretrain
     data, out = sys.argv[1], sys.argv[2]
-    bert = BertConfig.from_name("tiny", 120, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0).to_dict()
+    bert = BertConfig.from_name("tiny", 120).to_dict()  # dropout 0.1, the default
     res = {}
     for strategy in ("one-device", "mirrored"):
-        cfg = TrainConfig(data=data, out=f"{out}/{strategy}", bert_config=bert, batch_size=8, steps=3,
-                          learning_rate=2e-3, warmup_steps=1, seed=3, checkpoint_every=3, log_every=3,
+        cfg = TrainConfig(data=data, out=f"{out}/{strategy}", bert_config=bert, batch_size=8, steps=20,
+                          learning_rate=2e-3, warmup_steps=1, seed=3, checkpoint_every=20, log_every=20,
                           eval_batches=2, shuffle_buffer=50, strategy=strategy)
         res[strategy] = pretrain(cfg, log=print)
     a = ck.load_arrays(ck.resolve_checkpoint(f"{out}/one-device"), ck.MODEL_FILE)
