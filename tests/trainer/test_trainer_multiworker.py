@@ -6,6 +6,7 @@ row's place in the global batch, not by worker), 20 steps; one writer; a worker 
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -147,3 +148,36 @@ def test_a_malformed_tf_config_is_one_line(tmp_path):
                                  env={"TF_CONFIG": value})
         assert res.exit_code == 1, res.output
         assert expected in res.output and len(res.output.strip().splitlines()) == 1, res.output
+
+
+@pytest.mark.integration
+def test_workers_that_disagree_stop_before_anything_is_written(tmp_path):
+    data = write_synthetic_dataset(str(tmp_path / "ds"), seq_len=32, max_pred=5, vocab_size=120,
+                                   train_shards=1, records_per_shard=32, eval_records=16)
+    common = ["pretrain", "--data", data, "--out", str(tmp_path / "run"), "--steps", "2", "--strategy",
+              "multi-worker", "--cluster-timeout", "120"]
+    ports = free_ports(2)
+    # Today's failure: worker 1 asked for 16, worker 0 for 8; both used to exit 0 at 12 a step.
+    workers = [bert_train([*common, "--batch-size", size], tf_config(ports, i)) for i, size in enumerate(("8", "16"))]
+    for rc, out, err in (finish(p) for p in workers):
+        lines = [line for line in err.splitlines() if line.strip()]
+        assert rc == 1, out[-2000:] + err[-3000:]
+        assert lines[-1] == ("Error: the workers disagree on --batch-size: worker 0 has 8, worker 1 has 16; every "
+                             "worker must run the same command (only TF_CONFIG's task index differs)"), err[-3000:]
+        assert "Traceback" not in err and "step" not in out, out[-2000:]
+    assert not (tmp_path / "run").exists()
+
+
+def test_the_first_difference_names_the_option_and_both_values():
+    from bert_datagen.trainer.run.cluster import check_same_records
+    from bert_datagen.trainer.run.errors import ConfigError
+
+    base = {"--batch-size": 8, "--skip-batches": [], "--out": "/runs/a", "the checkpoint it resumes from": "ckpt-00000010"}
+    check_same_records([base, dict(base), dict(base)])
+    cases = [({"--skip-batches": [[3, 5]]}, "--skip-batches: worker 0 has [], worker 2 has [[3, 5]]"),
+             ({"--out": "/runs/b"}, '--out: worker 0 has "/runs/a", worker 2 has "/runs/b"'),
+             ({"the checkpoint it resumes from": "none (a new run)"},
+              'the checkpoint it resumes from: worker 0 has "ckpt-00000010", worker 2 has "none (a new run)"')]
+    for change, expected in cases:
+        with pytest.raises(ConfigError, match=re.escape(expected)):
+            check_same_records([base, dict(base), {**base, **change}])

@@ -166,6 +166,9 @@ class FinetuneRun:
         self.legacy_input = False  # set on resume: a run of an earlier version reads through tf.data
         self.world, self.rank = cluster.worker_share()
         self.input: OrderedInput | None = None
+        # Before the chief writes anything: all workers run the same configuration, or none runs.
+        cluster.agree(self.strategy, cluster.start_record(cfg.to_dict(), cfg.out, self.data.identity["fingerprint"],
+                                                          self.bert.to_dict(), self.strategy))
 
     # -- state
 

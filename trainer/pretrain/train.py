@@ -127,6 +127,9 @@ class Run:
         else:
             self.batches = NumpyBatches(training_source(self.info), seed=cfg.seed, batch_size=cfg.batch_size,
                                         world_size=self.world, rank=self.rank)
+        # Before the chief writes anything: all workers run the same configuration, or none runs.
+        cluster.agree(self.strategy, cluster.start_record(cfg.to_dict(), cfg.out, self.info.identity["fingerprint"],
+                                                          self.bert.to_dict(), self.strategy))
 
     # -- state
 

@@ -134,3 +134,64 @@ class _connect_watchdog:
         faulthandler.cancel_dump_traceback_later()
         self.pipe.close()
         self.watcher.wait()
+
+
+AGREEMENT_BYTES = 1 << 16  # room for a run's whole record (a few kB) in the one gather
+
+
+def start_record(options: dict[str, object], run_dir: str, fingerprint: str, model: dict[str, object],
+                 strategy) -> dict[str, object]:
+    """What the workers of one run must agree on (`agree`): every option under its flag name, the
+    run directory as an absolute path, the data's fingerprint, the resolved model, the checkpoint
+    this worker would resume from, and its number of replicas."""
+    from bert_datagen.trainer.run import checkpoint as ckpt_lib
+
+    record: dict[str, object] = {"--" + name.replace("_", "-"): value for name, value in options.items()}
+    record["--out"] = os.path.abspath(run_dir)
+    found = ckpt_lib.list_checkpoints(run_dir) if os.path.isdir(run_dir) else []
+    record["the checkpoint it resumes from"] = str(found[-1][1].name) if found else "none (a new run)"
+    record["the data's fingerprint"] = fingerprint
+    record["the model"] = model
+    record["replicas per worker"] = strategy.num_replicas_in_sync // max(1, worker_share()[0])
+    return record
+
+
+def agree(strategy, record: dict[str, object]) -> None:
+    """Stop every worker, with the same one line, unless all of them hold the same `record` (the
+    whole training configuration, the data fingerprint, the run directory and the checkpoint each
+    would resume from). One all-gather of the records' JSON, so all workers see every record and
+    decide alike; outside a cluster it does nothing. Call it before anything is written: until then
+    a difference (one worker's --batch-size 16 in a cluster of 8s) would train on a batch no worker
+    asked for, or desynchronise the collectives."""
+    task = _joined.get("task")
+    if task is None or strategy.num_replicas_in_sync == 1:
+        return
+    import numpy as np
+    import tensorflow as tf
+
+    blob = json.dumps(record, sort_keys=True, default=str).encode()
+    if len(blob) > AGREEMENT_BYTES:
+        raise ConfigError(f"the run's configuration is {len(blob)} bytes of JSON, more than the {AGREEMENT_BYTES} "
+                          "that workers compare at start-up")
+    padded = np.frombuffer(blob.ljust(AGREEMENT_BYTES, b"\0"), dtype=np.int32)[None, :]
+    values = strategy.experimental_distribute_values_from_function(lambda _ctx: tf.constant(padded))
+    rows = strategy.gather(values, axis=0).numpy()
+    per_worker = strategy.num_replicas_in_sync // len(task.workers)  # type: ignore[union-attr]
+    records = [json.loads(rows[w * per_worker].tobytes().rstrip(b"\0")) for w in range(len(task.workers))]  # type: ignore[union-attr]
+    check_same_records(records)
+
+
+def check_same_records(records: list[dict[str, object]]) -> None:
+    """ConfigError naming the first entry (in name order) where a worker's record differs from the
+    chief's, with both values; every worker calls it on the same records and raises the same line."""
+    for index, other in enumerate(records[1:], start=1):
+        for name in sorted(set(records[0]) | set(other)):
+            if records[0].get(name) != other.get(name):
+                raise ConfigError(f"the workers disagree on {name}: worker 0 has {_shown(records[0].get(name))}, "
+                                  f"worker {index} has {_shown(other.get(name))}; every worker must run the "
+                                  "same command (only TF_CONFIG's task index differs)")
+
+
+def _shown(value: object) -> str:
+    text = json.dumps(value, sort_keys=True)
+    return text if len(text) <= 200 else text[:197] + "..."
