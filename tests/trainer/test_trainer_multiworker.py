@@ -181,3 +181,25 @@ def test_the_first_difference_names_the_option_and_both_values():
     for change, expected in cases:
         with pytest.raises(ConfigError, match=re.escape(expected)):
             check_same_records([base, dict(base), {**base, **change}])
+
+
+def test_a_port_in_use_names_host_and_port(tmp_path):
+    import socket
+
+    from click.testing import CliRunner
+
+    from bert_datagen.trainer.cli import main
+
+    with socket.socket() as taken:
+        taken.bind(("localhost", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        value = json.dumps({"cluster": {"worker": [f"localhost:{port}", "localhost:1"]},
+                            "task": {"type": "worker", "index": 0}})
+        res = CliRunner().invoke(main, ["pretrain", "--data", str(tmp_path), "--out", str(tmp_path / "r"),
+                                        "--steps", "1", "--strategy", "multi-worker"], env={"TF_CONFIG": value})
+    assert res.exit_code == 1, res.output
+    assert res.output.strip() == (f"Error: worker 0 cannot listen on localhost:{port} (its TF_CONFIG address): the "
+                                  "port is in use; free the port or give this worker another one in every "
+                                  "worker's TF_CONFIG"), res.output
+    assert not (tmp_path / "r").exists()

@@ -12,9 +12,11 @@ steps (all of them take part in every collective) and writes nothing (`is_chief`
 
 from __future__ import annotations
 
+import errno
 import faulthandler
 import json
 import os
+import socket
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -99,11 +101,31 @@ def join(timeout: int = DEFAULT_TIMEOUT):
         return _joined["strategy"]
     import tensorflow as tf
 
+    check_port_free(task)
     options = tf.distribute.experimental.CommunicationOptions(timeout_seconds=timeout)
-    with _connect_watchdog(task, timeout):
-        strategy = tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
+    try:
+        with _connect_watchdog(task, timeout):
+            strategy = tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
+    except tf.errors.OpError as exc:  # taken between our check and TensorFlow's own bind
+        raise ConfigError(f"worker {task.index} cannot start its server on {task.workers[task.index]} (its "
+                          f"TF_CONFIG address): {exc.message.strip().splitlines()[0]}") from exc
     _joined.update(task=task, strategy=strategy)
     return strategy
+
+
+def check_port_free(task: ClusterTask) -> None:
+    """ConfigError naming host:port when this worker's TF_CONFIG port cannot be listened on (in use,
+    or not an address of this host); TensorFlow's own error names neither."""
+    address = task.workers[task.index]
+    port = int(address.rpartition(":")[2])
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # a port in TIME_WAIT is free to TF too
+        try:
+            probe.bind(("", port))  # where TensorFlow's server listens (all interfaces)
+        except OSError as exc:
+            why = "the port is in use" if exc.errno == errno.EADDRINUSE else (exc.strerror or str(exc))
+            raise ConfigError(f"worker {task.index} cannot listen on {address} (its TF_CONFIG address): {why}; "
+                              "free the port or give this worker another one in every worker's TF_CONFIG") from exc
 
 
 class _connect_watchdog:
