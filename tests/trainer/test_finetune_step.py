@@ -4,7 +4,6 @@ two mirrored replicas, mixed precision and an XLA-compiled step. Fine-tuning sha
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import os
 import re
@@ -20,28 +19,16 @@ tf = pytest.importorskip("tensorflow")
 
 from bert_datagen.trainer.finetune.run import FinetuneConfig, FinetuneRun, finetune  # noqa: E402
 from bert_datagen.trainer.run import checkpoint as ckpt_lib  # noqa: E402
-from tests.support.task_fixtures import classification_dataset, span_dataset, tiny_bert, write_pretrain_run  # noqa: E402
+from tests.support.task_fixtures import classification_dataset, write_pretrain_run  # noqa: E402
 from tests.support.xla_checks import Recorded, assert_static_and_compiled, to_object_store  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent.parent
 TESTS = Path(__file__).resolve().parent.parent
 
 
-def no_dropout_bert():
-    # The span head has no dropout of its own: with the encoder's off, a step is deterministic
-    # arithmetic that another replica split or XLA must reproduce (dropout masks depend on the
-    # replica and, under XLA, on its random generator).
-    return dataclasses.replace(tiny_bert(), hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
-
-
 @pytest.fixture(scope="module")
 def init_run(tmp_path_factory) -> str:
     return write_pretrain_run(str(tmp_path_factory.mktemp("pre") / "run"))
-
-
-@pytest.fixture(scope="module")
-def no_dropout_run(tmp_path_factory) -> str:
-    return write_pretrain_run(str(tmp_path_factory.mktemp("pre0") / "run"), no_dropout_bert())
 
 
 def _cfg(data: str, out: Path, init: str, **kw) -> FinetuneConfig:
@@ -73,8 +60,8 @@ MIRRORED = textwrap.dedent("""
     runs = {"one-device": {"strategy": "one-device"}, "one-device-acc2": {"strategy": "one-device", "accumulation_steps": 2},
             "mirrored-acc2": {"strategy": "mirrored", "accumulation_steps": 2}}
     for name, kw in runs.items():
-        run = FinetuneRun(FinetuneConfig(data=data, out=f"{out}/{name}", init_from=init, epochs=1, max_steps=3,
-                                         learning_rate=1e-3, batch_size=8, log_every=3, seed=5, **kw), log=print)
+        run = FinetuneRun(FinetuneConfig(data=data, out=f"{out}/{name}", init_from=init, epochs=2, max_steps=20,
+                                         learning_rate=1e-3, batch_size=8, log_every=20, seed=5, **kw), log=print)
         print("REPLICAS", name, run.strategy.num_replicas_in_sync)
         result = run.run()
         print("METRICS", name, *(f"{k}={v!r}" for k, v in sorted(result["final"].items())))
@@ -91,12 +78,13 @@ MIRRORED = textwrap.dedent("""
 
 
 @pytest.mark.integration
-def test_mirrored_over_two_cpus_equals_one_device(tmp_path, no_dropout_run):
-    data = span_dataset(str(tmp_path / "span"))
+def test_mirrored_over_two_cpus_equals_one_device(tmp_path, init_run):
+    # Dropout on everywhere (the encoder's 0.1 and the classification head's own 0.1).
+    data = classification_dataset(str(tmp_path / "cls"))
     script = tmp_path / "mirrored.py"
     script.write_text(MIRRORED)
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONPATH": os.pathsep.join([str(REPO), str(TESTS)])}
-    proc = subprocess.run([sys.executable, str(script), data, no_dropout_run, str(tmp_path)], capture_output=True,
+    proc = subprocess.run([sys.executable, str(script), data, init_run, str(tmp_path)], capture_output=True,
                           text=True, timeout=400, cwd=REPO, env=env)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     lines = proc.stdout.splitlines()
@@ -150,25 +138,23 @@ def test_mixed_precision_runs_close_to_float32(tmp_path, init_run):
 
 
 @pytest.mark.integration
-def test_jit_compiled_step_matches_the_graph_step(tmp_path, no_dropout_run):
-    data = span_dataset(str(tmp_path / "span"))
-    graph = finetune(_cfg(data, tmp_path / "graph", no_dropout_run), log=lambda _: None)
+def test_jit_compiled_step_matches_the_graph_step(tmp_path, init_run):
+    # Dropout on (the encoder's 0.1 and the classification head's own): XLA draws the same masks.
+    data = classification_dataset(str(tmp_path / "cls"))
+    graph = finetune(_cfg(data, tmp_path / "graph", init_run, max_steps=6), log=lambda _: None)
     # TPU readiness (tests/trainer/test_trainer_tpu_ready.py), here where an XLA run is paid for
     # anyway: the data read through tf.io.gfile (ram:// for gs://), the step compiled from static shapes.
-    remote = to_object_store(data, f"ram://{tmp_path.name}/span")
-    run = FinetuneRun(_cfg(remote, tmp_path / "xla", no_dropout_run, jit=True), log=lambda _: None)
+    remote = to_object_store(data, f"ram://{tmp_path.name}/cls")
+    run = FinetuneRun(_cfg(remote, tmp_path / "xla", init_run, jit=True, max_steps=6), log=lambda _: None)
     run.train_step = recorded = Recorded(run.train_step)
     xla = run.run()
     assert_static_and_compiled(recorded, micro_batch=8)
     _assert_finite_metrics(graph)
     _assert_finite_metrics(xla)
     a, b = _arrays(tmp_path / "graph"), _arrays(tmp_path / "xla")
-    start = _arrays(Path(no_dropout_run))
+    start = _arrays(Path(init_run))
     assert not np.array_equal(a["bert/encoder/layer_0/output/dense/kernel"],
                               start["bert/encoder/layer_0/output/dense/kernel"])
-    for k in a:
-        np.testing.assert_allclose(b[k], a[k], atol=1e-5, err_msg=k)
-    # With dropout (the classification head's own) under XLA, end to end.
-    cls = classification_dataset(str(tmp_path / "cls"))
-    _assert_finite_metrics(finetune(_cfg(cls, tmp_path / "xla-cls", no_dropout_run, jit=True, max_steps=2),
-                                    log=lambda _: None))
+    worst = max(float(np.abs(b[k] - a[k]).max()) for k in a)
+    print("MAX_ABS_WEIGHT_DIFF_JIT", worst)
+    assert worst <= 1e-5

@@ -40,7 +40,7 @@ def test_two_workers_equal_one_process_and_only_the_chief_writes(tmp_path):
     bert.write_text(json.dumps(config.to_dict()))
     common = ["pretrain", "--data", data, "--bert-config", str(bert), "--batch-size", "8", "--steps", "20",
               "--learning-rate", "2e-3", "--warmup-steps", "1", "--seed", "3", "--checkpoint-every", "10",
-              "--log-every", "1", "--eval-batches", "1", "--shuffle-buffer", "50"]
+              "--log-every", "1", "--eval-batches", "1"]
     ports = free_ports(2)
     one = bert_train([*common, "--out", str(tmp_path / "one"), "--strategy", "one-device"])
     workers = [bert_train([*common, "--out", str(tmp_path / "two"), "--strategy", "multi-worker",
