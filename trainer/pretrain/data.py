@@ -26,6 +26,7 @@ from bert_datagen.datagen import records
 from bert_datagen.datagen.example_exact import decode_example
 from bert_datagen.datagen.records import INSTANCE_KEY, feature_spec
 from bert_datagen.datagen.tfrecord import RecordError, iter_tfrecords, masked_crc32c
+from bert_datagen.trainer.pretrain.options import refuse_manifest_contradictions
 from bert_datagen.trainer.run.config import BertConfig
 from bert_datagen.trainer.run.errors import DataError
 from bert_datagen.trainer.run.gfs import GFILE_FS
@@ -89,6 +90,7 @@ def open_pretraining_data(data: str, max_seq_length: int | None = None, max_pred
             info = _from_globs(os.path.join(data, "*"), max_seq_length, max_predictions_per_seq, eval_data)
         else:
             info = _from_manifest(data)
+            refuse_manifest_contradictions(info, max_seq_length, max_predictions_per_seq, eval_data)
     else:
         info = _from_globs(data, max_seq_length, max_predictions_per_seq, eval_data)
     info.identity = dataset_identity(info)

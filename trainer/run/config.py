@@ -136,6 +136,12 @@ def check_seed(value: object, option: str) -> None:
 
 
 STRATEGIES = ("auto", "one-device", "mirrored", "tpu", "multi-worker")
+
+
+def check_tpu(tpu: str | None, strategy: str) -> None:
+    """A TPU address only means something to the tpu strategy (auto never picks a TPU)."""
+    if tpu is not None and strategy != "tpu":
+        raise ConfigError(f"--tpu {tpu!r} applies only with --strategy tpu, not --strategy {strategy}")
 PRECISIONS = ("float32", "mixed_bfloat16", "mixed_float16")
 OPTIMIZERS = ("adamw", "lamb")  # the original AdamWeightDecay; LAMB (trainer/run/optimizer.py)
 
@@ -162,7 +168,9 @@ class TrainConfig:
     max_predictions_per_seq: int | None = None
     vocab_size: int | None = None
     eval_data: str | None = None  # eval TFRecord glob for --data globs
-    shuffle_buffer: int = 10000
+    # Only runs started by an earlier version, which read through tf.data, use a shuffle buffer; they
+    # resume with the one they recorded (`legacy_shuffle_buffer`). None: the global order (no buffer).
+    shuffle_buffer: int | None = None
     checkpoint_every: int = 1000
     keep_checkpoints: int = 3
     eval_every: int = 0  # 0: only at the end
@@ -186,6 +194,8 @@ class TrainConfig:
                     "eval_batches", "log_every", "shuffle_buffer")
         for name in positive:
             value = getattr(self, name)
+            if value is None and name == "shuffle_buffer":
+                continue
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise ConfigError(f"{name} must be a positive integer, got {value!r}")
         check_seed(self.seed, "seed")
@@ -215,6 +225,10 @@ class TrainConfig:
             raise ConfigError(f"unknown model size {self.model!r}; choose one of {', '.join(MODEL_SIZES)}")
         if self.init_from and self.init_checkpoint:
             raise ConfigError("--init-from and --init-checkpoint are exclusive")
+        if self.bert_config is not None and self.vocab_size is not None:
+            raise ConfigError(f"--vocab-size does not apply with a model config (--bert-config, --init-checkpoint): "
+                              f"its vocab size {self.bert_config.get('vocab_size')} is the model's")
+        check_tpu(self.tpu, self.strategy)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -229,7 +243,9 @@ class TrainConfig:
 
     # Options that may change between invocations of the same run without changing what it
     # computes (how often it reports, which devices run it). `steps` is not one: it sets the
-    # learning-rate decay. `extra` is a field that runs of earlier versions recorded.
+    # learning-rate decay. `extra` is a field that runs of earlier versions recorded. A run of an
+    # earlier version reads with the shuffle buffer it recorded, whatever is given
+    # (`legacy_shuffle_buffer` refuses another); other runs have none.
     RESUMABLE_CHANGES: ClassVar[frozenset[str]] = frozenset({"out", "checkpoint_every", "keep_checkpoints", "eval_every",
                                    "eval_batches", "log_every", "strategy", "jit", "tpu", "extra",
-                                   "skip_batches"})
+                                   "skip_batches", "shuffle_buffer"})
