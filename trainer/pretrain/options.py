@@ -1,7 +1,8 @@
 """The options of `bert-train pretrain` and `eval` that only some data or runs use, checked against
 the data and run they meet: a value the data contradicts, or one this run would not use, is refused
 (or, where scripts have long passed it, dropped with a warning) before any work, so that the run's
-record (train_config.json) is what ran.
+record (train_config.json) is what ran. The lengths and --eval-data a manifest contradicts are
+checked where the data is opened (`data.refuse_manifest_contradictions`).
 """
 
 from __future__ import annotations
@@ -9,32 +10,16 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING
+
+import tensorflow as tf
 
 from bert_datagen.contract.manifest import MANIFEST_NAME
+from bert_datagen.trainer.pretrain.data import DatasetInfo, load_dataset_manifest
 from bert_datagen.trainer.run.errors import ConfigError, DataError
-
-if TYPE_CHECKING:
-    from bert_datagen.trainer.pretrain.data import DatasetInfo
+from bert_datagen.trainer.run.rundir import TRAIN_CONFIG_FILE
 
 # The shuffle buffer of runs of earlier versions that recorded none (their default then).
 LEGACY_SHUFFLE_BUFFER = 10000
-
-
-def refuse_manifest_contradictions(info: DatasetInfo, max_seq_length: int | None,
-                                   max_predictions_per_seq: int | None, eval_data: str | None) -> None:
-    """A dataset with a manifest states its lengths and splits; the options for TFRecord globs
-    without one may repeat them but not contradict them (the data would win, the record would lie)."""
-    manifest = f"{info.source}/{MANIFEST_NAME}"
-    for option, given, states in (("--max-seq-length", max_seq_length, info.max_seq_length),
-                                  ("--max-predictions-per-seq", max_predictions_per_seq,
-                                   info.max_predictions_per_seq)):
-        if given is not None and given != states:
-            raise DataError(f"{option} {given} contradicts {manifest}, which says {states}: the records have "
-                            f"the manifest's shape (the option is for TFRecord globs without a manifest)")
-    if eval_data:
-        raise DataError(f"--eval-data {eval_data} does not apply to a dataset with a manifest: {manifest} "
-                        "names its eval split (the option is for TFRecord globs without a manifest)")
 
 
 def model_vocab_size(info: DatasetInfo, vocab_size: int | None) -> int | None:
@@ -50,24 +35,20 @@ def no_eval_split(data: str, eval_data: str | None) -> str | None:
     cannot be read yet (opening it later says why)."""
     if eval_data:
         return None
-    import tensorflow as tf
-
-    from bert_datagen.trainer.pretrain.data import load_dataset_manifest
-
     manifest_path = os.path.join(data, MANIFEST_NAME)
     if tf.io.gfile.isdir(data) and tf.io.gfile.exists(manifest_path):
         manifest = load_dataset_manifest(data)
         if manifest is None or manifest.get("splits", {}).get("eval", {}).get("shards"):
             return None
         return f"{manifest_path} has no eval split (`bert-datagen run --eval-fraction` makes one)"
+    if not tf.io.gfile.isdir(data) and not any(tf.io.gfile.glob(p.strip()) for p in data.split(",")):
+        return None  # not data at all: opening it says so
     return f"--data {data} has no manifest and no --eval-data is given, so there is no eval split"
 
 
 def legacy_shuffle_buffer(run_dir: str | Path, given: int | None) -> int:
     """The shuffle buffer of a run started by an earlier version (it reads through tf.data): the one
     it recorded; another given one is refused, as it would change the batches of the resumed run."""
-    from bert_datagen.trainer.run.rundir import TRAIN_CONFIG_FILE
-
     path = Path(run_dir) / TRAIN_CONFIG_FILE
     try:
         recorded = json.loads(path.read_text()).get("shuffle_buffer")
