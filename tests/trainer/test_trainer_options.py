@@ -76,6 +76,12 @@ def test_lengths_the_manifest_states_are_accepted_and_recorded(data, bert_config
     recorded = json.loads((out / "train_config.json").read_text())
     assert (recorded["max_seq_length"], recorded["max_predictions_per_seq"]) == (16, 3)
     assert recorded["shuffle_buffer"] is None  # the global order has no buffer
+    assert recorded["model"] is None and recorded["bert_config"]["hidden_size"] == 16  # no size name ran
+    # A run of an earlier version recorded the default size name beside its model config: it resumes.
+    (out / "train_config.json").write_text(json.dumps({**recorded, "model": "tiny"}))
+    code, output = cli(*pretrain_args(data, out, bert_config, "--max-seq-length", 16,
+                                      "--max-predictions-per-seq", 3))
+    assert code == 0 and "resumed from" in output, output
     code, output = cli("eval", "--run", out, "--data", data, "--max-predictions-per-seq", 5)
     assert code == 1 and "Error: --max-predictions-per-seq 5 contradicts" in output, output
     code, output = cli("eval", "--run", out, "--data", data, "--max-seq-length", 16, "--batch-size", 8)

@@ -60,6 +60,11 @@ class FinetuneConfig:
     def __post_init__(self) -> None:
         self.validate()
 
+    @staticmethod
+    def settings_of_record(recorded: dict[str, Any]) -> dict[str, Any]:
+        """A recorded finetune_config.json as this version records the same run (no change so far)."""
+        return recorded
+
     def validate(self) -> None:
         if (self.init_from is None) == (self.init_checkpoint is None):
             raise ConfigError("pass exactly one of --init-from and --init-checkpoint")

@@ -152,7 +152,7 @@ class TrainConfig:
 
     data: str  # dataset directory (manifest.json) or a TFRecord glob of the original tool
     out: str
-    model: str = "tiny"  # a size name; ignored when bert_config is given
+    model: str | None = "tiny"  # a size name; None (as recorded) when bert_config gives the model
     bert_config: dict[str, Any] | None = None  # explicit model (from --bert-config FILE)
     batch_size: int = 32  # global batch (sequences per optimizer step, all replicas, all micro-steps)
     accumulation_steps: int = 1
@@ -187,7 +187,17 @@ class TrainConfig:
     skip_batches: list[list[int]] = dataclasses.field(default_factory=list)
 
     def __post_init__(self) -> None:
+        if self.bert_config is not None:
+            self.model = None  # the record says what ran: the config's model, not a size
         self.validate()
+
+    @staticmethod
+    def settings_of_record(recorded: dict[str, Any]) -> dict[str, Any]:
+        """A recorded train_config.json as this version records the same run (runs of earlier versions
+        recorded a size name beside the model config that replaced it)."""
+        if recorded.get("bert_config") is not None:
+            return {**recorded, "model": None}
+        return recorded
 
     def validate(self) -> None:
         positive = ("batch_size", "accumulation_steps", "steps", "checkpoint_every", "keep_checkpoints",
