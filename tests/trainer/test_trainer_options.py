@@ -15,7 +15,7 @@ from click.testing import CliRunner  # noqa: E402
 
 from bert_datagen.trainer.cli import main  # noqa: E402
 from bert_datagen.trainer.finetune.config import FinetuneConfig  # noqa: E402
-from bert_datagen.trainer.pretrain.options import legacy_shuffle_buffer  # noqa: E402
+from bert_datagen.trainer.pretrain.options import as_run, legacy_shuffle_buffer  # noqa: E402
 from bert_datagen.trainer.run import checkpoint as ckpt_lib  # noqa: E402
 from bert_datagen.trainer.run.config import TrainConfig  # noqa: E402
 from bert_datagen.trainer.run.errors import ConfigError  # noqa: E402
@@ -133,6 +133,11 @@ def test_a_run_of_tf_data_resumes_with_the_shuffle_buffer_it_recorded(tmp_path):
         legacy_shuffle_buffer(tmp_path, 16)
     (tmp_path / "train_config.json").write_text(json.dumps({"steps": 3}))  # recorded before the field
     assert legacy_shuffle_buffer(tmp_path, None) == 10000
+    # Through the API too, a run of the global order records no buffer (and says so once).
+    logged: list[str] = []
+    cfg = TrainConfig(data="d", out="o", shuffle_buffer=50)
+    assert as_run(cfg, False, logged.append).shuffle_buffer is None and len(logged) == 1
+    assert as_run(cfg, True, logged.append) is cfg and len(logged) == 1
 
 
 def test_configs_refuse_a_tpu_address_without_the_tpu_strategy():

@@ -58,17 +58,15 @@ def _unused_run_options(strategy: str, bert_config_file: str | None, init_checkp
 
 def _check_data_options(ctx: click.Context, options: dict) -> None:
     """The options that only some data or runs use, against those of this run (trainer/pretrain/options.py)."""
-    from bert_datagen.trainer.pretrain.options import no_eval_split
+    from bert_datagen.trainer.pretrain.options import no_eval_split, unused_shuffle_buffer
     from bert_datagen.trainer.run.checkpoint import reads_through_tf_data
 
     reason = no_eval_split(options["data"], options["eval_data"])
     if reason:
         refuse_unused_options(ctx, {"eval_every": reason, "eval_batches": reason})
-    if options["shuffle_buffer"] is not None and not reads_through_tf_data(options["out"]):
-        # Scripts have long passed it: warned and dropped rather than refused, and not recorded.
-        click.echo(f"warning: --shuffle-buffer {options['shuffle_buffer']} has no effect: the run reads the global "
-                   "order (its shuffle is a pure function of --seed); only runs started by an earlier version, "
-                   "which read through tf.data, use a buffer", err=True)
+    warning = unused_shuffle_buffer(options["shuffle_buffer"], reads_through_tf_data(options["out"]))
+    if warning:  # on stderr, once; the run then records none
+        click.echo(warning, err=True)
         options["shuffle_buffer"] = None
 
 

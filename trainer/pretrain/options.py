@@ -7,14 +7,17 @@ checked where the data is opened (`data.refuse_manifest_contradictions`).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 import tensorflow as tf
 
 from bert_datagen.contract.manifest import MANIFEST_NAME
 from bert_datagen.trainer.pretrain.data import DatasetInfo, load_dataset_manifest
+from bert_datagen.trainer.run.config import TrainConfig
 from bert_datagen.trainer.run.errors import ConfigError, DataError
 from bert_datagen.trainer.run.rundir import TRAIN_CONFIG_FILE
 
@@ -59,3 +62,22 @@ def legacy_shuffle_buffer(run_dir: str | Path, given: int | None) -> int:
         raise ConfigError(f"--shuffle-buffer {given}: {path} records {recorded}, the buffer this run (started by "
                           "an earlier version, reading through tf.data) reads with; resume it with that")
     return recorded
+
+
+def unused_shuffle_buffer(shuffle_buffer: int | None, reads_through_tf_data: bool) -> str | None:
+    """The warning for a shuffle buffer the run would not use (scripts have long passed one, so it is
+    dropped, not refused, and the run records none); None when there is none to drop."""
+    if shuffle_buffer is None or reads_through_tf_data:
+        return None
+    return (f"warning: --shuffle-buffer {shuffle_buffer} has no effect: the run reads the global order (its "
+            "shuffle is a pure function of --seed); only runs started by an earlier version, which read "
+            "through tf.data, use a buffer")
+
+
+def as_run(cfg: TrainConfig, reads_through_tf_data: bool, log: Callable[[str], None]) -> TrainConfig:
+    """`cfg` as the run records it: without a shuffle buffer it does not use (warned once)."""
+    warning = unused_shuffle_buffer(cfg.shuffle_buffer, reads_through_tf_data)
+    if warning is None:
+        return cfg
+    log(warning)
+    return dataclasses.replace(cfg, shuffle_buffer=None)

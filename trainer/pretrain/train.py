@@ -43,7 +43,7 @@ from bert_datagen.trainer.pretrain.data import (
 )
 from bert_datagen.trainer.pretrain.evaluate import evaluate_model
 from bert_datagen.trainer.pretrain.objective import losses_from_sums
-from bert_datagen.trainer.pretrain.options import legacy_shuffle_buffer, model_vocab_size
+from bert_datagen.trainer.pretrain.options import as_run, legacy_shuffle_buffer, model_vocab_size
 from bert_datagen.trainer.run import checkpoint as ckpt_lib
 from bert_datagen.trainer.run import cluster, rundir
 from bert_datagen.trainer.run.common import (
@@ -118,6 +118,7 @@ class Run:
         # Runs started before the global order read through tf.data to the end, from the iterator
         # state their checkpoints hold, so that they resume on the batches they would have read.
         self.legacy_input = ckpt_lib.reads_through_tf_data(self.run_dir)
+        self.cfg = cfg = as_run(cfg, self.legacy_input, log)
         self.world, self.rank = (1, 0) if self.legacy_input else cluster.worker_share()
         if self.legacy_input:
             if cfg.skip_batches:
