@@ -170,7 +170,7 @@ def _train_and_evaluate(s: Settings, run: str, data: str, held_out: str, seed: i
     pretrain(TrainConfig(data=data, out=run, model=s.model, batch_size=s.batch_size, steps=s.steps,
                          learning_rate=s.learning_rate, warmup_steps=max(s.steps // 10, 1), seed=seed,
                          checkpoint_every=s.steps, keep_checkpoints=1, log_every=max(s.steps // 4, 1),
-                         eval_batches=1, shuffle_buffer=5000), log=lambda _: None)
+                         eval_batches=1), log=lambda _: None)
     with open(os.path.join(held_out, "manifest.json")) as f:
         held_out_records = json.load(f)["splits"]["eval"]["records"]
     result = evaluate_run(run, held_out, batch_size=min(32, held_out_records), max_batches=s.eval_batches)

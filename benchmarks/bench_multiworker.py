@@ -83,7 +83,7 @@ def run(args: argparse.Namespace, work: Path) -> dict:
         results["pretrain"] = compare(work / "pretrain", [
             "pretrain", "--data", data, "--bert-config", str(bert), "--batch-size", str(batch), "--steps",
             str(args.steps), "--learning-rate", "2e-3", "--warmup-steps", "1", "--seed", "3", "--log-every", "1",
-            "--eval-batches", "1", "--shuffle-buffer", "50", *accumulation], args.workers)
+            "--eval-batches", "1", *accumulation], args.workers)
     if "finetune" in args.tasks:
         # A span task: its head has no dropout (the classification and tagging heads keep a fixed 0.1,
         # whose masks depend on the replica, so those match a one-process run over as many replicas).

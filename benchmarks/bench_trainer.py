@@ -69,7 +69,7 @@ def _make_run(workdir: str, size: str, vocab: int, seq: int, preds: int, batch: 
         write_synthetic_dataset(data, seq_len=seq, max_pred=preds, vocab_size=vocab, train_shards=4,
                                 records_per_shard=256, eval_records=0, masking=masking)
     cfg = TrainConfig(data=data, out=os.path.join(workdir, f"run-{size}-{masking}"), model=size, batch_size=batch,
-                      steps=10**6, learning_rate=1e-4, warmup_steps=100, shuffle_buffer=1000)
+                      steps=10**6, learning_rate=1e-4, warmup_steps=100)
     return Run(cfg, log=lambda _: None)
 
 

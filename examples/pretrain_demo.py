@@ -125,12 +125,12 @@ def main(argv: list[str] | None = None) -> int:
     pretrain(TrainConfig(data=data128, out=phase1, model="tiny", batch_size=args.batch_size,
                          steps=args.phase1_steps, learning_rate=5e-4, warmup_steps=args.phase1_steps // 10,
                          seed=args.seed, checkpoint_every=max(args.phase1_steps // 4, 1), log_every=250,
-                         eval_batches=20, shuffle_buffer=5000))
+                         eval_batches=20))
     phase2 = os.path.join(out, "phase2")
     stage(f"phase 2: 512 tokens from phase 1, {args.phase2_steps} steps of 4 -> {phase2}")
     pretrain(TrainConfig(data=data512, out=phase2, model="tiny", batch_size=4, steps=args.phase2_steps,
                          learning_rate=5e-4, warmup_steps=args.phase2_steps // 10, seed=args.seed,
-                         checkpoint_every=args.phase2_steps, log_every=25, eval_batches=20, shuffle_buffer=1000,
+                         checkpoint_every=args.phase2_steps, log_every=25, eval_batches=20,
                          init_from=phase1))
 
     results = {"phase1 on 128-token eval": evaluate_run(phase1, data128, batch_size=16),

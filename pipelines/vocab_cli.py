@@ -7,10 +7,11 @@ from collections.abc import Iterator
 
 import click
 
+from bert_datagen.contract.cli.plumbing import given, refuse_unused_options
 from bert_datagen.contract.vocab_io import write_vocab
 from bert_datagen.datagen.config import INPUT_FORMATS
 from bert_datagen.pipelines.beam import fsio
-from bert_datagen.vocab.train import LAYOUTS, train_vocab
+from bert_datagen.vocab.train import LAYOUTS, resolve_layout, train_vocab
 from bert_datagen.vocab.vocab_file import VocabError
 
 
@@ -39,7 +40,8 @@ def iter_corpus_texts(patterns: list[str], config, stats: dict[str, int]) -> Ite
               default="text", show_default=True)
 @click.option("--text-field", default="text", show_default=True, help="JSON field holding the text (jsonl).")
 @click.option("--num-unused", type=click.IntRange(min=0), default=994, show_default=True,
-              help="[unusedN] slots (Google: 994, of which 99 sit before [UNK]).")
+              help="[unusedN] slots (Google: 994, of which 99 sit before [UNK]). --layout auto's compact "
+                   "layout has none unless this is given.")
 @click.option("--layout", type=click.Choice(LAYOUTS), default="auto", show_default=True,
               help="Reserved-id layout: google ([UNK]=100), compact ([PAD],[UNK],[CLS],[SEP],[MASK] = 0..4), "
                    "or auto (google when the vocab has room for 1,000 learned pieces after the reserved ids).")
@@ -48,9 +50,15 @@ def iter_corpus_texts(patterns: list[str], config, stats: dict[str, int]) -> Ite
 @click.option("--limit-alphabet", type=click.IntRange(min=1), default=1000, show_default=True,
               help="Most single characters kept in the initial alphabet.")
 @click.option("--strict", is_flag=True, default=False, help="Fail on invalid UTF-8 instead of replacing it.")
-def vocab_command(inputs, output, vocab_size, do_lower_case, input_format, text_field, num_unused, layout,
-                  min_frequency, limit_alphabet, strict) -> None:
+@click.pass_context
+def vocab_command(ctx: click.Context, inputs, output, vocab_size, do_lower_case, input_format, text_field,
+                  num_unused, layout, min_frequency, limit_alphabet, strict) -> None:
     """Train a WordPiece vocabulary in Google's vocab.txt layout."""
+    if input_format != "jsonl":
+        refuse_unused_options(ctx, {"text_field": f"--input-format {input_format} has no fields (only jsonl does)"})
+    if layout == "auto" and given(ctx, "num_unused") and resolve_layout(layout, vocab_size, num_unused)[0] == "compact":
+        # auto's compact layout has no [unused] slots; slots the user asked for are kept.
+        layout = "compact"
     from bert_datagen.datagen.config import ConfigError, DatagenConfig
     from bert_datagen.datagen.readers import InputError
     from bert_datagen.pipelines.beam.fsio import InputNotFoundError, match_files

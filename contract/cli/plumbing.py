@@ -346,3 +346,20 @@ def closest_option(name: str, known: Sequence[str]) -> str:
     normal = {k.replace("_", "-"): k for k in known}
     match = difflib.get_close_matches(name.replace("_", "-"), list(normal), n=1, cutoff=0.6)
     return f" (did you mean {normal[match[0]]}?)" if match else ""
+
+
+def given(ctx: click.Context, name: str) -> bool:
+    """Whether the user gave parameter ``name`` (on the command line or through the environment),
+    as opposed to its default."""
+    from click.core import ParameterSource
+
+    return ctx.get_parameter_source(name) in (ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT)
+
+
+def refuse_unused_options(ctx: click.Context, unused: dict[str, str]) -> None:
+    """Usage error (exit 2) for an option the user gave that this run would ignore; ``unused`` maps
+    a parameter name to why it does not apply. A default is never an error: only what the user
+    asked for and would not get."""
+    for param in ctx.command.params:
+        if param.name in unused and given(ctx, param.name):
+            raise click.UsageError(f"{param.opts[0]} does not apply here: {unused[param.name]}")

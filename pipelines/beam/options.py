@@ -17,7 +17,7 @@ from typing import TypeVar
 
 import click
 
-from bert_datagen.contract.cli.plumbing import closest_option
+from bert_datagen.contract.cli.plumbing import closest_option, refuse_unused_options
 from bert_datagen.pipelines.beam.runners import RUNNERS, RunnerError, RunnerOptions
 
 F = TypeVar("F", bound=Callable[..., object])
@@ -96,18 +96,6 @@ def beam_args_of(ctx: click.Context) -> list[str]:
     return args
 
 
-def refuse_unused_options(ctx: click.Context, unused: dict[str, str]) -> None:
-    """Usage error (exit 2) for an option the user gave (on the command line or through the
-    environment) that this run would ignore; ``unused`` maps a parameter name to why it does not
-    apply. A default is never an error: only what the user asked for and would not get."""
-    from click.core import ParameterSource
-
-    given = (ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT)
-    for param in ctx.command.params:
-        if param.name in unused and ctx.get_parameter_source(param.name) in given:
-            raise click.UsageError(f"{param.opts[0]} does not apply here: {unused[param.name]}")
-
-
 def dataset_options(f: F) -> F:
     """--vocab, --output, --overwrite and the runner options of a command that writes a dataset."""
     decorators = [
@@ -138,13 +126,26 @@ def usage_errors() -> Iterator[None]:
         raise click.UsageError(str(e)) from e
 
 
+def _unused_runner_options(runner: str, dask_scheduler: str | None, beam_args: list[str]) -> dict[str, str]:
+    """The runner options this run would ignore, and why."""
+    if runner.lower() != "daskrunner":
+        why = f"--runner {runner} is not DaskRunner (only it reads the Dask options)"
+        return {"dask_scheduler": why, "dask_workers": why}
+    if dask_scheduler is not None or any(a.split("=", 1)[0] == "--dask_client_address" for a in beam_args):
+        return {"dask_workers": "a running scheduler is given, whose own workers run the pipeline "
+                                "(--dask-workers sizes the local cluster started without one)"}
+    return {}
+
+
 def runner_options_of(ctx: click.Context, options: dict) -> RunnerOptions:
     """Takes the runner options of `dataset_options` out of ``options``, with the command's Beam
     options (``beam_args_of``), as one RunnerOptions; a value it refuses is a usage error."""
     beam_args = beam_args_of(ctx)
     with usage_errors():
-        return RunnerOptions(runner=options.pop("runner"), beam_args=tuple(beam_args),
-                             dask_scheduler=options.pop("dask_scheduler"), dask_workers=options.pop("dask_workers"))
+        runner = RunnerOptions(runner=options.pop("runner"), beam_args=tuple(beam_args),
+                               dask_scheduler=options.pop("dask_scheduler"), dask_workers=options.pop("dask_workers"))
+    refuse_unused_options(ctx, _unused_runner_options(runner.runner, runner.dask_scheduler, beam_args))
+    return runner
 
 
 def summary_lines(rows: list[tuple[str, str]]) -> str:

@@ -6,7 +6,7 @@ import sys
 
 import click
 
-from bert_datagen.contract.cli.plumbing import FiniteFloat
+from bert_datagen.contract.cli.plumbing import FiniteFloat, refuse_unused_options
 from bert_datagen.datagen.config import (
     INPUT_FORMATS,
     MASKING_UNITS,
@@ -19,7 +19,6 @@ from bert_datagen.pipelines.beam.options import (
     PASS_THROUGH_SETTINGS,
     dataset_options,
     driver_errors,
-    refuse_unused_options,
     runner_options_of,
     summary_lines,
     usage_errors,
@@ -36,9 +35,18 @@ def parse_mask_ratios(text: str) -> tuple[float, float, float]:
     return values  # type: ignore[return-value]
 
 
-def _unused_options(objective: str, input_format: str, packing: bool = False) -> dict[str, str]:
-    """The options a run with this objective and input format would ignore, and why."""
+def _unused_options(objective: str, input_format: str, packing: bool = False,
+                    num_shards: int | None = None, eval_fraction: float = 0.0) -> dict[str, str]:
+    """The options a run with these settings would ignore, and why."""
     unused = {}
+    if num_shards is not None and eval_fraction == 0:
+        unused["target_shard_mb"] = ("--num-shards fixes the train shards, and without --eval-fraction "
+                                     "there is no eval split for it to size")
+    if input_format == "sentences":
+        unused["sentence_splitter"] = "--input-format sentences gives the sentences (one a line): none is split"
+    if input_format == "text":
+        unused["read_chunk_mb"] = ("--input-format text files are read whole (only jsonl, sentences and "
+                                   "wikiextractor files are read in byte ranges)")
     if not packing:
         unused["max_sequences_per_row"] = "only --packing puts several sequences in one row"
     if objective != "nsp":
@@ -144,7 +152,8 @@ def run_command(ctx: click.Context, **options) -> None:
     runner = runner_options_of(ctx, options)
     inputs, vocab_path, output_dir, overwrite, read_chunk_mb, quiet = (options.pop(name) for name in (
         "inputs", "vocab_path", "output_dir", "overwrite", "read_chunk_mb", "quiet"))
-    refuse_unused_options(ctx, _unused_options(options["objective"], options["input_format"], options["packing"]))
+    refuse_unused_options(ctx, _unused_options(options["objective"], options["input_format"], options["packing"],
+                                           options["num_shards"], options["eval_fraction"]))
     if options["whole_word_mask"] and options["masking_unit"] not in (None, "word"):
         raise click.BadParameter(f"--whole-word-mask is --masking-unit word, not {options['masking_unit']}",
                                  param_hint="'--whole-word-mask'")

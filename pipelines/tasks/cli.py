@@ -6,7 +6,7 @@ import sys
 
 import click
 
-from bert_datagen.contract.cli.plumbing import FiniteFloat
+from bert_datagen.contract.cli.plumbing import FiniteFloat, refuse_unused_options
 from bert_datagen.datagen.tasks.config import (
     KINDS,
     SCHEMES,
@@ -20,7 +20,6 @@ from bert_datagen.pipelines.beam.options import (
     PASS_THROUGH_SETTINGS,
     dataset_options,
     driver_errors,
-    refuse_unused_options,
     runner_options_of,
     summary_lines,
     usage_errors,
@@ -94,6 +93,8 @@ def task_command(ctx: click.Context, **options) -> None:
     task_type = TaskConfig.type_of(options["kind"], options["regression"])
     refuse_unused_options(ctx, {name: f"--task {options['kind']} does not read it (only {', '.join(kinds)} do)"
                                 for name, (wanted, kinds) in TYPE_OPTIONS.items() if task_type != wanted})
+    if options["num_shards"] is not None:
+        refuse_unused_options(ctx, {"target_shard_mb": "--num-shards fixes the shards of every split"})
     options["labels"] = parse_labels(options["labels"])
     if options["train_splits"] is None:
         del options["train_splits"]  # the config's default

@@ -8,7 +8,9 @@ import sys
 
 import click
 
+from bert_datagen.contract.cli.plumbing import refuse_unused_options
 from bert_datagen.contract.dataset import Dataset, DatasetError, open_dataset
+from bert_datagen.contract.features import TASK
 from bert_datagen.contract.manifest import ManifestError
 from bert_datagen.datagen.record_rules import MAX_PROBLEMS_PER_SHARD
 from bert_datagen.datagen.tfrecord import RecordError
@@ -106,14 +108,20 @@ def verify_command(target, max_seq_length, max_predictions_per_seq, vocab_path, 
 @_legacy_options
 @click.option("--words", is_flag=True, help="Join ## word pieces into words (masked pieces keep their marker).")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per record.")
-def inspect_command(target, split, shard, index, count, max_seq_length, max_predictions_per_seq, vocab_path,
-                    words, as_json) -> None:
+@click.pass_context
+def inspect_command(ctx: click.Context, target, split, shard, index, count, max_seq_length, max_predictions_per_seq,
+                    vocab_path, words, as_json) -> None:
     """Decode records back to text.
 
     Shows segment A and B, each masked position as {MASK:label}, {kept:label} or
     {random shown:label}, and the NSP label (0 IsNext, 1 NotNext).
     """
+    if as_json:
+        refuse_unused_options(ctx, {"words": "--json shows each record's tokens as they are"})
     ds, tools = _open(target, max_seq_length, max_predictions_per_seq, vocab_path)
+    if ds.kind == TASK:
+        refuse_unused_options(ctx, {"words": "a task dataset's records are shown as their word pieces "
+                                             "(--words joins those of pre-training records)"})
     try:
         ref, views, problems = tools.inspect(ds, split=split, shard=shard, index=index, count=count)
     except (DatasetError, RecordError) as e:
@@ -158,6 +166,9 @@ def stats_command(target, split, as_json, plot_path, top, max_seq_length, max_pr
 def _stats(target, split, as_json, plot_path, top, max_seq_length, max_predictions_per_seq, vocab_path,
            workers) -> None:
     ds, tools = _open(target, max_seq_length, max_predictions_per_seq, vocab_path)
+    if ds.kind == TASK:
+        why = "a task dataset's figures (per split, read as one batch) have no token counts or worker pool"
+        refuse_unused_options(click.get_current_context(), {"top": why, "workers": why})
     try:
         st = tools.stats(ds, split=split, workers=workers, top=top)
         if plot_path:

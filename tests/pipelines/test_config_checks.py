@@ -101,3 +101,36 @@ def test_the_cli_passes_one_runner_options_down(tmp_path, stop_before_work) -> N
         assert result.exit_code == 1 and "stub: no work" in result.output, result.output
     expected = RunnerOptions("DaskRunner", ("--direct_num_workers=2",), dask_scheduler=None, dask_workers=3)
     assert [kwargs["runner"] for _, kwargs in stop_before_work] == [expected, expected]
+
+
+@pytest.mark.parametrize(("extra", "message"), [
+    (["--dask-workers", "4"], "--dask-workers does not apply here: --runner DirectRunner is not DaskRunner"),
+    (["--runner", "DataflowRunner", "--dask-scheduler", "tcp://h:8786"],
+     "--dask-scheduler does not apply here: --runner DataflowRunner is not DaskRunner"),
+    (["--runner", "DaskRunner", "--dask-scheduler", "tcp://h:8786", "--dask-workers", "4"],
+     "--dask-workers does not apply here: a running scheduler is given"),
+    (["--runner", "DaskRunner", "--dask_client_address=tcp://h:8786", "--dask-workers", "4"],
+     "--dask-workers does not apply here: a running scheduler is given"),
+])
+def test_dask_options_another_runner_ignores_are_refused(tmp_path, stop_before_work, extra, message) -> None:
+    refused(run_args(tmp_path, *extra), message)
+    refused(task_args(tmp_path, "--split", "train=a.tsv", *extra), message)
+    assert stop_before_work == []
+
+
+def test_options_the_run_would_not_read_are_refused(tmp_path, stop_before_work) -> None:
+    refused(run_args(tmp_path, "--num-shards", "3", "--target-shard-mb", "8"),
+            "--target-shard-mb does not apply here: --num-shards fixes the train shards")
+    refused(task_args(tmp_path, "--split", "train=a.tsv", "--num-shards", "3", "--target-shard-mb", "8"),
+            "--target-shard-mb does not apply here: --num-shards fixes the shards of every split")
+    refused(run_args(tmp_path, "--input-format", "sentences", "--sentence-splitter", "nupunkt"),
+            "--sentence-splitter does not apply here: --input-format sentences gives the sentences")
+    refused(run_args(tmp_path, "--read-chunk-mb", "8"),
+            "--read-chunk-mb does not apply here: --input-format text files are read whole")
+    assert stop_before_work == []
+    # The eval split is sized by --target-shard-mb whatever --num-shards says.
+    result = CliRunner().invoke(main, run_args(tmp_path, "--num-shards", "3", "--target-shard-mb", "8",
+                                               "--eval-fraction", "0.1", "--input-format", "jsonl",
+                                               "--read-chunk-mb", "8"))
+    assert result.exit_code == 1 and "stub: no work" in result.output, result.output
+    assert stop_before_work[0][1]["read_chunk_mb"] == 8 and stop_before_work[0][0].target_shard_mb == 8

@@ -282,3 +282,10 @@ def test_plot_draws_tags_and_regression_targets(datasets, tmp_path):
         "length": {"mean": 3.0}, "histograms": {"length": [0, 1, 2, 3], "target": {
             "counts": [1, 0, 4], "edges": [0.0, 1.5, 3.0, 4.5]}}}}}
     assert _png_shape(Path(plot_task_stats(st, str(tmp_path / "reg.png"))))[:2] == (320, 1000)
+
+
+def test_options_task_datasets_do_not_read_are_refused(datasets):
+    for args, option in ((["inspect", "--words"], "--words"), (["stats", "--top", "5"], "--top"),
+                         (["stats", "--workers", "2"], "--workers")):
+        r = CliRunner().invoke(main, [args[0], str(datasets["pairs"]), *args[1:]])
+        assert r.exit_code == 2 and f"{option} does not apply here: a task dataset" in r.output, r.output

@@ -325,3 +325,8 @@ def test_inspect_words_joins_pieces(datasets) -> None:
                 expected.append(tok)
         assert [w.replace("##", "") for w in _unmark(a_line)] == [w.replace("##", "") for w in expected]
     assert joined_any
+
+
+def test_inspect_words_with_json_is_refused(datasets) -> None:
+    result = _run(inspect_command, [datasets["a"], "--words", "--json"])
+    assert result.exit_code == 2 and "--words does not apply here: --json shows" in result.output, result.output

@@ -98,3 +98,18 @@ def test_bad_inputs_name_the_file_and_write_nothing(tmp_path):
     assert result.exit_code != 0 and "smaller than the 999 reserved tokens plus" in result.output
     assert not out.exists() and sorted(p.name for p in tmp_path.iterdir()) == [
         "bad.jsonl", "empty.txt", "s.txt"]
+
+
+def test_options_a_setting_ignores_are_refused_or_kept(tmp_path):
+    corpus = write_sentences(tmp_path / "a.txt")
+    out = tmp_path / "v.txt"
+    result = CliRunner().invoke(main, ["vocab", "--input", str(corpus), "--output", str(out), "--text-field", "body"])
+    assert result.exit_code == 2 and "--text-field does not apply here: --input-format text has no fields" in result.output
+    assert not out.exists()
+    # --layout auto picks the compact layout for a small vocab; unused slots asked for are kept there.
+    result = invoke("--input", str(corpus), "--output", str(out), "--vocab-size", "300", "--num-unused", "7",
+                    "--input-format", "sentences", "--min-frequency", "1")
+    assert result.exit_code == 0, result.output
+    tokens = load_vocab(str(out), LOCAL_FS).tokens
+    assert tokens[:5] == ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]") and tokens[5:12] == tuple(
+        f"[unused{i}]" for i in range(7)) and "[unused7]" not in tokens

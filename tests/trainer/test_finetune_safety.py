@@ -274,8 +274,7 @@ def test_pretrain_stops_on_sigterm_at_a_checkpoint(tmp_path):
                                    records_per_shard=24, eval_records=8)
     run = tmp_path / "run"
     args = ["pretrain", "--data", data, "--out", str(run), "--steps", "400", "--batch-size", "8",
-            "--warmup-steps", "2", "--checkpoint-every", "1000", "--log-every", "1", "--eval-batches", "1",
-            "--shuffle-buffer", "16"]
+            "--warmup-steps", "2", "--checkpoint-every", "1000", "--log-every", "1", "--eval-batches", "1"]
     proc = _Process(args, tmp_path)
     proc.wait_for("step       3/")
     proc.proc.send_signal(signal.SIGTERM)

@@ -59,8 +59,7 @@ def run_weights(run_dir) -> dict[str, np.ndarray]:
 
 def test_export_tf1_has_original_names_and_round_trips(run, tmp_path):
     out = tmp_path / "tf1"
-    bert_train("export", "--run", run["run"], "--format", "tf1", "--out", out, "--vocab", run["vocab"],
-               "--do-lower-case")
+    bert_train("export", "--run", run["run"], "--format", "tf1", "--out", out, "--vocab", run["vocab"])
     weights = run_weights(run["run"])
     expected = EXPECTED
     assert dict(tf.train.list_variables(str(out / "bert_model.ckpt"))) == {n: list(s) for n, s in expected.items()}
@@ -110,8 +109,7 @@ def test_export_refuses_to_clobber(run, tmp_path):
     target = tmp_path / "precious"
     target.mkdir()
     (target / "notes.txt").write_text("keep me")
-    args = ["export", "--run", run["run"], "--format", "tf1", "--vocab", run["vocab"], "--do-lower-case",
-            "--out", target]
+    args = ["export", "--run", run["run"], "--format", "tf1", "--vocab", run["vocab"], "--out", target]
     assert "not empty" in bert_train_fails(*args)
     assert "not an earlier export" in bert_train_fails(*args, "--overwrite")
     assert (target / "notes.txt").read_text() == "keep me"
@@ -122,8 +120,7 @@ def test_export_refuses_to_clobber(run, tmp_path):
 
 def test_init_checkpoint_with_wrong_config_is_a_clear_cli_error(run, tmp_path):
     out = tmp_path / "tf1"
-    bert_train("export", "--run", run["run"], "--format", "tf1", "--out", out, "--vocab", run["vocab"],
-               "--do-lower-case")
+    bert_train("export", "--run", run["run"], "--format", "tf1", "--out", out, "--vocab", run["vocab"])
     wrong = tmp_path / "wrong_config.json"
     wrong.write_text(json.dumps({**BERT, "intermediate_size": 20}))
     output = bert_train_fails("eval", "--init-checkpoint", out / "bert_model.ckpt", "--bert-config", wrong,

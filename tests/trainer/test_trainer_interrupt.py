@@ -30,7 +30,7 @@ def command(data: str, out: Path) -> list[str]:
     return [sys.executable, "-m", "bert_datagen.trainer.cli", "pretrain", "--data", data, "--out", str(out),
             "--steps", str(STEPS), "--batch-size", "8", "--warmup-steps", "2", "--learning-rate", "1e-3",
             "--checkpoint-every", "1", "--keep-checkpoints", "3", "--log-every", "1", "--eval-batches", "1",
-            "--shuffle-buffer", "16", "--seed", "7"]
+            "--seed", "7"]
 
 
 class Trainer:

@@ -137,7 +137,7 @@ def test_a_malformed_skip_range_is_a_usage_error(value, tmp_path):
 def test_a_run_of_an_earlier_version_resumes_through_tf_data(static, tmp_path, monkeypatch):
     dataset = static
     with monkeypatch.context() as m:  # runs as an earlier version did: tf.data, iterator state saved
-        m.setattr(train_mod, "_reads_through_tf_data", lambda run_dir: True)
+        m.setattr(ckpt_lib, "reads_through_tf_data", lambda run_dir: True)
         pretrain(config(dataset, tmp_path / "whole", shuffle_buffer=50), log=lambda _: None)
         pretrain(config(dataset, tmp_path / "resumed", shuffle_buffer=50), stop_at=2, log=lambda _: None)
     assert any(p.name.startswith("input.") for p in ckpt_lib.resolve_checkpoint(tmp_path / "resumed").iterdir())

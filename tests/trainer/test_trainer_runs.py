@@ -226,7 +226,7 @@ def test_cli_pretrain_then_eval(dataset, tmp_path):
 
     run = tmp_path / "cli"
     args = ["pretrain", "--data", dataset, "--out", str(run), "--steps", "2", "--batch-size", "8",
-            "--warmup-steps", "1", "--checkpoint-every", "2", "--log-every", "1", "--shuffle-buffer", "20",
+            "--warmup-steps", "1", "--checkpoint-every", "2", "--log-every", "1",
             "--eval-batches", "1", "--learning-rate", "1e-3"]
     result = CliRunner().invoke(main, args)
     assert result.exit_code == 0, result.output

@@ -72,3 +72,15 @@ def task_summary(data: TaskDataset) -> str:
     """E.g. `glue/sst2 (classification, 2 labels)`; regression and span heads have no label set to count."""
     labels = f", {data.num_labels} labels" if head_class(data.task_type).per_label else ""
     return f"{data.task_kind} ({data.task_type}{labels})"
+
+
+def threshold_unused(dataset: TaskDataset, evaluated: bool = True) -> str | None:
+    """Why --null-score-diff-threshold would not be read, or None: only SQuAD v2.0 predictions choose
+    between an answer and none, and only when a split is predicted."""
+    from bert_datagen.trainer.finetune.evaluate import is_squad_v2
+
+    if not is_squad_v2(dataset):
+        return f"task {dataset.task_kind} has no unanswerable questions (only SQuAD v2.0 predictions read it)"
+    if not evaluated:
+        return "--eval-split none: nothing is predicted"
+    return None

@@ -6,6 +6,7 @@ import json
 
 import click
 
+from bert_datagen.contract.cli.plumbing import refuse_unused_options
 from bert_datagen.trainer.run.config import MAX_SEED, PRECISIONS, STRATEGIES, ConfigError
 
 
@@ -65,14 +66,24 @@ def _seed_list(value: str | None) -> list[int] | None:
                    "maximum, not always to it: faster on short examples; other batches than without it.")
 @click.option("--allow-vocab-mismatch", is_flag=True,
               help="Fine-tune although the task dataset's vocab is not the init checkpoint's (refused by default).")
-def finetune_command(bert_config_file, seeds, seed, epochs, learning_rate, batch_size, eval_split, cluster_timeout,
-                     **options) -> None:
+@click.pass_context
+def finetune_command(ctx: click.Context, bert_config_file, seeds, seed, epochs, learning_rate, batch_size, eval_split,
+                     cluster_timeout, **options) -> None:
     """Fine-tune a pre-trained BERT on a task dataset; evaluates after each epoch."""
     seed_list = _seed_list(seeds)
     if seed_list is not None and seed is not None:
         raise click.UsageError("--seed and --seeds are exclusive")
     if seed_list is not None and options["strategy"] == "multi-worker":
         raise click.UsageError("--seeds runs one process per seed; with --strategy multi-worker give one --seed")
+    if seed_list is not None and eval_split.lower() == "none":
+        raise click.UsageError("--seeds summarises each seed's eval metric; with --eval-split none there is none")
+    unused = {}
+    if options["strategy"] != "multi-worker":
+        unused["cluster_timeout"] = (f"--strategy {options['strategy']} joins no cluster (only multi-worker waits "
+                                     "for workers)")
+    if options["init_from"]:
+        unused["bert_config_file"] = "--init-from's run records its model (--bert-config is for --init-checkpoint)"
+    refuse_unused_options(ctx, unused)
     errors = _user_errors()
     try:
         if options["strategy"] == "multi-worker":  # before anything runs on TensorFlow (run/cluster.py)
@@ -80,11 +91,16 @@ def finetune_command(bert_config_file, seeds, seed, epochs, learning_rate, batch
             from bert_datagen.trainer.run.rundir import FINETUNING
 
             join_for(options["out"], FINETUNING, cluster_timeout)
+        from bert_datagen.trainer.finetune.checks import threshold_unused
         from bert_datagen.trainer.finetune.config import TASK_DEFAULTS, FinetuneConfig
         from bert_datagen.trainer.finetune.data import open_task_dataset
         from bert_datagen.trainer.finetune.run import finetune, finetune_seeds
 
-        defaults = TASK_DEFAULTS[open_task_dataset(options["data"]).task_type]
+        dataset = open_task_dataset(options["data"])
+        reason = threshold_unused(dataset, evaluated=eval_split.lower() != "none")
+        if reason:
+            refuse_unused_options(ctx, {"null_score_diff_threshold": reason})
+        defaults = TASK_DEFAULTS[dataset.task_type]
         try:
             cfg = FinetuneConfig(
                 **options, seed=12345 if seed is None else seed,
@@ -167,10 +183,17 @@ def _predict(run: str, data: str, split: str, out: str | None, batch_size: int,
 @click.option("--allow-vocab-mismatch", is_flag=True, help=ALLOW_VOCAB_MISMATCH_HELP)
 @click.option("--overwrite", is_flag=True, help="Replace the predictions an earlier `bert-train predict` wrote "
               "in --out (recognised by its predictions_record.json; nothing else is replaced).")
-def predict_command(run, data, split, out, batch_size, null_score_diff_threshold, allow_other_task,
+@click.pass_context
+def predict_command(ctx: click.Context, run, data, split, out, batch_size, null_score_diff_threshold, allow_other_task,
                     allow_vocab_mismatch, overwrite) -> None:
     """Write a fine-tuned run's predictions for a split (predictions.tsv / SQuAD JSON / predictions.conll)."""
     try:
+        from bert_datagen.trainer.finetune.checks import threshold_unused
+        from bert_datagen.trainer.finetune.data import open_task_dataset
+
+        reason = threshold_unused(open_task_dataset(data))
+        if reason:
+            refuse_unused_options(ctx, {"null_score_diff_threshold": reason})
         result = predict_run(run, data, split, out, batch_size, null_score_diff_threshold,
                              allow_other_task=allow_other_task, overwrite=overwrite,
                              allow_vocab_mismatch=allow_vocab_mismatch)

@@ -8,7 +8,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from bert_datagen.trainer.run.config import PRECISIONS, STRATEGIES, ConfigError, check_seed
+from bert_datagen.trainer.run.config import PRECISIONS, STRATEGIES, ConfigError, check_seed, check_tpu
 
 # RECIPE.md section 10: run_classifier.py and run_squad.py defaults (tagging follows the classifier).
 TASK_DEFAULTS: dict[str, dict[str, float]] = {
@@ -60,6 +60,11 @@ class FinetuneConfig:
     def __post_init__(self) -> None:
         self.validate()
 
+    @staticmethod
+    def settings_of_record(recorded: dict[str, Any]) -> dict[str, Any]:
+        """A recorded finetune_config.json as this version records the same run (no change so far)."""
+        return recorded
+
     def validate(self) -> None:
         if (self.init_from is None) == (self.init_checkpoint is None):
             raise ConfigError("pass exactly one of --init-from and --init-checkpoint")
@@ -87,6 +92,7 @@ class FinetuneConfig:
             raise ConfigError(f"strategy {self.strategy!r} not in {STRATEGIES}")
         if self.precision not in PRECISIONS:
             raise ConfigError(f"precision {self.precision!r} not in {PRECISIONS}")
+        check_tpu(self.tpu, self.strategy)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

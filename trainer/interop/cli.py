@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import click
 
+from bert_datagen.contract.cli.plumbing import refuse_unused_options
 from bert_datagen.trainer.run.errors import TrainerError
 
 FORMATS = ("tf1", "hf")  # bert_datagen.trainer.interop.export.FORMATS; spelled here so --help does not import TensorFlow
@@ -20,10 +21,14 @@ FORMATS = ("tf1", "hf")  # bert_datagen.trainer.interop.export.FORMATS; spelled 
 @click.option("--vocab", default=None,
               help="vocab.txt to ship (default: the one named by the run's dataset manifest).")
 @click.option("--do-lower-case/--no-do-lower-case", default=None,
-              help="Tokenizer casing (default: from the dataset manifest).")
+              help="hf: tokenizer casing (default: from the dataset manifest).")
 @click.option("--overwrite", is_flag=True, help="Replace an earlier export in --out (only an export of ours).")
-def export_command(run, fmt, out, vocab, do_lower_case, overwrite) -> None:
+@click.pass_context
+def export_command(ctx: click.Context, run, fmt, out, vocab, do_lower_case, overwrite) -> None:
     """Export a run's checkpoint for the original TF1 code or for Hugging Face transformers."""
+    if fmt == "tf1":
+        refuse_unused_options(ctx, {"do_lower_case": "the tf1 layout has no tokenizer settings (the original code "
+                                                     "takes --do_lower_case itself)"})
     try:
         from bert_datagen.trainer.interop.export import ExportConfig, export_run
         from bert_datagen.trainer.interop.finetune_export import export_finetuned, is_finetune_run

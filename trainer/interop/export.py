@@ -115,6 +115,8 @@ def resolve_vocab(cfg: ExportConfig, data: str | None) -> VocabSource:
         source = dataset_vocab(data) if data else None
         if source is None:
             raise ConfigError(f"the run's dataset ({data}) has no manifest naming its vocab: pass --vocab FILE")
+    if cfg.format == "tf1":  # Google's layout ships no tokenizer settings: the casing is not needed
+        return VocabSource(source.data, source.origin, None)
     lower = cfg.do_lower_case if cfg.do_lower_case is not None else source.do_lower_case
     if lower is None:
         raise ConfigError(f"{source.origin}: whether the text was lowercased is unknown: "

@@ -7,6 +7,7 @@ import re
 
 import click
 
+from bert_datagen.contract.cli.plumbing import refuse_unused_options
 from bert_datagen.trainer.finetune.cli import ALLOW_OTHER_TASK_HELP, ALLOW_VOCAB_MISMATCH_HELP
 from bert_datagen.trainer.run.cluster import DEFAULT_TIMEOUT, join_for
 from bert_datagen.trainer.run.config import (
@@ -27,7 +28,8 @@ def _train_config(options: dict) -> TrainConfig:
         return TrainConfig(**options)
     except ConfigError as exc:
         message = str(exc)
-        for name in sorted(options, key=len, reverse=True):
+        # A message that already names options (--x) is the CLI's wording; rewriting would mangle it.
+        for name in sorted(options, key=len, reverse=True) if "--" not in message else ():
             message = re.sub(rf"(?<![-\w]){name}\b", "--" + name.replace("_", "-"), message)
         raise click.UsageError(message) from exc
 
@@ -41,6 +43,31 @@ def _skip_ranges(ctx, param, value: str | None) -> list[list[int]]:
         return [list(r) for r in parse_ranges(value)]
     except SkipError as exc:
         raise click.BadParameter(str(exc)) from exc
+
+
+def _unused_run_options(strategy: str, bert_config_file: str | None, init_checkpoint: str | None) -> dict[str, str]:
+    """The options of `pretrain` this run would ignore whatever its data, and why."""
+    unused = {}
+    if strategy != "multi-worker":
+        unused["cluster_timeout"] = f"--strategy {strategy} joins no cluster (only multi-worker waits for workers)"
+    if bert_config_file or init_checkpoint:
+        source = "--bert-config" if bert_config_file else "--init-checkpoint"
+        unused["model"] = f"{source} gives the model (--model names a size for runs without a model config)"
+    return unused
+
+
+def _check_data_options(ctx: click.Context, options: dict) -> None:
+    """The options that only some data or runs use, against those of this run (trainer/pretrain/options.py)."""
+    from bert_datagen.trainer.pretrain.options import no_eval_split, unused_shuffle_buffer
+    from bert_datagen.trainer.run.checkpoint import reads_through_tf_data
+
+    reason = no_eval_split(options["data"], options["eval_data"])
+    if reason:
+        refuse_unused_options(ctx, {"eval_every": reason, "eval_batches": reason})
+    warning = unused_shuffle_buffer(options["shuffle_buffer"], reads_through_tf_data(options["out"]))
+    if warning:  # on stderr, once; the run then records none
+        click.echo(warning, err=True)
+        options["shuffle_buffer"] = None
 
 
 @click.command("pretrain")
@@ -64,7 +91,9 @@ def _skip_ranges(ctx, param, value: str | None) -> list[list[int]]:
 @click.option("--max-predictions-per-seq", type=click.IntRange(min=1), help="For TFRecord globs without a manifest.")
 @click.option("--vocab-size", type=click.IntRange(min=1), help="For TFRecord globs without a manifest (or use --bert-config).")
 @click.option("--eval-data", help="Eval TFRecord glob, for --data globs without a manifest.")
-@click.option("--shuffle-buffer", type=click.IntRange(min=1), default=10000, show_default=True)
+@click.option("--shuffle-buffer", type=click.IntRange(min=1), default=None,
+              help="Only for a run started by an earlier version, which reads through tf.data (it keeps the "
+                   "buffer it recorded); other runs read the global order, which has no buffer.")
 @click.option("--checkpoint-every", type=click.IntRange(min=1), default=1000, show_default=True)
 @click.option("--keep-checkpoints", type=click.IntRange(min=1), default=3, show_default=True)
 @click.option("--eval-every", type=click.IntRange(min=0), default=0, show_default=True, help="0: evaluate at the end only.")
@@ -82,11 +111,14 @@ def _skip_ranges(ctx, param, value: str | None) -> list[list[int]]:
 @click.option("--skip-batches", "skip_batches", callback=_skip_ranges, metavar="A-B[,C-D]",
               help="Leave out these global batches (inclusive; `bert-datagen batches` shows them) from here "
                    "on, e.g. past a loss spike on resume; the run records what it skipped.")
-def pretrain_command(bert_config_file, cluster_timeout, **options) -> None:
+@click.pass_context
+def pretrain_command(ctx: click.Context, bert_config_file, cluster_timeout, **options) -> None:
     """Pre-train BERT (MLM + NSP) from a dataset; resumes RUN when it has checkpoints."""
+    refuse_unused_options(ctx, _unused_run_options(options["strategy"], bert_config_file, options["init_checkpoint"]))
     try:
         if options["strategy"] == "multi-worker":  # before anything runs on TensorFlow (cluster.py)
             join_for(options["out"], PRETRAINING, cluster_timeout)
+        _check_data_options(ctx, options)
         if options.get("init_checkpoint"):
             from bert_datagen.trainer.interop.loading import init_checkpoint_config
 
@@ -120,13 +152,26 @@ def pretrain_command(bert_config_file, cluster_timeout, **options) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print the figures as JSON.")
 @click.option("--allow-other-task", is_flag=True, help="Fine-tuned runs: " + ALLOW_OTHER_TASK_HELP)
 @click.option("--allow-vocab-mismatch", is_flag=True, help="Fine-tuned runs: " + ALLOW_VOCAB_MISMATCH_HELP)
-def eval_command(run, init_checkpoint, bert_config_file, data, split, batch_size, max_batches, max_seq_length,
-                 max_predictions_per_seq, as_json, allow_other_task, allow_vocab_mismatch) -> None:
+@click.pass_context
+def eval_command(ctx: click.Context, run, init_checkpoint, bert_config_file, data, split, batch_size, max_batches,
+                 max_seq_length, max_predictions_per_seq, as_json, allow_other_task, allow_vocab_mismatch) -> None:
     """MLM/NSP loss and accuracy of a run's latest checkpoint on a dataset split; for a fine-tuned
     run, its task metric."""
     from bert_datagen.trainer.interop.finetune_export import is_finetune_run
 
-    if run and is_finetune_run(run):
+    finetuned = bool(run) and is_finetune_run(run)
+    if finetuned:
+        why = "a fine-tuned run is scored on the whole split with the task dataset's own lengths"
+        refuse_unused_options(ctx, {"max_batches": why, "max_seq_length": why, "max_predictions_per_seq": why,
+                                    "init_checkpoint": "--run names the fine-tuned model",
+                                    "bert_config_file": "a fine-tuned run records its model"})
+    else:
+        why = "only a fine-tuned run's head has a task to compare with the data's"
+        refuse_unused_options(ctx, {"allow_other_task": why, "allow_vocab_mismatch": why})
+        if init_checkpoint is None:
+            refuse_unused_options(ctx, {"bert_config_file": "only --init-checkpoint reads a model config; a run "
+                                                            "records its own"})
+    if finetuned:
         from bert_datagen.trainer.finetune.cli import eval_finetuned
 
         return eval_finetuned(run, data, split, batch_size, as_json, allow_other_task, allow_vocab_mismatch)

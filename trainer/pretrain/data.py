@@ -89,10 +89,27 @@ def open_pretraining_data(data: str, max_seq_length: int | None = None, max_pred
             info = _from_globs(os.path.join(data, "*"), max_seq_length, max_predictions_per_seq, eval_data)
         else:
             info = _from_manifest(data)
+            refuse_manifest_contradictions(info, max_seq_length, max_predictions_per_seq, eval_data)
     else:
         info = _from_globs(data, max_seq_length, max_predictions_per_seq, eval_data)
     info.identity = dataset_identity(info)
     return info
+
+
+def refuse_manifest_contradictions(info: DatasetInfo, max_seq_length: int | None,
+                                   max_predictions_per_seq: int | None, eval_data: str | None) -> None:
+    """A dataset with a manifest states its lengths and splits; the options for TFRecord globs
+    without one may repeat them but not contradict them (the data would win, the record would lie)."""
+    manifest = f"{info.source}/{MANIFEST_NAME}"
+    for option, given, states in (("--max-seq-length", max_seq_length, info.max_seq_length),
+                                  ("--max-predictions-per-seq", max_predictions_per_seq,
+                                   info.max_predictions_per_seq)):
+        if given is not None and given != states:
+            raise DataError(f"{option} {given} contradicts {manifest}, which says {states}: the records have "
+                            f"the manifest's shape (the option is for TFRecord globs without a manifest)")
+    if eval_data:
+        raise DataError(f"--eval-data {eval_data} does not apply to a dataset with a manifest: {manifest} "
+                        "names its eval split (the option is for TFRecord globs without a manifest)")
 
 
 def training_source(info: DatasetInfo) -> Source:

@@ -43,6 +43,7 @@ from bert_datagen.trainer.pretrain.data import (
 )
 from bert_datagen.trainer.pretrain.evaluate import evaluate_model
 from bert_datagen.trainer.pretrain.objective import losses_from_sums
+from bert_datagen.trainer.pretrain.options import as_run, legacy_shuffle_buffer, model_vocab_size
 from bert_datagen.trainer.run import checkpoint as ckpt_lib
 from bert_datagen.trainer.run import cluster, rundir
 from bert_datagen.trainer.run.common import (
@@ -72,7 +73,7 @@ _TF_DATA_ERRORS = (tf.errors.DataLossError, tf.errors.InvalidArgumentError)
 def load_bert_config_for(cfg: TrainConfig, info: DatasetInfo) -> BertConfig:
     if cfg.bert_config is not None:
         return BertConfig.from_dict(cfg.bert_config)
-    vocab_size = info.vocab_size or cfg.vocab_size
+    vocab_size = model_vocab_size(info, cfg.vocab_size)
     if not vocab_size:
         raise ConfigError(f"{info.source}: the vocab size is unknown (no manifest): pass --bert-config "
                           "or --vocab-size")
@@ -116,13 +117,15 @@ class Run:
         self.input: OrderedInput | None = None
         # Runs started before the global order read through tf.data to the end, from the iterator
         # state their checkpoints hold, so that they resume on the batches they would have read.
-        self.legacy_input = _reads_through_tf_data(self.run_dir)
+        self.legacy_input = ckpt_lib.reads_through_tf_data(self.run_dir)
+        self.cfg = cfg = as_run(cfg, self.legacy_input, log)
         self.world, self.rank = (1, 0) if self.legacy_input else cluster.worker_share()
         if self.legacy_input:
             if cfg.skip_batches:
                 raise ConfigError(f"{self.run_dir}: the run was started by an earlier version that read its "
                                   "input through tf.data; --skip-batches needs the global order of new runs")
-            self.iterator = iter(train_dataset(self.info, cfg.batch_size, cfg.seed, cfg.shuffle_buffer))
+            self.iterator = iter(train_dataset(self.info, cfg.batch_size, cfg.seed,
+                                               legacy_shuffle_buffer(self.run_dir, cfg.shuffle_buffer)))
             self.iterator_ckpt = tf.train.Checkpoint(iterator=self.iterator)
         else:
             self.batches = NumpyBatches(training_source(self.info), seed=cfg.seed, batch_size=cfg.batch_size,
@@ -327,12 +330,6 @@ class Run:
             for name in ("loss", "mlm_loss", "nsp_loss", "mlm_accuracy", "nsp_accuracy"):
                 if name in m:
                     write_scalar(name, m[name])
-
-
-def _reads_through_tf_data(run_dir: Path) -> bool:
-    """Whether the run's latest checkpoint holds a tf.data iterator state (a run of an earlier version)."""
-    found = ckpt_lib.list_checkpoints(run_dir)
-    return bool(found) and any(p.name.startswith(ckpt_lib.INPUT_PREFIX + ".") for p in found[-1][1].iterdir())
 
 
 def pretrain(cfg: TrainConfig, log: Callable[[str], None] = print, stop_at: int | None = None) -> dict:

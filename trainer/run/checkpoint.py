@@ -50,6 +50,12 @@ def list_checkpoints(run_dir: str | Path) -> list[tuple[int, Path]]:
     return sorted(found)
 
 
+def reads_through_tf_data(run_dir: str | Path) -> bool:
+    """Whether the run's latest checkpoint holds a tf.data iterator state (a run of an earlier version)."""
+    found = list_checkpoints(run_dir)
+    return bool(found) and any(p.name.startswith(INPUT_PREFIX + ".") for p in found[-1][1].iterdir())
+
+
 def resolve_checkpoint(path: str | Path) -> Path:
     """A checkpoint directory from either a run directory (its latest) or a checkpoint directory."""
     p = Path(path)

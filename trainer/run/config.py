@@ -136,6 +136,12 @@ def check_seed(value: object, option: str) -> None:
 
 
 STRATEGIES = ("auto", "one-device", "mirrored", "tpu", "multi-worker")
+
+
+def check_tpu(tpu: str | None, strategy: str) -> None:
+    """A TPU address only means something to the tpu strategy (auto never picks a TPU)."""
+    if tpu is not None and strategy != "tpu":
+        raise ConfigError(f"--tpu {tpu!r} applies only with --strategy tpu, not --strategy {strategy}")
 PRECISIONS = ("float32", "mixed_bfloat16", "mixed_float16")
 OPTIMIZERS = ("adamw", "lamb")  # the original AdamWeightDecay; LAMB (trainer/run/optimizer.py)
 
@@ -146,7 +152,7 @@ class TrainConfig:
 
     data: str  # dataset directory (manifest.json) or a TFRecord glob of the original tool
     out: str
-    model: str = "tiny"  # a size name; ignored when bert_config is given
+    model: str | None = "tiny"  # a size name; None (as recorded) when bert_config gives the model
     bert_config: dict[str, Any] | None = None  # explicit model (from --bert-config FILE)
     batch_size: int = 32  # global batch (sequences per optimizer step, all replicas, all micro-steps)
     accumulation_steps: int = 1
@@ -162,7 +168,9 @@ class TrainConfig:
     max_predictions_per_seq: int | None = None
     vocab_size: int | None = None
     eval_data: str | None = None  # eval TFRecord glob for --data globs
-    shuffle_buffer: int = 10000
+    # Only runs started by an earlier version, which read through tf.data, use a shuffle buffer; they
+    # resume with the one they recorded (`legacy_shuffle_buffer`). None: the global order (no buffer).
+    shuffle_buffer: int | None = None
     checkpoint_every: int = 1000
     keep_checkpoints: int = 3
     eval_every: int = 0  # 0: only at the end
@@ -179,13 +187,25 @@ class TrainConfig:
     skip_batches: list[list[int]] = dataclasses.field(default_factory=list)
 
     def __post_init__(self) -> None:
+        if self.bert_config is not None:
+            self.model = None  # the record says what ran: the config's model, not a size
         self.validate()
+
+    @staticmethod
+    def settings_of_record(recorded: dict[str, Any]) -> dict[str, Any]:
+        """A recorded train_config.json as this version records the same run (runs of earlier versions
+        recorded a size name beside the model config that replaced it)."""
+        if recorded.get("bert_config") is not None:
+            return {**recorded, "model": None}
+        return recorded
 
     def validate(self) -> None:
         positive = ("batch_size", "accumulation_steps", "steps", "checkpoint_every", "keep_checkpoints",
                     "eval_batches", "log_every", "shuffle_buffer")
         for name in positive:
             value = getattr(self, name)
+            if value is None and name == "shuffle_buffer":
+                continue
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise ConfigError(f"{name} must be a positive integer, got {value!r}")
         check_seed(self.seed, "seed")
@@ -215,6 +235,10 @@ class TrainConfig:
             raise ConfigError(f"unknown model size {self.model!r}; choose one of {', '.join(MODEL_SIZES)}")
         if self.init_from and self.init_checkpoint:
             raise ConfigError("--init-from and --init-checkpoint are exclusive")
+        if self.bert_config is not None and self.vocab_size is not None:
+            raise ConfigError(f"--vocab-size does not apply with a model config (--bert-config, --init-checkpoint): "
+                              f"its vocab size {self.bert_config.get('vocab_size')} is the model's")
+        check_tpu(self.tpu, self.strategy)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -229,7 +253,9 @@ class TrainConfig:
 
     # Options that may change between invocations of the same run without changing what it
     # computes (how often it reports, which devices run it). `steps` is not one: it sets the
-    # learning-rate decay. `extra` is a field that runs of earlier versions recorded.
+    # learning-rate decay. `extra` is a field that runs of earlier versions recorded. A run of an
+    # earlier version reads with the shuffle buffer it recorded, whatever is given
+    # (`legacy_shuffle_buffer` refuses another); other runs have none.
     RESUMABLE_CHANGES: ClassVar[frozenset[str]] = frozenset({"out", "checkpoint_every", "keep_checkpoints", "eval_every",
                                    "eval_batches", "log_every", "strategy", "jit", "tpu", "extra",
-                                   "skip_batches"})
+                                   "skip_batches", "shuffle_buffer"})

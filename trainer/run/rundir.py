@@ -63,6 +63,8 @@ class RunSettings(Protocol):
 
     def to_dict(self) -> dict[str, Any]: ...
 
+    def settings_of_record(self, recorded: dict[str, Any]) -> dict[str, Any]: ...
+
 
 def has_completed_steps(run: Path) -> bool:
     return bool(ckpt_lib.list_checkpoints(run))
@@ -215,7 +217,7 @@ def check_settings(run: Path, cfg: RunSettings, config_file: str = TRAIN_CONFIG_
     if not path.is_file() or not has_completed_steps(run):
         return
     # A key missing from an older run's file had its default then (options only get added).
-    previous = {**field_defaults(type(cfg)), **_read_json(path)}
+    previous = cfg.settings_of_record({**field_defaults(type(cfg)), **_read_json(path)})
     current = cfg.to_dict()
     ignored = cfg.RESUMABLE_CHANGES | _DATA_OPTIONS
     differing = sorted(k for k in set(previous) | set(current)
