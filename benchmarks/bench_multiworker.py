@@ -1,9 +1,11 @@
 """`--strategy multi-worker` with N worker processes on localhost (CPU) against one process with the
-same global batch: the max abs weight difference of the final checkpoints (model.npz), of the
-per-step losses and of the eval metrics. Pre-training (`--workers`, default 4; by default with
-`--accumulation-steps 2` on `--masking dynamic` data) and fine-tuning (a span task).
+same global batch, dropout on (the default models' 0.1, and the classification head's own): the max
+abs weight difference of the final checkpoints (model.npz), of the per-step losses and of the eval
+metrics. Pre-training (by default with `--accumulation-steps 2` on `--masking dynamic` data) and
+fine-tuning (a classification task), for each of `--workers` (default 2,4) and `--models` (default
+tiny,mini), 20 steps.
 
-    python -m benchmarks.bench_multiworker --workers 4 --work /tmp/mw
+    python -m benchmarks.bench_multiworker --workers 2,4 --models tiny,mini --work /tmp/mw
 
 The timed tests do the same with 2 workers (tests/trainer/test_trainer_multiworker.py; with
 accumulation on dynamic data, a killed worker and resumes on other cluster sizes:
@@ -24,7 +26,7 @@ from bert_datagen.trainer.run import checkpoint as ckpt_lib
 from bert_datagen.trainer.run.config import BertConfig
 from tests.support.cluster import bert_train, finish, free_ports, tf_config, train_scalars
 from tests.support.synthetic import write_synthetic_dataset
-from tests.support.task_fixtures import span_dataset, tiny_bert, write_pretrain_run
+from tests.support.task_fixtures import VOCAB, classification_dataset, write_pretrain_run
 
 
 def eval_metrics(run: Path) -> dict[str, float]:
@@ -57,8 +59,10 @@ def compare(work: Path, common: list[str], workers: int) -> dict:
 
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--workers", type=int, default=4)
-    parser.add_argument("--steps", type=int, default=4)
+    parser.add_argument("--workers", default="2,4", help="cluster sizes, comma-separated")
+    parser.add_argument("--models", default="tiny,mini", help="named model sizes (their default dropout)")
+    parser.add_argument("--batch-size", type=int, default=16, help="the global batch")
+    parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--accumulation-steps", type=int, default=2)
     parser.add_argument("--masking", choices=("static", "dynamic"), default="dynamic", help="pre-training data")
     parser.add_argument("--work", help="a directory for the runs (default: a temporary one)")
@@ -71,30 +75,32 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 def run(args: argparse.Namespace, work: Path) -> dict:
-    batch = 4 * args.workers
+    batch = args.batch_size
     accumulation = ["--accumulation-steps", str(args.accumulation_steps)]
-    results = {}
-    if "pretrain" in args.tasks:
-        data = write_synthetic_dataset(str(work / "ds"), seq_len=32, max_pred=5, vocab_size=120, train_shards=2,
-                                       records_per_shard=64, eval_records=2 * batch, masking=args.masking)
-        bert = work / "bert_config.json"
-        bert.write_text(json.dumps(BertConfig.from_name("tiny", 120, hidden_dropout_prob=0.0,
-                                                        attention_probs_dropout_prob=0.0).to_dict()))
-        results["pretrain"] = compare(work / "pretrain", [
-            "pretrain", "--data", data, "--bert-config", str(bert), "--batch-size", str(batch), "--steps",
-            str(args.steps), "--learning-rate", "2e-3", "--warmup-steps", "1", "--seed", "3", "--log-every", "1",
-            "--eval-batches", "1", *accumulation], args.workers)
-    if "finetune" in args.tasks:
-        # A span task: its head has no dropout (the classification and tagging heads keep a fixed 0.1,
-        # whose masks depend on the replica, so those match a one-process run over as many replicas).
-        data = span_dataset(str(work / "task"))
-        bert = tiny_bert(act="gelu_exact").to_dict()
-        bert.update(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
-        init = write_pretrain_run(str(work / "init"), BertConfig.from_dict(bert))
-        results["finetune"] = compare(work / "finetune", [
-            "finetune", "--data", data, "--init-from", init, "--max-steps", str(args.steps), "--batch-size",
-            str(batch), "--learning-rate", "1e-3", "--log-every", "1", "--seed", "3", *accumulation], args.workers)
-    results["settings"] = {"accumulation_steps": args.accumulation_steps, "pretraining_masking": args.masking}
+    results: dict = {}
+    data = write_synthetic_dataset(str(work / "ds"), seq_len=32, max_pred=5, vocab_size=120, train_shards=2,
+                                   records_per_shard=64, eval_records=2 * batch, masking=args.masking)
+    task = classification_dataset(str(work / "task"), n_train=batch * 8, n_dev=2 * batch)
+    for model in args.models.split(","):
+        bert = BertConfig.from_name(model, 120)
+        bert_file = work / f"bert_config_{model}.json"
+        bert_file.write_text(json.dumps(bert.to_dict()))
+        init = write_pretrain_run(str(work / f"init-{model}"), BertConfig.from_name(model, len(VOCAB)))
+        for workers in (int(w) for w in args.workers.split(",")):
+            name = f"{model}-{workers}-workers"
+            if "pretrain" in args.tasks:
+                results[f"pretrain-{name}"] = compare(work / f"pretrain-{name}", [
+                    "pretrain", "--data", data, "--bert-config", str(bert_file), "--batch-size", str(batch),
+                    "--steps", str(args.steps), "--learning-rate", "2e-3", "--warmup-steps", "1", "--seed", "3",
+                    "--log-every", "1", "--eval-batches", "1", *accumulation], workers)
+            if "finetune" in args.tasks:
+                results[f"finetune-{name}"] = compare(work / f"finetune-{name}", [
+                    "finetune", "--data", task, "--init-from", init, "--max-steps", str(args.steps),
+                    "--batch-size", str(batch), "--learning-rate", "1e-3", "--log-every", "1", "--seed", "3",
+                    *accumulation], workers)
+            print(name, {k: v["max_abs_weight_diff"] for k, v in results.items() if name in k}, flush=True)
+    results["settings"] = {"accumulation_steps": args.accumulation_steps, "pretraining_masking": args.masking,
+                           "steps": args.steps, "batch_size": batch, "dropout": "the models' defaults (0.1)"}
     print(json.dumps(results, indent=2))
     return results
 
