@@ -28,6 +28,8 @@ from collections.abc import Callable, Sequence
 
 import click
 
+from bert_datagen.contract.ranges import INT64_MAX
+
 DEBUG_FLAG = "--debug"
 DEBUG_ENV = "BERT_DATAGEN_DEBUG"
 DEBUG_HELP = (f"Show tracebacks and library logs (anywhere on the command line; or {DEBUG_ENV}=1).")
@@ -336,6 +338,30 @@ class FiniteFloat(click.ParamType):
         above = self.max is not None and (number >= self.max if self.max_open else number > self.max)
         if below or above:
             self.fail(f"{number:g} is not in the range {self._range()}", param, ctx)
+        return number
+
+
+class Int(click.ParamType):
+    """An integer option checked to its real range, [min, max] (both inclusive): every integer option
+    of both CLIs has this type (tests/contract/test_option_ranges.py checks), so a value the code
+    cannot hold (a count past int64, a seed NumPy refuses) is a usage error naming the option before
+    any work, not an OverflowError deep inside."""
+
+    name = "integer"
+
+    def __init__(self, min: int = -INT64_MAX - 1, max: int = INT64_MAX) -> None:
+        self.min, self.max = min, max
+
+    def convert(self, value, param, ctx) -> int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            number = value
+        else:
+            try:
+                number = int(str(value).strip())
+            except ValueError:
+                self.fail(f"{value!r} is not an integer", param, ctx)
+        if not self.min <= number <= self.max:
+            self.fail(f"{number} is not in the range [{self.min}, {self.max}]", param, ctx)
         return number
 
 

@@ -8,6 +8,7 @@ import sys
 
 import click
 
+from bert_datagen.contract.cli.plumbing import Int
 from bert_datagen.contract.dataset import Dataset, DatasetError, open_dataset
 from bert_datagen.contract.manifest import ManifestError
 from bert_datagen.datagen.record_rules import MAX_PROBLEMS_PER_SHARD
@@ -22,9 +23,9 @@ def _legacy_options(f):
     f = click.option("--vocab", "vocab_path", default=None,
                      help="Vocab file (one token per line). Needed without a manifest; with one, "
                           "overrides DIR/vocab.txt.")(f)
-    f = click.option("--max-predictions-per-seq", type=click.IntRange(min=1), default=None,
+    f = click.option("--max-predictions-per-seq", type=Int(1), default=None,
                      help="Record shape for data without a manifest.")(f)
-    f = click.option("--max-seq-length", type=click.IntRange(min=5), default=None,
+    f = click.option("--max-seq-length", type=Int(5), default=None,
                      help="Record shape for data without a manifest.")(f)
     return f
 
@@ -39,7 +40,7 @@ def _open(target: str, max_seq_length, max_predictions_per_seq, vocab_path) -> t
         raise click.ClickException(str(e)) from e
 
 
-_workers = click.option("--workers", type=click.IntRange(min=1), default=None,
+_workers = click.option("--workers", type=Int(1), default=None,
                         help="Processes reading shards in parallel (default: all cores).")
 
 
@@ -47,7 +48,7 @@ _workers = click.option("--workers", type=click.IntRange(min=1), default=None,
 @click.argument("target")
 @_legacy_options
 @_workers
-@click.option("--max-problems", type=click.IntRange(min=1), default=MAX_PROBLEMS_PER_SHARD,
+@click.option("--max-problems", type=Int(1), default=MAX_PROBLEMS_PER_SHARD,
               show_default=True, help="Problems listed per shard (all are counted).")
 @click.option("--checksums-only", is_flag=True,
               help="Check sha256, sizes, framing, CRCs and record counts, but do not parse the records "
@@ -98,11 +99,11 @@ def verify_command(target, max_seq_length, max_predictions_per_seq, vocab_path, 
 @click.command("inspect")
 @click.argument("target")
 @click.option("--split", default=None, help="Split to read (default: the first, usually train).")
-@click.option("--shard", type=click.IntRange(min=0), default=0, show_default=True,
+@click.option("--shard", type=Int(0), default=0, show_default=True,
               help="Shard number within the split.")
-@click.option("--index", type=click.IntRange(min=0), default=0, show_default=True,
+@click.option("--index", type=Int(0), default=0, show_default=True,
               help="First record (0-based, within the shard).")
-@click.option("-n", "count", type=click.IntRange(min=1), default=5, show_default=True, help="Records to show.")
+@click.option("-n", "count", type=Int(1), default=5, show_default=True, help="Records to show.")
 @_legacy_options
 @click.option("--words", is_flag=True, help="Join ## word pieces into words (masked pieces keep their marker).")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per record.")
@@ -135,7 +136,7 @@ def inspect_command(target, split, shard, index, count, max_seq_length, max_pred
 @click.option("--json", "as_json", is_flag=True, help="Print the figures as JSON.")
 @click.option("--plot", "plot_path", default=None, metavar="FILE.png",
               help="Write histograms to a PNG (needs matplotlib: the `plot` extra).")
-@click.option("--top", type=click.IntRange(min=1), default=20, show_default=True,
+@click.option("--top", type=Int(1), default=20, show_default=True,
               help="Most frequent tokens to list.")
 @_legacy_options
 @_workers
