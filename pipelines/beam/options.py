@@ -118,7 +118,7 @@ def dataset_options(f: F) -> F:
                      show_default=True),
         click.option("--dask-scheduler", default=None,
                      help="DaskRunner: address of a running dask.distributed scheduler (default: a local cluster)."),
-        click.option("--dask-workers", type=Int(1), default=2, show_default=True,
+        click.option("--dask-workers", type=Int(), default=2, show_default=True,
                      help="DaskRunner without --dask-scheduler: worker processes of the local cluster."),
     ]
     for decorate in reversed(decorators):  # applied bottom up, so --help lists them in this order
