@@ -30,11 +30,13 @@ def _legacy_options(f):
     return f
 
 
-def _open(target: str, max_seq_length, max_predictions_per_seq, vocab_path) -> tuple[Dataset, KindTools]:
-    """The dataset and, looked up once by its kind, what each command does with it."""
+def _open(target: str, max_seq_length, max_predictions_per_seq, vocab_path,
+          legacy: bool = True) -> tuple[Dataset, KindTools]:
+    """The dataset and, looked up once by its kind, what each command does with it; ``legacy``:
+    whether the command has the options that describe TFRecords without a manifest."""
     try:
         ds = open_dataset(target, fsio.BEAM_FS, max_seq_length=max_seq_length,
-                          max_predictions_per_seq=max_predictions_per_seq, vocab_path=vocab_path)
+                          max_predictions_per_seq=max_predictions_per_seq, vocab_path=vocab_path, legacy=legacy)
         return ds, tools_for(ds.kind)
     except (DatasetError, ManifestError) as e:
         raise click.ClickException(str(e)) from e
@@ -192,7 +194,7 @@ def diff_command(a, b, no_records) -> None:
     (where the documents came from) are listed but do not make datasets different. diff trusts the
     manifests' checksums: run verify to prove the files match them.
     """
-    (da, _), (db, _) = _open(a, None, None, None), _open(b, None, None, None)
+    (da, _), (db, _) = _open(a, None, None, None, legacy=False), _open(b, None, None, None, legacy=False)
     try:
         report = diff_datasets(da, db, records=not no_records)
     except DatasetError as e:
