@@ -193,3 +193,12 @@ def test_torch_adapter_refuses_a_bad_state(source):
             ds.load_state_dict({**ds.state_dict(), "step": step})
     with pytest.raises(ValueError, match="seed"):
         torch_batches(source, seed=-1, batch_size=B, world_size=1, rank=0)
+
+
+@pytest.mark.parametrize("command", ["finetune", "predict"])
+def test_null_score_diff_threshold_nan_is_refused_by_predict_as_by_finetune(command, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(train_cli.main, [command, *BASE[("bert-train", command)],
+                                                 "--null-score-diff-threshold", "nan"])
+    assert result.exit_code == 2 and "'--null-score-diff-threshold'" in result.output, result.output
+    assert "not a finite number" in result.output and not (tmp_path / "OUT").exists()
