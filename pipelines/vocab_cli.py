@@ -12,7 +12,7 @@ from bert_datagen.contract.ranges import INT32_MAX
 from bert_datagen.contract.vocab_io import write_vocab
 from bert_datagen.datagen.config import INPUT_FORMATS
 from bert_datagen.pipelines.beam import fsio
-from bert_datagen.vocab.train import LAYOUTS, train_vocab
+from bert_datagen.vocab.train import LAYOUTS, resolve_layout, train_vocab
 from bert_datagen.vocab.vocab_file import VocabError
 
 
@@ -61,7 +61,8 @@ def vocab_command(inputs, output, vocab_size, do_lower_case, input_format, text_
     try:
         config = DatagenConfig(input_format=input_format, text_field=text_field,
                                do_lower_case=do_lower_case, strict_utf8=strict)
-    except ConfigError as e:
+        resolve_layout(layout, vocab_size, num_unused)  # the options against each other, before any work
+    except (ConfigError, VocabError) as e:
         raise click.UsageError(str(e)) from e
     try:
         check_file_output(output, "--output", [f.path for f in match_files(list(inputs))])

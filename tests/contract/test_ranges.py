@@ -102,6 +102,8 @@ DEPENDENT = [
                  f"0-{2**70}"], "--skip-batches"),
     (train_cli, ["pretrain", "--data", "DATA", "--out", "OUT", "--steps", str(2**62), "--batch-size", "4"],
      "--steps"),
+    (datagen_cli, ["vocab", "--input", "IN", "--output", "OUT", "--layout", "compact", "--num-unused", str(2**62)],
+     "--num-unused"),
 ]
 
 
