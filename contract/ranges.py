@@ -1,5 +1,5 @@
 """The ranges integer values of the contract can take, and the one check of an API argument against
-its range (the CLIs' integer options use the same bounds through `contract.cli.plumbing.Int`).
+its range (the CLIs' integer options use the same bounds through `Int` of `cli/plumbing.py`).
 
 Positions of the global order, steps and counts are int64 (NumPy arrays, TensorFlow's step counter,
 JSON readers of other languages): a value past ``INT64_MAX`` fails deep inside, as an OverflowError
