@@ -82,10 +82,29 @@ def replacing(path: str | os.PathLike, *, durable: bool = False) -> Iterator[Pat
             with open(tmp, "rb") as f:
                 os.fsync(f.fileno())
         os.replace(tmp, target)  # onto a directory: IsADirectoryError, the directory untouched
-    except BaseException:
+    except BaseException as exc:
         if os.path.lexists(tmp):
             os.remove(tmp)
+        if isinstance(exc, OSError) and exc.filename in (None, str(tmp)) and exc.errno is not None:
+            # A write's error names no file (a full disk: "[Errno 28] No space left on device"), or
+            # only the temp name: name the file the user asked for.
+            raise OSError(exc.errno, exc.strerror, str(target)) from exc  # (the subclass of its errno)
         raise
+
+
+def os_error_in(text: str, path: str) -> OSError | None:
+    """The OSError a library reported only as text (Rust's "I/O error: ... (os error 28)", TensorFlow's
+    "PATH; No space left on device"), naming ``path``; None when the text reports none."""
+    import errno
+
+    found = re.search(r"\(os error (\d+)\)|\[Errno (\d+)\]", text)
+    if found:
+        number = int(found.group(1) or found.group(2))
+        return OSError(number, os.strerror(number), path)
+    for number in sorted(errno.errorcode):
+        if os.strerror(number) in text and not os.strerror(number).startswith("Unknown error"):
+            return OSError(number, os.strerror(number), path)
+    return None
 
 
 def remove_temp_files(directory: str | os.PathLike, *, any_marked: bool = False) -> list[str]:

@@ -10,7 +10,9 @@ from typing import Any
 INPUT_FORMATS = ("text", "sentences", "jsonl", "wikiextractor")
 # `text` files: how documents are found (bert_datagen.datagen.readers); auto detects Gutenberg books and WikiText.
 TEXT_LAYOUTS = ("auto", "plain", "book", "wikitext")
-_SEED_RANGE = (-(2**63), 2**63 - 1)
+SEED_RANGE = (-(2**63), 2**63 - 1)
+# Longer rows than any model's position table; the masked-position arrays are never longer either.
+MAX_SEQ_LENGTH = 100_000
 MAX_SHARDS = 100_000  # shard names have five digits
 MASKING_UNITS = ("token", "word", "span")  # word = the original's whole-word masking
 OBJECTIVES = ("nsp", "doc-sentences", "full-sentences")  # sentence pairs + NSP; RoBERTa's packed inputs
@@ -73,12 +75,13 @@ class DatagenConfig:
                 f"--max-seq-length {self.max_seq_length} is too small: it must leave room for "
                 "[CLS] A [SEP] B [SEP] with at least one token each (minimum 5)"
             )
-        if self.max_seq_length > 100_000:
+        if self.max_seq_length > MAX_SEQ_LENGTH:
             raise ConfigError(f"--max-seq-length {self.max_seq_length} is unreasonably large")
         if not 0.0 < self.masked_lm_prob <= 1.0:
             raise ConfigError(f"--masked-lm-prob {self.masked_lm_prob} must be in (0, 1]")
-        if self.max_predictions_per_seq < 1:
-            raise ConfigError(f"--max-predictions-per-seq {self.max_predictions_per_seq} must be >= 1")
+        if not 1 <= self.max_predictions_per_seq <= MAX_SEQ_LENGTH:
+            raise ConfigError(f"--max-predictions-per-seq {self.max_predictions_per_seq} must be in "
+                              f"[1, {MAX_SEQ_LENGTH}]")
         if not 0.0 <= self.short_seq_prob <= 1.0:
             raise ConfigError(f"--short-seq-prob {self.short_seq_prob} must be in [0, 1]")
         if self.dupe_factor < 1:
@@ -107,7 +110,7 @@ class DatagenConfig:
             raise ConfigError(f"--eval-fraction {self.eval_fraction} must be in [0, 1)")
         if self.notnext_pool_size < 2:
             raise ConfigError(f"--notnext-pool-size {self.notnext_pool_size} must be >= 2")
-        if not _SEED_RANGE[0] <= self.random_seed <= _SEED_RANGE[1]:
+        if not SEED_RANGE[0] <= self.random_seed <= SEED_RANGE[1]:
             raise ConfigError(f"--random-seed {self.random_seed} must fit in 64 signed bits")
         if self.text_layout not in TEXT_LAYOUTS:
             raise ConfigError(f"--text-layout {self.text_layout!r} is not one of {', '.join(TEXT_LAYOUTS)}")

@@ -7,7 +7,8 @@ from collections.abc import Iterator
 
 import click
 
-from bert_datagen.contract.cli.plumbing import given, refuse_unused_options
+from bert_datagen.contract.cli.plumbing import Int, given, refuse_unused_options
+from bert_datagen.contract.ranges import INT32_MAX
 from bert_datagen.contract.vocab_io import write_vocab
 from bert_datagen.datagen.config import INPUT_FORMATS
 from bert_datagen.pipelines.beam import fsio
@@ -32,22 +33,22 @@ def iter_corpus_texts(patterns: list[str], config, stats: dict[str, int]) -> Ite
 @click.option("--input", "inputs", multiple=True, required=True, metavar="PATTERN",
               help="Input file or glob (local or any Beam filesystem, e.g. gs://); repeatable. .gz/.bz2 by extension.")
 @click.option("--output", required=True, help="vocab.txt to write (atomically).")
-@click.option("--vocab-size", type=click.IntRange(min=6), default=30522, show_default=True,
+@click.option("--vocab-size", type=Int(6, INT32_MAX), default=30522, show_default=True,
               help="Total ids, reserved tokens included (Google's English vocab: 30522).")
 @click.option("--uncased/--cased", "do_lower_case", default=True, show_default=True,
               help="Lowercase and strip accents (uncased) or keep case and accents (cased).")
 @click.option("--input-format", type=click.Choice(INPUT_FORMATS),
               default="text", show_default=True)
 @click.option("--text-field", default="text", show_default=True, help="JSON field holding the text (jsonl).")
-@click.option("--num-unused", type=click.IntRange(min=0), default=994, show_default=True,
+@click.option("--num-unused", type=Int(0), default=994, show_default=True,
               help="[unusedN] slots (Google: 994, of which 99 sit before [UNK]). --layout auto's compact "
                    "layout has none unless this is given.")
 @click.option("--layout", type=click.Choice(LAYOUTS), default="auto", show_default=True,
               help="Reserved-id layout: google ([UNK]=100), compact ([PAD],[UNK],[CLS],[SEP],[MASK] = 0..4), "
                    "or auto (google when the vocab has room for 1,000 learned pieces after the reserved ids).")
-@click.option("--min-frequency", type=click.IntRange(min=1), default=2, show_default=True,
+@click.option("--min-frequency", type=Int(1), default=2, show_default=True,
               help="Pieces seen fewer times are not learned.")
-@click.option("--limit-alphabet", type=click.IntRange(min=1), default=1000, show_default=True,
+@click.option("--limit-alphabet", type=Int(1), default=1000, show_default=True,
               help="Most single characters kept in the initial alphabet.")
 @click.option("--strict", is_flag=True, default=False, help="Fail on invalid UTF-8 instead of replacing it.")
 @click.pass_context
@@ -67,7 +68,8 @@ def vocab_command(ctx: click.Context, inputs, output, vocab_size, do_lower_case,
     try:
         config = DatagenConfig(input_format=input_format, text_field=text_field,
                                do_lower_case=do_lower_case, strict_utf8=strict)
-    except ConfigError as e:
+        resolve_layout(layout, vocab_size, num_unused)  # the options against each other, before any work
+    except (ConfigError, VocabError) as e:
         raise click.UsageError(str(e)) from e
     try:
         check_file_output(output, "--output", [f.path for f in match_files(list(inputs))])

@@ -43,3 +43,26 @@ def snapshot(root: Path) -> dict[str, tuple[str, str]]:
 def tree_snapshot():
     """`tree_snapshot(path)`: see `snapshot`."""
     return snapshot
+
+
+@pytest.fixture
+def full_disk(tmp_path):
+    """A real, small filesystem (a 64 KiB tmpfs) for the full-disk tests; skipped with the reason
+    where mounting is not permitted (not root, no mount(8), a container without CAP_SYS_ADMIN):
+    the injected-ENOSPC tests check the same messages everywhere."""
+    import os
+    import shutil
+    import subprocess
+
+    if os.name != "posix" or os.geteuid() != 0 or shutil.which("mount") is None:
+        pytest.skip("mounting a small tmpfs needs root and mount(8)")
+    mount = tmp_path / "small-fs"
+    mount.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(mount)],
+                          capture_output=True, text=True, timeout=30)
+    if done.returncode:
+        pytest.skip(f"cannot mount a small tmpfs here: {done.stderr.strip() or done.returncode}")
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", str(mount)], capture_output=True, timeout=30)

@@ -61,6 +61,10 @@ def resolve_layout(layout: str, vocab_size: int, num_unused: int) -> tuple[str, 
     if layout == "auto":
         fits = vocab_size >= 5 + num_unused + MIN_LEARNED_FOR_GOOGLE
         return ("google", num_unused) if num_unused >= GOOGLE_UNUSED_BEFORE_UNK and fits else ("compact", 0)
+    reserved = len(SPECIAL_TOKENS) + num_unused
+    if vocab_size <= reserved:  # before the reserved list is built: --num-unused may be any int64
+        raise VocabError(f"--vocab-size {vocab_size} leaves no room for learned pieces after the {reserved:,} "
+                         f"reserved tokens of the {layout} layout (--num-unused {num_unused} and 5 special ones)")
     reserved_tokens(layout, num_unused)  # validates the layout and its unused slots
     return layout, num_unused
 
@@ -154,9 +158,6 @@ def train_vocab(
     """
     layout, num_unused = resolve_layout(layout, vocab_size, num_unused)
     reserved = reserved_tokens(layout, num_unused)
-    if vocab_size <= len(reserved):
-        raise VocabError(f"--vocab-size {vocab_size} leaves no room for learned pieces after the "
-                         f"{len(reserved)} reserved tokens of the {layout} layout")
     words = count_words(texts, do_lower_case)
     alphabet = choose_alphabet(words, limit_alphabet)
     forms = continuation_forms(alphabet)

@@ -39,6 +39,7 @@ On network filesystems the lock is as good as their flock support (Linux maps fl
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import hashlib
@@ -215,8 +216,13 @@ def _acquire_in(output: str, path: str, option: str, made_dirs: tuple[str, ...])
             continue
         try:
             _write_holder(fd, output)
-        except BaseException:
+        except BaseException as exc:
+            # We hold the lock: the file goes with it (an empty one would outlive a full disk).
+            with contextlib.suppress(OSError):
+                os.unlink(path)
             os.close(fd)
+            if isinstance(exc, OSError) and exc.filename is None and exc.errno is not None:
+                raise OSError(exc.errno, exc.strerror, path) from exc  # a full disk: name the file
             raise
         return OutputLock(output, path, fd, made_dirs)
     raise OutputLockError(f"{output}: its lock file {path} keeps being replaced; try again")

@@ -28,6 +28,8 @@ from collections.abc import Callable, Sequence
 
 import click
 
+from bert_datagen.contract.ranges import INT64_MAX
+
 DEBUG_FLAG = "--debug"
 DEBUG_ENV = "BERT_DATAGEN_DEBUG"
 DEBUG_HELP = (f"Show tracebacks and library logs (anywhere on the command line; or {DEBUG_ENV}=1).")
@@ -196,6 +198,31 @@ def os_error_message(e: OSError) -> str:
     return f"{' -> '.join(str(p) for p in paths)}: {reason}" if paths else reason
 
 
+# How Beam re-raises a worker's exception: "OSError: [Errno 28] No space left on device: 'PATH'
+# [while running 'Step']", as a RuntimeError (the original chained to it in this process; from a
+# worker process, only its text).
+_BEAM_STEP = re.compile(r"\[while running '[^']*'\]")
+_BEAM_OS_ERROR = re.compile(r"^(?:\w+: )*\w*Error: \[Errno (\d+)\] (.+?)(?:: '([^']+)')?(?:: '([^']+)')? \[while running ")
+
+
+def wrapped_os_error(exc: BaseException) -> OSError | None:
+    """The OSError a runner wrapped into ``exc`` (a disk full in a Beam worker), or None."""
+    if not _BEAM_STEP.search(str(exc)):
+        return None
+    seen: list[BaseException] = []
+    cause: BaseException | None = exc
+    while cause is not None and not any(cause is s for s in seen):
+        if isinstance(cause, OSError):
+            return cause
+        seen.append(cause)
+        cause = cause.__cause__ or cause.__context__
+    match = _BEAM_OS_ERROR.match(str(exc))
+    if match is None:
+        return None
+    errno, reason, path, path2 = match.groups()
+    return OSError(int(errno), reason, path, None, path2) if path2 else OSError(int(errno), reason, path)
+
+
 def was_interrupted(exc: BaseException) -> bool:
     """True when ``exc`` is, or wraps, a KeyboardInterrupt (Beam re-raises one in a DoFn as a
     RuntimeError whose message starts with "KeyboardInterrupt")."""
@@ -284,6 +311,11 @@ class CleanErrorsGroup(click.Group):
             # fails later with an AttributeError, for one): report the interrupt, not the failure.
             if was_interrupted(e) or _SIGINT_SEEN.is_set():
                 _exit_interrupted()
+            os_error = wrapped_os_error(e)
+            if os_error is not None:
+                if debug:
+                    traceback.print_exc()
+                _fail(os_error_message(os_error), EXIT_ERROR)
             if debug:
                 traceback.print_exc()
                 _fail(f"{type(e).__name__}: {e}", EXIT_ERROR)
@@ -336,6 +368,30 @@ class FiniteFloat(click.ParamType):
         above = self.max is not None and (number >= self.max if self.max_open else number > self.max)
         if below or above:
             self.fail(f"{number:g} is not in the range {self._range()}", param, ctx)
+        return number
+
+
+class Int(click.ParamType):
+    """An integer option checked to its real range, [min, max] (both inclusive): every integer option
+    of both CLIs has this type (tests/contract/test_option_ranges.py checks), so a value the code
+    cannot hold (a count past int64, a seed NumPy refuses) is a usage error naming the option before
+    any work, not an OverflowError deep inside."""
+
+    name = "integer"
+
+    def __init__(self, min: int = -INT64_MAX - 1, max: int = INT64_MAX) -> None:
+        self.min, self.max = min, max
+
+    def convert(self, value, param, ctx) -> int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            number = value
+        else:
+            try:
+                number = int(str(value).strip())
+            except ValueError:
+                self.fail(f"{value!r} is not an integer", param, ctx)
+        if not self.min <= number <= self.max:
+            self.fail(f"{number} is not in the range [{self.min}, {self.max}]", param, ctx)
         return number
 
 

@@ -13,8 +13,16 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from bert_datagen.contract.loading.order import DEFAULT_BLOCK_SIZE, GlobalOrder, check_world
+from bert_datagen.contract.loading.order import (
+    DEFAULT_BLOCK_SIZE,
+    GlobalOrder,
+    check_order,
+    check_step,
+    check_world,
+    positions_array,
+)
 from bert_datagen.contract.loading.source import LoadError, Source
+from bert_datagen.contract.ranges import check_int, max_batches
 from bert_datagen.datagen.dynamic import mask_records
 from bert_datagen.datagen.records import INSTANCE_KEY
 
@@ -30,9 +38,16 @@ class NumpyBatches:
 
     def __init__(self, source: Source, *, seed: int, batch_size: int, world_size: int = 1, rank: int = 0,
                  block_size: int = DEFAULT_BLOCK_SIZE, start: int = 0, stop: int | None = None) -> None:
+        # The arguments first (ArgumentError, naming the argument), then whether the split holds a batch.
+        check_order(seed, batch_size, block_size)
+        check_int(world_size, "world_size", 1)
+        check_int(rank, "rank", 0)
+        check_step(start, batch_size)
+        if stop is not None:
+            check_int(stop, "stop", 0, max_batches(batch_size))
         try:
             check_world(batch_size, world_size, rank)
-            self.order = GlobalOrder(source.counts, source.fingerprint, int(seed), batch_size, block_size)
+            self.order = GlobalOrder(source.counts, source.fingerprint, seed, batch_size, block_size)
         except ValueError as e:
             raise LoadError(f"{source.root} (split {source.split}): {e}") from e
         self.source = source
@@ -63,6 +78,8 @@ class NumpyBatches:
 
     def steps(self, start: int, stride: int) -> Iterator[dict[str, np.ndarray]]:
         """Batches start, start + stride, ... (below ``stop``): one DataLoader worker's part."""
+        check_step(start, self.order.batch_size)
+        check_int(stride, "stride", 1)
         step = start
         while self.stop is None or step < self.stop:
             yield self.batch_at(step)
@@ -76,7 +93,7 @@ class NumpyBatches:
         """The records at these positions of the run's sequence, as a batch (every feature, masked when
         the data is dynamic). Readers that cut batches their own way (fine-tuning's epochs) call this;
         positions should move forward, as the cache keeps only the windows last asked for."""
-        positions = np.asarray(positions, np.int64)
+        positions = positions_array(positions)
         if not len(positions):
             return self.source.read_ranges([], model_inputs=True)
         at, found = self._find(positions)
@@ -123,7 +140,7 @@ class NumpyBatches:
             if state.get(name) != mine:
                 raise LoadError(f"loader state has {name} {state.get(name)!r}, this loader {mine!r}: "
                                 "it belongs to another order (dataset, seed or batch size)")
-        self.step = int(state["step"])
+        self.step = check_step(state.get("step"), o.batch_size)
 
     # ------------------------------------------------------------ reading
 

@@ -30,6 +30,7 @@ from functools import lru_cache
 
 import numpy as np
 
+from bert_datagen.contract.ranges import INT64_MAX, MAX_SEED, ArgumentError, check_int, max_batches
 from bert_datagen.datagen.rng import derive_key, u64_for_keys
 
 ORDER_VERSION = "loader-order-v1"
@@ -63,8 +64,10 @@ class GlobalOrder:
     _windows: dict = field(default_factory=dict, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        if self.batch_size < 1 or self.block_size < 1:
-            raise ValueError("batch size and block size must be at least 1")
+        check_order(self.seed, self.batch_size, self.block_size)
+        for count in self.counts:
+            check_int(count, "a shard's record count")
+        check_int(self.total, "the split's record count")
         if self.total < self.batch_size:
             raise ValueError(f"the split has {self.total} records, fewer than one batch of {self.batch_size}")
 
@@ -87,7 +90,7 @@ class GlobalOrder:
 
     def place(self, positions: np.ndarray) -> Placement:
         """The records at these global positions (any order, any epochs)."""
-        pos = np.asarray(positions, np.int64)
+        pos = positions_array(positions)
         epoch, offset = np.divmod(pos, self.total)
         virtual = np.empty_like(pos)
         for e in np.unique(epoch).tolist():
@@ -171,6 +174,7 @@ class GlobalOrder:
     def batch_positions(self, step: int, world_size: int = 1, rank: int = 0) -> np.ndarray:
         """Global positions of rank ``rank``'s share of global batch ``step`` (contiguous B/N)."""
         check_world(self.batch_size, world_size, rank)
+        check_step(step, self.batch_size)
         share = self.batch_size // world_size
         start = step * self.batch_size + rank * share
         return np.arange(start, start + share, dtype=np.int64)
@@ -182,7 +186,36 @@ class GlobalOrder:
         return self.total / self.batch_size
 
 
+def positions_array(positions: object) -> np.ndarray:
+    """``positions`` as int64, refused (ArgumentError) unless they are non-negative integers: a
+    float would be truncated and a negative one would name a record of no epoch."""
+    pos = np.asarray(positions)
+    if pos.size and not (np.issubdtype(pos.dtype, np.integer) and not np.issubdtype(pos.dtype, np.bool_)):
+        raise ArgumentError("positions", f"positions must be integers, got an array of {pos.dtype}")
+    if pos.size and (pos.min() < 0 or (pos.dtype == np.uint64 and pos.max() > INT64_MAX)):
+        raise ArgumentError("positions", f"positions must be in [0, {INT64_MAX}], got one of {pos.min()} .. {pos.max()}")
+    return pos.astype(np.int64, copy=False)
+
+
+def check_order(seed: int, batch_size: int, block_size: int) -> None:
+    """ArgumentError (a ValueError) naming the argument unless an order of these can be computed:
+    a seed a run can take, a window (``batch_size * block_size`` positions) that fits in int64."""
+    check_int(seed, "seed", 0, MAX_SEED)
+    check_int(batch_size, "batch_size", 1)
+    check_int(block_size, "block_size", 1, INT64_MAX // batch_size,
+              f" (a window of batch_size x block_size positions fits in 64 bits at batch size {batch_size})")
+
+
+def check_step(step: int, batch_size: int) -> int:
+    """``step`` when global batch ``step`` is one the order can index (its positions fit in int64);
+    else ArgumentError."""
+    return check_int(step, "step", 0, max_batches(batch_size) - 1,
+                     f" (the positions of a global batch of {batch_size} fit in 64 bits)")
+
+
 def check_world(batch_size: int, world_size: int, rank: int) -> None:
+    check_int(world_size, "world_size", 1)
+    check_int(rank, "rank", 0)
     if world_size < 1 or not 0 <= rank < world_size:
         raise ValueError(f"rank {rank} is not in a world of {world_size}")
     if batch_size % world_size:
@@ -194,6 +227,7 @@ def epoch_order(counts: tuple[int, ...], fingerprint: str, seed: int, epoch: int
     """(shard, index in shard) of every record of an epoch, in the order a run reads them: the whole
     epoch at once, for readers (tf.data) that want a file list rather than positions."""
     order = GlobalOrder(tuple(counts), fingerprint, seed, batch_size, block_size)
+    check_int(epoch, "epoch", 0, INT64_MAX // order.total - 1, " (its positions fit in 64 bits)")
     placed = order.place(np.arange(epoch * order.total, (epoch + 1) * order.total, dtype=np.int64))
     return placed.shard, placed.index
 

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from bert_datagen.contract.ranges import INT64_MAX, check_int
+
 Ranges = list[tuple[int, int]]
 
 
@@ -28,14 +30,22 @@ def parse_ranges(text: str) -> Ranges:
             raise SkipError(f"{part!r} is not a batch range: write A-B (inclusive) or A, e.g. 1200-1299") from None
         if a < 0 or b < a:
             raise SkipError(f"{part!r} is not a batch range: it needs 0 <= A <= B")
+        if b > INT64_MAX:
+            raise SkipError(f"{part!r}: batch {b} is past the last one a global order can index ({INT64_MAX})")
         ranges.append((a, b))
     return merge(ranges)
 
 
 def merge(ranges: Sequence[Sequence[int]]) -> Ranges:
     """Sorted, overlapping or touching ranges joined."""
+    checked = []
+    for r in ranges:
+        if len(r) != 2:
+            raise SkipError(f"{r!r} is not a batch range [first, last]")
+        a = check_int(r[0], "a skipped range's first batch")
+        checked.append((a, check_int(r[1], "a skipped range's last batch", a)))
     out: Ranges = []
-    for a, b in sorted((int(a), int(b)) for a, b in ranges):
+    for a, b in sorted(checked):
         if out and a <= out[-1][1] + 1:
             out[-1] = (out[-1][0], max(out[-1][1], b))
         else:
@@ -45,7 +55,7 @@ def merge(ranges: Sequence[Sequence[int]]) -> Ranges:
 
 def batch_of_step(step: int, ranges: Sequence[Sequence[int]]) -> int:
     """The global batch a run reads at training step ``step`` (0-based)."""
-    batch = step
+    batch = check_int(step, "step")
     for a, b in merge(ranges):
         if a <= batch:
             batch += b - a + 1
@@ -56,6 +66,7 @@ def add_ranges(recorded: Sequence[Sequence[int]], new: Sequence[Sequence[int]], 
     """``recorded`` plus ``new`` for a run whose next training step is ``next_step``. A range already
     recorded may be given again (the same command run twice); a new one must lie wholly after the
     last batch the run trained on."""
+    check_int(next_step, "next_step")
     recorded = merge(recorded)
     next_batch = batch_of_step(next_step, recorded)
     fresh = [r for r in merge(new) if not _covered(r, recorded)]

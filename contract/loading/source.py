@@ -170,7 +170,7 @@ def _index_shard(ref: ShardRef, count: int, fs: FileSystem) -> np.ndarray:
 def open_source(target: str, split: str = "train", fs: FileSystem = LOCAL_FS) -> Source:
     """A split of a bert-datagen dataset (pre-training or task) for the loaders."""
     try:
-        ds = open_dataset(target, fs, need_vocab=False)
+        ds = open_dataset(target, fs, need_vocab=False, legacy=False)
     except (DatasetError, ManifestError) as e:
         raise LoadError(str(e)) from e
     manifest = ds.manifest

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from bert_datagen.datagen.config import ConfigError
+from bert_datagen.datagen.config import MAX_SEQ_LENGTH, SEED_RANGE, ConfigError
 from bert_datagen.datagen.readers import InputError
 
 GLUE_TASKS = ("cola", "sst2", "mrpc", "stsb", "qqp", "mnli", "qnli", "rte", "wnli")
@@ -90,8 +90,10 @@ class TaskConfig:
             raise ConfigError(f"--task {self.kind!r} is not one of {', '.join(KINDS)}")
         seq = self.max_seq_length
         assert seq is not None
-        if not 5 <= seq <= 100_000:
-            raise ConfigError(f"--max-seq-length {seq} must be in [5, 100000]")
+        if not 5 <= seq <= MAX_SEQ_LENGTH:
+            raise ConfigError(f"--max-seq-length {seq} must be in [5, {MAX_SEQ_LENGTH}]")
+        if not SEED_RANGE[0] <= self.random_seed <= SEED_RANGE[1]:
+            raise ConfigError(f"--random-seed {self.random_seed} must fit in 64 signed bits")
         if self.kind in GENERIC_KINDS:
             if self.text_a is None:
                 raise ConfigError(f"--task {self.kind} needs --text-a (a column name, 0-based index or field)")

@@ -17,7 +17,7 @@ from typing import TypeVar
 
 import click
 
-from bert_datagen.contract.cli.plumbing import closest_option, refuse_unused_options
+from bert_datagen.contract.cli.plumbing import Int, closest_option, refuse_unused_options
 from bert_datagen.pipelines.beam.runners import RUNNERS, RunnerError, RunnerOptions
 
 F = TypeVar("F", bound=Callable[..., object])
@@ -106,7 +106,7 @@ def dataset_options(f: F) -> F:
                      show_default=True),
         click.option("--dask-scheduler", default=None,
                      help="DaskRunner: address of a running dask.distributed scheduler (default: a local cluster)."),
-        click.option("--dask-workers", type=int, default=2, show_default=True,
+        click.option("--dask-workers", type=Int(), default=2, show_default=True,
                      help="DaskRunner without --dask-scheduler: worker processes of the local cluster."),
     ]
     for decorate in reversed(decorators):  # applied bottom up, so --help lists them in this order

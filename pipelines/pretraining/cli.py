@@ -6,7 +6,7 @@ import sys
 
 import click
 
-from bert_datagen.contract.cli.plumbing import FiniteFloat, refuse_unused_options
+from bert_datagen.contract.cli.plumbing import FiniteFloat, Int, refuse_unused_options
 from bert_datagen.datagen.config import (
     INPUT_FORMATS,
     MASKING_UNITS,
@@ -105,13 +105,13 @@ def summary_table(manifest: dict, wall_seconds: float, cpu_seconds: dict[str, fl
 @click.option("--text-layout", type=click.Choice(TEXT_LAYOUTS), default="auto", show_default=True,
               help="--input-format text: auto-detect per file, or read every file as plain, book or wikitext.")
 @click.option("--text-field", default="text", show_default=True, help="JSON field holding the text (jsonl).")
-@click.option("--max-seq-length", type=int, default=128, show_default=True)
-@click.option("--max-predictions-per-seq", type=int, default=20, show_default=True)
+@click.option("--max-seq-length", type=Int(), default=128, show_default=True)
+@click.option("--max-predictions-per-seq", type=Int(), default=20, show_default=True)
 @click.option("--masked-lm-prob", type=FiniteFloat(), default=0.15, show_default=True)
 @click.option("--short-seq-prob", type=FiniteFloat(), default=0.1, show_default=True)
-@click.option("--dupe-factor", type=int, default=None,
+@click.option("--dupe-factor", type=Int(), default=None,
               help="Masked copies of each instance, static masking only  [default: 10]")
-@click.option("--random-seed", type=int, default=12345, show_default=True)
+@click.option("--random-seed", type=Int(), default=12345, show_default=True)
 @click.option("--whole-word-mask", is_flag=True, default=False,
               help="Mask whole words (## pieces together); the same as --masking-unit word.")
 @click.option("--masking-unit", type=click.Choice(MASKING_UNITS), default=None,
@@ -125,12 +125,12 @@ def summary_table(manifest: dict, wall_seconds: float, cpu_seconds: dict[str, fl
 @click.option("--do-lower-case/--no-lower-case", default=True, show_default=True)
 @click.option("--mask-ratios", default="0.8,0.1,0.1", show_default=True,
               help="Fractions of chosen positions that become [MASK], keep the token, get a random token.")
-@click.option("--num-shards", type=int, default=None, help="Train shards (default: from --target-shard-mb).")
+@click.option("--num-shards", type=Int(), default=None, help="Train shards (default: from --target-shard-mb).")
 @click.option("--target-shard-mb", type=FiniteFloat(0, min_open=True), default=64.0, show_default=True,
               help="Shard size target in MiB when --num-shards is not given.")
 @click.option("--eval-fraction", type=FiniteFloat(), default=0.0, show_default=True,
               help="Fraction of documents held out (by document identity) as the eval split.")
-@click.option("--notnext-pool-size", type=int, default=10000, show_default=True,
+@click.option("--notnext-pool-size", type=Int(), default=10000, show_default=True,
               help="Documents per NotNext pool (the whole corpus when smaller).")
 @click.option("--sentence-splitter", default="nupunkt", show_default=True)
 @click.option("--strict", "strict_utf8", is_flag=True, default=False, help="Fail on invalid UTF-8 instead of replacing it.")
@@ -140,7 +140,7 @@ def summary_table(manifest: dict, wall_seconds: float, cpu_seconds: dict[str, fl
 @click.option("--packing", is_flag=True, default=False,
               help="Write packed rows: several whole instances per --max-seq-length row, with sequence and "
                    "position ids (docs/packing.md). Static masking only.")
-@click.option("--max-sequences-per-row", type=int, default=3, show_default=True,
+@click.option("--max-sequences-per-row", type=Int(), default=3, show_default=True,
               help="With --packing: at most this many instances in one row.")
 @click.option("--quiet", is_flag=True, default=False, help="No progress lines or summary table.")
 @click.pass_context

@@ -6,7 +6,7 @@ import sys
 
 import click
 
-from bert_datagen.contract.cli.plumbing import FiniteFloat, refuse_unused_options
+from bert_datagen.contract.cli.plumbing import FiniteFloat, Int, refuse_unused_options
 from bert_datagen.datagen.tasks.config import (
     KINDS,
     SCHEMES,
@@ -65,7 +65,7 @@ def summary_table(result) -> str:
 @click.option("--train-splits", default=None, metavar="NAME,...",
               help="The splits written for training (bert-train finetune --train-split NAME)  [default: train]")
 @dataset_options
-@click.option("--max-seq-length", type=int, default=None, help="Default 384 for squad/squad2, else 128.")
+@click.option("--max-seq-length", type=Int(), default=None, help="Default 384 for squad/squad2, else 128.")
 @click.option("--do-lower-case/--no-lower-case", default=True, show_default=True)
 @click.option("--text-a", default=None, help="tsv/csv/jsonl: column name, 0-based index or field of text A.")
 @click.option("--text-b", default=None, help="tsv/csv/jsonl: the same for text B (pair tasks).")
@@ -74,14 +74,14 @@ def summary_table(result) -> str:
 @click.option("--labels", default=None, metavar="L1,L2,...",
               help="Fixed label order (default: sorted labels of the first split; GLUE: the official list).")
 @click.option("--regression", is_flag=True, default=False, help="tsv/csv/jsonl: the label is a number.")
-@click.option("--doc-stride", type=int, default=128, show_default=True, help="squad: window stride in tokens.")
-@click.option("--max-query-length", type=int, default=64, show_default=True, help="squad: question tokens kept.")
-@click.option("--token-column", type=int, default=0, show_default=True, help="conll: column of the token.")
-@click.option("--tag-column", type=int, default=-1, show_default=True, help="conll: column of the tag.")
+@click.option("--doc-stride", type=Int(), default=128, show_default=True, help="squad: window stride in tokens.")
+@click.option("--max-query-length", type=Int(), default=64, show_default=True, help="squad: question tokens kept.")
+@click.option("--token-column", type=Int(), default=0, show_default=True, help="conll: column of the token.")
+@click.option("--tag-column", type=Int(), default=-1, show_default=True, help="conll: column of the tag.")
 @click.option("--scheme", type=click.Choice(SCHEMES), default="iob2", show_default=True,
               help="conll: tag scheme (iob1 is converted to iob2).")
-@click.option("--random-seed", type=int, default=12345, show_default=True, help="Order of the train split.")
-@click.option("--num-shards", type=int, default=None, help="Shards per split (default: from --target-shard-mb).")
+@click.option("--random-seed", type=Int(), default=12345, show_default=True, help="Order of the train split.")
+@click.option("--num-shards", type=Int(), default=None, help="Shards per split (default: from --target-shard-mb).")
 @click.option("--target-shard-mb", type=FiniteFloat(0, min_open=True), default=64.0, show_default=True)
 @click.option("--quiet", is_flag=True, default=False, help="No summary table.")
 @click.pass_context

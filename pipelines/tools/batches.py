@@ -7,8 +7,10 @@ import json
 
 import click
 
-from bert_datagen.contract.loading.order import DEFAULT_BLOCK_SIZE, GlobalOrder
+from bert_datagen.contract.cli.plumbing import Int
+from bert_datagen.contract.loading.order import DEFAULT_BLOCK_SIZE, GlobalOrder, check_order, check_step
 from bert_datagen.contract.loading.source import LoadError, Source, open_source
+from bert_datagen.contract.ranges import MAX_SEED, ArgumentError
 from bert_datagen.datagen.records import INSTANCE_KEY
 from bert_datagen.pipelines.beam import fsio
 
@@ -33,14 +35,14 @@ def batch_records(source: Source, seed: int, batch_size: int, step: int, world_s
 
 @click.command("batches")
 @click.argument("target")
-@click.option("--seed", type=int, required=True, help="The training run's seed.")
-@click.option("--batch-size", type=click.IntRange(min=1), required=True, help="Global batch size.")
-@click.option("--step", type=click.IntRange(min=0), required=True, help="Global batch (0-based step).")
-@click.option("--world-size", type=click.IntRange(min=1), default=1, show_default=True,
+@click.option("--seed", type=Int(0, MAX_SEED), required=True, help="The training run's seed.")
+@click.option("--batch-size", type=Int(1), required=True, help="Global batch size.")
+@click.option("--step", type=Int(0), required=True, help="Global batch (0-based step).")
+@click.option("--world-size", type=Int(1), default=1, show_default=True,
               help="Ranks the global batch is split over.")
-@click.option("--rank", type=click.IntRange(min=0), default=0, show_default=True, help="Rank whose share to show.")
+@click.option("--rank", type=Int(0), default=0, show_default=True, help="Rank whose share to show.")
 @click.option("--split", default="train", show_default=True, help="Split the run reads.")
-@click.option("--block-size", type=click.IntRange(min=1), default=DEFAULT_BLOCK_SIZE, show_default=True,
+@click.option("--block-size", type=Int(1), default=DEFAULT_BLOCK_SIZE, show_default=True,
               help="Records per block of the order (as the run's loader was given).")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object.")
 def batches_command(target, seed, batch_size, step, world_size, rank, split, block_size, as_json) -> None:
@@ -51,6 +53,11 @@ def batches_command(target, seed, batch_size, step, world_size, rank, split, blo
     if batch_size % world_size:
         raise click.BadParameter(f"the batch size {batch_size} is not a multiple of the world size {world_size}",
                                  param_hint="--batch-size")
+    try:  # the bounds that depend on the batch size: the order's own checks, named as options
+        check_order(seed, batch_size, block_size)
+        check_step(step, batch_size)
+    except ArgumentError as e:
+        raise click.BadParameter(str(e), param_hint=f"--{e.argument.replace('_', '-')}") from e
     try:
         source = open_source(target, split, fsio.BEAM_FS)
         if sum(source.counts) < batch_size:

@@ -8,7 +8,7 @@ import sys
 
 import click
 
-from bert_datagen.contract.cli.plumbing import refuse_unused_options
+from bert_datagen.contract.cli.plumbing import Int, refuse_unused_options
 from bert_datagen.contract.dataset import Dataset, DatasetError, open_dataset
 from bert_datagen.contract.features import TASK
 from bert_datagen.contract.manifest import ManifestError
@@ -24,24 +24,26 @@ def _legacy_options(f):
     f = click.option("--vocab", "vocab_path", default=None,
                      help="Vocab file (one token per line). Needed without a manifest; with one, "
                           "overrides DIR/vocab.txt.")(f)
-    f = click.option("--max-predictions-per-seq", type=click.IntRange(min=1), default=None,
+    f = click.option("--max-predictions-per-seq", type=Int(1), default=None,
                      help="Record shape for data without a manifest.")(f)
-    f = click.option("--max-seq-length", type=click.IntRange(min=5), default=None,
+    f = click.option("--max-seq-length", type=Int(5), default=None,
                      help="Record shape for data without a manifest.")(f)
     return f
 
 
-def _open(target: str, max_seq_length, max_predictions_per_seq, vocab_path) -> tuple[Dataset, KindTools]:
-    """The dataset and, looked up once by its kind, what each command does with it."""
+def _open(target: str, max_seq_length, max_predictions_per_seq, vocab_path,
+          legacy: bool = True) -> tuple[Dataset, KindTools]:
+    """The dataset and, looked up once by its kind, what each command does with it; ``legacy``:
+    whether the command has the options that describe TFRecords without a manifest."""
     try:
         ds = open_dataset(target, fsio.BEAM_FS, max_seq_length=max_seq_length,
-                          max_predictions_per_seq=max_predictions_per_seq, vocab_path=vocab_path)
+                          max_predictions_per_seq=max_predictions_per_seq, vocab_path=vocab_path, legacy=legacy)
         return ds, tools_for(ds.kind)
     except (DatasetError, ManifestError) as e:
         raise click.ClickException(str(e)) from e
 
 
-_workers = click.option("--workers", type=click.IntRange(min=1), default=None,
+_workers = click.option("--workers", type=Int(1), default=None,
                         help="Processes reading shards in parallel (default: all cores).")
 
 
@@ -49,7 +51,7 @@ _workers = click.option("--workers", type=click.IntRange(min=1), default=None,
 @click.argument("target")
 @_legacy_options
 @_workers
-@click.option("--max-problems", type=click.IntRange(min=1), default=MAX_PROBLEMS_PER_SHARD,
+@click.option("--max-problems", type=Int(1), default=MAX_PROBLEMS_PER_SHARD,
               show_default=True, help="Problems listed per shard (all are counted).")
 @click.option("--checksums-only", is_flag=True,
               help="Check sha256, sizes, framing, CRCs and record counts, but do not parse the records "
@@ -100,11 +102,11 @@ def verify_command(target, max_seq_length, max_predictions_per_seq, vocab_path, 
 @click.command("inspect")
 @click.argument("target")
 @click.option("--split", default=None, help="Split to read (default: the first, usually train).")
-@click.option("--shard", type=click.IntRange(min=0), default=0, show_default=True,
+@click.option("--shard", type=Int(0), default=0, show_default=True,
               help="Shard number within the split.")
-@click.option("--index", type=click.IntRange(min=0), default=0, show_default=True,
+@click.option("--index", type=Int(0), default=0, show_default=True,
               help="First record (0-based, within the shard).")
-@click.option("-n", "count", type=click.IntRange(min=1), default=5, show_default=True, help="Records to show.")
+@click.option("-n", "count", type=Int(1), default=5, show_default=True, help="Records to show.")
 @_legacy_options
 @click.option("--words", is_flag=True, help="Join ## word pieces into words (masked pieces keep their marker).")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per record.")
@@ -143,7 +145,7 @@ def inspect_command(ctx: click.Context, target, split, shard, index, count, max_
 @click.option("--json", "as_json", is_flag=True, help="Print the figures as JSON.")
 @click.option("--plot", "plot_path", default=None, metavar="FILE.png",
               help="Write histograms to a PNG (needs matplotlib: the `plot` extra).")
-@click.option("--top", type=click.IntRange(min=1), default=20, show_default=True,
+@click.option("--top", type=Int(1), default=20, show_default=True,
               help="Most frequent tokens to list.")
 @_legacy_options
 @_workers
@@ -202,7 +204,7 @@ def diff_command(a, b, no_records) -> None:
     (where the documents came from) are listed but do not make datasets different. diff trusts the
     manifests' checksums: run verify to prove the files match them.
     """
-    (da, _), (db, _) = _open(a, None, None, None), _open(b, None, None, None)
+    (da, _), (db, _) = _open(a, None, None, None, legacy=False), _open(b, None, None, None, legacy=False)
     try:
         report = diff_datasets(da, db, records=not no_records)
     except DatasetError as e:

@@ -260,7 +260,7 @@ def test_vocab_without_mask_is_an_error(corpus, tmp_path) -> None:
         ("--max-seq-length", "4", "--max-seq-length 4 is too small"),
         ("--masked-lm-prob", "0", "--masked-lm-prob 0.0 must be in (0, 1]"),
         ("--masked-lm-prob", "1.5", "--masked-lm-prob 1.5 must be in (0, 1]"),
-        ("--max-predictions-per-seq", "0", "--max-predictions-per-seq 0 must be >= 1"),
+        ("--max-predictions-per-seq", "0", "--max-predictions-per-seq 0 must be in [1, 100000]"),
         ("--mask-ratios", "0.5,0.5", "expected three numbers"),
         ("--sentence-splitter", "nope", "--sentence-splitter 'nope' is not one of"),
         ("--num-shards", "0", "--num-shards 0 must be >= 1"),

@@ -57,3 +57,21 @@ def test_bad_world_is_a_usage_error_and_missing_shard_one_line(ds, tmp_path):
     result = _run(d, "--seed", 1, "--batch-size", 8, "--step", 0)
     assert result.exit_code == 1
     assert "part-00000-of-00002.tfrecord: shard listed in the manifest is missing" in result.output
+
+
+def test_a_non_dataset_is_one_line_that_advises_no_option_batches_or_diff_lacks(ds, tmp_path):
+    """`batches` has no --max-seq-length / --max-predictions-per-seq / --vocab (the loaders read only
+    datasets with a manifest): its refusal of anything else must not tell the user to pass them."""
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "a.txt").write_text("mine\n")
+    targets = {tmp_path / "notes": "no manifest", tmp_path / "notes" / "a.txt": "not a directory",
+               tmp_path / "nothing": "no such directory", f"{ds}/train/*.tfrecord": "no such directory",
+               f"{ds}/train": "no manifest"}
+    for target, why in targets.items():
+        result = _run(target, "--seed", 1, "--batch-size", 8, "--step", 0)
+        lines = result.output.splitlines()
+        assert result.exit_code == 1 and len(lines) == 1 and lines[0].startswith(f"Error: {target}"), result.output
+        assert why in lines[0] and "--" not in lines[0].split(": ", 2)[-1], result.output
+        # `diff` has none of those options either (it compares two manifests).
+        result = CliRunner().invoke(main, ["diff", str(target), str(target)])
+        assert result.exit_code == 1 and why in result.output and "pass --" not in result.output, result.output

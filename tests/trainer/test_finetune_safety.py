@@ -61,6 +61,19 @@ def test_finetune_refuses_a_directory_of_a_users_files(tmp_path, task_data, init
     assert tree_snapshot(tmp_path) == before
 
 
+def test_epochs_past_what_the_order_holds_are_a_usage_error_before_any_work(tmp_path, task_data, init_run):
+    """96 records, 12 steps an epoch: 1e300 epochs read positions past int64 (and 1e308 * 12 is inf,
+    which int() cannot take): refused naming the option, exit 2, no run directory (issue 29, 5)."""
+    for epochs in ("1e300", "1.7e308"):
+        args = ["finetune", "--data", task_data, "--out", str(tmp_path / "run"), "--init-from", init_run,
+                "--batch-size", "8", "--epochs", epochs]
+        result = _invoke(args)
+        assert result.exit_code == 2 and "--epochs" in result.output and "64-bit" in result.output, result.output
+        assert "unexpected" not in result.output and not (tmp_path / "run").exists()
+    result = _invoke([*args[:-2], "--epochs", "1e300", "--max-steps", str(2**62)])
+    assert result.exit_code == 2 and "--max-steps" in result.output, result.output
+
+
 def test_runs_are_refused_in_a_dataset(tmp_path, task_data, init_run, tree_snapshot):
     from tests.support.synthetic import write_synthetic_dataset
 

@@ -154,3 +154,51 @@ def test_export_takes_vocab_and_casing_from_the_manifest(tmp_path):
         resolve_vocab(cfg, data)
     with pytest.raises(ConfigError, match="pass --vocab FILE"):
         resolve_vocab(cfg, str(tmp_path / "no-such-dataset"))
+
+
+def _no_space_line(output: str, out) -> None:
+    """One `Error:` line naming a file of the export (not its temp directory) and the cause."""
+    import os
+
+    lines = [line for line in output.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith(f"Error: {out}") and ".tmp-" not in lines[0], output
+    assert lines[0].endswith(os.strerror(28)) and "unexpected" not in output and "Safetensor" not in output, output
+
+
+def test_export_on_a_real_full_disk_is_one_line_naming_the_file(run, full_disk):
+    """12 KiB free of 64: the lock file and config.json fit, the weights (30 KB) do not; then none:
+    the lock file itself cannot be written. Each time the disk is left as it was."""
+    args = ["export", "--run", run["run"], "--vocab", run["vocab"], "--do-lower-case", "--out", full_disk / "e"]
+    filler = full_disk / "filler"
+    filler.write_bytes(b"\0" * 52 * 1024)
+    _no_space_line(bert_train_fails(*args, "--format", "hf"), full_disk / "e" / "model.safetensors")
+    _no_space_line(bert_train_fails(*args, "--format", "tf1"), full_disk / "e" / "bert_model.ckpt.data-")
+    with open(filler, "ab", buffering=0) as f:
+        with pytest.raises(OSError):
+            while True:
+                f.write(b"\0" * 1024)
+    _no_space_line(bert_train_fails(*args, "--format", "hf"), full_disk / ".bert-datagen-lock-e")
+    assert [p.name for p in full_disk.iterdir()] == ["filler"]
+
+
+def test_export_with_no_space_at_the_lowest_write_names_the_file(run, tmp_path, monkeypatch):
+    """safetensors says "SafetensorError: ... I/O error ... (os error 28)" and SaveV2 a
+    ResourceExhaustedError naming its temp state file: each as the export file they were writing."""
+    import safetensors
+    import safetensors.numpy
+    import tensorflow as tf
+
+    def no_space_safetensors(*args, **kwargs):
+        raise safetensors.SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
+
+    def no_space_savev2(prefix, **kwargs):
+        raise tf.errors.ResourceExhaustedError(
+            None, None, f"{prefix}.data-00000-of-00001.tempstate6417; No space left on device [Op:SaveV2]")
+
+    monkeypatch.setattr(safetensors.numpy, "save_file", no_space_safetensors)
+    monkeypatch.setattr(tf.raw_ops, "SaveV2", no_space_savev2)
+    args = ["export", "--run", run["run"], "--vocab", run["vocab"], "--do-lower-case", "--out", tmp_path / "e"]
+    _no_space_line(bert_train_fails(*args, "--format", "hf"), tmp_path / "e" / "model.safetensors")
+    _no_space_line(bert_train_fails(*args, "--format", "tf1"),
+                   tmp_path / "e" / "bert_model.ckpt.data-00000-of-00001")
+    assert list(tmp_path.iterdir()) == []

@@ -6,8 +6,9 @@ import json
 
 import click
 
-from bert_datagen.contract.cli.plumbing import refuse_unused_options
-from bert_datagen.trainer.run.config import MAX_SEED, PRECISIONS, STRATEGIES, ConfigError
+from bert_datagen.contract.cli.plumbing import FiniteFloat, Int, refuse_unused_options
+from bert_datagen.contract.ranges import MAX_SEED, MAX_TIMEOUT_S
+from bert_datagen.trainer.run.config import PRECISIONS, STRATEGIES, ConfigError
 
 
 def _user_errors() -> tuple[type[Exception], ...]:
@@ -39,24 +40,24 @@ def _seed_list(value: str | None) -> list[int] | None:
                                         "BertModel directory.")
 @click.option("--bert-config", "bert_config_file", type=click.Path(exists=True, dir_okay=False),
               help="bert_config.json of a TF1 --init-checkpoint (default: the one beside it).")
-@click.option("--epochs", type=float, default=None, help="Default: 3 (classification, tagging), 2 (span).")
-@click.option("--learning-rate", type=float, default=None, help="Default: 5e-5 (classification, tagging), 3e-5 (span).")
-@click.option("--batch-size", type=int, default=None, help="Global batch. Default: 32 (classification, tagging), 12 (span).")
-@click.option("--warmup-proportion", type=float, default=0.1, show_default=True)
-@click.option("--seed", type=int, default=None, help="Default 12345.")
+@click.option("--epochs", type=FiniteFloat(0, min_open=True), default=None, help="Default: 3 (classification, tagging), 2 (span).")
+@click.option("--learning-rate", type=FiniteFloat(0, min_open=True), default=None, help="Default: 5e-5 (classification, tagging), 3e-5 (span).")
+@click.option("--batch-size", type=Int(1), default=None, help="Global batch. Default: 32 (classification, tagging), 12 (span).")
+@click.option("--warmup-proportion", type=FiniteFloat(0, 1, max_open=True), default=0.1, show_default=True)
+@click.option("--seed", type=Int(0, MAX_SEED), default=None, help="Default 12345.")
 @click.option("--seeds", default=None, help="Comma-separated seeds: one sub-run per seed (RUN/seed-N) and a summary.")
 @click.option("--train-split", default="train", show_default=True)
 @click.option("--eval-split", default="dev", show_default=True, help="Evaluated after each epoch; 'none' to skip.")
-@click.option("--max-steps", type=int, default=None, help="Stop after this many steps (also ends the lr decay).")
-@click.option("--weight-decay", type=float, default=0.01, show_default=True)
-@click.option("--accumulation-steps", type=int, default=1, show_default=True)
-@click.option("--checkpoint-every", type=int, default=0, show_default=True, help="Steps; 0: at each epoch's end.")
-@click.option("--keep-checkpoints", type=int, default=1, show_default=True)
-@click.option("--log-every", type=int, default=50, show_default=True)
-@click.option("--null-score-diff-threshold", type=float, default=0.0, show_default=True, help="SQuAD v2.0.")
+@click.option("--max-steps", type=Int(1), default=None, help="Stop after this many steps (also ends the lr decay).")
+@click.option("--weight-decay", type=FiniteFloat(0), default=0.01, show_default=True)
+@click.option("--accumulation-steps", type=Int(1), default=1, show_default=True)
+@click.option("--checkpoint-every", type=Int(0), default=0, show_default=True, help="Steps; 0: at each epoch's end.")
+@click.option("--keep-checkpoints", type=Int(1), default=1, show_default=True)
+@click.option("--log-every", type=Int(1), default=50, show_default=True)
+@click.option("--null-score-diff-threshold", type=FiniteFloat(), default=0.0, show_default=True, help="SQuAD v2.0.")
 @click.option("--strategy", type=click.Choice(STRATEGIES), default="auto", show_default=True)
 @click.option("--tpu", default=None)
-@click.option("--cluster-timeout", type=click.IntRange(min=1), default=300, show_default=True,
+@click.option("--cluster-timeout", type=Int(1, MAX_TIMEOUT_S), default=300, show_default=True,
               help="--strategy multi-worker: seconds to wait for the other workers (TF_CONFIG) to join, and "
                    "for each collective step, before stopping.")
 @click.option("--precision", type=click.Choice(PRECISIONS), default="float32", show_default=True)
@@ -108,6 +109,8 @@ def finetune_command(ctx: click.Context, bert_config_file, seeds, seed, epochs, 
                 learning_rate=defaults["learning_rate"] if learning_rate is None else learning_rate,
                 batch_size=int(defaults["batch_size"]) if batch_size is None else batch_size,
                 eval_split=None if eval_split.lower() == "none" else eval_split)
+            if cfg.train_split in dataset.splits:  # (a missing split: the run's own error)
+                cfg.total_steps(dataset.splits[cfg.train_split].records)
         except ConfigError as exc:
             raise click.UsageError(str(exc)) from exc
         log = lambda line: click.echo(line)  # noqa: E731
@@ -177,8 +180,8 @@ def _predict(run: str, data: str, split: str, out: str | None, batch_size: int,
 @click.option("--split", required=True, help="Split to predict (labelled or not).")
 @click.option("--out", required=True, help="Directory for the prediction files: new or empty (or, with "
               "--overwrite, one an earlier predict wrote); never a dataset or a run.")
-@click.option("--batch-size", type=click.IntRange(min=1), default=64, show_default=True)
-@click.option("--null-score-diff-threshold", type=float, default=0.0, show_default=True, help="SQuAD v2.0.")
+@click.option("--batch-size", type=Int(1), default=64, show_default=True)
+@click.option("--null-score-diff-threshold", type=FiniteFloat(), default=0.0, show_default=True, help="SQuAD v2.0.")
 @click.option("--allow-other-task", is_flag=True, help=ALLOW_OTHER_TASK_HELP)
 @click.option("--allow-vocab-mismatch", is_flag=True, help=ALLOW_VOCAB_MISMATCH_HELP)
 @click.option("--overwrite", is_flag=True, help="Replace the predictions an earlier `bert-train predict` wrote "

@@ -8,6 +8,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from bert_datagen.contract.ranges import INT64_MAX
 from bert_datagen.trainer.run.config import PRECISIONS, STRATEGIES, ConfigError, check_seed, check_tpu
 
 # RECIPE.md section 10: run_classifier.py and run_squad.py defaults (tagging follows the classifier).
@@ -84,6 +85,10 @@ class FinetuneConfig:
             raise ConfigError(f"--learning-rate must be a positive number, got {self.learning_rate}")
         if not (math.isfinite(self.warmup_proportion) and 0 <= self.warmup_proportion < 1):
             raise ConfigError(f"--warmup-proportion must be in [0, 1), got {self.warmup_proportion}")
+        if not (math.isfinite(self.weight_decay) and self.weight_decay >= 0):
+            raise ConfigError(f"--weight-decay must be >= 0 and finite, got {self.weight_decay}")
+        if not (math.isfinite(self.clip_norm) and self.clip_norm > 0):
+            raise ConfigError(f"clip_norm must be positive and finite, got {self.clip_norm}")
         if not math.isfinite(self.null_score_diff_threshold):
             raise ConfigError("--null-score-diff-threshold must be a finite number")
         if self.checkpoint_every < 0:
@@ -93,6 +98,23 @@ class FinetuneConfig:
         if self.precision not in PRECISIONS:
             raise ConfigError(f"precision {self.precision!r} not in {PRECISIONS}")
         check_tpu(self.tpu, self.strategy)
+
+    def total_steps(self, records: int) -> int:
+        """The run's optimizer steps on a training split of ``records`` examples (whole batches of
+        each epoch, --epochs of them, at most --max-steps). ConfigError when the positions they read
+        in the global order would not fit in int64 (a huge --epochs; a float's inf would fail as an
+        OverflowError that names nothing)."""
+        per_epoch = records // self.batch_size
+        if per_epoch == 0:
+            return 1
+        wanted = self.epochs * per_epoch  # a float: inf for the largest --epochs
+        by_max = self.max_steps is not None and self.max_steps < wanted
+        steps = self.max_steps if by_max else max(1, int(wanted)) if wanted <= INT64_MAX else None
+        if steps is None or -(-steps // per_epoch) > INT64_MAX // records:
+            option, value = ("--max-steps", self.max_steps) if by_max else ("--epochs", self.epochs)
+            raise ConfigError(f"{option} {value:g}: {per_epoch:,} steps an epoch read past the positions the global "
+                              f"order can hold ({INT64_MAX:,}: 64-bit) in a split of {records:,} records")
+        return steps
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

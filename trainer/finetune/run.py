@@ -148,9 +148,7 @@ class FinetuneRun:
         if self.steps_per_epoch == 0:
             raise DataError(f"{cfg.data}: split {cfg.train_split!r} has {self.train_split.records} records, "
                             f"fewer than one batch of {cfg.batch_size}")
-        self.total_steps = max(1, int(cfg.epochs * self.steps_per_epoch))
-        if cfg.max_steps is not None:
-            self.total_steps = min(self.total_steps, cfg.max_steps)
+        self.total_steps = cfg.total_steps(self.train_split.records)
         self.warmup_steps = int(self.total_steps * cfg.warmup_proportion)
         with self.strategy.scope():
             self.model = build_finetune_model(self.bert, self.data.task_type, self.data.num_labels, seed=cfg.seed,

@@ -22,10 +22,11 @@ from pathlib import Path
 import numpy as np
 import tensorflow as tf
 
-from bert_datagen.contract.fs import TMP_MARKER, temp_name
+from bert_datagen.contract.fs import TMP_MARKER, os_error_in, temp_name
 from bert_datagen.trainer.interop.hf import (
     HF_WEIGHTS,
     hf_config_from_bert_config,
+    save_safetensors,
     tf1_to_hf,
     write_hf_tokenizer,
 )
@@ -34,7 +35,7 @@ from bert_datagen.trainer.interop.tf1 import write_tf1_checkpoint
 from bert_datagen.trainer.model.weights import check_arrays, expected_tf1_shapes, model_tf1_arrays
 from bert_datagen.trainer.pretrain.data import load_dataset_manifest
 from bert_datagen.trainer.run import checkpoint as ckpt_lib
-from bert_datagen.trainer.run.errors import CheckpointFormatError, ConfigError
+from bert_datagen.trainer.run.errors import CheckpointFormatError, ConfigError, TrainerError
 from bert_datagen.trainer.run.rundir import output_lock
 from bert_datagen.vocab.vocab_file import SPECIAL_TOKENS
 
@@ -258,10 +259,31 @@ def write_export_dir(out: str | os.PathLike, overwrite: bool, write: Callable[[P
             _write_mark(tmp)
             _default_modes(tmp)
             _publish(tmp, out)
-        except BaseException:
+        except BaseException as exc:
             shutil.rmtree(tmp, ignore_errors=True)
+            failed = _failed_write(exc, tmp, out)
+            if failed is not None:
+                raise failed from exc
             raise
     return out
+
+
+def _failed_write(exc: BaseException, tmp: Path, out: Path) -> OSError | None:
+    """A failed write into the export (a full disk) as one OSError naming the file of ``out`` it was
+    writing, not the temp directory's name; TensorFlow's SaveV2 reports it only as text with the path."""
+    def shown(path: str) -> str:
+        return str(out) + path[len(str(tmp)):] if path.startswith(str(tmp)) else path
+
+    if isinstance(exc, OSError):
+        if exc.errno is None or exc.filename2 is not None:  # a rename's error names both paths already
+            return None
+        return OSError(exc.errno, exc.strerror, shown(str(exc.filename or tmp)))
+    if not isinstance(exc, Exception) or isinstance(exc, TrainerError):
+        return None
+    text = str(exc)
+    path = re.search(re.escape(str(tmp)) + r"[^\s;'\"]*", text)
+    written = re.sub(r"\.tempstate\d+$", "", path.group(0)) if path else str(tmp)
+    return os_error_in(text, shown(written))
 
 
 def export_tf1(out: str | os.PathLike, arrays: Mapping[str, np.ndarray], bert_config: Mapping,
@@ -287,8 +309,6 @@ def export_hf(out: str | os.PathLike, arrays: Mapping[str, np.ndarray], bert_con
     Tied copies are left out, as `save_pretrained` does: transformers re-ties the MLM decoder to the
     word embeddings and its bias to `cls.predictions.bias` on load.
     """
-    from safetensors.numpy import save_file
-
     check_arrays(arrays, expected_tf1_shapes(bert_config), "export")
     pad_id = 0
     if vocab is not None:
@@ -297,7 +317,7 @@ def export_hf(out: str | os.PathLike, arrays: Mapping[str, np.ndarray], bert_con
     def write(tmp: Path) -> None:
         config = hf_config_from_bert_config(bert_config, pad_token_id=pad_id)
         (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-        save_file(tf1_to_hf(arrays), str(tmp / HF_WEIGHTS), metadata={"format": "pt"})
+        save_safetensors(tf1_to_hf(arrays), tmp / HF_WEIGHTS)
         if vocab is not None:
             write_hf_tokenizer(tmp, vocab, do_lower_case, int(bert_config["max_position_embeddings"]))
 

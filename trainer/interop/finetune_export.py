@@ -107,10 +107,8 @@ def tf1_task_arrays(model: FineTuneModel) -> dict[str, np.ndarray]:
 def export_finetuned(run: str, fmt: str, out: str, vocab: str | None = None, do_lower_case: bool | None = None,
                      overwrite: bool = False) -> tuple[Path, Path]:
     """Write the export atomically; returns (output directory, checkpoint it came from)."""
-    from safetensors.numpy import save_file
-
     from bert_datagen.trainer.interop.export import check_export_target, vocab_tokens, write_export_dir
-    from bert_datagen.trainer.interop.hf import write_hf_tokenizer
+    from bert_datagen.trainer.interop.hf import save_safetensors, write_hf_tokenizer
     from bert_datagen.trainer.interop.tf1 import write_tf1_checkpoint
 
     check_export_target(Path(out), overwrite, ("task.json",))  # before any work
@@ -130,7 +128,7 @@ def export_finetuned(run: str, fmt: str, out: str, vocab: str | None = None, do_
         elif fmt == "hf":
             config = hf_task_config(bert, task, tokens.index("[PAD]"))
             (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-            save_file(hf_task_state(model), str(tmp / "model.safetensors"), metadata={"format": "pt"})
+            save_safetensors(hf_task_state(model), tmp / "model.safetensors")
             write_hf_tokenizer(tmp, vocab_bytes, bool(lower), int(task.get("max_seq_length") or bert.max_position_embeddings))
         else:
             raise ConfigError(f"format {fmt!r} not in ('tf1', 'hf')")

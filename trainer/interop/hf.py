@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
+from bert_datagen.contract.fs import os_error_in
 from bert_datagen.trainer.model.weights import LoadReport, as_float32, check_arrays
 from bert_datagen.trainer.run.errors import CheckpointFormatError, CheckpointMismatchError
 
@@ -200,6 +201,21 @@ def read_hf_state(directory: str | os.PathLike) -> dict[str, np.ndarray]:
 
 _SAFETENSORS_DTYPES = {"F64": "<f8", "F32": "<f4", "F16": "<f2", "I64": "<i8", "I32": "<i4",
                        "I16": "<i2", "I8": "i1", "U8": "u1", "BOOL": "?"}
+
+
+def save_safetensors(tensors: Mapping[str, np.ndarray], path: str | os.PathLike) -> None:
+    """safetensors' ``save_file`` (the metadata transformers expects); a failed write (a full disk)
+    as the OSError it is, naming the file: safetensors reports it as a SafetensorError without one."""
+    from safetensors import SafetensorError
+    from safetensors.numpy import save_file
+
+    try:
+        save_file(dict(tensors), str(path), metadata={"format": "pt"})
+    except SafetensorError as exc:
+        failed = os_error_in(str(exc), str(path))
+        if failed is None:
+            raise
+        raise failed from exc
 
 
 def read_safetensors(path: str | os.PathLike) -> dict[str, np.ndarray]:

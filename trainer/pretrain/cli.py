@@ -7,7 +7,8 @@ import re
 
 import click
 
-from bert_datagen.contract.cli.plumbing import refuse_unused_options
+from bert_datagen.contract.cli.plumbing import FiniteFloat, Int, refuse_unused_options
+from bert_datagen.contract.ranges import INT32_MAX, MAX_SEED, MAX_TIMEOUT_S
 from bert_datagen.trainer.finetune.cli import ALLOW_OTHER_TASK_HELP, ALLOW_VOCAB_MISMATCH_HELP
 from bert_datagen.trainer.run.cluster import DEFAULT_TIMEOUT, join_for
 from bert_datagen.trainer.run.config import (
@@ -77,31 +78,31 @@ def _check_data_options(ctx: click.Context, options: dict) -> None:
               help="Model size (RECIPE.md section 6). Ignored with --bert-config.")
 @click.option("--bert-config", "bert_config_file", type=click.Path(exists=True, dir_okay=False),
               help="An original bert_config.json (or a Hugging Face config.json) defining the model.")
-@click.option("--batch-size", type=click.IntRange(min=1), default=32, show_default=True, help="Global batch: sequences per step.")
-@click.option("--accumulation-steps", type=click.IntRange(min=1), default=1, show_default=True,
+@click.option("--batch-size", type=Int(1), default=32, show_default=True, help="Global batch: sequences per step.")
+@click.option("--accumulation-steps", type=Int(1), default=1, show_default=True,
               help="Split each step's batch into this many micro-batches (same result, less memory).")
-@click.option("--steps", type=click.IntRange(min=1), required=True, help="Total optimizer steps (also the end of the lr decay).")
-@click.option("--learning-rate", type=float, default=1e-4, show_default=True)
-@click.option("--warmup-steps", type=click.IntRange(min=0), default=10000, show_default=True)
-@click.option("--weight-decay", type=float, default=0.01, show_default=True)
+@click.option("--steps", type=Int(1), required=True, help="Total optimizer steps (also the end of the lr decay).")
+@click.option("--learning-rate", type=FiniteFloat(0, min_open=True), default=1e-4, show_default=True)
+@click.option("--warmup-steps", type=Int(0), default=10000, show_default=True)
+@click.option("--weight-decay", type=FiniteFloat(0), default=0.01, show_default=True)
 @click.option("--optimizer", type=click.Choice(OPTIMIZERS), default="adamw", show_default=True,
               help="adamw: the original AdamWeightDecay; lamb: layer-wise trust ratio (large batches).")
-@click.option("--seed", type=click.IntRange(min=0), default=12345, show_default=True)
-@click.option("--max-seq-length", type=click.IntRange(min=1), help="For TFRecord globs without a manifest.")
-@click.option("--max-predictions-per-seq", type=click.IntRange(min=1), help="For TFRecord globs without a manifest.")
-@click.option("--vocab-size", type=click.IntRange(min=1), help="For TFRecord globs without a manifest (or use --bert-config).")
+@click.option("--seed", type=Int(0, MAX_SEED), default=12345, show_default=True)
+@click.option("--max-seq-length", type=Int(1, INT32_MAX), help="For TFRecord globs without a manifest.")
+@click.option("--max-predictions-per-seq", type=Int(1, INT32_MAX), help="For TFRecord globs without a manifest.")
+@click.option("--vocab-size", type=Int(1, INT32_MAX), help="For TFRecord globs without a manifest (or use --bert-config).")
 @click.option("--eval-data", help="Eval TFRecord glob, for --data globs without a manifest.")
-@click.option("--shuffle-buffer", type=click.IntRange(min=1), default=None,
+@click.option("--shuffle-buffer", type=Int(1), default=None,
               help="Only for a run started by an earlier version, which reads through tf.data (it keeps the "
                    "buffer it recorded); other runs read the global order, which has no buffer.")
-@click.option("--checkpoint-every", type=click.IntRange(min=1), default=1000, show_default=True)
-@click.option("--keep-checkpoints", type=click.IntRange(min=1), default=3, show_default=True)
-@click.option("--eval-every", type=click.IntRange(min=0), default=0, show_default=True, help="0: evaluate at the end only.")
-@click.option("--eval-batches", type=click.IntRange(min=1), default=20, show_default=True)
-@click.option("--log-every", type=click.IntRange(min=1), default=50, show_default=True)
+@click.option("--checkpoint-every", type=Int(1), default=1000, show_default=True)
+@click.option("--keep-checkpoints", type=Int(1), default=3, show_default=True)
+@click.option("--eval-every", type=Int(0), default=0, show_default=True, help="0: evaluate at the end only.")
+@click.option("--eval-batches", type=Int(1), default=20, show_default=True)
+@click.option("--log-every", type=Int(1), default=50, show_default=True)
 @click.option("--strategy", type=click.Choice(STRATEGIES), default="auto", show_default=True)
 @click.option("--tpu", default=None, help="TPU name or address for --strategy tpu.")
-@click.option("--cluster-timeout", type=click.IntRange(min=1), default=DEFAULT_TIMEOUT, show_default=True,
+@click.option("--cluster-timeout", type=Int(1, MAX_TIMEOUT_S), default=DEFAULT_TIMEOUT, show_default=True,
               help="--strategy multi-worker: seconds to wait for the other workers (TF_CONFIG) to join, and "
                    "for each collective step, before stopping.")
 @click.option("--precision", type=click.Choice(PRECISIONS), default="float32", show_default=True)
@@ -145,10 +146,10 @@ def pretrain_command(ctx: click.Context, bert_config_file, cluster_timeout, **op
 @click.option("--data", required=True, help="Dataset directory (manifest.json) or TFRecord glob(s).")
 @click.option("--split", default=None,
               help="Pre-training: eval (default) or train. Fine-tuned runs: any labelled split (default dev).")
-@click.option("--batch-size", type=click.IntRange(min=1), default=32, show_default=True)
-@click.option("--max-batches", type=click.IntRange(min=1), default=None, help="Default: the whole split.")
-@click.option("--max-seq-length", type=click.IntRange(min=1), help="For TFRecord globs without a manifest.")
-@click.option("--max-predictions-per-seq", type=click.IntRange(min=1), help="For TFRecord globs without a manifest.")
+@click.option("--batch-size", type=Int(1), default=32, show_default=True)
+@click.option("--max-batches", type=Int(1), default=None, help="Default: the whole split.")
+@click.option("--max-seq-length", type=Int(1, INT32_MAX), help="For TFRecord globs without a manifest.")
+@click.option("--max-predictions-per-seq", type=Int(1, INT32_MAX), help="For TFRecord globs without a manifest.")
 @click.option("--json", "as_json", is_flag=True, help="Print the figures as JSON.")
 @click.option("--allow-other-task", is_flag=True, help="Fine-tuned runs: " + ALLOW_OTHER_TASK_HELP)
 @click.option("--allow-vocab-mismatch", is_flag=True, help="Fine-tuned runs: " + ALLOW_VOCAB_MISMATCH_HELP)

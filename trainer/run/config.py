@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
+from bert_datagen.contract.ranges import MAX_SEED, max_batches
 from bert_datagen.trainer.run.errors import ConfigError
 
 # Sizes by name: RECIPE.md section 6 (layers, hidden, heads, FFN).
@@ -124,9 +125,6 @@ class BertConfig:
         return json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n"
 
 
-# keras.utils.set_random_seed seeds NumPy too, whose seeds are unsigned 32-bit: a seed outside this
-# range fails inside TensorFlow's start-up with a ValueError that names no option.
-MAX_SEED = 2**32 - 1
 
 
 def check_seed(value: object, option: str) -> None:
@@ -215,6 +213,7 @@ class TrainConfig:
                 raise ConfigError(f"skip_batches: {r!r} is not a range [first, last] with 0 <= first <= last")
         if self.warmup_steps < 0 or self.eval_every < 0:
             raise ConfigError("warmup_steps and eval_every must be >= 0")
+        self._check_order_fits()
         if self.batch_size % self.accumulation_steps:
             raise ConfigError(
                 f"batch_size {self.batch_size} is not a multiple of accumulation_steps {self.accumulation_steps}"
@@ -239,6 +238,21 @@ class TrainConfig:
             raise ConfigError(f"--vocab-size does not apply with a model config (--bert-config, --init-checkpoint): "
                               f"its vocab size {self.bert_config.get('vocab_size')} is the model's")
         check_tpu(self.tpu, self.strategy)
+
+    def _check_order_fits(self) -> None:
+        """The batches the run reads are ones the global order can index (their positions fit in
+        int64). A resume adds --skip-batches to the ranges its checkpoints recorded, all checked
+        here against the same steps and batch size (neither may change on resume): the last batch
+        read is at most the last skipped one plus ``steps``, so that bound covers their union."""
+        limit = max_batches(self.batch_size)
+        if self.steps > limit:
+            raise ConfigError(f"steps {self.steps} at batch_size {self.batch_size}: the global order holds "
+                              f"{limit} batches of that size (positions are 64-bit)")
+        last = max((r[1] for r in self.skip_batches), default=None)
+        if last is not None and last + self.steps >= limit:
+            raise ConfigError(f"skip_batches: batch {last} is past what a run of steps {self.steps} at batch_size "
+                              f"{self.batch_size} can skip: the last batch it would read is past the "
+                              f"{limit} batches the global order holds (positions are 64-bit)")
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
