@@ -6,6 +6,7 @@ import json
 
 import click
 
+from bert_datagen.trainer.finetune.config import BUCKETS
 from bert_datagen.trainer.run.config import MAX_SEED, PRECISIONS, STRATEGIES, ConfigError
 
 
@@ -61,8 +62,9 @@ def _seed_list(value: str | None) -> list[int] | None:
 @click.option("--precision", type=click.Choice(PRECISIONS), default="float32", show_default=True)
 @click.option("--jit/--no-jit", default=False, show_default=True)
 @click.option("--group-by-length/--no-group-by-length", default=False, show_default=True,
-              help="Batch examples of similar length and pad each batch to one of 4 lengths up to the "
-                   "maximum, not always to it: faster on short examples; other batches than without it.")
+              help=f"Batch examples of similar length and pad each batch to one of at most {BUCKETS} lengths "
+                   f"(k/{BUCKETS} of the dataset's sequence length, multiples of 8), not always to it: faster on short "
+                   "examples; other batches than without it.")
 @click.option("--allow-vocab-mismatch", is_flag=True,
               help="Fine-tune although the task dataset's vocab is not the init checkpoint's (refused by default).")
 def finetune_command(bert_config_file, seeds, seed, epochs, learning_rate, batch_size, eval_split, cluster_timeout,
