@@ -144,6 +144,8 @@ def inspect_command(target, split, shard, index, count, max_seq_length, max_pred
 def stats_command(target, split, as_json, plot_path, overwrite, top, max_seq_length, max_predictions_per_seq,
                   vocab_path, workers) -> None:
     """Lengths, masking, NotNext share, padding, [UNK] rate and most frequent tokens of a dataset."""
+    if overwrite and not plot_path:
+        raise click.UsageError("--overwrite applies to the --plot file; there is none without --plot")
     lock = contextlib.nullcontext()
     if plot_path:
         from bert_datagen.pipelines.beam.outputs import OutputError, check_file_output, lock_output

@@ -122,6 +122,8 @@ def test_stats_plot_never_replaces_an_existing_file_without_overwrite(corpus) ->
     assert tree_snapshot(corpus["root"]) == before
     code, output = cli("stats", str(out), "--plot", str(plot), "--overwrite")
     assert code == 0 and plot.read_bytes().startswith(b"\x89PNG"), output
+    code, output = cli("stats", str(out), "--overwrite")  # nothing to overwrite: not accepted and ignored
+    assert code == 2 and "--overwrite applies to the --plot file" in output, output
 
 
 @pytest.mark.parametrize("where", ["", "manifest.json", "train/hist.png", "train"])
