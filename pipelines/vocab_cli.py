@@ -32,7 +32,8 @@ def iter_corpus_texts(patterns: list[str], config, stats: dict[str, int]) -> Ite
 @click.command("vocab")
 @click.option("--input", "inputs", multiple=True, required=True, metavar="PATTERN",
               help="Input file or glob (local or any Beam filesystem, e.g. gs://); repeatable. .gz/.bz2 by extension.")
-@click.option("--output", required=True, help="vocab.txt to write (atomically).")
+@click.option("--output", required=True, help="vocab.txt to write (atomically); an existing file only with --overwrite.")
+@click.option("--overwrite", is_flag=True, default=False, help="Replace an existing --output file.")
 @click.option("--vocab-size", type=Int(6, INT32_MAX), default=30522, show_default=True,
               help="Total ids, reserved tokens included (Google's English vocab: 30522).")
 @click.option("--uncased/--cased", "do_lower_case", default=True, show_default=True,
@@ -52,7 +53,7 @@ def iter_corpus_texts(patterns: list[str], config, stats: dict[str, int]) -> Ite
               help="Most single characters kept in the initial alphabet.")
 @click.option("--strict", is_flag=True, default=False, help="Fail on invalid UTF-8 instead of replacing it.")
 @click.pass_context
-def vocab_command(ctx: click.Context, inputs, output, vocab_size, do_lower_case, input_format, text_field,
+def vocab_command(ctx: click.Context, inputs, output, overwrite, vocab_size, do_lower_case, input_format, text_field,
                   num_unused, layout, min_frequency, limit_alphabet, strict) -> None:
     """Train a WordPiece vocabulary in Google's vocab.txt layout."""
     if input_format != "jsonl":
@@ -72,7 +73,8 @@ def vocab_command(ctx: click.Context, inputs, output, vocab_size, do_lower_case,
     except (ConfigError, VocabError) as e:
         raise click.UsageError(str(e)) from e
     try:
-        check_file_output(output, "--output", [f.path for f in match_files(list(inputs))])
+        sources = [f.path for f in match_files(list(inputs))]
+        check_file_output(output, "--output", sources, overwrite)
         lock = lock_output(output, "--output")
     except (OutputError, InputNotFoundError) as e:
         raise click.ClickException(str(e)) from e
@@ -85,8 +87,9 @@ def vocab_command(ctx: click.Context, inputs, output, vocab_size, do_lower_case,
                                  limit_alphabet=limit_alphabet)
             if stats.get("documents", 0) == 0:
                 raise click.ClickException(f"no documents found in {', '.join(inputs)} (format {input_format})")
+            check_file_output(output, "--output", sources, overwrite)
             vocab = write_vocab(tokens, output, fsio.BEAM_FS)
-    except (InputError, fsio.InputNotFoundError, VocabError) as e:
+    except (InputError, fsio.InputNotFoundError, VocabError, OutputError) as e:
         raise click.ClickException(str(e)) from e
     seconds = time.perf_counter() - start
     click.echo(f"wrote {output}: {vocab.size:,} tokens (requested {vocab_size:,}), sha256 {vocab.sha256}")

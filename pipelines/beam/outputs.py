@@ -2,7 +2,8 @@
 once the new one is complete.
 
 File outputs (`vocab --output`, `stats --plot`): `check_file_output` refuses an existing directory,
-a path inside a dataset and an input of the same command, before any work.
+a path inside a dataset and an input of the same command, before any work; and an existing file
+unless --overwrite.
 
 Dataset outputs (`run --output DIR`): the new dataset is built in `DIR/.bert-datagen-staging-<run>/`
 (shards, vocab copy, card and manifest, in that order); only then does `commit` swap it in:
@@ -102,8 +103,11 @@ def _ancestors(path: str) -> Iterable[str]:
         yield head
 
 
-def check_file_output(path: str, option: str, inputs: Iterable[str] = ()) -> None:
-    """Refuse a file output that would replace a directory, a file of a dataset, or an input."""
+def check_file_output(path: str, option: str, inputs: Iterable[str] = (), overwrite: bool = False) -> None:
+    """Refuse a file output that would replace a directory, a file of a dataset, an input, or, unless
+    ``overwrite``, any existing file (a symlink too): its bytes cannot prove that we wrote it, and
+    the user's file it may be is lost once replaced. Called before any work, and again just before
+    the write (the file may have appeared meanwhile)."""
     full = os.path.abspath(path) if _local(path) else path
     if _is_dir(full):
         raise OutputError(f"{option} {path}: is a directory; give a file name (nothing was written)")
@@ -117,6 +121,9 @@ def check_file_output(path: str, option: str, inputs: Iterable[str] = ()) -> Non
         source_full = os.path.abspath(source) if _local(source) else source
         if source_full == full:
             raise OutputError(f"{option} {path}: is also an input of this command; choose another name")
+    if not overwrite and _exists(full):
+        raise OutputError(f"{option} {path}: already exists; pass --overwrite to replace it, or choose another "
+                          "name (nothing was written)")
 
 
 # ---------------------------------------------------------------- dataset outputs

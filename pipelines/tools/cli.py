@@ -144,29 +144,36 @@ def inspect_command(ctx: click.Context, target, split, shard, index, count, max_
 @click.option("--split", default=None, help="Only this split (default: all).")
 @click.option("--json", "as_json", is_flag=True, help="Print the figures as JSON.")
 @click.option("--plot", "plot_path", default=None, metavar="FILE.png",
-              help="Write histograms to a PNG (needs matplotlib: the `plot` extra).")
+              help="Write histograms to a PNG (needs matplotlib: the `plot` extra); an existing file only with "
+                   "--overwrite.")
+@click.option("--overwrite", is_flag=True, default=False, help="Replace an existing --plot file.")
 @click.option("--top", type=Int(1), default=20, show_default=True,
               help="Most frequent tokens to list.")
 @_legacy_options
 @_workers
-def stats_command(target, split, as_json, plot_path, top, max_seq_length, max_predictions_per_seq, vocab_path,
-                  workers) -> None:
+def stats_command(target, split, as_json, plot_path, overwrite, top, max_seq_length, max_predictions_per_seq,
+                  vocab_path, workers) -> None:
     """Lengths, masking, NotNext share, padding, [UNK] rate and most frequent tokens of a dataset."""
+    if overwrite and not plot_path:
+        raise click.UsageError("--overwrite applies to the --plot file; there is none without --plot")
     lock = contextlib.nullcontext()
     if plot_path:
         from bert_datagen.pipelines.beam.outputs import OutputError, check_file_output, lock_output
 
         try:
-            check_file_output(plot_path, "--plot", [target])
+            check_file_output(plot_path, "--plot", [target], overwrite)
             lock = lock_output(plot_path, "--plot")
         except OutputError as e:
             raise click.ClickException(str(e)) from e
     with lock:
-        _stats(target, split, as_json, plot_path, top, max_seq_length, max_predictions_per_seq, vocab_path, workers)
+        _stats(target, split, as_json, plot_path, overwrite, top, max_seq_length, max_predictions_per_seq, vocab_path,
+               workers)
 
 
-def _stats(target, split, as_json, plot_path, top, max_seq_length, max_predictions_per_seq, vocab_path,
+def _stats(target, split, as_json, plot_path, overwrite, top, max_seq_length, max_predictions_per_seq, vocab_path,
            workers) -> None:
+    from bert_datagen.pipelines.beam.outputs import OutputError, check_file_output
+
     ds, tools = _open(target, max_seq_length, max_predictions_per_seq, vocab_path)
     if ds.kind == TASK:
         why = "a task dataset's figures (per split, read as one batch) have no token counts or worker pool"
@@ -174,8 +181,9 @@ def _stats(target, split, as_json, plot_path, top, max_seq_length, max_predictio
     try:
         st = tools.stats(ds, split=split, workers=workers, top=top)
         if plot_path:
+            check_file_output(plot_path, "--plot", [target], overwrite)
             tools.plot_stats(st, plot_path)
-    except DatasetError as e:
+    except (DatasetError, OutputError) as e:
         raise click.ClickException(str(e)) from e
     if as_json:
         click.echo(json.dumps(st, indent=2, ensure_ascii=False))

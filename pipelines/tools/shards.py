@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import signal
 from collections.abc import Callable, Iterator
 
 import numpy as np
@@ -37,8 +38,22 @@ def map_shards(fn: Callable, tasks: list, workers: int | None = None) -> list:
     workers = min(workers, len(tasks))
     if workers <= 1:
         return [fn(t) for t in tasks]
-    with multiprocessing.get_context(pool_start_method(tasks)).Pool(workers) as pool:
-        return list(pool.imap(fn, tasks, chunksize=1))
+    with multiprocessing.get_context(pool_start_method(tasks)).Pool(workers, initializer=_pool_worker_signals) as pool:
+        results = list(pool.imap(fn, tasks, chunksize=1))
+        # Let the workers end by themselves: leaving the block terminates them (SIGTERM) otherwise.
+        pool.close()
+        pool.join()
+    return results
+
+
+def _pool_worker_signals() -> None:
+    """A forked worker inherits the CLI's SIGINT and SIGTERM handlers, which raise KeyboardInterrupt:
+    the pool's terminate() (after an error or an interrupt) then printed "Process ForkPoolWorker-N:"
+    with a traceback, and could leave a worker stuck on a lock the interrupt left held, the command
+    waiting for it forever. The parent handles an interrupt (and terminates the pool); a worker just
+    ends on SIGTERM."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 def read_records(ref: ShardRef, shape: RecordShape, start: int, count: int) -> tuple[Batch, list[str]]:

@@ -250,7 +250,7 @@ def test_task_vocab_and_stats_plot_outputs_are_locked(corpus, holders) -> None:
     before = tree_snapshot(corpus["root"])
     commands = {
         vocab_out: ["vocab", "--input", str(corpus["inputs"] / "*.txt"), "--output", str(vocab_out),
-                    "--vocab-size", "200"],
+                    "--vocab-size", "200", "--overwrite"],
         task_out: ["task", "--task", "glue/rte", "--split", f"train={train}", "--vocab", str(corpus["vocab"]),
                    "--output", str(task_out), "--quiet"],
         plot: ["stats", str(corpus["root"]), "--plot", str(plot)],

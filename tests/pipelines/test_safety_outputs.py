@@ -65,6 +65,67 @@ def test_vocab_output_that_is_one_of_its_inputs_is_refused(corpus) -> None:
     assert tree_snapshot(corpus["root"]) == before
 
 
+def _one_error_line(output: str) -> str:
+    lines = output.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("Error: ") and "Traceback" not in output, output
+    return lines[0]
+
+
+@pytest.mark.parametrize("link", [False, True])
+def test_vocab_output_never_replaces_an_existing_file_without_overwrite(corpus, link) -> None:
+    """A user's thesis became `[PAD]...`: an existing file (or a symlink to one) is replaced only
+    with --overwrite (a symlink by a file: what it points to stays as it was)."""
+    thesis = corpus["root"] / "thesis.txt"
+    thesis.write_text("four years of work\n")
+    target = thesis
+    if link:
+        target = corpus["root"] / "link.txt"
+        target.symlink_to(thesis)
+    before = tree_snapshot(corpus["root"])
+    args = ["vocab", "--input", str(corpus["inputs"] / "*.txt"), "--output", str(target), "--vocab-size", "200"]
+    code, output = cli(*args)
+    line = _one_error_line(output)
+    assert code == 1 and f"--output {target}: already exists; pass --overwrite" in line
+    assert tree_snapshot(corpus["root"]) == before and thesis.read_text() == "four years of work\n"
+    code, output = cli(*args, "--overwrite")
+    assert code == 0, output
+    assert target.read_text().startswith("[PAD]\n") and not target.is_symlink()
+    assert link == (thesis.read_text() == "four years of work\n")
+
+
+def test_vocab_output_that_appears_during_training_is_not_replaced(corpus, monkeypatch) -> None:
+    import bert_datagen.pipelines.vocab_cli as vocab_cli
+
+    target = corpus["root"] / "v.txt"
+    train = vocab_cli.train_vocab
+
+    def train_while_a_user_saves_the_file(*args, **kwargs):
+        target.write_text("mine\n")
+        return train(*args, **kwargs)
+
+    monkeypatch.setattr(vocab_cli, "train_vocab", train_while_a_user_saves_the_file)
+    code, output = cli("vocab", "--input", str(corpus["inputs"] / "*.txt"), "--output", str(target),
+                       "--vocab-size", "200")
+    assert code == 1 and "already exists; pass --overwrite" in _one_error_line(output)
+    assert target.read_text() == "mine\n"
+
+
+def test_stats_plot_never_replaces_an_existing_file_without_overwrite(corpus) -> None:
+    pytest.importorskip("matplotlib")
+    out = corpus["root"] / "ds"
+    make_dataset(corpus, out)
+    plot = corpus["root"] / "figure.png"
+    plot.write_bytes(b"my figure")
+    before = tree_snapshot(corpus["root"])
+    code, output = cli("stats", str(out), "--plot", str(plot))
+    assert code == 1 and f"--plot {plot}: already exists; pass --overwrite" in _one_error_line(output)
+    assert tree_snapshot(corpus["root"]) == before
+    code, output = cli("stats", str(out), "--plot", str(plot), "--overwrite")
+    assert code == 0 and plot.read_bytes().startswith(b"\x89PNG"), output
+    code, output = cli("stats", str(out), "--overwrite")  # nothing to overwrite: not accepted and ignored
+    assert code == 2 and "--overwrite applies to the --plot file" in output, output
+
+
 @pytest.mark.parametrize("where", ["", "manifest.json", "train/hist.png", "train"])
 def test_stats_plot_into_a_dataset_is_refused(corpus, where: str) -> None:
     out = corpus["root"] / "ds"

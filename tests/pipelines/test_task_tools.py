@@ -255,10 +255,12 @@ def test_stats_plot_of_a_task_dataset_is_safe(datasets, tmp_path, monkeypatch):
     r = CliRunner().invoke(main, ["stats", str(ds), "--plot", str(ds / "dev" / "h.png")])
     assert r.exit_code == 1 and "is inside the dataset" in r.output and "Traceback" not in r.output
     assert {p: p.read_bytes() for p in ds.rglob("*") if p.is_file()} == before
-    # A file the user names is theirs to replace, as with the pre-training plot.
+    # An existing file is replaced only with --overwrite, as with the pre-training plot.
     png = tmp_path / "mine.png"
     png.write_bytes(b"old")
-    assert CliRunner().invoke(main, ["stats", str(ds), "--plot", str(png)]).exit_code == 0
+    r = CliRunner().invoke(main, ["stats", str(ds), "--plot", str(png)])
+    assert r.exit_code == 1 and "pass --overwrite" in r.output and png.read_bytes() == b"old"
+    assert CliRunner().invoke(main, ["stats", str(ds), "--plot", str(png), "--overwrite"]).exit_code == 0
     assert png.read_bytes()[:8] == PNG_SIGNATURE
     # Without matplotlib: one line naming the extra, nothing written.
     monkeypatch.setitem(__import__("sys").modules, "matplotlib", None)

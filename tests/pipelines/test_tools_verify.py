@@ -432,3 +432,28 @@ def test_unusual_but_valid_encodings_take_the_exact_path() -> None:
         for name, values in decode_example(rewritten[i]).items():
             np.testing.assert_array_equal(decoded.features[name][i], values)
         assert decoded.features["next_sentence_labels"][i, 0] == batch.next_sentence_labels[i]
+
+
+def test_verify_in_a_terminal_ends_quietly_and_never_hangs(tmp_path: Path) -> None:
+    """The CLI's SIGINT/SIGTERM handlers were inherited by the forked pool workers: the pool's
+    terminate() at the end then printed "Process ForkPoolWorker-N:" (4 runs in 6), or left a worker
+    stuck on a lock and the command waiting forever. Real processes, as a user starts them; several
+    at once, many workers each, so that a bad ending shows."""
+    import subprocess
+
+    ds = tmp_path / "ds"
+    make_dataset(str(ds), records=64, shards=8, max_seq_length=SEQ, max_predictions=PREDS)
+    env = {k: v for k, v in os.environ.items() if k != "BERT_DATAGEN_DEBUG"}
+    procs = [subprocess.Popen([sys.executable, "-m", "bert_datagen.pipelines.cli", "verify", str(ds), "--workers", "8"],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+             for _ in range(3)]
+    try:
+        ended = [p.communicate(timeout=30) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    for p, (out, err) in zip(procs, ended, strict=True):
+        assert p.returncode == 0 and out.startswith("OK:"), (out, err)
+        assert err == "", err

@@ -26,6 +26,21 @@ def test_bucket_lengths_are_few_and_end_at_the_maximum():
     assert bucket_lengths(16) == [8, 16]
 
 
+def test_finetune_help_states_the_lengths_grouping_uses():
+    """`--group-by-length`'s help once said 4 lengths while the code used 8."""
+    import re
+
+    from click.testing import CliRunner
+
+    from bert_datagen.trainer.cli import main
+
+    help_text = " ".join(CliRunner().invoke(main, ["finetune", "--help"], terminal_width=1000).output.split())
+    stated = re.search(r"pad each batch to one of at most (\d+) lengths \(k/(\d+) of", help_text)
+    assert stated is not None, help_text
+    most = max(len(bucket_lengths(n)) for n in range(8, 1025, 8))
+    assert int(stated.group(1)) == int(stated.group(2)) == most == len(bucket_lengths(128))
+
+
 def _epoch(split, seed, epoch, skip=0):
     ds = train_batches(split, 4, seed, epoch, group_by_length=True)
     return [{k: v.numpy() for k, v in b.items()} for b in (ds.skip(skip) if skip else ds)]

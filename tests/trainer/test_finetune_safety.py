@@ -205,6 +205,28 @@ def test_predict_replaces_its_own_predictions_only_with_overwrite(tmp_path, task
     assert result.exit_code == 0, result.output
     assert sorted(p.name for p in out.iterdir()) == sorted(["notes.txt", PREDICTIONS_RECORD, "predictions.tsv"])
     assert json.loads((out / PREDICTIONS_RECORD).read_text())["split"] == "test"
+    # A user's metrics.json beside them is not the earlier predict's: the labelled split would
+    # replace it, so --overwrite is refused, naming it.
+    (out / "metrics.json").write_text("my own figures\n")
+    before = tree_snapshot(tmp_path)
+    _refused(_invoke(_predict_args(tuned_run, task_data, out, "--overwrite")), f"--out {out}: metrics.json was not "
+             "written by the earlier `bert-train predict`")
+    assert tree_snapshot(tmp_path) == before
+
+
+def test_an_interrupted_predict_leaves_a_directory_overwrite_replaces(tmp_path, monkeypatch):
+    from bert_datagen.trainer.finetune import evaluate
+
+    out = tmp_path / "p"
+
+    def killed_after_one_file(out_dir, dataset, result):
+        (Path(out_dir) / "metrics.json").write_text("{}\n")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(evaluate, "write_outputs", killed_after_one_file)
+    with pytest.raises(KeyboardInterrupt):
+        evaluate.write_predictions_dir(out, None, None, {"split": "dev"}, evaluate.check_predictions_out(out, False))
+    assert "metrics.json" in evaluate.check_predictions_out(out, True)
 
 
 class _Process:

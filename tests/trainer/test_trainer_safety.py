@@ -21,7 +21,14 @@ tf = pytest.importorskip("tensorflow")
 from click.testing import CliRunner  # noqa: E402
 
 from bert_datagen.trainer.cli import main  # noqa: E402
-from bert_datagen.trainer.interop.export import EXPORT_MARK, export_hf, export_tf1  # noqa: E402
+from bert_datagen.trainer.interop.export import (  # noqa: E402
+    EXPORT_MARK,
+    TASK_FILE,
+    export_hf,
+    export_tf1,
+    write_export_dir,
+)
+from bert_datagen.trainer.interop.tf1 import write_tf1_checkpoint  # noqa: E402
 from bert_datagen.trainer.model.weights import expected_tf1_shapes  # noqa: E402
 from bert_datagen.trainer.pretrain.data import open_pretraining_data  # noqa: E402
 from bert_datagen.trainer.pretrain.train import pretrain  # noqa: E402
@@ -420,6 +427,27 @@ def test_export_replaces_only_an_earlier_export_of_ours(tmp_path):
         export_tf1(ours, arrays, TINY, VOCAB)
     assert (ours / "config.json").is_file()
     assert not [p for p in tmp_path.iterdir() if p.name.startswith((".tmp-", ".old-"))]
+
+
+def test_an_export_replaces_any_earlier_export_whichever_run_wrote_it(tmp_path):
+    """A fine-tuned run's tf1 export adds task.json: a pre-training run's export --overwrite onto it
+    refused that file as not an export's."""
+    arrays = {name: np.zeros(shape, np.float32) for name, shape in expected_tf1_shapes(TINY).items()}
+
+    def finetuned_tf1(tmp: Path) -> None:  # the files export_finetuned writes for --format tf1
+        write_tf1_checkpoint(tmp / "bert_model.ckpt", arrays)
+        (tmp / "bert_config.json").write_text(json.dumps(TINY))
+        (tmp / "vocab.txt").write_bytes(VOCAB)
+        (tmp / TASK_FILE).write_text('{"type": "classification", "labels": ["0", "1"]}\n')
+
+    out = write_export_dir(tmp_path / "out", False, finetuned_tf1)
+    export_tf1(out, arrays, TINY, VOCAB, overwrite=True)
+    assert not (out / TASK_FILE).exists() and (out / "bert_config.json").is_file()
+    write_export_dir(out, True, finetuned_tf1)  # and back again
+    (out / "notes.txt").write_text("mine")  # a file of a user's is still refused
+    with pytest.raises(CheckpointFormatError, match=r"holds files an export does not write \(notes.txt\)"):
+        export_tf1(out, arrays, TINY, VOCAB, overwrite=True)
+    assert (out / TASK_FILE).is_file() and (out / "notes.txt").read_text() == "mine"
 
 
 def test_a_sigint_swallowed_during_start_up_stops_the_loop_before_its_first_step(monkeypatch):

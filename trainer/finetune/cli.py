@@ -8,6 +8,7 @@ import click
 
 from bert_datagen.contract.cli.plumbing import FiniteFloat, Int, refuse_unused_options
 from bert_datagen.contract.ranges import MAX_SEED, MAX_TIMEOUT_S
+from bert_datagen.trainer.finetune.config import BUCKETS
 from bert_datagen.trainer.run.config import PRECISIONS, STRATEGIES, ConfigError
 
 
@@ -63,8 +64,9 @@ def _seed_list(value: str | None) -> list[int] | None:
 @click.option("--precision", type=click.Choice(PRECISIONS), default="float32", show_default=True)
 @click.option("--jit/--no-jit", default=False, show_default=True)
 @click.option("--group-by-length/--no-group-by-length", default=False, show_default=True,
-              help="Batch examples of similar length and pad each batch to one of 4 lengths up to the "
-                   "maximum, not always to it: faster on short examples; other batches than without it.")
+              help=f"Batch examples of similar length and pad each batch to one of at most {BUCKETS} lengths "
+                   f"(k/{BUCKETS} of the dataset's sequence length, multiples of 8), not always to it: faster on short "
+                   "examples; other batches than without it.")
 @click.option("--allow-vocab-mismatch", is_flag=True,
               help="Fine-tune although the task dataset's vocab is not the init checkpoint's (refused by default).")
 @click.pass_context

@@ -18,6 +18,12 @@ TASK_DEFAULTS: dict[str, dict[str, float]] = {
     "tagging": {"learning_rate": 5e-5, "epochs": 3, "batch_size": 32},
     "span": {"learning_rate": 3e-5, "epochs": 2, "batch_size": 12},
 }
+# Padded lengths of length-grouped batches (finetune.data.bucket_lengths): k/BUCKETS of
+# max_seq_length, so at most BUCKETS shapes to compile. Eighths, not quarters: at 128 tokens a batch
+# of MRPC pairs (median ~53) pads to 64 or 80 instead of 64 or 96 (docs/packing.md). The training
+# step traces at most twice whatever the count (run/step.py). Here, not in data.py, so that
+# `finetune --help` states it without importing TensorFlow.
+BUCKETS = 8
 
 
 @dataclass

@@ -18,6 +18,7 @@ import tensorflow as tf
 from bert_datagen.contract.dataset import manifest_identity
 from bert_datagen.contract.features import TASK
 from bert_datagen.contract.manifest import MANIFEST_NAME
+from bert_datagen.trainer.finetune.config import BUCKETS
 from bert_datagen.trainer.model.heads import TASK_TYPES
 from bert_datagen.trainer.pretrain.data import (
     check_first_record,
@@ -190,10 +191,6 @@ def train_batches(split: SplitInfo, batch_size: int, seed: int, epoch: int,
 # Batches per window that length grouping sorts together: wide enough to find similar lengths,
 # narrow enough that the epoch's order stays shuffled.
 GROUP_WINDOW = 50
-# Padded lengths of grouped batches: k/8 of max_seq_length, so at most 8 shapes to compile. Eighths,
-# not quarters: at 128 tokens a batch of MRPC pairs (median ~53) pads to 64 or 80 instead of 64 or 96
-# (docs/packing.md). The training step traces at most twice whatever the count (run/step.py).
-BUCKETS = 8
 
 
 def bucket_lengths(max_seq_length: int) -> list[int]:

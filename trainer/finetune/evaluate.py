@@ -248,6 +248,9 @@ def write_outputs(out_dir: str | Path, dataset: TaskDataset, result: SplitPredic
 
 PREDICTIONS_RECORD = "predictions_record.json"
 _WRITTEN_BY = "bert-train predict"
+# Every name `write_outputs` may write, whatever the task and split.
+PREDICTION_FILES = ("predictions.tsv", "predictions.conll", "predictions.json", "nbest_predictions.json",
+                    "null_odds.json", squad_postprocess.RAW_LOGITS_FILE, "metrics.json")
 
 
 def _predictions_record(out: Path) -> dict | None:
@@ -279,6 +282,12 @@ def check_predictions_out(given: str | Path, overwrite: bool) -> list[str]:
             raise ConfigError(f"--out {out}: holds the predictions of an earlier `bert-train predict` (run "
                               f"{record.get('run')}, split {record.get('split')!r}); pass --overwrite to replace them")
         previous = [str(name) for name in record.get("files", []) if Path(str(name)).name == name]
+        # Our directory, but a file it may write now that the earlier predict did not (a user's
+        # metrics.json beside the predictions of an unlabelled split): never replaced.
+        theirs = [name for name in PREDICTION_FILES if name not in previous and (out / name).exists()]
+        if theirs:
+            raise ConfigError(f"--out {out}: {theirs[0]} was not written by the earlier `bert-train predict` "
+                              f"(its {PREDICTIONS_RECORD} does not list it) and would be replaced; move it away")
     rundir.check_writable(out)
     return previous
 
@@ -294,7 +303,10 @@ def write_predictions_dir(out_dir: str | Path, dataset: TaskDataset, result: Spl
     out.mkdir(parents=True, exist_ok=True)
     rundir.cleanup_temp(out)
     record = {"written_by": _WRITTEN_BY, "version": __version__, **about}
-    write_atomic(out / PREDICTIONS_RECORD, json.dumps({**record, "files": previous, "complete": False},
+    # Until complete, the record claims every name this write may create (the check found none of
+    # them there but ours), so that an interrupted write leaves nothing a later --overwrite refuses.
+    claimed = sorted(set(previous) | set(PREDICTION_FILES))
+    write_atomic(out / PREDICTIONS_RECORD, json.dumps({**record, "files": claimed, "complete": False},
                                                       indent=2, sort_keys=True) + "\n")
     written = write_outputs(out, dataset, result)
     names = [p.name for p in written]

@@ -15,7 +15,7 @@ import os
 import re
 import shutil
 import uuid
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -40,8 +40,10 @@ from bert_datagen.trainer.run.rundir import output_lock
 from bert_datagen.vocab.vocab_file import SPECIAL_TOKENS
 
 FORMATS = ("tf1", "hf")
-# Every name an export writes; a directory holding only these is an earlier export of ours.
-_TF1_EXPORT_FILES = ("bert_config.json", "checkpoint", "vocab.txt")
+# Every name an export of any kind writes (a fine-tuned run's tf1 export adds TASK_FILE): a marked
+# directory holding only these is an earlier export of ours, whichever run and format wrote it.
+TASK_FILE = "task.json"
+_TF1_EXPORT_FILES = ("bert_config.json", "checkpoint", "vocab.txt", TASK_FILE)
 _TF1_EXPORT_PREFIX = "bert_model.ckpt."
 _HF_EXPORT_FILES = ("config.json", HF_WEIGHTS, "vocab.txt", "tokenizer_config.json")
 _OLD_PREFIX = ".old-"  # an earlier export set aside during a swap (temp dirs: contract.fs.temp_name)
@@ -143,8 +145,8 @@ def export_run(cfg: ExportConfig) -> tuple[Path, Path]:
 # --- whole exports (atomic: written into a temporary sibling, renamed into place last) -------------
 
 
-def _is_export_file(name: str, own_files: Collection[str]) -> bool:
-    return (name in _TF1_EXPORT_FILES or name in _HF_EXPORT_FILES or name in own_files or name == EXPORT_MARK
+def _is_export_file(name: str) -> bool:
+    return (name in _TF1_EXPORT_FILES or name in _HF_EXPORT_FILES or name == EXPORT_MARK
             or name.startswith(_TF1_EXPORT_PREFIX))
 
 
@@ -156,9 +158,8 @@ def _has_export_mark(out: Path) -> bool:
     return isinstance(mark, dict) and mark.get("written_by") == _WRITTEN_BY
 
 
-def check_export_target(out: Path, overwrite: bool, own_files: Collection[str] = ()) -> None:
-    """Refuse an `--out` the export may not replace (raises CheckpointFormatError naming it);
-    `own_files` names what an export of another kind writes besides the model files."""
+def check_export_target(out: Path, overwrite: bool) -> None:
+    """Refuse an `--out` the export may not replace (raises CheckpointFormatError naming it)."""
     if out.exists() and not out.is_dir():
         raise CheckpointFormatError(f"{out}: exists and is not a directory")
     if not out.is_dir():
@@ -177,7 +178,7 @@ def check_export_target(out: Path, overwrite: bool, own_files: Collection[str] =
     if not _has_export_mark(out):
         raise CheckpointFormatError(f"{out}: not an earlier export of ours (no valid {EXPORT_MARK}); "
                                     "refusing to replace it")
-    foreign = sorted(name for name in entries if not (_is_export_file(name, own_files) and (out / name).is_file()))
+    foreign = sorted(name for name in entries if not (_is_export_file(name) and (out / name).is_file()))
     if foreign:
         raise CheckpointFormatError(f"{out}: holds files an export does not write ({', '.join(foreign[:5])}); "
                                     "refusing to replace it")
@@ -198,10 +199,10 @@ def _recover_interrupted(out: Path) -> None:
             shutil.rmtree(sibling, ignore_errors=True)
 
 
-def _atomic_dir(out: str | os.PathLike, overwrite: bool, own_files: Collection[str]) -> tuple[Path, Path]:
+def _atomic_dir(out: str | os.PathLike, overwrite: bool) -> tuple[Path, Path]:
     out = Path(out)
     _recover_interrupted(out)
-    check_export_target(out, overwrite, own_files)
+    check_export_target(out, overwrite)
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
         tmp = out.parent / temp_name(out.name)
@@ -247,13 +248,12 @@ def _default_modes(directory: Path) -> None:
             path.chmod(0o666 & ~umask)
 
 
-def write_export_dir(out: str | os.PathLike, overwrite: bool, write: Callable[[Path], None],
-                     own_files: Collection[str] = ()) -> Path:
+def write_export_dir(out: str | os.PathLike, overwrite: bool, write: Callable[[Path], None]) -> Path:
     """The one way an export directory is written: `write(tmp)` fills a temp sibling of `out`, which
     is renamed into place when complete (see the module docstring for what may be replaced). The
     export holds `out`'s lock (beside it) throughout: its recovery removes temp siblings of `out`."""
     with output_lock(out, replaced_whole=True):
-        out, tmp = _atomic_dir(out, overwrite, own_files)
+        out, tmp = _atomic_dir(out, overwrite)
         try:
             write(tmp)
             _write_mark(tmp)

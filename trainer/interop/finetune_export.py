@@ -107,11 +107,16 @@ def tf1_task_arrays(model: FineTuneModel) -> dict[str, np.ndarray]:
 def export_finetuned(run: str, fmt: str, out: str, vocab: str | None = None, do_lower_case: bool | None = None,
                      overwrite: bool = False) -> tuple[Path, Path]:
     """Write the export atomically; returns (output directory, checkpoint it came from)."""
-    from bert_datagen.trainer.interop.export import check_export_target, vocab_tokens, write_export_dir
+    from bert_datagen.trainer.interop.export import (
+        TASK_FILE,
+        check_export_target,
+        vocab_tokens,
+        write_export_dir,
+    )
     from bert_datagen.trainer.interop.hf import save_safetensors, write_hf_tokenizer
     from bert_datagen.trainer.interop.tf1 import write_tf1_checkpoint
 
-    check_export_target(Path(out), overwrite, ("task.json",))  # before any work
+    check_export_target(Path(out), overwrite)  # before any work
     model, bert, task, ckpt = restore_finetuned(run)
     vocab_bytes = task_vocab(task, vocab)
     tokens = vocab_tokens(vocab_bytes, vocab or "the dataset's vocab", bert.vocab_size)
@@ -123,8 +128,8 @@ def export_finetuned(run: str, fmt: str, out: str, vocab: str | None = None, do_
             (tmp / "bert_config.json").write_text(bert.to_json())
             (tmp / "vocab.txt").write_bytes(vocab_bytes)
             weights, bias = head_class(task["type"]).tf1_names
-            (tmp / "task.json").write_text(json.dumps({"type": task["type"], "labels": task["labels"],
-                                                       "head": [weights, bias]}, indent=2) + "\n")
+            (tmp / TASK_FILE).write_text(json.dumps({"type": task["type"], "labels": task["labels"],
+                                                     "head": [weights, bias]}, indent=2) + "\n")
         elif fmt == "hf":
             config = hf_task_config(bert, task, tokens.index("[PAD]"))
             (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
@@ -133,6 +138,5 @@ def export_finetuned(run: str, fmt: str, out: str, vocab: str | None = None, do_
         else:
             raise ConfigError(f"format {fmt!r} not in ('tf1', 'hf')")
 
-    # The one atomic-directory implementation of all exports; task.json is this export's own file.
-    target = write_export_dir(out, overwrite, write, own_files=("task.json",))
+    target = write_export_dir(out, overwrite, write)  # the one atomic-directory implementation of all exports
     return target, ckpt
