@@ -147,7 +147,7 @@ def test_exported_model_gives_the_same_logits_in_transformers(tmp_path, init_run
     assert not any(n.startswith("cls/predictions") for n in names)
     if task == "classification":  # an export replaces an earlier one, whichever run wrote it (task.json too)
         result = _invoke(["export", "--run", init_run, "--format", "tf1", "--out", str(tf1), "--overwrite",
-                          "--vocab", str(Path(data) / "vocab.txt"), "--do-lower-case"])
+                          "--vocab", str(Path(data) / "vocab.txt")])
         assert result.exit_code == 0, result.output
         assert not (tf1 / "task.json").exists() and (tf1 / "bert_config.json").is_file()
 

@@ -168,16 +168,16 @@ def _no_space_line(output: str, out) -> None:
 def test_export_on_a_real_full_disk_is_one_line_naming_the_file(run, full_disk):
     """12 KiB free of 64: the lock file and config.json fit, the weights (30 KB) do not; then none:
     the lock file itself cannot be written. Each time the disk is left as it was."""
-    args = ["export", "--run", run["run"], "--vocab", run["vocab"], "--do-lower-case", "--out", full_disk / "e"]
+    args = ["export", "--run", run["run"], "--vocab", run["vocab"], "--out", full_disk / "e"]
     filler = full_disk / "filler"
     filler.write_bytes(b"\0" * 52 * 1024)
-    _no_space_line(bert_train_fails(*args, "--format", "hf"), full_disk / "e" / "model.safetensors")
+    _no_space_line(bert_train_fails(*args, "--format", "hf", "--do-lower-case"), full_disk / "e" / "model.safetensors")
     _no_space_line(bert_train_fails(*args, "--format", "tf1"), full_disk / "e" / "bert_model.ckpt.data-")
     with open(filler, "ab", buffering=0) as f:
         with pytest.raises(OSError):
             while True:
                 f.write(b"\0" * 1024)
-    _no_space_line(bert_train_fails(*args, "--format", "hf"), full_disk / ".bert-datagen-lock-e")
+    _no_space_line(bert_train_fails(*args, "--format", "hf", "--do-lower-case"), full_disk / ".bert-datagen-lock-e")
     assert [p.name for p in full_disk.iterdir()] == ["filler"]
 
 
@@ -197,8 +197,8 @@ def test_export_with_no_space_at_the_lowest_write_names_the_file(run, tmp_path, 
 
     monkeypatch.setattr(safetensors.numpy, "save_file", no_space_safetensors)
     monkeypatch.setattr(tf.raw_ops, "SaveV2", no_space_savev2)
-    args = ["export", "--run", run["run"], "--vocab", run["vocab"], "--do-lower-case", "--out", tmp_path / "e"]
-    _no_space_line(bert_train_fails(*args, "--format", "hf"), tmp_path / "e" / "model.safetensors")
+    args = ["export", "--run", run["run"], "--vocab", run["vocab"], "--out", tmp_path / "e"]
+    _no_space_line(bert_train_fails(*args, "--format", "hf", "--do-lower-case"), tmp_path / "e" / "model.safetensors")
     _no_space_line(bert_train_fails(*args, "--format", "tf1"),
                    tmp_path / "e" / "bert_model.ckpt.data-00000-of-00001")
     assert list(tmp_path.iterdir()) == []

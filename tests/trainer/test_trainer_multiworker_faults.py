@@ -35,7 +35,7 @@ from tests.support.synthetic import write_synthetic_dataset  # noqa: E402
 
 CLUSTER_TIMEOUT = 10
 SETTINGS = dict(batch_size=8, accumulation_steps=2, steps=12, learning_rate=2e-3, warmup_steps=1, seed=3,
-                checkpoint_every=2, keep_checkpoints=20, log_every=1, eval_batches=1, shuffle_buffer=50)
+                checkpoint_every=2, keep_checkpoints=20, log_every=1, eval_batches=1)
 
 
 def cli_args(data: str, bert_file: Path, out: Path) -> list[str]:
