@@ -60,8 +60,8 @@ MIRRORED = textwrap.dedent("""
     runs = {"one-device": {"strategy": "one-device"}, "one-device-acc2": {"strategy": "one-device", "accumulation_steps": 2},
             "mirrored-acc2": {"strategy": "mirrored", "accumulation_steps": 2}}
     for name, kw in runs.items():
-        run = FinetuneRun(FinetuneConfig(data=data, out=f"{out}/{name}", init_from=init, epochs=2, max_steps=20,
-                                         learning_rate=1e-3, batch_size=8, log_every=20, seed=5, **kw), log=print)
+        run = FinetuneRun(FinetuneConfig(data=data, out=f"{out}/{name}", init_from=init, epochs=1, max_steps=10,
+                                         learning_rate=1e-3, batch_size=8, log_every=10, seed=5, **kw), log=print)
         print("REPLICAS", name, run.strategy.num_replicas_in_sync)
         result = run.run()
         print("METRICS", name, *(f"{k}={v!r}" for k, v in sorted(result["final"].items())))
