@@ -20,9 +20,13 @@ import socket
 import subprocess
 import sys
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from bert_datagen.contract.cli.plumbing import unfiltered_stderr
 from bert_datagen.trainer.run.errors import ConfigError
+
+if TYPE_CHECKING:
+    import tensorflow as tf
 
 DEFAULT_TIMEOUT = 300
 _joined: dict[str, object] = {}
@@ -162,10 +166,10 @@ AGREEMENT_BYTES = 1 << 16  # room for a run's whole record (a few kB) in the one
 
 
 def start_record(options: dict[str, object], run_dir: str, fingerprint: str, model: dict[str, object],
-                 strategy) -> dict[str, object]:
+                 strategy: tf.distribute.Strategy) -> dict[str, object]:
     """What the workers of one run must agree on (`agree`): every option under its flag name, the
     run directory as an absolute path, the data's fingerprint, the resolved model, the checkpoint
-    this worker would resume from, and its number of replicas."""
+    this worker would resume from, its number of replicas and the cluster its TF_CONFIG lists."""
     from bert_datagen.trainer.run import checkpoint as ckpt_lib
 
     record: dict[str, object] = {"--" + name.replace("_", "-"): value for name, value in options.items()}
@@ -175,10 +179,12 @@ def start_record(options: dict[str, object], run_dir: str, fingerprint: str, mod
     record["the data's fingerprint"] = fingerprint
     record["the model"] = model
     record["replicas per worker"] = strategy.num_replicas_in_sync // max(1, worker_share()[0])
+    task = _joined.get("task")
+    record["TF_CONFIG's cluster"] = task.workers if task is not None else []  # type: ignore[union-attr]
     return record
 
 
-def agree(strategy, record: dict[str, object]) -> None:
+def agree(strategy: tf.distribute.Strategy, record: dict[str, object]) -> None:
     """Stop every worker, with the same one line, unless all of them hold the same `record` (the
     whole training configuration, the data fingerprint, the run directory and the checkpoint each
     would resume from). One all-gather of the records' JSON, so all workers see every record and
