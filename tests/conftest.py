@@ -66,10 +66,3 @@ def full_disk(tmp_path):
         yield mount
     finally:
         subprocess.run(["umount", str(mount)], capture_output=True, timeout=30)
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """The trainer's tests first (they hold nearly all of the suite's long tests): with `-n 2` the
-    two workers then end on short tests together, instead of one of them running a minute-long
-    test alone at the end. The order within each group is kept."""
-    items.sort(key=lambda item: 0 if "tests/trainer/" in item.nodeid or "test_ablation" in item.nodeid else 1)
