@@ -24,7 +24,7 @@ import numpy as np
 
 from bert_datagen.trainer.run import checkpoint as ckpt_lib
 from bert_datagen.trainer.run.config import BertConfig
-from tests.support.cluster import bert_train, finish, free_ports, tf_config, train_scalars
+from tests.support.cluster import bert_train, finish_all, free_ports, tf_config, train_scalars
 from tests.support.synthetic import write_synthetic_dataset
 from tests.support.task_fixtures import VOCAB, classification_dataset, write_pretrain_run
 
@@ -41,8 +41,7 @@ def compare(work: Path, common: list[str], workers: int) -> dict:
     procs = [bert_train([*common, "--out", str(work / "one"), "--strategy", "one-device"])]
     procs += [bert_train([*common, "--out", str(work / "many"), "--strategy", "multi-worker", "--cluster-timeout",
                           "300"], tf_config(ports, i)) for i in range(workers)]
-    for proc in procs:
-        rc, out, err = finish(proc, timeout=1200)
+    for rc, out, err in finish_all(procs, timeout=1200):
         if rc:
             raise SystemExit(f"a process failed (exit {rc}):\n{out[-2000:]}\n{err[-3000:]}")
     a = ckpt_lib.load_arrays(ckpt_lib.resolve_checkpoint(work / "one"), ckpt_lib.MODEL_FILE)

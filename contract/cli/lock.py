@@ -39,7 +39,6 @@ On network filesystems the lock is as good as their flock support (Linux maps fl
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import fcntl
 import hashlib
@@ -118,10 +117,7 @@ class OutputLock:
         fd, self._fd = self._fd, None
         assert fd is not None and self.path is not None
         try:
-            if _names_file(self.path, fd):
-                os.unlink(self.path)
-        except OSError:
-            pass  # a lock file left behind is harmless: the next command takes it over
+            _remove_if_locked(self.path, fd)
         finally:
             _HELD_FDS.discard(fd)
             os.close(fd)
@@ -218,8 +214,7 @@ def _acquire_in(output: str, path: str, option: str, made_dirs: tuple[str, ...])
             _write_holder(fd, output)
         except BaseException as exc:
             # We hold the lock: the file goes with it (an empty one would outlive a full disk).
-            with contextlib.suppress(OSError):
-                os.unlink(path)
+            _remove_if_locked(path, fd)
             os.close(fd)
             if isinstance(exc, OSError) and exc.filename is None and exc.errno is not None:
                 raise OSError(exc.errno, exc.strerror, path) from exc  # a full disk: name the file
@@ -268,6 +263,15 @@ def _names_file(path: str, fd: int) -> bool:
         return False
     held = os.fstat(fd)
     return (now.st_dev, now.st_ino) == (held.st_dev, held.st_ino)
+
+
+def _remove_if_locked(path: str, fd: int) -> None:
+    """Delete the lock file we hold through ``fd``, only while ``path`` still names it."""
+    try:
+        if _names_file(path, fd):
+            os.unlink(path)
+    except OSError:
+        pass  # a lock file left behind is harmless: the next command takes it over
 
 
 def _read_text(fd: int) -> str:

@@ -216,7 +216,7 @@ def check_step(step: int, batch_size: int) -> int:
 def check_world(batch_size: int, world_size: int, rank: int) -> None:
     check_int(world_size, "world_size", 1)
     check_int(rank, "rank", 0)
-    if world_size < 1 or not 0 <= rank < world_size:
+    if rank >= world_size:
         raise ValueError(f"rank {rank} is not in a world of {world_size}")
     if batch_size % world_size:
         raise ValueError(f"the global batch size {batch_size} is not a multiple of the world size {world_size}")

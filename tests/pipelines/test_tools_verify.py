@@ -453,7 +453,7 @@ def test_verify_in_a_terminal_ends_quietly_and_never_hangs(tmp_path: Path) -> No
         for p in procs:
             if p.poll() is None:
                 p.kill()
-                p.wait()
+                p.wait(timeout=30)
     for p, (out, err) in zip(procs, ended, strict=True):
         assert p.returncode == 0 and out.startswith("OK:"), (out, err)
         assert err == "", err

@@ -49,6 +49,17 @@ def finish(proc: subprocess.Popen, timeout: float = 240) -> tuple[int, str, str]
     return proc.returncode, out, err
 
 
+def finish_all(procs: list[subprocess.Popen], timeout: float = 240) -> list[tuple[int, str, str]]:
+    """`finish` of each started command; any still running when one fails or times out is killed."""
+    try:
+        return [finish(p, timeout) for p in procs]
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(timeout=30)
+
+
 def train_scalars(run: Path, name: str) -> dict[int, float]:
     import tensorflow as tf
 

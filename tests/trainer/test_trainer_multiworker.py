@@ -16,7 +16,7 @@ tf = pytest.importorskip("tensorflow")
 
 from bert_datagen.trainer.run import checkpoint as ckpt_lib  # noqa: E402
 from bert_datagen.trainer.run.config import BertConfig  # noqa: E402
-from tests.support.cluster import bert_train, finish, free_ports, tf_config, train_scalars  # noqa: E402
+from tests.support.cluster import bert_train, finish, finish_all, free_ports, tf_config, train_scalars  # noqa: E402
 from tests.support.synthetic import write_synthetic_dataset  # noqa: E402
 
 TIMING = {"sequences_per_second"}
@@ -45,7 +45,7 @@ def test_two_workers_equal_one_process_and_only_the_chief_writes(tmp_path):
     one = bert_train([*common, "--out", str(tmp_path / "one"), "--strategy", "one-device"])
     workers = [bert_train([*common, "--out", str(tmp_path / "two"), "--strategy", "multi-worker",
                            "--cluster-timeout", "120"], tf_config(ports, i)) for i in range(2)]
-    results = [finish(p) for p in (one, *workers)]
+    results = finish_all([one, *workers])
     for rc, out, err in results:
         assert rc == 0, out[-2000:] + err[-3000:]
     assert "2 replica(s)" in results[1][1]
@@ -102,7 +102,7 @@ def test_two_workers_fine_tune_as_one_process(tmp_path):
     procs = [bert_train([*common, "--out", str(tmp_path / "one"), "--strategy", "one-device"])]
     procs += [bert_train([*common, "--out", str(tmp_path / "two"), "--strategy", "multi-worker",
                           "--cluster-timeout", "120"], tf_config(ports, i)) for i in range(2)]
-    for rc, out, err in (finish(p) for p in procs):
+    for rc, out, err in finish_all(procs):
         assert rc == 0, out[-2000:] + err[-3000:]
     a = ckpt_lib.load_arrays(ckpt_lib.resolve_checkpoint(tmp_path / "one"), ckpt_lib.MODEL_FILE)
     b = ckpt_lib.load_arrays(ckpt_lib.resolve_checkpoint(tmp_path / "two"), ckpt_lib.MODEL_FILE)
@@ -159,7 +159,7 @@ def test_workers_that_disagree_stop_before_anything_is_written(tmp_path):
     ports = free_ports(2)
     # Today's failure: worker 1 asked for 16, worker 0 for 8; both used to exit 0 at 12 a step.
     workers = [bert_train([*common, "--batch-size", size], tf_config(ports, i)) for i, size in enumerate(("8", "16"))]
-    for rc, out, err in (finish(p) for p in workers):
+    for rc, out, err in finish_all(workers):
         lines = [line for line in err.splitlines() if line.strip()]
         assert rc == 1, out[-2000:] + err[-3000:]
         assert lines[-1] == ("Error: the workers disagree on --batch-size: worker 0 has 8, worker 1 has 16; every "

@@ -178,7 +178,7 @@ def start_record(options: dict[str, object], run_dir: str, fingerprint: str, mod
     record["the checkpoint it resumes from"] = str(found[-1][1].name) if found else "none (a new run)"
     record["the data's fingerprint"] = fingerprint
     record["the model"] = model
-    record["replicas per worker"] = strategy.num_replicas_in_sync // max(1, worker_share()[0])
+    record["replicas per worker"] = strategy.num_replicas_in_sync // worker_share()[0]
     task = _joined.get("task")
     record["TF_CONFIG's cluster"] = task.workers if task is not None else []  # type: ignore[union-attr]
     return record

@@ -125,8 +125,6 @@ class BertConfig:
         return json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n"
 
 
-
-
 def check_seed(value: object, option: str) -> None:
     """Raise ConfigError naming `option` unless `value` is a seed every RNG we seed accepts."""
     if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= MAX_SEED:
@@ -134,14 +132,14 @@ def check_seed(value: object, option: str) -> None:
 
 
 STRATEGIES = ("auto", "one-device", "mirrored", "tpu", "multi-worker")
+PRECISIONS = ("float32", "mixed_bfloat16", "mixed_float16")
+OPTIMIZERS = ("adamw", "lamb")  # the original AdamWeightDecay; LAMB (trainer/run/optimizer.py)
 
 
 def check_tpu(tpu: str | None, strategy: str) -> None:
     """A TPU address only means something to the tpu strategy (auto never picks a TPU)."""
     if tpu is not None and strategy != "tpu":
         raise ConfigError(f"--tpu {tpu!r} applies only with --strategy tpu, not --strategy {strategy}")
-PRECISIONS = ("float32", "mixed_bfloat16", "mixed_float16")
-OPTIMIZERS = ("adamw", "lamb")  # the original AdamWeightDecay; LAMB (trainer/run/optimizer.py)
 
 
 @dataclass
