@@ -31,6 +31,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import BinaryIO, Protocol
 
+from bert_datagen.contract.buckets import BUCKETS, is_bucket_path
+
 TMP_MARKER = ".tmp-"
 # The one temp-name form: a 32-hex id (unique per write) makes it ours, the final name stays last
 # (so writers that insist on an extension, numpy's .npz, keep it).
@@ -242,14 +244,48 @@ class PathFS:
         self.remote = remote
         self.local = local
 
+    def store(self, path: str) -> ObjectStore:
+        """The backend of a remote ``path``: buckets (s3://, gs://) through `bert_datagen.contract.buckets` in every
+        layer, any other scheme through the layer's own backend (Beam's or TensorFlow's filesystems)."""
+        return BUCKETS if is_bucket_path(path) else self.remote
+
     def read_bytes(self, path: str) -> bytes:
         if not is_remote(path):
             return self.local.read_bytes(path)
-        with self.remote.open_read(path) as f:
+        if is_bucket_path(path):
+            return decompress_by_name(path, BUCKETS.read_bytes(path))
+        with self.store(path).open_read(path) as f:
             return decompress_by_name(path, f.read())
 
+    def read_ranges(self, path: str, ranges: list[tuple[int, int]]) -> list[bytes]:
+        """The bytes ``[begin, end)`` of each range of a file as stored (a bucket serves them as
+        concurrent ranged requests: nothing else of the object is fetched)."""
+        if is_bucket_path(path):
+            return BUCKETS.read_ranges(path, ranges)
+        out = []
+        with self.open_read(path) as f:
+            for begin, end in ranges:
+                f.seek(begin)
+                data = f.read(end - begin)
+                if len(data) != end - begin:
+                    raise OSError(5, f"bytes [{begin}, {end}) lie past the end of the file "
+                                  f"({begin + len(data)} bytes read)", path)
+                out.append(data)
+        return out
+
+    def version(self, path: str) -> str:
+        """What identifies a file's current contents without reading them: size and modification
+        time for a local file, size and ETag or generation for an object."""
+        if is_bucket_path(path):
+            return BUCKETS.version(path)
+        if not is_remote(path):
+            st = os.stat(path)
+            return f"{st.st_size}:{st.st_mtime_ns}:{st.st_ino}"
+        with self.open_read(path) as f:
+            return str(len(f.read()))
+
     def open_read(self, path: str) -> BinaryIO:
-        return self.remote.open_read(path) if is_remote(path) else self.local.open_read(path)
+        return self.store(path).open_read(path) if is_remote(path) else self.local.open_read(path)
 
     def write_atomic(self, path: str, data: bytes) -> None:
         """Write ``data`` to ``path``: temp sibling first, then rename over the final name."""
@@ -257,18 +293,18 @@ class PathFS:
             self.local.write_atomic(path, data)
             return
         tmp = temp_path_for(path)
-        self.remote.write(tmp, data)
+        self.store(tmp).write(tmp, data)
         self.move(tmp, path)
 
     def exists(self, path: str) -> bool:
-        return self.remote.exists(path) if is_remote(path) else self.local.exists(path)
+        return self.store(path).exists(path) if is_remote(path) else self.local.exists(path)
 
     def lexists(self, path: str) -> bool:
-        return self.remote.exists(path) if is_remote(path) else self.local.lexists(path)
+        return self.store(path).exists(path) if is_remote(path) else self.local.lexists(path)
 
     def objects_under(self, prefix: str) -> list[str]:
         """Every object under the "directory" ``prefix`` (an object store has no directories)."""
-        return sorted(self.remote.list_prefix(prefix.rstrip("/") + "/"))
+        return sorted(self.store(prefix).list_prefix(prefix.rstrip("/") + "/"))
 
     def is_dir(self, path: str) -> bool:
         return bool(self.objects_under(path)) if is_remote(path) else self.local.is_dir(path)
@@ -287,10 +323,10 @@ class PathFS:
         return sorted({p[len(prefix):].split("/", 1)[0] for p in self.objects_under(directory)})
 
     def join(self, base: str, *parts: str) -> str:
-        return self.remote.join(base, *parts) if is_remote(base) else self.local.join(base, *parts)
+        return self.store(base).join(base, *parts) if is_remote(base) else self.local.join(base, *parts)
 
     def glob(self, pattern: str) -> list[str]:
-        return sorted(self.remote.glob(pattern)) if is_remote(pattern) else self.local.glob(pattern)
+        return sorted(self.store(pattern).glob(pattern)) if is_remote(pattern) else self.local.glob(pattern)
 
     def makedirs(self, directory: str) -> None:
         if not is_remote(directory):  # prefixes need no creating
@@ -300,14 +336,14 @@ class PathFS:
         if not is_remote(src):
             self.local.move(src, dst)
             return
-        if self.remote.exists(dst):  # no atomic rename-over: the final name is briefly absent
-            self.remote.delete([dst])
-        self.remote.rename(src, dst)
+        if self.store(dst).exists(dst):  # no atomic rename-over: the final name is briefly absent
+            self.store(dst).delete([dst])
+        self.store(src).rename(src, dst)
 
     def delete(self, paths: list[str]) -> None:
-        remote = [p for p in paths if is_remote(p) and self.remote.exists(p)]
-        if remote:
-            self.remote.delete(remote)
+        for path in paths:
+            if is_remote(path) and self.store(path).exists(path):
+                self.store(path).delete([path])
         self.local.delete([p for p in paths if not is_remote(p)])
 
     def remove_tree(self, path: str) -> None:
@@ -315,3 +351,21 @@ class PathFS:
             self.local.remove_tree(path)
             return
         self.delete(self.objects_under(path) + [path])
+
+
+class OnlyBuckets:
+    """The remote backend of a layer without filesystems of its own (the loaders): buckets are served
+    by `bert_datagen.contract.buckets`; any other scheme is refused with one line naming the path."""
+
+    def _refuse(self, path: str, *_: object) -> None:
+        scheme = os.fspath(path).partition("://")[0]
+        raise OSError(93, f"no filesystem for {scheme}:// here (local paths, s3:// and gs:// are read)", path)
+
+    open_read = write = exists = rename = list_prefix = glob = join = _refuse  # type: ignore[assignment]
+
+    def delete(self, paths: list[str]) -> None:
+        self._refuse(paths[0])
+
+
+# Local paths and buckets: the filesystem of code that has neither Beam nor TensorFlow (the loaders).
+DEFAULT_FS = PathFS(OnlyBuckets())  # type: ignore[arg-type]

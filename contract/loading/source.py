@@ -15,7 +15,7 @@ import numpy as np
 
 from bert_datagen.contract.dataset import DatasetError, ShardRef, manifest_identity, open_dataset
 from bert_datagen.contract.features import TASK
-from bert_datagen.contract.fs import LOCAL_FS, FileSystem
+from bert_datagen.contract.fs import DEFAULT_FS, FileSystem
 from bert_datagen.contract.manifest import ManifestError, manifest_kind
 from bert_datagen.contract.vocab_io import load_vocab
 from bert_datagen.datagen.config import DatagenConfig
@@ -54,7 +54,7 @@ class Source:
     spec: FeatureSpec
     kind: str
     dynamic: bool
-    fs: FileSystem = LOCAL_FS
+    fs: FileSystem = DEFAULT_FS
     vocab: Vocab | None = None
     mask_config: DatagenConfig | None = None
     _offsets: dict[int, np.ndarray] = field(default_factory=dict, repr=False)
@@ -124,15 +124,12 @@ class Source:
         for shard, indices in of_shard.items():
             ref = self.shards[shard]
             try:
-                with self.fs.open_read(ref.path) as f:
-                    for i in indices:
-                        f.seek(begins[i])
-                        datas[i] = f.read(ends[i] - begins[i])
-                        if len(datas[i]) != ends[i] - begins[i]:
-                            raise LoadError(f"{ref.path}: corrupt shard: record {starts[i]} at byte {begins[i]}: "
-                                            "truncated")
+                # One call per shard: a bucket serves the ranges as concurrent ranged requests.
+                parts = self.fs.read_ranges(ref.path, [(begins[i], ends[i]) for i in indices])
             except OSError as e:
                 raise LoadError(f"{ref.path}: cannot read shard: {e}") from e
+            for i, data in zip(indices, parts, strict=True):
+                datas[i] = data
         return b"".join(datas)
 
     @staticmethod
@@ -167,7 +164,7 @@ def _index_shard(ref: ShardRef, count: int, fs: FileSystem) -> np.ndarray:
     return offsets
 
 
-def open_source(target: str, split: str = "train", fs: FileSystem = LOCAL_FS) -> Source:
+def open_source(target: str, split: str = "train", fs: FileSystem = DEFAULT_FS) -> Source:
     """A split of a bert-datagen dataset (pre-training or task) for the loaders."""
     try:
         ds = open_dataset(target, fs, need_vocab=False, legacy=False)
@@ -201,7 +198,7 @@ def open_source(target: str, split: str = "train", fs: FileSystem = LOCAL_FS) ->
 
 
 def files_source(root: str, files: list[str], counts: list[int], fingerprint: str, spec: FeatureSpec, kind: str,
-                 fs: FileSystem = LOCAL_FS, vocab: Vocab | None = None,
+                 fs: FileSystem = DEFAULT_FS, vocab: Vocab | None = None,
                  mask_config: DatagenConfig | None = None) -> Source:
     """A source over a list of shard files with known record counts: a split the caller has
     described itself (the trainer's TFRecord globs of the original tool, which have no manifest).

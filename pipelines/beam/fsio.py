@@ -15,6 +15,7 @@ from typing import BinaryIO
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
+from bert_datagen.contract.buckets import BUCKETS, is_bucket_path
 from bert_datagen.contract.fs import TMP_MARKER, PathFS, temp_path_for
 
 __all__ = ["BEAM_FS", "TMP_MARKER", "BeamFS", "BeamObjects", "FileInfo", "InputNotFoundError", "delete",
@@ -40,12 +41,14 @@ def match_files(patterns: list[str]) -> list[FileInfo]:
     """
     found: dict[str, int] = {}
     for pattern in patterns:
-        results = FileSystems.match([pattern])[0].metadata_list
-        files = [m for m in results if not m.path.endswith("/")]
-        if not files:
+        if is_bucket_path(pattern):
+            sizes = {p: BUCKETS.size(p) for p in BUCKETS.glob(pattern)}
+        else:
+            sizes = {m.path: m.size_in_bytes for m in FileSystems.match([pattern])[0].metadata_list
+                     if not m.path.endswith("/")}
+        if not sizes:
             raise InputNotFoundError(f"{pattern}: no input file matches this pattern")
-        for meta in files:
-            found[meta.path] = meta.size_in_bytes
+        found.update(sizes)
     return [FileInfo(path, size) for path, size in sorted(found.items())]
 
 
@@ -93,18 +96,21 @@ class BeamFS(PathFS):
         super().__init__(BeamObjects())
 
     def open_read(self, path: str) -> BinaryIO:
-        return self.remote.open_read(path)
+        return self.store(path).open_read(path)
 
     def join(self, base: str, *parts: str) -> str:
-        return self.remote.join(base, *parts)
+        return self.store(base).join(base, *parts)
 
     def listdir(self, directory: str) -> list[str]:
         """Full paths of what a directory holds (one level, as Beam's match lists it)."""
+        if is_bucket_path(directory):  # the files one level down, as Beam's match lists a local directory
+            prefix = directory.rstrip("/") + "/"
+            return [p for p in self.objects_under(directory) if "/" not in p[len(prefix):]]
         result = FileSystems.match([self.join(directory, "*")])[0]
         return [m.path for m in result.metadata_list]
 
     def glob(self, pattern: str) -> list[str]:
-        return self.remote.glob(pattern)
+        return self.store(pattern).glob(pattern)
 
 
 BEAM_FS = BeamFS()
