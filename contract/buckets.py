@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import os
 import posixpath
 import threading
 from collections.abc import Iterator
@@ -38,11 +39,10 @@ def split_bucket(path: str) -> tuple[str, str]:
     return bucket, key
 
 
-class StorageError(OSError):
-    """A bucket operation that failed; ``str()`` is the one line the CLIs print."""
-
-    def __init__(self, code: int, reason: str, path: str) -> None:
-        super().__init__(code, reason, path)
+def StorageError(code: int, reason: str, path: str) -> OSError:  # noqa: N802 - raised like a class
+    """A bucket operation that failed, as the OSError subclass of its errno (FileNotFoundError,
+    PermissionError, ...), so callers catch it as they catch a local file's error."""
+    return OSError(code, reason, path)
 
 
 def _cause(exc: BaseException, path: str) -> StorageError:
@@ -71,12 +71,16 @@ def reported(path: str) -> Iterator[None]:
     """Turn a client's exception on ``path`` into a `StorageError` with one line naming it."""
     try:
         yield
-    except StorageError:
-        raise
     except (ImportError, KeyboardInterrupt, SystemExit):
         raise
-    except Exception as exc:  # noqa: BLE001 - clients raise their own types (botocore, google-auth, aiohttp)
+    except Exception as exc:
+        if isinstance(exc, OSError) and exc.filename == path:  # already ours
+            raise  # noqa: BLE001 - clients raise their own types (botocore, google-auth, aiohttp)
         raise _cause(exc, path) from exc
+
+
+# What configures the clients (read by the clients themselves; here only to know when to make a new one).
+_CLIENT_ENV = ("AWS_", "STORAGE_EMULATOR_HOST", "GOOGLE_", "GCSFS_")
 
 
 class BucketObjects:
@@ -85,15 +89,18 @@ class BucketObjects:
     process may have written since)."""
 
     def __init__(self) -> None:
-        self._clients: dict[str, Any] = {}
+        self._clients: dict[tuple, Any] = {}
         self._lock = threading.Lock()
 
     def client(self, path: str) -> Any:
         scheme = path.partition("://")[0]
+        # A client per configuration: a process that changes its endpoint or credentials variables
+        # (a test, a notebook) gets a client that sees the change, as a new process would.
+        key = (scheme, tuple(sorted((k, v) for k, v in os.environ.items() if k.startswith(_CLIENT_ENV))))
         with self._lock:
-            if scheme not in self._clients:
-                self._clients[scheme] = self._make_client(scheme, path)
-            return self._clients[scheme]
+            if key not in self._clients:
+                self._clients[key] = self._make_client(scheme, path)
+            return self._clients[key]
 
     @staticmethod
     def _make_client(scheme: str, path: str) -> Any:
@@ -151,15 +158,35 @@ class BucketObjects:
             self.client(path).pipe_file(path, data)
 
     def exists(self, path: str) -> bool:
+        """Whether the object exists (a bucket for a bare ``scheme://bucket``); any failure other than
+        "not found" (no credentials, access denied) is raised, not taken for absence."""
+        bucket, key = split_bucket(path)
+        if not key.strip("/"):
+            return self._bucket_exists(path)
         with reported(path):
-            client = self.client(path)
-            bucket, key = split_bucket(path)
-            if not key.strip("/"):
-                return client.exists(bucket)
             try:
-                return client.isfile(path)
+                return self.client(path).info(path)["type"] == "file"
             except FileNotFoundError:
                 return False
+
+    def _bucket_exists(self, path: str) -> bool:
+        bucket = split_bucket(path)[0]
+        with reported(path):
+            client = self.client(path)
+            try:
+                if hasattr(client, "call_s3"):  # s3fs's exists() swallows every error of a bucket probe
+                    client.call_s3("head_bucket", Bucket=bucket)
+                    return True
+                client.info(bucket)
+                return True
+            except FileNotFoundError:
+                return False
+
+    def check_bucket(self, path: str) -> None:
+        """FileNotFoundError naming ``path`` when its bucket does not exist (or cannot be seen)."""
+        bucket = split_bucket(path)[0]
+        if not self._bucket_exists(path):
+            raise StorageError(errno.ENOENT, f"bucket {bucket!r} does not exist", path)
 
     def rename(self, src: str, dst: str) -> None:
         # An object store has no rename: copy, then delete the source (the copy appears whole).

@@ -110,6 +110,10 @@ def open_dataset(
     opens only datasets with a manifest, and its refusal advises no options.
     """
     legacy_opts = (max_seq_length, max_predictions_per_seq, vocab_path if need_vocab else 0)
+    if is_remote(target) and not any(c in target for c in "*?[") and not is_dataset_dir(target, fs) \
+            and not fs.exists(target):
+        getattr(fs, "check_container", lambda _: None)(target)  # a missing bucket, named as such
+        raise DatasetError(f"{target}: nothing at this path (no {MANIFEST_NAME}, no object)")
     has_manifest = fs.exists(fs.join(target, MANIFEST_NAME)) if is_dataset_dir(target, fs) else False
     if has_manifest:
         if any(v is not None for v in legacy_opts[:2]):

@@ -257,6 +257,11 @@ class PathFS:
         with self.store(path).open_read(path) as f:
             return decompress_by_name(path, f.read())
 
+    def check_container(self, path: str) -> None:
+        """For a path in a bucket: FileNotFoundError naming it when the bucket itself is missing."""
+        if is_bucket_path(path):
+            BUCKETS.check_bucket(path)
+
     def read_ranges(self, path: str, ranges: list[tuple[int, int]]) -> list[bytes]:
         """The bytes ``[begin, end)`` of each range of a file as stored (a bucket serves them as
         concurrent ranged requests: nothing else of the object is fetched)."""

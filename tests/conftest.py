@@ -66,3 +66,26 @@ def full_disk(tmp_path):
         yield mount
     finally:
         subprocess.run(["umount", str(mount)], capture_output=True, timeout=30)
+
+
+@pytest.fixture(scope="session")
+def object_stores():
+    """A real S3 server (moto) and GCS emulator on 127.0.0.1 for this test process: scheme -> the
+    environment variables their clients read (tests/support/servers.py)."""
+    from contextlib import ExitStack
+
+    from tests.support.servers import gcs_server, s3_server
+
+    with ExitStack() as stack:
+        yield {"s3": stack.enter_context(s3_server()), "gs": stack.enter_context(gcs_server())}
+
+
+@pytest.fixture(params=["s3", "gs"])
+def bucket(request, object_stores, monkeypatch) -> str:
+    """A new empty bucket (``s3://NAME`` or ``gs://NAME``), the environment pointing at its server."""
+    from tests.support.servers import new_bucket
+
+    for name, value in object_stores[request.param].items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")  # never ask a cloud metadata address
+    return new_bucket(request.param)

@@ -26,6 +26,7 @@ from bert_datagen.trainer.pretrain.data import (
     find_bad_record,
     open_manifest_dataset,
 )
+from bert_datagen.trainer.run import gfs
 from bert_datagen.trainer.run.errors import DataError
 
 
@@ -101,7 +102,7 @@ def open_task_dataset(directory: str) -> TaskDataset:
 def _split_info(directory: str, name: str, info: dict, manifest_path: str) -> SplitInfo:
     files = [os.path.join(directory, s["path"]) for s in info.get("shards", [])]
     for f in files:
-        if not tf.io.gfile.exists(f):
+        if not gfs.exists(f):
             raise DataError(f"{f}: shard listed in {manifest_path} is missing")
     side = {os.path.basename(s["path"]): os.path.join(directory, s["path"]) for s in info.get("side", [])}
     features = {k: (str(v[0]), int(v[1])) for k, v in info["features"].items()}
@@ -146,7 +147,7 @@ def read_side_file(split: SplitInfo, name: str, source: str) -> list[dict]:
         raise DataError(f"{source}: split {split.name!r} lists no {name} side file")
     path = split.side[name]
     rows = []
-    with tf.io.gfile.GFile(path, "r") as f:
+    with gfs.open_text(path) as f:
         for line_number, line in enumerate(f, 1):
             if not line.strip():
                 continue
@@ -178,7 +179,7 @@ def train_batches(split: SplitInfo, batch_size: int, seed: int, epoch: int,
     length, cut into batches, and those batches are put in an order drawn from (seed, epoch,
     window); each batch is cut to its bucket length (`bucket_length`). Still floor(records /
     batch_size) batches, a pure function of (seed, epoch)."""
-    records = tf.data.TFRecordDataset(split.files, num_parallel_reads=1)
+    records = gfs.record_dataset(split.files)
     shuffle_seed = (seed * 1000003 + epoch) & 0x7FFFFFFF
     records = records.shuffle(max(split.records, 1), seed=shuffle_seed, reshuffle_each_iteration=False)
     if group_by_length:
@@ -234,7 +235,7 @@ def _grouped(records: tf.data.Dataset, split: SplitInfo, batch_size: int, seed: 
 
 def ordered_batches(split: SplitInfo, batch_size: int) -> tf.data.Dataset:
     """The split in record order, once; the last batch may be short."""
-    records = tf.data.TFRecordDataset(split.files, num_parallel_reads=1)
+    records = gfs.record_dataset(split.files)
     ds = records.batch(batch_size).map(lambda s: parse_batch(s, split.features),
                                        num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
     return ds.with_options(_options()).prefetch(tf.data.AUTOTUNE)

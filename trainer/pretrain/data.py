@@ -26,6 +26,7 @@ from bert_datagen.datagen import records
 from bert_datagen.datagen.example_exact import decode_example
 from bert_datagen.datagen.records import INSTANCE_KEY, feature_spec
 from bert_datagen.datagen.tfrecord import RecordError, iter_tfrecords, masked_crc32c
+from bert_datagen.trainer.run import gfs
 from bert_datagen.trainer.run.config import BertConfig
 from bert_datagen.trainer.run.errors import DataError
 from bert_datagen.trainer.run.gfs import GFILE_FS
@@ -84,8 +85,8 @@ def open_pretraining_data(data: str, max_seq_length: int | None = None, max_pred
                  eval_data: str | None = None) -> DatasetInfo:
     """Describe `data`: a dataset directory with manifest.json, or a TFRecord glob (comma-separated
     globs allowed) from the original tool, for which the two lengths must be given."""
-    if tf.io.gfile.isdir(data):
-        if not tf.io.gfile.exists(os.path.join(data, MANIFEST_NAME)) and max_seq_length is not None:
+    if gfs.isdir(data):
+        if not gfs.exists(os.path.join(data, MANIFEST_NAME)) and max_seq_length is not None:
             info = _from_globs(os.path.join(data, "*"), max_seq_length, max_predictions_per_seq, eval_data)
         else:
             info = _from_manifest(data)
@@ -212,7 +213,7 @@ def data_kind(manifest: dict) -> tuple[str, str]:
 def _glob(patterns: str) -> list[str]:
     files: list[str] = []
     for pattern in patterns.split(","):
-        matched = sorted(tf.io.gfile.glob(pattern.strip()))
+        matched = sorted(gfs.glob(pattern.strip()))
         if not matched:
             raise DataError(f"{pattern}: no files match")
         files.extend(matched)
@@ -234,13 +235,13 @@ def _from_globs(patterns: str, max_seq_length, max_predictions_per_seq, eval_dat
 def check_shard_file(path: str, size: int, manifest: str) -> None:
     """The shard exists, can be opened and has the size the manifest gives (a cheap stat, no read)."""
     try:
-        stat = tf.io.gfile.stat(path)
-    except tf.errors.NotFoundError as exc:
+        length = gfs.size(path)
+    except (tf.errors.NotFoundError, FileNotFoundError) as exc:
         raise DataError(f"{path}: shard listed in {manifest} is missing") from exc
-    except tf.errors.OpError as exc:
-        raise DataError(f"{path}: cannot read: {exc.message}") from exc
-    if stat.length != size:
-        raise DataError(f"{path}: has {stat.length} bytes, {manifest} says {size}: the shard was changed "
+    except (tf.errors.OpError, OSError) as exc:
+        raise DataError(f"{path}: cannot read: {getattr(exc, 'message', None) or exc.strerror or exc}") from exc
+    if length != size:
+        raise DataError(f"{path}: has {length} bytes, {manifest} says {size}: the shard was changed "
                         "or truncated after the dataset was written (bert-datagen verify tells more)")
 
 
@@ -264,9 +265,9 @@ def dataset_identity(info: DatasetInfo) -> dict:
 
 def _size(path: str) -> int:
     try:
-        return int(tf.io.gfile.stat(path).length)
-    except tf.errors.OpError as exc:
-        raise DataError(f"{path}: cannot read: {exc.message}") from exc
+        return gfs.size(path)
+    except (tf.errors.OpError, OSError) as exc:
+        raise DataError(f"{path}: cannot read: {getattr(exc, 'message', None) or exc.strerror or exc}") from exc
 
 
 def count_records(path: str) -> int:
@@ -274,7 +275,7 @@ def count_records(path: str) -> int:
     size = _size(path)
     count, offset = 0, 0
     try:
-        with tf.io.gfile.GFile(path, "rb") as stream:
+        with gfs.open_read(path) as stream:
             while offset < size:
                 header = stream.read(12)
                 if len(header) < 12 or masked_crc32c(header[:8]) != struct.unpack("<I", header[8:])[0]:
@@ -285,8 +286,8 @@ def count_records(path: str) -> int:
                     raise DataError(f"corrupt input: {path}: record {count}: truncated payload")
                 stream.seek(offset)
                 count += 1
-    except tf.errors.OpError as exc:
-        raise DataError(f"{path}: cannot read: {exc.message}") from exc
+    except (tf.errors.OpError, OSError) as exc:
+        raise DataError(f"{path}: cannot read: {getattr(exc, 'message', None) or exc.strerror or exc}") from exc
     return count
 
 
@@ -324,12 +325,12 @@ def check_first_records(info: DatasetInfo) -> None:
 def check_first_record(path: str, spec: dict[str, tuple[str, int]]) -> None:
     """Raise DataError naming `path` unless its first record (if any) parses with `spec`."""
     try:
-        with tf.io.gfile.GFile(path, "rb") as stream:
+        with gfs.open_read(path) as stream:
             payload = next(iter_tfrecords(stream, name=path), None)
     except RecordError as exc:
         raise DataError(f"corrupt input: {exc}") from exc
-    except tf.errors.OpError as exc:
-        raise DataError(f"{path}: cannot read: {exc.message}") from exc
+    except (tf.errors.OpError, OSError) as exc:
+        raise DataError(f"{path}: cannot read: {getattr(exc, 'message', None) or exc.strerror or exc}") from exc
     if payload is not None:
         problem = _record_problem(payload, spec)
         if problem:
@@ -366,7 +367,7 @@ def check_token_ids(info: DatasetInfo, vocab_size: int, records_per_shard: int) 
     spec = info.features()
     for path in info.train_files + info.eval_files:
         try:
-            with tf.io.gfile.GFile(path, "rb") as stream:
+            with gfs.open_read(path) as stream:
                 for index, payload in enumerate(iter_tfrecords(stream, name=path)):
                     if index >= records_per_shard:
                         break
@@ -375,8 +376,8 @@ def check_token_ids(info: DatasetInfo, vocab_size: int, records_per_shard: int) 
                         raise DataError(f"{path}: record {index}: {problem}")
         except RecordError as exc:
             raise DataError(f"corrupt input: {exc}") from exc
-        except tf.errors.OpError as exc:
-            raise DataError(f"{path}: cannot read: {exc.message}") from exc
+        except (tf.errors.OpError, OSError) as exc:
+            raise DataError(f"{path}: cannot read: {getattr(exc, 'message', None) or exc.strerror or exc}") from exc
 
 
 def check_fits(info: DatasetInfo, bert: BertConfig) -> None:
@@ -444,7 +445,7 @@ def eval_dataset(info: DatasetInfo, batch_size: int, files: list[str] | None = N
     training seed) is evaluated on the same masks.
     """
     files = files if files is not None else info.eval_files
-    records = tf.data.TFRecordDataset(files, buffer_size=1 << 20, num_parallel_reads=1)
+    records = gfs.record_dataset(files)
     if info.masking == "dynamic":
         from bert_datagen.trainer.pretrain.dynamic_input import dynamic_batches
 
@@ -474,7 +475,7 @@ def find_bad_record(files: list[str], max_seq_length: int, max_predictions_per_s
     spec = spec or feature_spec(max_seq_length, max_predictions_per_seq)
     for path in files:
         try:
-            with tf.io.gfile.GFile(path, "rb") as stream:
+            with gfs.open_read(path) as stream:
                 for index, payload in enumerate(iter_tfrecords(stream, name=path)):
                     problem = _record_problem(payload, spec, vocab_size)
                     if problem:

@@ -13,10 +13,9 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
-import tensorflow as tf
-
 from bert_datagen.contract.manifest import MANIFEST_NAME
 from bert_datagen.trainer.pretrain.data import DatasetInfo, load_dataset_manifest
+from bert_datagen.trainer.run import gfs
 from bert_datagen.trainer.run.config import TrainConfig
 from bert_datagen.trainer.run.errors import ConfigError, DataError
 from bert_datagen.trainer.run.rundir import TRAIN_CONFIG_FILE
@@ -39,12 +38,12 @@ def no_eval_split(data: str, eval_data: str | None) -> str | None:
     if eval_data:
         return None
     manifest_path = os.path.join(data, MANIFEST_NAME)
-    if tf.io.gfile.isdir(data) and tf.io.gfile.exists(manifest_path):
+    if gfs.isdir(data) and gfs.exists(manifest_path):
         manifest = load_dataset_manifest(data)
         if manifest is None or manifest.get("splits", {}).get("eval", {}).get("shards"):
             return None
         return f"{manifest_path} has no eval split (`bert-datagen run --eval-fraction` makes one)"
-    if not tf.io.gfile.isdir(data) and not any(tf.io.gfile.glob(p.strip()) for p in data.split(",")):
+    if not gfs.isdir(data) and not any(gfs.glob(p.strip()) for p in data.split(",")):
         return None  # not data at all: opening it says so
     return f"--data {data} has no manifest and no --eval-data is given, so there is no eval split"
 
