@@ -4,7 +4,6 @@ a rank's exact shares in step order and resumes from its state."""
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
 from bert_datagen.contract.loading.batches import NumpyBatches
