@@ -77,3 +77,16 @@ def test_share_dataset_refuses_any_other_cut(source) -> None:
             next(iter(DataLoader(dl.dataset, batch_sampler=[wrong], collate_fn=lambda x: x)))
     with pytest.raises(TypeError, match="takes no shuffle"):
         share_loader(source, seed=SEED, batch_size=B, shuffle=True)
+
+
+def test_trainer_resume_skips_by_position(source) -> None:
+    """Trainer resumes through accelerate's skip_first_batches: on a share loader it skips index
+    batches (positions), so the batches after the skip are the run's next ones."""
+    accelerate = pytest.importorskip("accelerate")
+    ref = NumpyBatches(source, seed=SEED, batch_size=B, block_size=BS, world_size=2, rank=0)
+    dl = share_loader(source, seed=SEED, batch_size=B, block_size=BS, world_size=2, rank=0, hf=False, stop=6)
+    skipped = accelerate.skip_first_batches(dl, 4)
+    got = list(skipped)
+    assert len(got) == 2
+    for i, batch in enumerate(got):
+        _same(batch, ref.batch_at(4 + i))
