@@ -1,5 +1,6 @@
 """`make torch-pretrain`: Hugging Face `BertForPreTraining` (PyTorch, CPU) trained on a dataset of ours
-through the PyTorch adapter of the loaders (docs/loading.md), from the Keras trainer's initial weights.
+through the package's PyTorch glue (`share_loader`, Hugging Face inputs; docs/loading.md), from the
+Keras trainer's initial weights.
 
 corpus (../shared/corpora/enwiki_extract_2015, else Python's documentation) -> WordPiece vocab ->
 dataset (128 tokens) -> our Keras model built with the run's seed, exported with our Hugging Face
@@ -22,7 +23,6 @@ from examples.pretrain_demo import _bert_datagen, build_corpus, build_vocab
 
 ENWIKI = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "shared", "corpora",
                       "enwiki_extract_2015")
-IGNORE_INDEX = -100  # what Hugging Face's cross-entropy skips
 TOLERANCE = 1e-4
 
 
@@ -58,33 +58,21 @@ def export_to_hf(model: Any, out: str) -> Any:
     return transformers.BertForPreTraining.from_pretrained(str(directory), local_files_only=True)
 
 
-def hf_inputs(batch: dict[str, Any]) -> dict[str, Any]:
-    """Our pre-training features as `BertForPreTraining` arguments: a label per token, the masked
-    token's id at each weighted masked position and -100 elsewhere (what HF's loss averages over)."""
+def hf_loss(model: Any, batch: dict[str, np.ndarray]) -> float:
+    """BertForPreTraining's loss of a batch of ours (the package's mapping to its inputs)."""
     import torch
 
-    ids = batch["input_ids"].long()
-    labels = torch.full_like(ids, IGNORE_INDEX)
-    positions = batch["masked_lm_positions"].long()
-    live = batch["masked_lm_weights"] > 0
-    rows = torch.arange(ids.shape[0]).unsqueeze(1).expand_as(positions)
-    labels[rows[live], positions[live]] = batch["masked_lm_ids"].long()[live]
-    return {"input_ids": ids, "attention_mask": batch["input_mask"].long(),
-            "token_type_ids": batch["segment_ids"].long(), "labels": labels,
-            "next_sentence_label": batch["next_sentence_labels"].long().reshape(-1)}
-
-
-def hf_loss(model: Any, batch: dict[str, Any]) -> float:
-    import torch
+    from bert_datagen.contract.loading.hf import hf_inputs
 
     model.eval()
     with torch.no_grad():
-        return float(model(**hf_inputs(batch)).loss)
+        return float(model(**{k: torch.from_numpy(v) for k, v in hf_inputs(batch).items()}).loss)
 
 
 def train(model: Any, batches: Any, steps: int, lr: float, log_every: int,
           log: Any = print) -> list[float]:
-    """AdamW with linear warm-up over a tenth of the steps; the mean loss of each `log_every` steps."""
+    """AdamW with linear warm-up over a tenth of the steps; the mean loss of each `log_every` steps.
+    ``batches`` yield Hugging Face inputs (`share_loader`)."""
     import torch
 
     model.train()
@@ -95,7 +83,7 @@ def train(model: Any, batches: Any, steps: int, lr: float, log_every: int,
     for step, batch in enumerate(batches):
         if step == steps:
             break
-        loss = model(**hf_inputs(batch)).loss
+        loss = model(**batch).loss
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
@@ -155,16 +143,16 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
+    from bert_datagen.contract.loading.batches import NumpyBatches
     from bert_datagen.contract.loading.source import open_source
-    from bert_datagen.contract.loading.torch_adapter import torch_batches
+    from bert_datagen.contract.loading.torch_shares import share_loader
 
     torch.manual_seed(args.seed)  # BertForPreTraining's dropout in training
     source = open_source(data)
-    batches = torch_batches(source, seed=args.seed, batch_size=args.batch_size, stop=args.steps)
-    first = next(iter(torch_batches(source, seed=args.seed, batch_size=args.batch_size, stop=1)))
+    first = NumpyBatches(source, seed=args.seed, batch_size=args.batch_size).batch_at(0)
 
     keras = keras_model(_vocab_size(vocab), args.seed)
-    ours = keras_loss(keras, {k: v.numpy() for k, v in first.items()})
+    ours = keras_loss(keras, first)
     hf = export_to_hf(keras, os.path.join(out, "hf-init"))
     theirs = hf_loss(hf, first)
     stage(f"first batch, no dropout: Keras loss {ours:.6f}, BertForPreTraining loss {theirs:.6f} "
@@ -176,8 +164,10 @@ def main(argv: list[str] | None = None) -> int:
     stage(f"training BertForPreTraining: {args.steps} steps of {args.batch_size}, {args.workers} DataLoader workers")
     # spawn, not fork: this process has TensorFlow's threads running, which a forked worker must not inherit.
     context = "spawn" if args.workers else None
-    means = train(hf, batches.loader(num_workers=args.workers, multiprocessing_context=context),
-                  args.steps, args.lr, log_every=25, log=stage)
+    # The rank's shares (one process here; under torchrun each rank its own), as Hugging Face inputs.
+    batches = share_loader(source, seed=args.seed, batch_size=args.batch_size, stop=args.steps,
+                           num_workers=args.workers, multiprocessing_context=context)
+    means = train(hf, batches, args.steps, args.lr, log_every=25, log=stage)
     stage(f"loss {means[0]:.4f} (first 25 steps) -> {means[-1]:.4f} (last)")
     if not means[-1] < means[0]:
         print("torch-pretrain: the loss did not fall", file=sys.stderr)

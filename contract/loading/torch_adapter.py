@@ -7,12 +7,16 @@ and DataLoader takes one item from each worker in turn, so batches come out in s
 W; ranks are DistributedSampler-style (``world_size``/``rank``, from torch.distributed when it is
 initialised). Worker processes cannot tell the parent how far they are, so the position that
 ``state_dict()`` reports is counted where batches are consumed: iterate ``ds.loader(...)`` (a
-DataLoader that counts) or the dataset itself (no workers).
+DataLoader that counts) or the dataset itself (no workers). A DataLoader of one's own that would
+lose the position (workers) or wrap every batch in another dimension (a ``batch_size``) is refused
+with the reason. For Hugging Face Trainer and accelerate see `torch_shares`.
 """
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterator
+from types import FrameType
 from typing import Any
 
 import torch
@@ -46,9 +50,18 @@ class TorchBatches(IterableDataset):
 
     def __init__(self, source: Source, **kwargs: Any) -> None:
         self._numpy = NumpyBatches(source, **kwargs)  # holds the position; workers copy it
+        self._counted = False  # set while loader() iterates: workers copy it, so they know the parent counts
 
     def __iter__(self) -> Iterator[dict]:
+        _refuse_wrapping(sys._getframe(1))
         info = get_worker_info()
+        if info is not None and not self._counted:
+            raise RuntimeError("TorchBatches in a DataLoader with workers: the workers cannot report how far they "
+                               "are, so state_dict() would lose the position; iterate ds.loader(num_workers=...) "
+                               "or torch_shares.share_loader(...), which count the batches handed out")
+        return self._batches(info)
+
+    def _batches(self, info: Any) -> Iterator[dict]:
         it = self._numpy
         if info is None:  # in the consuming process: count as we go
             for batch in it:
@@ -63,8 +76,13 @@ class TorchBatches(IterableDataset):
         if num_workers == 0:
             yield from self
             return
-        dl = DataLoader(self, batch_size=None, num_workers=num_workers, **kwargs)
-        for batch in dl:
+        self._counted = True
+        try:
+            dl = DataLoader(self, batch_size=None, num_workers=num_workers, **kwargs)
+            iterator = iter(dl)  # the workers take their copies now
+        finally:
+            self._counted = False
+        for batch in iterator:
             self._numpy.step += 1
             yield batch
 
@@ -73,3 +91,14 @@ class TorchBatches(IterableDataset):
 
     def load_state_dict(self, state: dict) -> None:
         self._numpy.load_state_dict(state)
+
+
+def _refuse_wrapping(caller: FrameType | None) -> None:
+    """Refuse a DataLoader that batches our items: each item is a whole batch already, and default
+    collation would stack ``batch_size`` of them into a new leading dimension without a word. The
+    fetcher that calls ``iter(dataset)`` says whether it collates (torch's own attribute; a fetcher
+    of another shape passes)."""
+    fetcher = caller.f_locals.get("self") if caller is not None else None
+    if getattr(fetcher, "auto_collation", False) and getattr(fetcher, "dataset", None) is not None:
+        raise TypeError("each item of TorchBatches is a whole batch: DataLoader(ds, batch_size=N) would stack N "
+                        "of them into one more dimension; use DataLoader(ds, batch_size=None) or ds.loader(...)")

@@ -35,6 +35,22 @@ def _train_config(options: dict) -> TrainConfig:
         raise click.UsageError(message) from exc
 
 
+def _mix_options(options: dict) -> None:
+    """--mix and --weights as the config takes them (a usage error unless both or neither)."""
+    options["mix"] = list(options["mix"])
+    if bool(options["mix"]) != (options["mix_weights"] is not None):
+        raise click.UsageError("--mix and --weights go together: the other datasets and one weight per dataset")
+    if options["mix_weights"] is None:
+        options["mix_weights"] = []
+        return
+    from bert_datagen.contract.loading.mixture import MixtureError, parse_weights
+
+    try:
+        options["mix_weights"] = parse_weights(options["mix_weights"], len(options["mix"]) + 1)
+    except MixtureError as exc:
+        raise click.BadParameter(str(exc), param_hint="--weights") from exc
+
+
 def _skip_ranges(ctx, param, value: str | None) -> list[list[int]]:
     if value is None:
         return []
@@ -109,6 +125,10 @@ def _check_data_options(ctx: click.Context, options: dict) -> None:
 @click.option("--jit/--no-jit", default=False, show_default=True, help="Compile the step with XLA.")
 @click.option("--init-from", help="Phase 2: start from the weights of a run (its latest checkpoint) or checkpoint.")
 @click.option("--init-checkpoint", help="Start from an original TF1 checkpoint or a Hugging Face directory.")
+@click.option("--mix", "mix", multiple=True, metavar="DATASET",
+              help="Another dataset read with --data as one weighted stream (repeatable; with --weights).")
+@click.option("--weights", "mix_weights", default=None, metavar="W1,W2,...",
+              help="Mixture weights, one per dataset, --data's first (e.g. 0.7,0.3); recorded in the run.")
 @click.option("--skip-batches", "skip_batches", callback=_skip_ranges, metavar="A-B[,C-D]",
               help="Leave out these global batches (inclusive; `bert-datagen batches` shows them) from here "
                    "on, e.g. past a loss spike on resume; the run records what it skipped.")
@@ -128,6 +148,7 @@ def pretrain_command(ctx: click.Context, bert_config_file, cluster_timeout, **op
                 init_checkpoint_config(options["init_checkpoint"], bert_config_file)).to_dict()
         elif bert_config_file:
             options["bert_config"] = BertConfig.from_json_file(bert_config_file).to_dict()
+        _mix_options(options)
         cfg = _train_config(options)
         from bert_datagen.trainer.pretrain.train import pretrain
 

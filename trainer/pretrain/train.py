@@ -23,6 +23,7 @@ import numpy as np
 import tensorflow as tf
 
 from bert_datagen.contract.loading.batches import NumpyBatches
+from bert_datagen.contract.loading.mixture import MixedBatches
 from bert_datagen.contract.loading.skips import SkipError, add_ranges, batch_of_step
 from bert_datagen.datagen.packed import compact_predictions
 from bert_datagen.datagen.records import INSTANCE_KEY
@@ -42,6 +43,7 @@ from bert_datagen.trainer.pretrain.data import (
     with_sequence_weights,
 )
 from bert_datagen.trainer.pretrain.evaluate import evaluate_model
+from bert_datagen.trainer.pretrain.mixture_input import MIXTURE_FEATURE, check_resumed_mixture, mixed_batches
 from bert_datagen.trainer.pretrain.objective import losses_from_sums
 from bert_datagen.trainer.pretrain.options import as_run, legacy_shuffle_buffer, model_vocab_size
 from bert_datagen.trainer.run import checkpoint as ckpt_lib
@@ -124,9 +126,14 @@ class Run:
             if cfg.skip_batches:
                 raise ConfigError(f"{self.run_dir}: the run was started by an earlier version that read its "
                                   "input through tf.data; --skip-batches needs the global order of new runs")
+            if cfg.mix:
+                raise ConfigError(f"{self.run_dir}: the run was started by an earlier version that read its "
+                                  "input through tf.data; --mix needs the global order of new runs")
             self.iterator = iter(train_dataset(self.info, cfg.batch_size, cfg.seed,
                                                legacy_shuffle_buffer(self.run_dir, cfg.shuffle_buffer)))
             self.iterator_ckpt = tf.train.Checkpoint(iterator=self.iterator)
+        elif cfg.mix:
+            self.batches = mixed_batches(cfg, self.info, self.bert, self.world, self.rank)
         else:
             self.batches = NumpyBatches(training_source(self.info), seed=cfg.seed, batch_size=cfg.batch_size,
                                         world_size=self.world, rank=self.rank)
@@ -143,6 +150,8 @@ class Run:
         self._set_skipped(ckpt_lib.load_state(found[-1][1]) if found else {}, found[-1][0] if found else 0)
         if found:
             step, path = found[-1]
+            if not self.legacy_input:
+                check_resumed_mixture(ckpt_lib.load_state(path).get("input"), self.batches, str(path))
             restore_checkpoint_arrays(path, self.named, self.optimizer, self.loss_scale)
             if self.legacy_input:
                 try:
@@ -173,8 +182,14 @@ class Run:
 
     def input_record(self) -> dict:
         """How the run reads, as its checkpoints record it."""
-        return {"order": INPUT_ORDER, "block_size": self.batches.order.block_size,
-                "skip_batches": [list(r) for r in self.skipped]}
+        record = {"order": INPUT_ORDER, "block_size": self._block_size(),
+                  "skip_batches": [list(r) for r in self.skipped]}
+        if isinstance(self.batches, MixedBatches):
+            record["mixture"] = self.batches.record()
+        return record
+
+    def _block_size(self) -> int:
+        return self.batches.block_size if isinstance(self.batches, MixedBatches) else self.batches.order.block_size
 
     def _batch_for_step(self, step: int) -> dict[str, np.ndarray]:
         batch = self.batches.batch_at(batch_of_step(step, self.skipped))
@@ -182,6 +197,7 @@ class Run:
             batch = compact_predictions(batch, self.info.max_predictions_per_seq)
         if self.info.masking == "dynamic":
             batch.pop(INSTANCE_KEY)  # the masks are made; the model does not read it
+        batch.pop(MIXTURE_FEATURE, None)  # which dataset: for the record and `batches`, not the model
         return batch
 
     def save(self, metrics: dict | None = None) -> Path | None:

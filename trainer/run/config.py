@@ -181,6 +181,11 @@ class TrainConfig:
     # Global batches to leave out from here on ([first, last] inclusive; contract/loading/skips.py);
     # the run keeps the ranges it skipped in its checkpoints, so a resume need not repeat them.
     skip_batches: list[list[int]] = dataclasses.field(default_factory=list)
+    # A weighted mixture (contract/loading/mixture.py): datasets read with `data`, and one weight per
+    # dataset, `data`'s first. Empty: `data` alone.
+    mix: list[str] = dataclasses.field(default_factory=list)
+    mix_weights: list[float] = dataclasses.field(default_factory=list)
+    mix_window: int = 4096
 
     def __post_init__(self) -> None:
         if self.bert_config is not None:
@@ -236,6 +241,18 @@ class TrainConfig:
             raise ConfigError(f"--vocab-size does not apply with a model config (--bert-config, --init-checkpoint): "
                               f"its vocab size {self.bert_config.get('vocab_size')} is the model's")
         check_tpu(self.tpu, self.strategy)
+        self._check_mix()
+
+    def _check_mix(self) -> None:
+        if not self.mix and not self.mix_weights:
+            return
+        if len(self.mix_weights) != len(self.mix) + 1:
+            raise ConfigError(f"--weights: {len(self.mix_weights)} weights for {len(self.mix) + 1} datasets "
+                              "(--data and each --mix): give one per dataset, --data's first")
+        if not all(isinstance(w, (int, float)) and math.isfinite(w) and w > 0 for w in self.mix_weights):
+            raise ConfigError(f"--weights must be finite and > 0, got {self.mix_weights}")
+        if not isinstance(self.mix_window, int) or isinstance(self.mix_window, bool) or self.mix_window < 1:
+            raise ConfigError(f"mix_window must be a positive integer, got {self.mix_window!r}")
 
     def _check_order_fits(self) -> None:
         """The batches the run reads are ones the global order can index (their positions fit in

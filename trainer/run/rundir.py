@@ -40,7 +40,7 @@ BERT_CONFIG_FILE = "bert_config.json"
 DATASET_FILE = "dataset.json"
 TMP_MARK = fs.TMP_MARKER  # cleanup_temp removes every name with it: the whole run directory is ours
 # Checked by content (DATASET_FILE), not by how the path is spelled.
-_DATA_OPTIONS = frozenset({"data", "eval_data"})
+_DATA_OPTIONS = frozenset({"data", "eval_data", "mix"})  # paths: the data's identity is checked itself
 # Subdirectories a run writes files into itself (the last evaluation's predictions).
 OWNED_SUBDIRS = ("eval",)
 

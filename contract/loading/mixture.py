@@ -1,0 +1,234 @@
+"""Several datasets read as one stream, by weight: a mixture with the guarantees of one dataset.
+
+The run's sequence is cut into *mixture windows* of ``window`` positions. Each window holds
+``counts[d]`` records of dataset ``d`` (the weights apportioned to the window by largest remainder,
+the same in every window, so dataset ``d`` fills ``counts[d] / window`` of any window exactly) in a
+seeded order: the window's labels ``d`` are a permutation drawn from (seed, the datasets'
+fingerprints, the counts, the window). The ``i``-th position labelled ``d`` reads position ``i`` of
+dataset ``d``'s own `GlobalOrder` (its blocks, windows and epochs, by its own fingerprint), so
+every record of every dataset comes once per epoch of that dataset, each at its own pace.
+
+So a mixture is a pure function of the fingerprints, the weights (as counts), the seed, and the
+batch and block sizes; any position is computed alone (the same for any world size: rank ``r``
+takes positions ``[r*B/N, (r+1)*B/N)`` of each global batch, as for one dataset), and its state is
+the next step. Each batch carries ``mixture_dataset``: the index of the dataset each record came
+from. Datasets must be of one kind, with one vocab and the same features (names, types, lengths);
+anything else is refused with one line naming the dataset and the difference.
+
+What it costs: a rank reads its records of each dataset through that dataset's iterator, which
+loads whole windows of chunks (a rank's slots are not the mixture's), so each rank reads up to
+all of a window's bytes of each dataset rather than 1/N.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from collections.abc import Iterator, Sequence
+from functools import lru_cache
+
+import numpy as np
+
+from bert_datagen.contract.loading.batches import NumpyBatches
+from bert_datagen.contract.loading.order import (
+    DEFAULT_BLOCK_SIZE,
+    check_order,
+    check_step,
+    check_world,
+    permutation,
+    positions_array,
+)
+from bert_datagen.contract.loading.source import LoadError, Source
+from bert_datagen.contract.manifest import ManifestError, load_manifest
+from bert_datagen.contract.ranges import check_int, max_batches
+from bert_datagen.datagen.rng import derive_key
+
+MIX_VERSION = "loader-mix-v1"
+MIX_STATE_VERSION = 1
+DEFAULT_MIX_WINDOW = 4096
+MIXTURE_FEATURE = "mixture_dataset"
+
+
+class MixtureError(ValueError):
+    """Datasets or weights that cannot be mixed (names which and why)."""
+
+
+def apportion(weights: Sequence[float], window: int) -> tuple[int, ...]:
+    """Records of each dataset in a window of ``window``: the weights' shares by largest remainder
+    (ties to the earlier dataset); MixtureError unless every dataset gets at least one."""
+    check_int(window, "window", 1)
+    w = [float(x) for x in weights]
+    if not w or any(not math.isfinite(x) or x <= 0 for x in w):
+        raise MixtureError(f"weights must be finite and > 0, got {list(weights)}")
+    total = sum(w)
+    exact = [x / total * window for x in w]
+    counts = [int(math.floor(e)) for e in exact]
+    for i in sorted(range(len(w)), key=lambda i: (-(exact[i] - counts[i]), i))[:window - sum(counts)]:
+        counts[i] += 1
+    if min(counts) == 0:
+        raise MixtureError(f"weight {w[counts.index(0)]} of {total:g} gives dataset {counts.index(0)} no record in a "
+                           f"mixture window of {window}: raise it or the window")
+    return tuple(counts)
+
+
+def parse_weights(text: str, n: int) -> list[float]:
+    """``"0.7,0.3"`` for ``n`` datasets; MixtureError for anything else."""
+    try:
+        weights = [float(x) for x in text.split(",")]
+    except ValueError:
+        raise MixtureError(f"{text!r} is not a list of weights: write e.g. 0.7,0.3") from None
+    if len(weights) != n:
+        raise MixtureError(f"{len(weights)} weights ({text}) for {n} datasets: give one per dataset")
+    apportion(weights, DEFAULT_MIX_WINDOW)  # finite and > 0
+    return weights
+
+
+def check_compatible(sources: Sequence[Source]) -> None:
+    """MixtureError (one line) unless the datasets share kind, vocab and features, and differ."""
+    if not sources:
+        raise MixtureError("a mixture needs at least one dataset")
+    first = sources[0]
+    first_vocab = _vocab_sha(first)
+    seen = {first.fingerprint: first.root}
+    for other in sources[1:]:
+        where = f"{other.root} (split {other.split})"
+        if other.kind != first.kind:
+            raise MixtureError(f"{where}: a {other.kind} dataset cannot be mixed with {first.root}'s {first.kind} data")
+        if _vocab_sha(other) != first_vocab:
+            raise MixtureError(f"{where}: its vocab differs from {first.root}'s: mixed datasets must share one vocab")
+        if other.spec != first.spec:
+            diff = sorted(set(other.spec.items()) ^ set(first.spec.items()))
+            raise MixtureError(f"{where}: its features differ from {first.root}'s ({diff[0][0]}: "
+                               f"{other.spec.get(diff[0][0])} vs {first.spec.get(diff[0][0])}): mix datasets of one layout")
+        if other.dynamic != first.dynamic:
+            raise MixtureError(f"{where}: dynamic and static masking cannot be mixed ({first.root})")
+        if other.fingerprint in seen:
+            raise MixtureError(f"{where}: the same dataset as {seen[other.fingerprint]}: give it once, with its weight")
+        seen[other.fingerprint] = other.root
+
+
+def _vocab_sha(source: Source) -> str | None:
+    try:
+        return load_manifest(source.root, source.fs)["vocab"].get("sha256")
+    except (ManifestError, OSError, KeyError) as e:
+        raise LoadError(f"{source.root}: cannot read its vocab's digest: {e}") from e
+
+
+class MixedBatches:
+    """Rank ``rank`` of ``world_size``'s share of every global batch of the mixture (see the module
+    docstring); the interface of `NumpyBatches`: iteration, ``batch_at``, ``read_positions``, state."""
+
+    def __init__(self, sources: Sequence[Source], weights: Sequence[float], *, seed: int, batch_size: int,
+                 world_size: int = 1, rank: int = 0, block_size: int = DEFAULT_BLOCK_SIZE, start: int = 0,
+                 stop: int | None = None, window: int = DEFAULT_MIX_WINDOW) -> None:
+        check_order(seed, batch_size, block_size)
+        check_int(world_size, "world_size", 1)
+        check_int(rank, "rank", 0)
+        check_step(start, batch_size)
+        if stop is not None:
+            check_int(stop, "stop", 0, max_batches(batch_size))
+        check_world(batch_size, world_size, rank)
+        if len(weights) != len(sources):
+            raise MixtureError(f"{len(weights)} weights for {len(sources)} datasets: give one per dataset")
+        check_compatible(sources)
+        self.counts = apportion(weights, window)
+        self.weights = [float(w) for w in weights]
+        self.sources = list(sources)
+        self.readers = [NumpyBatches(s, seed=seed, batch_size=batch_size, block_size=block_size) for s in sources]
+        self.seed, self.batch_size, self.block_size, self.window = seed, batch_size, block_size, window
+        self.world_size, self.rank = world_size, rank
+        self.step, self.stop = start, stop
+        self.fingerprint = mixture_fingerprint([s.fingerprint for s in sources], self.counts, window)
+        self._key = derive_key(seed, MIX_VERSION, self.fingerprint)
+
+    # ------------------------------------------------------------ where each position reads
+
+    def place(self, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(dataset, position in that dataset's own order) of each position of the mixture."""
+        pos = positions_array(positions)
+        w, q = np.divmod(pos, self.window)
+        dataset = np.empty_like(pos)
+        sub = np.empty_like(pos)
+        base = np.asarray(self.counts, np.int64)
+        for win in np.unique(w).tolist():
+            sel = w == win
+            labels, nth = _window_labels(self._key, self.counts, win)
+            dataset[sel] = labels[q[sel]]
+            sub[sel] = win * base[dataset[sel]] + nth[q[sel]]
+        return dataset, sub
+
+    # ------------------------------------------------------------ iteration
+
+    def __iter__(self) -> Iterator[dict[str, np.ndarray]]:
+        return self
+
+    def __next__(self) -> dict[str, np.ndarray]:
+        if self.stop is not None and self.step >= self.stop:
+            raise StopIteration
+        batch = self.batch_at(self.step)
+        self.step += 1
+        return batch
+
+    def batch_at(self, step: int) -> dict[str, np.ndarray]:
+        check_step(step, self.batch_size)
+        share = self.batch_size // self.world_size
+        first = step * self.batch_size + self.rank * share
+        return self.read_positions(np.arange(first, first + share, dtype=np.int64))
+
+    def read_positions(self, positions: np.ndarray) -> dict[str, np.ndarray]:
+        """The records at these positions of the mixture, with ``mixture_dataset`` (int32)."""
+        dataset, sub = self.place(positions)
+        parts = {d: self.readers[d].read_positions(sub[dataset == d]) for d in np.unique(dataset).tolist()}
+        some = next(iter(parts.values())) if parts else self.readers[0].read_positions(sub)
+        out = {k: np.empty((len(dataset), *v.shape[1:]), v.dtype) for k, v in some.items()}
+        for d, part in parts.items():
+            sel = dataset == d
+            for k, v in part.items():
+                out[k][sel] = v
+        out[MIXTURE_FEATURE] = dataset.astype(np.int32)
+        return out
+
+    # ------------------------------------------------------------ state
+
+    def state_dict(self) -> dict:
+        return {"version": MIX_STATE_VERSION, "mixture": self.fingerprint, "seed": self.seed,
+                "batch_size": self.batch_size, "block_size": self.block_size, "step": self.step}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Continue at ``state["step"]``, any world size and rank."""
+        if state.get("version") != MIX_STATE_VERSION:
+            raise LoadError(f"mixture state of version {state.get('version')!r}; this reader knows {MIX_STATE_VERSION}")
+        for name, mine in (("mixture", self.fingerprint), ("seed", self.seed), ("batch_size", self.batch_size),
+                           ("block_size", self.block_size)):
+            if state.get(name) != mine:
+                raise LoadError(f"mixture state has {name} {state.get(name)!r}, this mixture {mine!r}: it belongs to "
+                                "another mixture (datasets, weights, seed or batch size)")
+        self.step = check_step(state.get("step"), self.batch_size)
+
+    def record(self) -> dict:
+        """What a run records of the mixture: each dataset, its weight and its records per window."""
+        return {"mixture": self.fingerprint, "window": self.window,
+                "datasets": [{"path": s.root, "split": s.split, "fingerprint": s.fingerprint, "weight": w,
+                              "per_window": c} for s, w, c in zip(self.sources, self.weights, self.counts, strict=True)]}
+
+
+def mixture_fingerprint(fingerprints: Sequence[str], counts: Sequence[int], window: int) -> str:
+    """What the mixture is: the datasets in order and their records per window (not the weights as
+    typed: 0.7,0.3 and 7,3 are one mixture)."""
+    content = {"version": MIX_VERSION, "datasets": list(fingerprints), "counts": [int(c) for c in counts],
+               "window": int(window)}
+    return hashlib.sha256(json.dumps(content, sort_keys=True).encode()).hexdigest()
+
+
+@lru_cache(maxsize=64)
+def _window_labels(key: int, counts: tuple[int, ...], window: int) -> tuple[np.ndarray, np.ndarray]:
+    """Window ``window``'s dataset at each place, and each place's rank among its dataset's places."""
+    labels = np.repeat(np.arange(len(counts)), counts)[permutation(derive_key(key, "window", window), sum(counts))]
+    nth = np.empty(len(labels), np.int64)
+    for d in range(len(counts)):
+        at = np.flatnonzero(labels == d)
+        nth[at] = np.arange(len(at))
+    labels.setflags(write=False)
+    nth.setflags(write=False)
+    return labels, nth

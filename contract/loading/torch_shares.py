@@ -1,0 +1,211 @@
+"""A rank's shares as a PyTorch DataLoader that Hugging Face `Trainer` and `accelerate` use as is.
+
+`share_loader` is a ``DataLoader`` over a map-style dataset of the run's global positions, with a
+batch sampler that hands out this rank's share of global batches ``start, start + 1, ...``: the
+sampler lives in the consuming process, so with ``num_workers`` the batches still come in step
+order, and the loader counts the batches it has handed out (``state_dict()`` is right after any
+of them, whatever the workers have read ahead).
+
+Why not `accelerator.prepare` it: accelerate re-shards any DataLoader it prepares (alternate batches
+per rank, or rank 0's batches cut and sent round), which is how a 2-rank Trainer ends up training on
+the wrong data. A share loader is marked as prepared already, so ``accelerator.prepare(model, opt,
+loader)`` and Trainer hand it back untouched and each rank trains on its own share. Trainer moves
+the batches to its device itself; with plain accelerate pass ``device=accelerator.device``.
+
+Every fetch checks that the positions asked for are exactly this rank's share of one global batch,
+so a loader wired any other way (a DataLoader of our own with a batch size, a sampler wrapped by
+accelerate, a dispatching loader) is an error naming what to use, never a silent re-cut.
+
+Only this module and `torch_adapter` import torch; nothing of ours imports them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any, Protocol
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset, Sampler
+
+from bert_datagen.contract.loading.batches import NumpyBatches
+from bert_datagen.contract.loading.hf import hf_inputs
+from bert_datagen.contract.loading.order import DEFAULT_BLOCK_SIZE, check_step, check_world
+from bert_datagen.contract.loading.source import Source
+from bert_datagen.contract.ranges import check_int, max_batches
+
+_WHOLE_BATCHES = ("share_loader(...) hands out whole batches of this rank's share: iterate it as it is "
+                  "(Trainer: return it from get_train_dataloader; accelerate: it passes prepare() untouched)")
+
+
+class PositionReader(Protocol):
+    """What a share loader reads from: `NumpyBatches` or a mixture (`mixture.MixedBatches`)."""
+
+    @property
+    def batch_size(self) -> int: ...
+
+    def read_positions(self, positions: np.ndarray) -> dict[str, np.ndarray]: ...
+
+    def state_dict(self) -> dict: ...
+
+    def load_state_dict(self, state: dict) -> None: ...
+
+
+class _NumpyReader:
+    """`NumpyBatches` as a PositionReader (its step is the loader's, not the iterator's)."""
+
+    def __init__(self, batches: NumpyBatches) -> None:
+        self.batches = batches
+
+    @property
+    def batch_size(self) -> int:
+        return self.batches.order.batch_size
+
+    def read_positions(self, positions: np.ndarray) -> dict[str, np.ndarray]:
+        return self.batches.read_positions(positions)
+
+    def state_dict(self) -> dict:
+        return self.batches.state_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        self.batches.load_state_dict(state)
+
+
+class ShareRecords(Dataset):
+    """The records of the run's global positions; a fetch is one rank's share of one global batch."""
+
+    def __init__(self, reader: PositionReader, world_size: int, rank: int, hf: bool, nsp: bool) -> None:
+        check_world(reader.batch_size, world_size, rank)
+        self.reader, self.world_size, self.rank, self.hf, self.nsp = reader, world_size, rank, hf, nsp
+        self.share = reader.batch_size // world_size
+
+    def __len__(self) -> int:
+        raise TypeError(f"a share dataset has no length to sample from: {_WHOLE_BATCHES}")
+
+    def __getitem__(self, index: int) -> Any:
+        raise TypeError(f"a share dataset is read a share at a time, not record {index}: {_WHOLE_BATCHES}")
+
+    def __getitems__(self, positions: list[int]) -> dict[str, torch.Tensor]:
+        pos = np.asarray(positions, np.int64)
+        B = self.reader.batch_size
+        step = int(pos[0]) // B if len(pos) else -1
+        first = step * B + self.rank * self.share
+        if len(pos) != self.share or not (pos == np.arange(first, first + self.share)).all():
+            raise ValueError(f"rank {self.rank} of {self.world_size} was asked for positions {pos[:3].tolist()}... "
+                             f"({len(pos)} of them), not its share of a global batch of {B}: the loader was "
+                             f"re-cut (a batch size, a sampler of another, accelerate's re-sharding); {_WHOLE_BATCHES}")
+        batch = self.reader.read_positions(pos)
+        if self.hf:
+            batch = hf_inputs(batch, nsp=self.nsp)
+        return {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in batch.items()}
+
+
+class ShareSampler(Sampler[list[int]]):
+    """This rank's positions of global batches ``start, start + 1, ...`` (below ``stop``)."""
+
+    def __init__(self, batch_size: int, world_size: int, rank: int, start: int, stop: int | None) -> None:
+        self.batch_size, self.world_size, self.rank = batch_size, world_size, rank
+        self.start, self.stop = start, stop
+
+    def __iter__(self) -> Iterator[list[int]]:
+        share = self.batch_size // self.world_size
+        step = self.start
+        while self.stop is None or step < self.stop:
+            first = step * self.batch_size + self.rank * share
+            yield list(range(first, first + share))
+            step += 1
+
+    def __len__(self) -> int:
+        if self.stop is None:
+            raise TypeError("an endless share sampler has no length (give stop=... for one)")
+        return max(self.stop - self.start, 0)
+
+
+def _whole(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    return batch  # the dataset already returns the batch: nothing to collate
+
+
+class ShareLoader(DataLoader):
+    """See the module docstring. ``step`` is the next global batch it will hand out."""
+
+    _is_accelerate_prepared = True  # accelerate's own mark: prepare() returns it as it is
+
+    def __init__(self, reader: PositionReader, *, world_size: int, rank: int, start: int = 0, stop: int | None = None,
+                 hf: bool = True, nsp: bool = True, device: Any = None, **kwargs: Any) -> None:
+        for taken in ("batch_size", "batch_sampler", "sampler", "shuffle", "collate_fn", "drop_last"):
+            if taken in kwargs:
+                raise TypeError(f"share_loader takes no {taken}: the global order makes the batches")
+        check_step(start, reader.batch_size)
+        if stop is not None:
+            check_int(stop, "stop", 0, max_batches(reader.batch_size))
+        self.reader = reader
+        self.step = start
+        self.device = device
+        super().__init__(ShareRecords(reader, world_size, rank, hf, nsp), collate_fn=_whole,
+                         batch_sampler=ShareSampler(reader.batch_size, world_size, rank, start, stop), **kwargs)
+
+    def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:  # type: ignore[override]
+        sampler = self.batch_sampler
+        sampler.start = self.step  # a new pass continues where the last one stopped
+        for batch in super().__iter__():
+            self.step += 1
+            yield batch if self.device is None else {k: v.to(self.device) for k, v in batch.items()}
+
+    def __len__(self) -> int:
+        return len(self.batch_sampler)
+
+    def state_dict(self) -> dict:
+        state = self.reader.state_dict()
+        state["step"] = self.step
+        return state
+
+    def load_state_dict(self, state: dict) -> None:
+        self.reader.load_state_dict(state)
+        self.step = int(state["step"])
+
+
+def _world(world_size: int | None, rank: int | None) -> tuple[int, int]:
+    if world_size is not None and rank is not None:
+        return world_size, rank
+    dist = torch.distributed
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_world_size(), dist.get_rank()
+    return 1, 0
+
+
+def share_loader(source: Source | PositionReader, *, seed: int | None = None, batch_size: int | None = None,
+                 world_size: int | None = None, rank: int | None = None, block_size: int = DEFAULT_BLOCK_SIZE,
+                 start: int = 0, stop: int | None = None, hf: bool = True, nsp: bool = True,
+                 device: Any = None, **kwargs: Any) -> ShareLoader:
+    """This rank's shares of the global batches ``start ..`` (``stop``), as Hugging Face inputs
+    (``hf=False``: our feature names). ``source`` is a `Source` (then ``seed`` and the global
+    ``batch_size``) or a reader already made (a mixture); ``world_size``/``rank`` default to
+    torch.distributed's. Other keyword arguments (``num_workers``, ``pin_memory``,
+    ``multiprocessing_context``, ...) go to the DataLoader."""
+    world_size, rank = _world(world_size, rank)
+    if isinstance(source, Source):
+        if seed is None or batch_size is None:
+            raise TypeError("share_loader(source, ...) needs seed= and batch_size= (the global batch)")
+        reader: PositionReader = _NumpyReader(NumpyBatches(source, seed=seed, batch_size=batch_size,
+                                                           block_size=block_size))
+    else:
+        reader = source
+    return ShareLoader(reader, world_size=world_size, rank=rank, start=start, stop=stop, hf=hf, nsp=nsp,
+                       device=device, **kwargs)
+
+
+def trainer_loader(args: Any, source: Source | PositionReader, *, seed: int, block_size: int = DEFAULT_BLOCK_SIZE,
+                   stop: int | None = None, hf: bool = True, nsp: bool = True) -> ShareLoader:
+    """The training loader of a `transformers.Trainer` run with TrainingArguments ``args``: global
+    batch ``per_device_train_batch_size x world_size``, this process's share, the run's DataLoader
+    settings. Return it from ``get_train_dataloader``; on resume Trainer skips the batches it has
+    trained on by their positions (nothing is read for them). Set ``max_steps`` (the loader is endless
+    unless ``stop`` is given)."""
+    batch_size = args.per_device_train_batch_size * args.world_size
+    options: dict[str, Any] = {"num_workers": args.dataloader_num_workers, "pin_memory": args.dataloader_pin_memory}
+    if args.dataloader_num_workers:
+        options.update(persistent_workers=args.dataloader_persistent_workers,
+                       prefetch_factor=args.dataloader_prefetch_factor,
+                       multiprocessing_context=args.dataloader_multiprocessing_context)
+    return share_loader(source, seed=seed, batch_size=batch_size, world_size=args.world_size,
+                        rank=args.process_index, block_size=block_size, stop=stop, hf=hf, nsp=nsp, **options)
