@@ -9,14 +9,39 @@ its final name.
 
 from __future__ import annotations
 
+import importlib.util
+import os
 from dataclasses import dataclass
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
-from apache_beam.io.filesystem import CompressionTypes
-from apache_beam.io.filesystems import FileSystems
+from bert_datagen.contract.buckets import BUCKETS, SCHEMES, is_bucket_path
+from bert_datagen.contract.fs import LOCAL_FS, TMP_MARKER, PathFS, is_remote, temp_path_for
 
-from bert_datagen.contract.buckets import BUCKETS, is_bucket_path
-from bert_datagen.contract.fs import TMP_MARKER, PathFS, temp_path_for
+
+def _beam_filesystems() -> Any:
+    """Beam's FileSystems, imported on first use: reading a dataset (the tools) needs no Beam."""
+    from apache_beam.io.filesystems import FileSystems
+
+    return FileSystems
+
+
+def _has_beam() -> bool:
+    try:
+        return importlib.util.find_spec("apache_beam") is not None
+    except (ImportError, ValueError):  # a blocked or half-removed install
+        return False
+
+
+def _bucket_client_missing(path: str) -> bool:
+    """A gs:// path on a machine with Beam's GCS filesystem but without gcsfs (a Dataflow worker given
+    only this package's wheel): Beam serves it, as it did before buckets had their own clients."""
+    if not path.startswith("gs://"):
+        return False
+    try:
+        return (importlib.util.find_spec(SCHEMES["gs"][0]) is None
+                and importlib.util.find_spec("apache_beam.io.gcp.gcsfilesystem") is not None)
+    except (ImportError, ValueError):
+        return False
 
 __all__ = ["BEAM_FS", "TMP_MARKER", "BeamFS", "BeamObjects", "FileInfo", "InputNotFoundError", "delete",
            "ensure_dir", "exists", "join", "listdir", "match_files", "open_read", "read_bytes", "temp_path_for",
@@ -41,10 +66,10 @@ def match_files(patterns: list[str]) -> list[FileInfo]:
     """
     found: dict[str, int] = {}
     for pattern in patterns:
-        if is_bucket_path(pattern):
+        if is_bucket_path(pattern) and not _bucket_client_missing(pattern):
             sizes = {p: BUCKETS.size(p) for p in BUCKETS.glob(pattern)}
         else:
-            sizes = {m.path: m.size_in_bytes for m in FileSystems.match([pattern])[0].metadata_list
+            sizes = {m.path: m.size_in_bytes for m in _beam_filesystems().match([pattern])[0].metadata_list
                      if not m.path.endswith("/")}
         if not sizes:
             raise InputNotFoundError(f"{pattern}: no input file matches this pattern")
@@ -56,21 +81,25 @@ class BeamObjects:
     """The object-store primitives of `bert_datagen.contract.fs.ObjectStore` through Beam's FileSystems."""
 
     def open_read(self, path: str) -> BinaryIO:
-        return FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED)
+        from apache_beam.io.filesystem import CompressionTypes
+
+        return _beam_filesystems().open(path, compression_type=CompressionTypes.UNCOMPRESSED)
 
     def write(self, path: str, data: bytes) -> None:
-        with FileSystems.create(path, mime_type="application/octet-stream",
-                                compression_type=CompressionTypes.UNCOMPRESSED) as f:
+        from apache_beam.io.filesystem import CompressionTypes
+
+        with _beam_filesystems().create(path, mime_type="application/octet-stream",
+                                        compression_type=CompressionTypes.UNCOMPRESSED) as f:
             f.write(data)
 
     def exists(self, path: str) -> bool:
-        return FileSystems.exists(path)
+        return _beam_filesystems().exists(path)
 
     def rename(self, src: str, dst: str) -> None:
-        FileSystems.rename([src], [dst])
+        _beam_filesystems().rename([src], [dst])
 
     def delete(self, paths: list[str]) -> None:
-        FileSystems.delete(paths)
+        _beam_filesystems().delete(paths)
 
     def list_prefix(self, prefix: str) -> list[str]:
         try:
@@ -85,7 +114,7 @@ class BeamObjects:
             return []
 
     def join(self, base: str, *parts: str) -> str:
-        return FileSystems.join(base, *parts)
+        return _beam_filesystems().join(base, *parts)
 
 
 class BeamFS(PathFS):
@@ -95,21 +124,32 @@ class BeamFS(PathFS):
     def __init__(self) -> None:
         super().__init__(BeamObjects())
 
+    def store(self, path: str) -> Any:
+        return self.remote if _bucket_client_missing(path) else super().store(path)
+
     def open_read(self, path: str) -> BinaryIO:
+        if not is_remote(path) and not _has_beam():
+            return LOCAL_FS.open_read(path)
         return self.store(path).open_read(path)
 
     def join(self, base: str, *parts: str) -> str:
+        if not is_remote(base) and not _has_beam():
+            return os.path.join(base, *parts)
         return self.store(base).join(base, *parts)
 
     def listdir(self, directory: str) -> list[str]:
-        """Full paths of what a directory holds (one level, as Beam's match lists it)."""
-        if is_bucket_path(directory):  # the files one level down, as Beam's match lists a local directory
+        """Full paths of the files directly in a directory (as Beam's match lists a local one)."""
+        if is_bucket_path(directory) and not _bucket_client_missing(directory):
             prefix = directory.rstrip("/") + "/"
             return [p for p in self.objects_under(directory) if "/" not in p[len(prefix):]]
-        result = FileSystems.match([self.join(directory, "*")])[0]
+        if not is_remote(directory) and not _has_beam():
+            return [p for p in LOCAL_FS.listdir(directory) if os.path.isfile(p)]
+        result = _beam_filesystems().match([self.join(directory, "*")])[0]
         return [m.path for m in result.metadata_list]
 
     def glob(self, pattern: str) -> list[str]:
+        if not is_remote(pattern) and not _has_beam():
+            return LOCAL_FS.glob(pattern)
         return self.store(pattern).glob(pattern)
 
 
