@@ -10,8 +10,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 from tests.support.servers import upload_tree
 
 REPO = Path(__file__).resolve().parents[2]
