@@ -5,16 +5,18 @@ Every path test (`is_remote`), temp name (`temp_path_for`, `is_temp_name`) and a
 temp file we leave (one form: ``.tmp-<32 hex>-NAME``, which pipelines' staging recovery and the
 trainer's run-directory cleanup both remove).
 
-Layering: this module is Beam-free and TF-free. `PathFS` routes local paths to `LOCAL_FS` and
-remote ones (``scheme://...``) to an `ObjectStore` backend plugged in by the layer above: the data
-side builds `bert_datagen.pipelines.beam.fsio.BEAM_FS` over Beam's FileSystems (gs:// and the fake
-stores the tests register with Beam), the trainer `bert_datagen.trainer.run.gfs.GFILE_FS` over
-tf.io.gfile. Library code in contract/ never picks one: callers pass it.
+Layering: this module is Beam-free and TF-free. `PathFS` routes local paths to `LOCAL_FS`, buckets
+(s3://, gs://) to `bert_datagen.contract.buckets` (s3fs and gcsfs, the same clients in every layer and
+process: the CLIs, Beam's workers, the loaders, the trainer), and any other scheme to a backend the
+layer above plugs in: `bert_datagen.pipelines.beam.fsio.BEAM_FS` over Beam's FileSystems (filesystems
+registered with Beam, such as the tests' fake stores), `bert_datagen.trainer.run.gfs.GFILE_FS` over
+tf.io.gfile; `DEFAULT_FS` (the loaders') has none. Library code in contract/ never picks one: callers
+pass it.
 
-Why not fsspec (installed, but without gcsfs): reading gs:// through it would add a third storage
-client beside Beam's and tf.io.gfile, each with its own credentials and retry rules, and it would not
-see filesystems registered with Beam (the tests' fake object stores); a small seam over the two
-clients we already use keeps one code path per layer.
+Why fsspec's clients for buckets rather than Beam's or TensorFlow's: Beam's S3 filesystem needs
+pipeline options in every process that touches a path, TensorFlow has no s3 filesystem, and neither
+reads the ecosystems' standard configuration (``AWS_ENDPOINT_URL``, ``STORAGE_EMULATOR_HOST``); s3fs
+and gcsfs do, need neither Beam nor TensorFlow, and fetch several byte ranges concurrently.
 """
 
 from __future__ import annotations

@@ -4,6 +4,7 @@ data command and the loaders on s3:// and gs:// paths, configured by the clients
 from __future__ import annotations
 
 import errno
+import json
 import sys
 
 import numpy as np
@@ -16,6 +17,7 @@ from bert_datagen.contract.loading.source import open_source
 from bert_datagen.pipelines.beam import outputs
 from bert_datagen.pipelines.cli import main
 from tests.support.pipeline_corpus import make_documents, write_text_files
+from tests.support.servers import upload_tree
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -39,19 +41,24 @@ def objects(prefix: str) -> dict[str, bytes]:
 
 def test_a_dataset_written_to_a_bucket_has_the_bytes_of_a_local_one_and_every_tool_reads_it(
         bucket, corpus, tmp_path) -> None:
+    upload_tree(tmp_path / "in", f"{bucket}/text")  # inputs, vocab and dataset all in the bucket
     vocab = f"{bucket}/vocab.txt"
-    code, out = cli("vocab", "--input", corpus, "--output", vocab, "--vocab-size", "300")
+    code, out = cli("vocab", "--input", f"{bucket}/text/*.txt", "--output", vocab, "--vocab-size", "300")
     assert code == 0, out
     remote, local = f"{bucket}/data/ds", str(tmp_path / "ds")
-    for output in (remote, local):
-        code, out = cli("run", "--input", corpus, "--vocab", vocab, "--output", output, "--num-shards", "2",
+    for output, inputs in ((remote, f"{bucket}/text/*.txt"), (local, corpus)):
+        code, out = cli("run", "--input", inputs, "--vocab", vocab, "--output", output, "--num-shards", "2",
                         "--eval-fraction", "0.2", *RUN)
         assert code == 0, out
     stored = objects(remote)
     assert sorted(stored) == sorted(str(p.relative_to(local)) for p in (tmp_path / "ds").rglob("*") if p.is_file())
     for name, data in stored.items():
+        mine = (tmp_path / "ds" / name).read_bytes()
+        if name == "manifest.json":  # the same but for the input patterns, which name the bucket
+            data, mine = (json.loads(x) for x in (data, mine))
+            assert data["input"].pop("patterns") == [f"{bucket}/text/*.txt"] and mine["input"].pop("patterns")
         if name != "README.md":  # the card shows the commands with the dataset's own path
-            assert data == (tmp_path / "ds" / name).read_bytes(), name
+            assert data == mine, name
     code, out = cli("verify", remote, "--workers", "1")
     assert code == 0 and out.startswith("OK"), out
     assert cli("inspect", remote, "-n", "1")[0] == 0
@@ -73,6 +80,27 @@ def test_a_dataset_written_to_a_bucket_has_the_bytes_of_a_local_one_and_every_to
     first = next(iter(torch_batches(open_source(remote), seed=3, batch_size=4, world_size=1, rank=0)))
     want = NumpyBatches(open_source(local), seed=3, batch_size=4).batch_at(0)
     assert all(torch.equal(first[k], torch.from_numpy(want[k])) for k in want)
+
+
+def test_a_task_dataset_is_written_to_and_checked_in_a_bucket(bucket, corpus, tmp_path) -> None:
+    vocab = tmp_path / "vocab.txt"
+    assert cli("vocab", "--input", corpus, "--output", str(vocab), "--vocab-size", "300")[0] == 0
+    docs = make_documents(12, seed=5)
+    rows = "".join(f"{' '.join(d[0].split()[:12])}\t{i % 2}\n" for i, d in enumerate(docs))
+    BUCKETS.write(f"{bucket}/glue/train.tsv", rows.encode())
+    (tmp_path / "train.tsv").write_text(rows)
+    outs = {}
+    for name, (split, output) in {"remote": (f"{bucket}/glue/train.tsv", f"{bucket}/task"),
+                                  "local": (str(tmp_path / "train.tsv"), str(tmp_path / "task"))}.items():
+        code, out = cli("task", "--task", "tsv", "--text-a", "0", "--label", "1", "--no-header", "--split",
+                        f"train={split}", "--vocab", str(vocab), "--output", output, "--quiet")
+        assert code == 0, out
+        outs[name] = output
+    assert cli("verify", outs["remote"])[0] == 0
+    shards = {k: v for k, v in objects(outs["remote"]).items() if k.endswith(".tfrecord")}
+    assert shards and all(v == (tmp_path / "task" / k).read_bytes() for k, v in shards.items())
+    code, out = cli("diff", outs["remote"], outs["local"])  # only where the input was read from differs
+    assert "1 manifest field(s) differ" in out and "input.splits.train" in out, out
 
 
 def test_a_failed_or_interrupted_overwrite_leaves_the_old_dataset_in_the_bucket(
