@@ -55,6 +55,13 @@ def beam_option_names() -> list[str]:
     return sorted(s for s in _beam_parser()._option_string_actions if s.startswith("--"))
 
 
+# Beam's S3 options configure Beam's S3 filesystem, which bert-datagen does not use (s3:// goes through
+# s3fs in every process: bert_datagen.contract.buckets): refused, naming the setting that works.
+_S3_SETTINGS = {"--s3_endpoint_url": "AWS_ENDPOINT_URL", "--s3_access_key_id": "AWS_ACCESS_KEY_ID",
+                "--s3_secret_access_key": "AWS_SECRET_ACCESS_KEY", "--s3_session_token": "AWS_SESSION_TOKEN",
+                "--s3_region_name": "AWS_DEFAULT_REGION"}
+
+
 def check_pass_through_options(args: Sequence[str], own_options: Sequence[str], command: str) -> None:
     """Raise click.UsageError (exit 2) unless every option in ``args`` is Beam's, with a valid value."""
     parser = _beam_parser()
@@ -62,6 +69,10 @@ def check_pass_through_options(args: Sequence[str], own_options: Sequence[str], 
     for arg in args:
         if arg.startswith("-") and arg != "--":
             name = arg.split("=", 1)[0]
+            if name.startswith("--s3_"):
+                setting = _S3_SETTINGS.get(name, "AWS's own configuration (~/.aws/config, AWS_* variables)")
+                raise click.UsageError(f"{name} would be ignored: s3:// paths go through s3fs, which reads "
+                                       f"{setting} (docs/buckets.md)")
             if name not in parser._option_string_actions:
                 hint = closest_option(name, [*own_options, *beam_names])
                 raise click.UsageError(f"no such option: {name}{hint}; neither {command} nor Beam's "

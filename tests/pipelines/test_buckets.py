@@ -189,3 +189,9 @@ def test_missing_credentials_and_a_denied_request_name_the_path(tmp_path, monkey
         monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "wrong")
         code, out = cli("verify", "s3://some-bucket/ds")
         assert code == 1 and "s3://some-bucket/ds" in out and "denied" in out, out
+
+
+def test_beams_own_s3_options_are_refused_naming_the_setting_that_works(tmp_path) -> None:
+    code, out = cli("run", "--input", str(tmp_path / "x.txt"), "--vocab", str(tmp_path / "v.txt"), "--output",
+                    "s3://b/ds", "--s3_endpoint_url=http://127.0.0.1:9")
+    assert code == 2 and "--s3_endpoint_url would be ignored" in out and "AWS_ENDPOINT_URL" in out, out
