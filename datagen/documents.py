@@ -19,6 +19,19 @@ from bert_datagen.datagen.readers import RawDocument
 from bert_datagen.datagen.rng import hash64
 from bert_datagen.datagen.sentences import get_splitter
 
+# With a word segmenter, a token that continues a segmented word carries this bit in
+# ``TokenizedDocument.tokens`` (ids stay far below it): the mark then travels with its token
+# through staging, pairing, truncation and packing for free, and is taken off (``split_marks``)
+# where rows are laid out for masking. Without a segmenter no token carries it.
+WORD_CONTINUES = 1 << 30
+
+
+def split_marks(ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(token ids without the mark, where the mark was)."""
+    ids = np.asarray(ids)
+    marked = (ids & WORD_CONTINUES) != 0
+    return (ids & ~WORD_CONTINUES).astype(ids.dtype, copy=False), marked
+
 
 class BatchTokenizer(Protocol):
     def encode_batch_ids(self, texts: Sequence[str]) -> list[np.ndarray]: ...
@@ -29,7 +42,7 @@ class TokenizedDocument:
     """A document's token ids, all sentences concatenated; ``sentence_ends`` are cumulative ends."""
 
     doc_id: int
-    tokens: np.ndarray  # int32
+    tokens: np.ndarray  # int32 (with WORD_CONTINUES marks when the config has a word segmenter)
     sentence_ends: np.ndarray  # int32, sentence i is tokens[ends[i-1]:ends[i]]
 
     @property
@@ -72,6 +85,8 @@ def tokenize_documents(
     per_doc = [document_sentences(raw, config) for raw in raws]
     flat = [s for sentences in per_doc for s in sentences]
     encoded = tokenizer.encode_batch_ids(flat) if flat else []
+    if config.word_segmenter is not None and flat:
+        encoded = mark_segmented_words(flat, encoded, tokenizer, config.word_segmenter, stats)
     docs: list[TokenizedDocument] = []
     at = 0
     for sentences in per_doc:
@@ -94,6 +109,45 @@ def tokenize_documents(
         _bump(stats, "sentences", doc.num_sentences)
         _bump(stats, "tokens", doc.num_tokens)
     return docs
+
+
+def mark_segmented_words(sentences: Sequence[str], encoded: Sequence[np.ndarray], tokenizer: BatchTokenizer,
+                         segmenter: str, stats: dict[str, int]) -> list[np.ndarray]:
+    """``encoded`` (each sentence's ids) with WORD_CONTINUES on every token after the first of a
+    segmented word, for the sentences that hold CJK ideographs (in others the "##" pieces mark the
+    words already).
+
+    The ids are never changed: each word is tokenized on its own only to count its tokens, and a
+    sentence whose words do not tokenize to exactly its own ids (a segmenter cut inside what
+    WordPiece sees as one word) keeps no marks and is counted in ``segmenter_unaligned_sentences``.
+    """
+    from bert_datagen.datagen.segmenters import get_segmenter
+    from bert_datagen.vocab.basic import tables
+
+    segment = get_segmenter(segmenter)
+    cjk = tables().cjk
+    todo = [i for i, text in enumerate(sentences) if len(encoded[i]) > 1 and cjk.search(text)]
+    words = [segment(sentences[i]) for i in todo]
+    word_ids = tokenizer.encode_batch_ids([w for ws in words for w in ws]) if todo else []
+    out = list(encoded)
+    at = 0
+    unaligned = 0
+    for i, ws in zip(todo, words, strict=True):
+        pieces = word_ids[at:at + len(ws)]
+        at += len(ws)
+        ids = np.asarray(encoded[i], dtype=np.int32)
+        lengths = np.fromiter((len(p) for p in pieces), dtype=np.int64, count=len(pieces))
+        if int(lengths.sum()) != ids.shape[0] or not np.array_equal(
+                np.concatenate([np.asarray(p, dtype=np.int32) for p in pieces]), ids):
+            unaligned += 1
+            continue
+        continues = np.ones(ids.shape[0], dtype=bool)
+        continues[(np.cumsum(lengths) - lengths)[lengths > 0]] = False
+        out[i] = np.where(continues, ids | WORD_CONTINUES, ids).astype(np.int32)
+    _bump(stats, "segmented_sentences", len(todo) - unaligned)
+    if unaligned:
+        _bump(stats, "segmenter_unaligned_sentences", unaligned)
+    return out
 
 
 def unique_documents(pool: Sequence[TokenizedDocument]) -> tuple[list[TokenizedDocument], int]:
