@@ -25,7 +25,7 @@ PARAGRAPHS = [
     "数学是利用符号语言研究数量、结构、变化以及空间等概念的一门学科。从某种角度看属于形式科学的一种。",
     "数学透过抽象化和逻辑推理的使用，由计数、计算、量度和对物体形状及运动的观察而产生。",
     "基础数学的知识与运用总是个人与团体生活中不可或缺的一环。到了16世纪，算术、初等代数以及三角学等初等数学已大体完备。",
-    "17世纪变量概念的产生使人们开始研究变化中的量与量的互相关系和图形间的互相变换。Isaac Newton 和 Leibniz 发明了微积分。",
+    "17世纪变量概念的产生使人们开始研究变化中的量与量的互相关系和图形间的互相变换。Isaac Newton 和 Leibniz 发明了微积分。哥德尔（Kurt Gödel）一词源自 mathematikós。",
     "在应用数学内，又被分成两大领域，并且变成了它们自身的学科：统计学和计算机科学。",
 ]
 
@@ -69,6 +69,8 @@ def test_marks_leave_the_token_ids_unchanged(vocab):
         assert continues.any() and not (a.tokens & WORD_CONTINUES).any()
     # "数学是利用" -> 数学 | 是 | 利用: the second character of each two-character word continues it.
     assert split_marks(marked[0].tokens[:5])[1].tolist() == [False, True, False, False, True]
+    # jieba cuts "Gödel" into G | ö | del, inside what WordPiece sees as one word: joined back.
+    assert get_segmenter("jieba")("Kurt Gödel")[-3:] == ["G", "ö", "del"]
     assert stats["segmented_sentences"] == stats["sentences"] and "segmenter_unaligned_sentences" not in stats
 
 
