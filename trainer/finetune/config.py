@@ -11,6 +11,7 @@ from typing import Any, ClassVar
 from bert_datagen.contract.ranges import INT64_MAX
 from bert_datagen.trainer.run.config import PRECISIONS, STRATEGIES, ConfigError, check_seed, check_tpu
 
+SPAN_METRICS = ("auto", "squad", "cmrc2018")
 # RECIPE.md section 10: run_classifier.py and run_squad.py defaults (tagging follows the classifier).
 TASK_DEFAULTS: dict[str, dict[str, float]] = {
     "classification": {"learning_rate": 5e-5, "epochs": 3, "batch_size": 32},
@@ -51,6 +52,8 @@ class FinetuneConfig:
     log_every: int = 50
     eval_batch_size: int = 64
     null_score_diff_threshold: float = 0.0
+    # The span metric (evaluate.SPAN_METRICS): auto is CMRC 2018's for unspaced data, else SQuAD's.
+    span_metric: str = "auto"
     strategy: str = "auto"
     precision: str = "float32"
     jit: bool = False
@@ -99,6 +102,8 @@ class FinetuneConfig:
             raise ConfigError("--null-score-diff-threshold must be a finite number")
         if self.checkpoint_every < 0:
             raise ConfigError("--checkpoint-every must be >= 0")
+        if self.span_metric not in SPAN_METRICS:
+            raise ConfigError(f"--span-metric {self.span_metric!r} is not one of {', '.join(SPAN_METRICS)}")
         if self.strategy not in STRATEGIES:
             raise ConfigError(f"strategy {self.strategy!r} not in {STRATEGIES}")
         if self.precision not in PRECISIONS:
@@ -123,7 +128,10 @@ class FinetuneConfig:
         return steps
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        d = dataclasses.asdict(self)
+        if self.span_metric == "auto":  # runs keep the config file they always had
+            del d["span_metric"]
+        return d
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n"
