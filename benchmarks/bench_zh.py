@@ -7,6 +7,10 @@ In one run:
 - MB/s of the data path from documents to masked rows (tokenize, plan, lay out, mask: what `run`
   does per document, no Beam), character whole-word masking against `--word-segmenter jieba`;
   best of REPEATS, interleaved;
+- CMRC 2018 trial (../shared/tasks/cmrc2018/trial.json) as training data, with a vocab trained on
+  its contexts: answers re-anchored, the share of gold answers whose labelled token span is their
+  own tokenization (recoverable), and the share that come back character-exact when that span is
+  "predicted" (also ignoring the gold answers' own leading/trailing spaces);
 - over DUPE_PASSES passes with jieba: the share of masked CJK characters whose whole segmented
   word (in the document, not only in the row) is masked, and why the others are not (truncation
   cut the word at the edge of A or B; the greedy scan never takes part of a group, so the
@@ -24,6 +28,7 @@ import numpy as np
 
 REPO = Path(__file__).resolve().parent.parent
 CORPUS = REPO.parent / "shared" / "corpora" / "zhwiki_sample" / "wiki_00"
+TRIAL = REPO.parent / "shared" / "tasks" / "cmrc2018" / "trial.json"
 REPEATS = 3
 DUPE_PASSES = 5
 
@@ -81,6 +86,31 @@ def whole_word_share(plan, batch, vocab) -> dict[str, int]:
             else:
                 counts["partly_masked"] += 1
     return counts
+
+
+def _cmrc() -> dict:
+    import json
+
+    from bert_datagen.datagen.tasks.config import TaskConfig
+    from bert_datagen.vocab.tokenizer import BertTokenizer
+    from bert_datagen.vocab.train import train_vocab
+    from bert_datagen.vocab.vocab_file import Vocab
+    from tests.support.span_roundtrip import gold_roundtrip
+    from tests.support.taskdata_fixtures import build_file
+
+    data = json.loads(TRIAL.read_text(encoding="utf-8"))
+    contexts = [p["context"] for a in data["data"] for p in a["paragraphs"]]
+    tok = BertTokenizer(Vocab.from_tokens(train_vocab(contexts, vocab_size=8000, do_lower_case=True)))
+    records, _ = build_file(TaskConfig(kind="squad"), "train", TRIAL, tok)
+    got = gold_roundtrip(records, tok)
+    n = got["examples"]
+    for miss in got["misses"]:
+        print(f"  not exact: {miss['id']}: gold {miss['answer']!r}, span gives {miss['predicted']!r}")
+    return {"cmrc_questions": records.counts["examples"], "cmrc_reanchored": records.counts.get("reanchored_answers", 0),
+            "cmrc_with_answer_window": n, "cmrc_recoverable_share": round(got["recoverable"] / n, 4),
+            "cmrc_exact_share": round(got["exact"] / n, 4),
+            "cmrc_exact_but_gold_spaces_share": round(
+                (got["exact"] + sum(m["predicted"] == m["answer"].strip() for m in got["misses"])) / n, 4)}
 
 
 def main() -> dict:
@@ -142,6 +172,8 @@ def main() -> dict:
         figures[f"{name}_whole_word_share"] = round(total["whole"] / n, 4)
         figures[f"{name}_cut_by_truncation_share"] = round(total["cut_by_truncation"] / n, 4)
         figures[f"{name}_partly_masked_share"] = round(total["partly_masked"] / n, 4)
+    if TRIAL.is_file():
+        figures.update(_cmrc())
     width = max(map(len, figures))
     for k, v in figures.items():
         print(f"  {k:<{width}}  {v}")
