@@ -65,7 +65,7 @@ class FinetuneConfig:
 
     RESUMABLE_CHANGES: ClassVar[frozenset[str]] = frozenset({
         "out", "checkpoint_every", "keep_checkpoints", "log_every", "eval_batch_size", "strategy", "jit", "tpu",
-        "allow_vocab_mismatch"})
+        "allow_vocab_mismatch", "span_metric"})  # span_metric: how evaluations score, not what trains
 
     def __post_init__(self) -> None:
         self.validate()
@@ -128,10 +128,7 @@ class FinetuneConfig:
         return steps
 
     def to_dict(self) -> dict[str, Any]:
-        d = dataclasses.asdict(self)
-        if self.span_metric == "auto":  # runs keep the config file they always had
-            del d["span_metric"]
-        return d
+        return dataclasses.asdict(self)
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n"
