@@ -36,6 +36,7 @@ from bert_datagen.datagen.tasks.config import TaskInputError
 
 _WORD = re.compile("[^ \t\r\n\u202f]+")
 REANCHOR_CHARS = 8
+_SPACES = re.compile(r"\s")
 _SPACE_CODES = np.array([0x20, 0x09, 0x0D, 0x0A, 0x202F], dtype=np.uint32)
 _KIND_NAMES = {list: "a list", dict: "an object", str: "a string", int: "an integer", bool: "true or false",
                float: "a number", type(None): "null"}
@@ -67,8 +68,10 @@ def is_unspaced(context: str) -> bool:
     """More CJK ideographs than whitespace characters: text written without spaces between words."""
     from bert_datagen.vocab.basic import tables
 
-    ideographs = len(tables().cjk.findall(context))
-    return ideographs > 0 and ideographs > sum(ch.isspace() for ch in context)
+    cjk = tables().cjk
+    if context.isascii() or not cjk.search(context):  # spaced text, the common case: one C-speed scan
+        return False
+    return len(cjk.findall(context)) > len(_SPACES.findall(context))
 
 
 def character_words(context: str) -> tuple[list[str], list[int]]:
