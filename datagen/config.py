@@ -43,6 +43,9 @@ class DatagenConfig:
     text_layout: str = "auto"  # input_format text: auto-detected, or plain, book, wikitext (bert_datagen.datagen.readers)
     text_field: str = "text"
     sentence_splitter: str = "nupunkt"
+    # Whole-word masking over the words of this segmenter (bert_datagen.datagen.segmenters), not the
+    # basic tokenizer's (where every CJK ideograph is a word). None: the original's words.
+    word_segmenter: str | None = None
     strict_utf8: bool = False
     num_shards: int | None = None  # None: derived from target_shard_mb
     target_shard_mb: float = 64.0
@@ -119,6 +122,22 @@ class DatagenConfig:
         if self.max_notnext_tries < 1:
             raise ConfigError(f"max_notnext_tries {self.max_notnext_tries} must be >= 1")
         self._validate_packing()
+        self._validate_segmenter()
+
+    def _validate_segmenter(self) -> None:
+        if self.word_segmenter is None:
+            return
+        from bert_datagen.datagen.segmenters import available_segmenters
+
+        if self.word_segmenter not in available_segmenters():
+            raise ConfigError(f"--word-segmenter {self.word_segmenter!r} is not one of "
+                              f"{', '.join(available_segmenters())}")
+        if self.masking_unit == "token":
+            raise ConfigError("--word-segmenter groups characters into whole words: it needs --whole-word-mask "
+                              "(or --masking-unit span)")
+        if self.masking == "dynamic":
+            raise ConfigError("--word-segmenter with --masking dynamic is not supported yet: the segmented "
+                              "words are not stored in the unmasked records (use --masking static)")
 
     def _validate_packing(self) -> None:
         if not self.packing:
@@ -141,6 +160,8 @@ class DatagenConfig:
         known = {k: v for k, v in recorded.items() if k in names}
         if "mask_ratios" in known:
             known["mask_ratios"] = tuple(known["mask_ratios"])
+        if isinstance(known.get("word_segmenter"), dict):  # to_dict records the segmenter's identity
+            known["word_segmenter"] = known["word_segmenter"]["name"]
         return cls(**known)
 
     def to_dict(self) -> dict[str, Any]:
@@ -157,4 +178,10 @@ class DatagenConfig:
         if not self.packing:  # unpacked data keeps the manifest it always had
             for name in ("packing", "max_sequences_per_row", "packing_group_size"):
                 del d[name]
+        if self.word_segmenter is None:  # so does data masked without a segmenter
+            del d["word_segmenter"]
+        else:
+            from bert_datagen.datagen.segmenters import segmenter_info
+
+            d["word_segmenter"] = segmenter_info(self.word_segmenter)
         return d

@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from bert_datagen.datagen.config import DatagenConfig
-from bert_datagen.datagen.documents import TokenizedDocument, unique_documents
+from bert_datagen.datagen.documents import TokenizedDocument, split_marks, unique_documents
 from bert_datagen.datagen.masking import mask_batch
 from bert_datagen.datagen.packing import PackedPlan, plan_packed_pass
 from bert_datagen.datagen.records import InstanceBatch
@@ -305,6 +305,9 @@ def masked_rows(plan: PoolPlan | PackedPlan, rows: np.ndarray, config: DatagenCo
 def _masked_block(plan: PoolPlan | PackedPlan, take: np.ndarray, config: DatagenConfig, vocab: Vocab) -> InstanceBatch:
     seq = config.max_seq_length
     ids, lengths, segments = plan.layout(take, seq, vocab)
+    continues = None
+    if config.word_segmenter is not None:
+        ids, continues = split_marks(ids)
     common = dict(
         input_mask=(np.arange(seq)[None, :] < lengths[:, None]).astype(np.int32),
         segment_ids=segments,
@@ -313,7 +316,7 @@ def _masked_block(plan: PoolPlan | PackedPlan, take: np.ndarray, config: Datagen
     if config.masking == "dynamic":
         return InstanceBatch(input_ids=ids.astype(np.int32, copy=False), **common,
                              instance_key=plan.keys[take].view(np.int64))
-    masked = mask_batch(ids, lengths, plan.mask_keys[take], config, vocab)
+    masked = mask_batch(ids, lengths, plan.mask_keys[take], config, vocab, continues)
     return InstanceBatch(
         input_ids=masked.input_ids,
         masked_lm_positions=masked.masked_lm_positions,

@@ -59,16 +59,23 @@ def _uniform(draws: np.ndarray) -> np.ndarray:
     return (draws >> np.uint64(11)).astype(np.float64) * _U53
 
 
-def candidate_groups(ids: np.ndarray, lengths: np.ndarray, vocab: Any,
-                     whole_word: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
-    """(candidate mask, group-start mask, group index of each position or None without whole words)."""
+def candidate_groups(ids: np.ndarray, lengths: np.ndarray, vocab: Any, whole_word: bool,
+                     continues: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """(candidate mask, group-start mask, group index of each position or None without whole words).
+
+    ``continues`` (optional, like ``ids``): positions that continue a segmented word
+    (``bert_datagen.datagen.segmenters``); they join the group before them as "##" pieces do.
+    """
     n, seq = ids.shape
     pos = np.arange(seq)
     real = pos[None, :] < lengths[:, None]
     cand = real & (ids != vocab.cls_id) & (ids != vocab.sep_id)
     if not whole_word:
         return cand, cand, None
-    cont = np.asarray(vocab.is_continuation, dtype=bool)[ids] & cand
+    cont = np.asarray(vocab.is_continuation, dtype=bool)[ids]
+    if continues is not None:
+        cont = cont | continues
+    cont &= cand
     # A "##" piece joins the previous candidate group when there is one.
     seen_before = np.cumsum(cand, axis=1) - cand > 0
     starts = cand & ~(cont & seen_before)
@@ -76,14 +83,16 @@ def candidate_groups(ids: np.ndarray, lengths: np.ndarray, vocab: Any,
     return cand, starts, group
 
 
-def mask_batch(ids: np.ndarray, lengths: np.ndarray, keys: np.ndarray, config: DatagenConfig, vocab: Any) -> MaskedBatch:
-    """Apply static masking to every row of ``ids`` (``lengths`` real tokens each)."""
+def mask_batch(ids: np.ndarray, lengths: np.ndarray, keys: np.ndarray, config: DatagenConfig, vocab: Any,
+               continues: np.ndarray | None = None) -> MaskedBatch:
+    """Apply static masking to every row of ``ids`` (``lengths`` real tokens each); ``continues``:
+    see ``candidate_groups``."""
     ids = np.asarray(ids)
     n, seq = ids.shape
     npred = config.max_predictions_per_seq
     lengths = np.asarray(lengths, dtype=np.int64)
     keys = np.asarray(keys, dtype=np.uint64)
-    cand, starts, group = candidate_groups(ids, lengths, vocab, config.masking_unit != "token")
+    cand, starts, group = candidate_groups(ids, lengths, vocab, config.masking_unit != "token", continues)
     target = num_to_predict(lengths, config)
     counters = np.arange(1, seq + 1, dtype=np.uint64)
 

@@ -46,11 +46,14 @@ def iter_corpus_texts(patterns: list[str], config, stats: dict[str, int]) -> Ite
                    "layout has none unless this is given.")
 @click.option("--layout", type=click.Choice(LAYOUTS), default="auto", show_default=True,
               help="Reserved-id layout: google ([UNK]=100), compact ([PAD],[UNK],[CLS],[SEP],[MASK] = 0..4), "
-                   "or auto (google when the vocab has room for 1,000 learned pieces after the reserved ids).")
+                   "auto (google when the vocab has room for 1,000 learned pieces after the reserved ids), or "
+                   "google-chinese (Google's Chinese release: [unused1..99], [UNK]=100, <S>, <T>; character-"
+                   "level for CJK: every ideograph seen --min-frequency times).")
 @click.option("--min-frequency", type=Int(1), default=2, show_default=True,
               help="Pieces seen fewer times are not learned.")
 @click.option("--limit-alphabet", type=Int(1), default=1000, show_default=True,
-              help="Most single characters kept in the initial alphabet.")
+              help="Most single characters kept in the initial alphabet; characters of scripts written without "
+                   "spaces (CJK, kana, Hangul, Thai, ...) seen --min-frequency times are kept besides.")
 @click.option("--strict", is_flag=True, default=False, help="Fail on invalid UTF-8 instead of replacing it.")
 @click.pass_context
 def vocab_command(ctx: click.Context, inputs, output, overwrite, vocab_size, do_lower_case, input_format, text_field,
@@ -95,5 +98,10 @@ def vocab_command(ctx: click.Context, inputs, output, overwrite, vocab_size, do_
     click.echo(f"wrote {output}: {vocab.size:,} tokens (requested {vocab_size:,}), sha256 {vocab.sha256}")
     click.echo(f"  {stats.get('files', 0):,} files, {stats.get('bytes', 0) / 1e6:,.2f} MB, "
                f"{stats.get('documents', 0):,} documents, {seconds:,.1f} s")
+    if vocab.size < vocab_size:
+        singles = sum(1 for t in vocab.tokens if len(t.removeprefix("##")) == 1)
+        click.echo(f"  {vocab_size - vocab.size:,} short of --vocab-size: no more pieces occur at least "
+                   f"--min-frequency {min_frequency} times in this corpus ({singles:,} of the tokens are single "
+                   "characters; CJK ideographs are words of their own, so they are never merged)")
     if stats.get("decode_errors"):
         click.echo(f"  warning: {stats['decode_errors']:,} invalid UTF-8 sequences replaced by U+FFFD", err=True)

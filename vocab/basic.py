@@ -65,6 +65,7 @@ class _Tables:
         # A word is a run of anything but punctuation and the joining space; punctuation stands alone.
         self.words = re.compile(f"{char_in(punct)}|{chars_not_in(punct, ' ')}")
         self.cjk = re.compile(char_in(list(CJK_RANGES)))
+        self.punct = re.compile(char_in(punct))  # one character the original splits off as a word
         self.surrogate = re.compile(char_in([SURROGATES]))
 
 

@@ -216,6 +216,8 @@ def _window_label(ex: SquadExample, tok_start: int, tok_end: int, start: int, le
 def _example_tail(ex: SquadExample, labelled: bool, version2: bool) -> str:
     parts = [f'"id":{encode_basestring(ex.qas_id)},"question":{encode_basestring(ex.question)},'
              f'"words":{ex.paragraph.words_json}']
+    if ex.paragraph.context is not None:  # unspaced: predictions map back to these exact characters
+        parts.append(f',"context":{encode_basestring(ex.paragraph.context)},"word_starts":{ex.paragraph.starts_json}')
     if labelled:
         parts.append(f',"answers":{_json_strings(ex.answers or [])}')
     if version2:

@@ -81,6 +81,11 @@ def summary_table(manifest: dict, wall_seconds: float, cpu_seconds: dict[str, fl
         rows.append(("masking", "dynamic (unmasked records; the trainer masks them)"))
     else:
         rows.append(("masked tokens", f"{totals['masked_tokens']:,}"))
+    if isinstance(config.get("word_segmenter"), dict):
+        seg = config["word_segmenter"]
+        rows.append(("word segmenter", f"{seg['name']} {seg['version']}: {totals.get('segmented_sentences', 0):,} "
+                                       f"sentences segmented, {totals.get('segmenter_unaligned_sentences', 0):,} "
+                                       "left unsegmented (words cut inside a WordPiece word)"))
     for split, info in manifest["splits"].items():
         rows.append((f"{split} shards / records / MB",
                      f"{len(info['shards'])} / {info['records']:,} / {info['bytes'] / 1e6:,.2f}"))
@@ -133,6 +138,9 @@ def summary_table(manifest: dict, wall_seconds: float, cpu_seconds: dict[str, fl
 @click.option("--notnext-pool-size", type=Int(), default=10000, show_default=True,
               help="Documents per NotNext pool (the whole corpus when smaller).")
 @click.option("--sentence-splitter", default="nupunkt", show_default=True)
+@click.option("--word-segmenter", default=None, metavar="NAME",
+              help="With --whole-word-mask or --masking-unit span: mask the words of this segmenter (jieba: "
+                   "Chinese) whole, not single CJK characters; token ids are unchanged. Needs the [zh] extra.")
 @click.option("--strict", "strict_utf8", is_flag=True, default=False, help="Fail on invalid UTF-8 instead of replacing it.")
 @click.option("--read-chunk-mb", type=FiniteFloat(0, min_open=True), default=64.0, show_default=True,
               help="Read bigger uncompressed jsonl, sentences and wikiextractor files as byte ranges of "

@@ -177,7 +177,7 @@ def build_pipeline(p: beam.Pipeline, plan: PipelinePlan) -> None:
 # Further counters worth a line in the manifest, when the reader or the instance builder reports them.
 EXTRA_TOTALS = ("empty_documents", "nul_bytes", "notnext_forced", "notnext_same_document",
                 "truncated_instances", "truncated_tokens", "short_target_documents",
-                "cross_document_instances", "packed_rows")
+                "cross_document_instances", "packed_rows", "segmented_sentences", "segmenter_unaligned_sentences")
 
 
 def finalize_totals(totals: dict[str, Any]) -> dict[str, Any]:

@@ -20,7 +20,7 @@ import apache_beam as beam
 import numpy as np
 
 from bert_datagen.datagen.config import DatagenConfig
-from bert_datagen.datagen.documents import TokenizedDocument, unique_documents
+from bert_datagen.datagen.documents import TokenizedDocument, split_marks, unique_documents
 from bert_datagen.datagen.framed import EncodedRecords, encode_pool_pass, sorted_shard
 from bert_datagen.datagen.placement import (
     fingerprint,
@@ -155,7 +155,7 @@ class ReadFiles(_ReportingDoFn):
     def _tagged(self, docs: list[TokenizedDocument], stats: dict[str, Any]) -> dict[str, Any]:
         # Unknown tokens, counted for the run summary's warning (a vocab that does not fit the corpus).
         stats["unk_tokens"] = stats.get("unk_tokens", 0) + sum(
-            int(np.count_nonzero(doc.tokens == self._unk_id)) for doc in docs)
+            int(np.count_nonzero(split_marks(doc.tokens)[0] == self._unk_id)) for doc in docs)
         by_split: dict[str, list[TokenizedDocument]] = {}
         for doc in docs:
             by_split.setdefault(split_of(doc.doc_id, self.config), []).append(doc)

@@ -37,6 +37,13 @@ def parse_labels(text: str | None) -> tuple[str, ...] | None:
     return tuple(label.strip() for label in text.split(","))
 
 
+# Unspaced SQuAD-layout data (CMRC 2018): its contexts and misaligned answers, counted (squad_read.py).
+_SQUAD_COUNTS = (("character_word_contexts", "contexts split into characters"),
+                 ("reanchored_answers", "answers re-anchored"),
+                 ("unanchored_skipped", "questions skipped (answer not at its offset)"),
+                 ("unanchored_answers", "answers scored by text only (not at their offset)"))
+
+
 def summary_table(result) -> str:
     manifest = result.manifest
     rows = [("task", f"{manifest['task']['kind']} ({manifest['task']['type']})"),
@@ -45,7 +52,8 @@ def summary_table(result) -> str:
         counts = info["counts"]
         rows.append((f"{split} ({info['mode']})", f"{counts.get('examples', 0):,} examples, {info['records']:,} "
                      f"records, {len(info['shards'])} shard(s), {counts.get('truncated_examples', 0):,} truncated"
-                     + (f", {counts['skipped_answers']:,} skipped answers" if counts.get("skipped_answers") else "")))
+                     + (f", {counts['skipped_answers']:,} skipped answers" if counts.get("skipped_answers") else "")
+                     + "".join(f", {counts[key]:,} {what}" for key, what in _SQUAD_COUNTS if counts.get(key))))
     rows.append(("wall seconds", f"{result.wall_seconds:,.1f} (pipeline {result.pipeline_seconds:,.1f})"))
     if result.cpu_seconds:
         rows.append(("CPU seconds in tasks", ", ".join(f"{k} {v:,.2f}" for k, v in result.cpu_seconds.items())))

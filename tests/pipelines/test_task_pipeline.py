@@ -169,8 +169,8 @@ def test_existing_dataset_is_kept_without_overwrite(files, tmp_path):
     # A replacement that fails leaves the old dataset as it was (it is swapped out only when complete).
     bad = files["root"] / "bad.json"
     bad.write_text('{"data": [{"paragraphs": [{"context": "A b.", "qas": [{"id": "z", "question": "q?", '
-                   '"answers": [{"text": "b", "answer_start": 0}]}]}]}]}')
-    with pytest.raises(DatagenError, match="answer_start 0 does not point at the answer"):
+                   '"answers": [{"text": "", "answer_start": 0}]}]}]}]}')
+    with pytest.raises(DatagenError, match="empty answer text"):
         generate_task_dataset(TaskConfig(kind="squad"), splits=[f"train={bad}"], vocab_path=str(files["vocab"]),
                               output_dir=str(out), overwrite=True)
     assert digests(out) == before and (out / "manifest.json").is_file()

@@ -123,3 +123,52 @@ def test_same_bytes_with_one_and_two_threads(shared_corpora, tmp_path):
     assert one == two == again
     in_process = train_vocab(corpus.read_text(encoding="utf-8").split("\n"), vocab_size=4000, do_lower_case=True)
     assert hashlib.sha256(("\n".join(in_process) + "\n").encode()).hexdigest() == one
+
+
+# sha256 of the vocab bytes ("\n"-joined tokens) these English/mixed inputs gave before characters of
+# unspaced scripts were kept beside the alphabet: spaced-script vocabularies must not change.
+GOLDEN_VOCABS = {
+    "texts-google": "5f60d3959d26677e333272873f2c1da154d3808e0e047678e3ab9064610d4fc0",
+    "texts-cased": "01b09a9f280b84d7127a66fb126e1f36abc8aa4cc75e688c1607d7dfdd7ac6d1",
+    "wikitext2": "9f389ef90b7508caf33fda0a35e73876b01e7fd3a29a6dd3426d1db97ee729d4",
+}
+
+
+def _sha(tokens):
+    return hashlib.sha256(("\n".join(tokens) + "\n").encode()).hexdigest()
+
+
+def test_english_vocab_bytes_unchanged(shared_corpora):
+    assert _sha(train_vocab(TEXTS, vocab_size=1200, do_lower_case=True, layout="google",
+                            min_frequency=1)) == GOLDEN_VOCABS["texts-google"]
+    assert _sha(train_vocab(TEXTS, vocab_size=400, do_lower_case=False, min_frequency=1)) == GOLDEN_VOCABS["texts-cased"]
+    text = (shared_corpora / "wikitext2_raw/wiki.valid.raw").read_text(encoding="utf-8")[:300_000]
+    assert _sha(train_vocab(text.split("\n"), vocab_size=3000, do_lower_case=True)) == GOLDEN_VOCABS["wikitext2"]
+
+
+def test_unspaced_script_characters_are_kept_beyond_the_alphabet_limit():
+    han = [chr(0x4E00 + i) for i in range(40)]
+    texts = ["abc abd abe " + " ".join(han) + " かなかな ไทย", *han[:30], "丑丑 龥"]
+    tokens = train_vocab(texts, vocab_size=400, do_lower_case=True, min_frequency=2, limit_alphabet=8)
+    # Seen twice or more: kept, however low the limit; seen once (龥): [UNK] as before.
+    assert all(ch in tokens for ch in han[:30]) and "龥" not in tokens
+    assert not any(ch in tokens for ch in han[30:])
+    # A CJK ideograph is always its own word: no "##" form for one kept as a script character (the
+    # 8 of the limited alphabet keep both forms, as always)...
+    assert sum(f"##{ch}" in tokens for ch in han) <= 8
+    # ...kana continue words, so they get both forms (and seen once, ไทย is not kept).
+    assert "か" in tokens and "##な" in tokens and "ไ" not in tokens
+
+
+def test_google_chinese_layout_is_character_level():
+    texts = ["中文字符，漢字。中文 text texts 中文", "数学是研究数量的学科 mathematics"] * 5
+    tokens = train_vocab(texts, vocab_size=300, do_lower_case=True, layout="google-chinese", min_frequency=2)
+    assert tokens[:106] == ["[PAD]", *(f"[unused{i}]" for i in range(1, 100)), "[UNK]", "[CLS]", "[SEP]",
+                            "[MASK]", "<S>", "<T>"]
+    vocab = Vocab.from_tokens(tokens)
+    assert (vocab.pad_id, vocab.unk_id, vocab.cls_id, vocab.sep_id, vocab.mask_id) == (0, 100, 101, 102, 103)
+    cjk = [t for t in tokens[106:] if any("\u4e00" <= c <= "\u9fff" for c in t)]
+    assert cjk and all(len(t) == 1 for t in cjk)  # one ideograph per token, never "##" or merged
+    assert "text" in tokens  # Latin words still get learned pieces
+    tok = BertTokenizer(vocab)
+    assert tok.tokenize("数学文字") == ["数", "学", "文", "字"]

@@ -6,9 +6,9 @@ import json
 
 import click
 
-from bert_datagen.contract.cli.plumbing import FiniteFloat, Int, refuse_unused_options
+from bert_datagen.contract.cli.plumbing import FiniteFloat, Int, given, refuse_unused_options
 from bert_datagen.contract.ranges import MAX_SEED, MAX_TIMEOUT_S
-from bert_datagen.trainer.finetune.config import BUCKETS
+from bert_datagen.trainer.finetune.config import BUCKETS, SPAN_METRICS
 from bert_datagen.trainer.run.config import PRECISIONS, STRATEGIES, ConfigError
 
 
@@ -56,6 +56,9 @@ def _seed_list(value: str | None) -> list[int] | None:
 @click.option("--keep-checkpoints", type=Int(1), default=1, show_default=True)
 @click.option("--log-every", type=Int(1), default=50, show_default=True)
 @click.option("--null-score-diff-threshold", type=FiniteFloat(), default=0.0, show_default=True, help="SQuAD v2.0.")
+@click.option("--span-metric", type=click.Choice(SPAN_METRICS), default="auto", show_default=True,
+              help="SQuAD-layout data: squad (the official v1.1/v2.0 script's), cmrc2018 (CMRC 2018's: Chinese "
+                   "characters, English words whole), or auto (cmrc2018 for unspaced data, e.g. Chinese).")
 @click.option("--strategy", type=click.Choice(STRATEGIES), default="auto", show_default=True)
 @click.option("--tpu", default=None)
 @click.option("--cluster-timeout", type=Int(1, MAX_TIMEOUT_S), default=300, show_default=True,
@@ -103,6 +106,7 @@ def finetune_command(ctx: click.Context, bert_config_file, seeds, seed, epochs, 
         reason = threshold_unused(dataset, evaluated=eval_split.lower() != "none")
         if reason:
             refuse_unused_options(ctx, {"null_score_diff_threshold": reason})
+        _refuse_span_metric(ctx, dataset)
         defaults = TASK_DEFAULTS[dataset.task_type]
         try:
             cfg = FinetuneConfig(
@@ -125,6 +129,12 @@ def finetune_command(ctx: click.Context, bert_config_file, seeds, seed, epochs, 
     click.echo(f"run directory: {options['out']}")
 
 
+def _refuse_span_metric(ctx: click.Context, dataset) -> None:
+    if given(ctx, "span_metric") and dataset.task_type != "span":
+        refuse_unused_options(ctx, {"span_metric": f"{dataset.source} is a {dataset.task_type} task: only span "
+                                                   "(SQuAD-layout) predictions are scored by a span metric"})
+
+
 ALLOW_OTHER_TASK_HELP = ("Run the model on another task's data (another task name or label names than "
                          "it was fine-tuned for); refused by default.")
 ALLOW_VOCAB_MISMATCH_HELP = ("Run the model on data made with another vocab than the one it was fine-tuned "
@@ -134,7 +144,7 @@ ALLOW_VOCAB_MISMATCH_HELP = ("Run the model on data made with another vocab than
 def predict_run(run: str, data: str, split: str, out: str | None, batch_size: int = 64,
                 null_score_diff_threshold: float = 0.0, need_labels: bool = False,
                 allow_other_task: bool = False, overwrite: bool = False,
-                allow_vocab_mismatch: bool = False) -> dict:
+                allow_vocab_mismatch: bool = False, span_metric: str = "auto") -> dict:
     """Predictions (and metrics, for labelled splits) of a fine-tuned run on a split of a task dataset;
     `out`, when given, is checked before any work (`task_eval.check_predictions_out`) and locked
     from the start to the end (reading a run takes no lock)."""
@@ -148,12 +158,13 @@ def predict_run(run: str, data: str, split: str, out: str | None, batch_size: in
     with output_lock(out) if out else contextlib.nullcontext():
         previous = check_predictions_out(out, overwrite) if out else []
         return _predict(run, data, split, out, batch_size, null_score_diff_threshold, need_labels, previous,
-                        allow_other_task, allow_vocab_mismatch)
+                        allow_other_task, allow_vocab_mismatch, span_metric)
 
 
 def _predict(run: str, data: str, split: str, out: str | None, batch_size: int,
              null_score_diff_threshold: float, need_labels: bool, previous: list[str],
-             allow_other_task: bool = False, allow_vocab_mismatch: bool = False) -> dict:
+             allow_other_task: bool = False, allow_vocab_mismatch: bool = False,
+             span_metric: str = "auto") -> dict:
     from bert_datagen.trainer.finetune.checks import check_data_fits, check_same_task
     from bert_datagen.trainer.finetune.data import check_split_files, open_task_dataset
     from bert_datagen.trainer.finetune.evaluate import evaluate_split, write_predictions_dir
@@ -167,7 +178,7 @@ def _predict(run: str, data: str, split: str, out: str | None, batch_size: int,
     check_same_task(dataset, task, str(ckpt), allow_other_task, allow_vocab_mismatch)
     check_data_fits(dataset, bert, str(ckpt))
     result = evaluate_split(model, dataset, split, batch_size, need_labels=need_labels,
-                            null_score_diff_threshold=null_score_diff_threshold)
+                            null_score_diff_threshold=null_score_diff_threshold, span_metric=span_metric)
     written = []
     if out:
         about = {"run": str(run), "checkpoint": str(ckpt), "data": str(data), "split": split}
@@ -184,24 +195,29 @@ def _predict(run: str, data: str, split: str, out: str | None, batch_size: int,
               "--overwrite, one an earlier predict wrote); never a dataset or a run.")
 @click.option("--batch-size", type=Int(1), default=64, show_default=True)
 @click.option("--null-score-diff-threshold", type=FiniteFloat(), default=0.0, show_default=True, help="SQuAD v2.0.")
+@click.option("--span-metric", type=click.Choice(SPAN_METRICS), default="auto", show_default=True,
+              help="SQuAD-layout data: squad (the official v1.1/v2.0 script's), cmrc2018 (CMRC 2018's: Chinese "
+                   "characters, English words whole), or auto (cmrc2018 for unspaced data, e.g. Chinese).")
 @click.option("--allow-other-task", is_flag=True, help=ALLOW_OTHER_TASK_HELP)
 @click.option("--allow-vocab-mismatch", is_flag=True, help=ALLOW_VOCAB_MISMATCH_HELP)
 @click.option("--overwrite", is_flag=True, help="Replace the predictions an earlier `bert-train predict` wrote "
               "in --out (recognised by its predictions_record.json; nothing else is replaced).")
 @click.pass_context
-def predict_command(ctx: click.Context, run, data, split, out, batch_size, null_score_diff_threshold, allow_other_task,
-                    allow_vocab_mismatch, overwrite) -> None:
+def predict_command(ctx: click.Context, run, data, split, out, batch_size, null_score_diff_threshold, span_metric,
+                    allow_other_task, allow_vocab_mismatch, overwrite) -> None:
     """Write a fine-tuned run's predictions for a split (predictions.tsv / SQuAD JSON / predictions.conll)."""
     try:
         from bert_datagen.trainer.finetune.checks import threshold_unused
         from bert_datagen.trainer.finetune.data import open_task_dataset
 
-        reason = threshold_unused(open_task_dataset(data))
+        dataset = open_task_dataset(data)
+        reason = threshold_unused(dataset)
         if reason:
             refuse_unused_options(ctx, {"null_score_diff_threshold": reason})
+        _refuse_span_metric(ctx, dataset)
         result = predict_run(run, data, split, out, batch_size, null_score_diff_threshold,
                              allow_other_task=allow_other_task, overwrite=overwrite,
-                             allow_vocab_mismatch=allow_vocab_mismatch)
+                             allow_vocab_mismatch=allow_vocab_mismatch, span_metric=span_metric)
     except _user_errors() as exc:
         raise click.ClickException(str(exc)) from exc
     for path in result["files"]:

@@ -11,6 +11,7 @@ from typing import Any, ClassVar
 from bert_datagen.contract.ranges import INT64_MAX
 from bert_datagen.trainer.run.config import PRECISIONS, STRATEGIES, ConfigError, check_seed, check_tpu
 
+SPAN_METRICS = ("auto", "squad", "cmrc2018")
 # RECIPE.md section 10: run_classifier.py and run_squad.py defaults (tagging follows the classifier).
 TASK_DEFAULTS: dict[str, dict[str, float]] = {
     "classification": {"learning_rate": 5e-5, "epochs": 3, "batch_size": 32},
@@ -51,6 +52,8 @@ class FinetuneConfig:
     log_every: int = 50
     eval_batch_size: int = 64
     null_score_diff_threshold: float = 0.0
+    # The span metric (evaluate.SPAN_METRICS): auto is CMRC 2018's for unspaced data, else SQuAD's.
+    span_metric: str = "auto"
     strategy: str = "auto"
     precision: str = "float32"
     jit: bool = False
@@ -62,7 +65,7 @@ class FinetuneConfig:
 
     RESUMABLE_CHANGES: ClassVar[frozenset[str]] = frozenset({
         "out", "checkpoint_every", "keep_checkpoints", "log_every", "eval_batch_size", "strategy", "jit", "tpu",
-        "allow_vocab_mismatch"})
+        "allow_vocab_mismatch", "span_metric"})  # span_metric: how evaluations score, not what trains
 
     def __post_init__(self) -> None:
         self.validate()
@@ -99,6 +102,8 @@ class FinetuneConfig:
             raise ConfigError("--null-score-diff-threshold must be a finite number")
         if self.checkpoint_every < 0:
             raise ConfigError("--checkpoint-every must be >= 0")
+        if self.span_metric not in SPAN_METRICS:
+            raise ConfigError(f"--span-metric {self.span_metric!r} is not one of {', '.join(SPAN_METRICS)}")
         if self.strategy not in STRATEGIES:
             raise ConfigError(f"strategy {self.strategy!r} not in {STRATEGIES}")
         if self.precision not in PRECISIONS:

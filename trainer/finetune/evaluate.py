@@ -24,8 +24,8 @@ from pathlib import Path
 import numpy as np
 import tensorflow as tf
 
+from bert_datagen.trainer.finetune import cmrc_eval, squad_eval, squad_postprocess
 from bert_datagen.trainer.finetune import metrics as metric_lib
-from bert_datagen.trainer.finetune import squad_eval, squad_postprocess
 from bert_datagen.trainer.finetune.data import (
     TF_DATA_ERRORS,
     SplitInfo,
@@ -125,7 +125,7 @@ def _predict_batch(step, inputs: dict, batch: dict, parts: dict[str, list[np.nda
 
 
 def evaluate_split(model, dataset: TaskDataset, split_name: str, batch_size: int, *, need_labels: bool,
-                   null_score_diff_threshold: float = 0.0) -> SplitPredictions:
+                   null_score_diff_threshold: float = 0.0, span_metric: str = "auto") -> SplitPredictions:
     split = dataset.split(split_name)
     if need_labels and not split.labelled:
         raise DataError(f"{dataset.source}: split {split_name!r} is unlabelled; it can be predicted "
@@ -136,7 +136,7 @@ def evaluate_split(model, dataset: TaskDataset, split_name: str, batch_size: int
     if kind in ("classification", "regression"):
         _classification(result, dataset, split)
     elif kind == "span":
-        _span(result, dataset, split, null_score_diff_threshold)
+        _span(result, dataset, split, null_score_diff_threshold, span_metric)
     else:
         _tagging(result, dataset, split)
     return result
@@ -151,10 +151,23 @@ def _classification(result: SplitPredictions, dataset: TaskDataset, split: Split
         result.metrics = metric_lib.classification_metrics(dataset.task_kind, dataset.task_type, gold, predicted)
 
 
-def _span(result: SplitPredictions, dataset: TaskDataset, split: SplitInfo, threshold: float) -> None:
+def span_metric_of(examples: list[dict], version_2: bool, wanted: str = "auto") -> str:
+    """"cmrc2018" or "squad": `wanted`, or for "auto" CMRC 2018's for data whose contexts were read
+    as unspaced text (their examples carry `word_starts`, datagen/tasks/squad_read.py)."""
+    if wanted == "auto":
+        return "cmrc2018" if not version_2 and any("word_starts" in e for e in examples) else "squad"
+    if wanted == "cmrc2018" and version_2:
+        raise DataError("--span-metric cmrc2018 scores answerable questions only (SQuAD v1.1 layout); this "
+                        "dataset is SQuAD v2.0")
+    return wanted
+
+
+def _span(result: SplitPredictions, dataset: TaskDataset, split: SplitInfo, threshold: float,
+          span_metric: str = "auto") -> None:
     examples = read_side_file(split, "examples.jsonl", dataset.source)
     windows = read_side_file(split, "windows.jsonl", dataset.source)
     v2 = is_squad_v2(dataset)
+    metric = span_metric_of(examples, v2, span_metric)
     post = squad_postprocess.postprocess(
         examples, windows, result.arrays["unique_ids"].reshape(-1), result.arrays["start_logits"],
         result.arrays["end_logits"], version_2=v2, do_lower_case=dataset.do_lower_case,
@@ -165,7 +178,11 @@ def _span(result: SplitPredictions, dataset: TaskDataset, split: SplitInfo, thre
     gold = [{"paragraphs": [{"qas": [
         {"id": e["id"], "answers": [] if e.get("is_impossible") else [{"text": t} for t in e.get("answers", [])]}
         for e in examples]}]}]
-    if v2:
+    if metric == "cmrc2018":
+        scores = cmrc_eval.evaluate(squad_eval.iter_questions(gold), post.predictions)
+        result.metrics = {"exact_match": scores["exact_match"], "f1": scores["f1"]}
+        result.details = {**scores, "metric": "cmrc2018"}
+    elif v2:
         scores = squad_eval.evaluate_v2(gold, post.predictions, post.null_odds)
         result.metrics = {"exact": scores["exact"], "f1": scores["f1"]}
         result.details = scores

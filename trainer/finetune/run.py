@@ -248,7 +248,8 @@ class FinetuneRun:
         if self.eval_split is None:
             return None
         result = evaluate_split(self.model, self.data, self.eval_split.name, self.cfg.eval_batch_size,
-                                need_labels=True, null_score_diff_threshold=self.cfg.null_score_diff_threshold)
+                                need_labels=True, null_score_diff_threshold=self.cfg.null_score_diff_threshold,
+                                span_metric=self.cfg.span_metric)
         return {"metrics": result.metrics, "result": result}
 
     def run(self, stop_at: int | None = None) -> dict:

@@ -8,7 +8,8 @@ RECIPE.md section 10, step by step:
    candidate joins the list;
 4. sort a question's candidates by start + end logit (stable: ties keep window, start, end order);
 5. map each to text: de-tokenize the WordPieces, align that with the original words ignoring
-   spaces to recover casing and punctuation ("final text"), fall back to the original words;
+   spaces to recover casing and punctuation ("final text"), fall back to the original words (for
+   unspaced text: the exact characters of the context those words cover, `original_span`);
    drop texts already seen; stop at `n_best`;
 6. softmax over the kept candidates' scores; v1.1 answer = the best; v2.0 answer = "" when null
    score - best non-null score > `null_score_diff_threshold`, else the best non-null text.
@@ -122,6 +123,17 @@ def final_text(pred_text: str, orig_text: str, do_lower_case: bool) -> str:
     return orig_text[orig_start:orig_end + 1]
 
 
+def original_span(example: Mapping, first: int, last: int) -> str:
+    """The text of words `first`..`last`: the exact characters of the context where the example
+    carries it (unspaced text, whose words are single characters: joined by spaces they would not be
+    the context's text), else the words joined by spaces as the original does."""
+    words = example["words"]
+    if "word_starts" in example:
+        starts = example["word_starts"]
+        return example["context"][starts[first]:starts[last] + len(words[last])]
+    return " ".join(words[first:last + 1])
+
+
 def softmax(scores: Sequence[float]) -> list[float]:
     if not scores:
         return []
@@ -158,7 +170,7 @@ def predict_question(example: Mapping, windows: Sequence[Mapping], logits: Seque
             window = windows[c.window]
             to_word = window["token_to_word"]
             first, last = to_word[str(c.start)], to_word[str(c.end)]
-            orig = " ".join(example["words"][first:last + 1])
+            orig = original_span(example, first, last)
             text = final_text(detokenize(window["tokens"][c.start:c.end + 1]), orig, do_lower_case)
             if text in seen:
                 continue
