@@ -8,6 +8,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from bert_datagen.contract.loading.task_batches import BUCKETS  # noqa: F401 (re-exported: the CLI help states it)
 from bert_datagen.contract.ranges import INT64_MAX
 from bert_datagen.trainer.run.config import PRECISIONS, STRATEGIES, ConfigError, check_seed, check_tpu
 
@@ -19,12 +20,9 @@ TASK_DEFAULTS: dict[str, dict[str, float]] = {
     "tagging": {"learning_rate": 5e-5, "epochs": 3, "batch_size": 32},
     "span": {"learning_rate": 3e-5, "epochs": 2, "batch_size": 12},
 }
-# Padded lengths of length-grouped batches (finetune.data.bucket_lengths): k/BUCKETS of
-# max_seq_length, so at most BUCKETS shapes to compile. Eighths, not quarters: at 128 tokens a batch
-# of MRPC pairs (median ~53) pads to 64 or 80 instead of 64 or 96 (docs/packing.md). The training
-# step traces at most twice whatever the count (run/step.py). Here, not in data.py, so that
-# `finetune --help` states it without importing TensorFlow.
-BUCKETS = 8
+# BUCKETS: padded lengths of length-grouped batches (contract/loading/task_batches.py, where the
+# grouping is computed for every reader). The training step traces at most twice whatever the count
+# (run/step.py).
 
 
 @dataclass

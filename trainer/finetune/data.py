@@ -17,8 +17,8 @@ import tensorflow as tf
 
 from bert_datagen.contract.dataset import manifest_identity
 from bert_datagen.contract.features import TASK
+from bert_datagen.contract.loading.task_batches import GROUP_WINDOW, bucket_lengths
 from bert_datagen.contract.manifest import MANIFEST_NAME
-from bert_datagen.trainer.finetune.config import BUCKETS
 from bert_datagen.trainer.model.heads import TASK_TYPES
 from bert_datagen.trainer.pretrain.data import (
     check_first_record,
@@ -187,17 +187,6 @@ def train_batches(split: SplitInfo, batch_size: int, seed: int, epoch: int,
     ds = records.batch(batch_size, drop_remainder=True)
     ds = ds.map(lambda s: parse_batch(s, split.features), num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
     return ds.with_options(_options()).prefetch(tf.data.AUTOTUNE)
-
-
-# Batches per window that length grouping sorts together: wide enough to find similar lengths,
-# narrow enough that the epoch's order stays shuffled.
-GROUP_WINDOW = 50
-
-
-def bucket_lengths(max_seq_length: int) -> list[int]:
-    """The padded lengths a grouped or trimmed batch may have, shortest first (multiples of 8)."""
-    lengths = {max(8, -(-max_seq_length * k // BUCKETS // 8) * 8) for k in range(1, BUCKETS + 1)}
-    return sorted({min(n, max_seq_length) for n in lengths})
 
 
 def bucket_length(longest: tf.Tensor, max_seq_length: int) -> tf.Tensor:

@@ -1,0 +1,185 @@
+"""Fine-tuning's training batches of a task split, without TensorFlow: exactly what `bert-train
+finetune` reads at every step (the trainer reads through this class, `trainer/finetune/ordered.py`),
+so a PyTorch or JAX fine-tuning loop sees the same batches.
+
+Blocks of one record: each epoch is a full shuffle of the split by (seed, dataset, epoch), as the
+original's per-epoch shuffle was, and batch ``b`` of epoch ``e`` is positions ``[b*B, (b+1)*B)`` of
+that epoch (its last, partial batch left out): ``floor(records / B)`` batches an epoch, step ``s``
+is batch ``s mod E`` of epoch ``s div E``. A rank reads only its share of each batch.
+
+Length grouping (``group_by_length``, `bert-train finetune --group-by-length`): the epoch is cut into
+windows of `GROUP_WINDOW` batches; a window's records (leftovers beyond its whole batches left out)
+are sorted by length (stable), cut into batches, the batches put in an order drawn from (seed,
+epoch, window), and each batch cut to the shortest bucket length (`bucket_lengths`) that holds its
+longest example. Sorting needs the whole window, so every rank reads the window and keeps its share
+of each batch.
+
+Records are read a window of batches at a time (one decode call: a call has a fixed cost of about a
+millisecond, which a batch at a time would pay every step), each shard's records in file order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import numpy as np
+
+from bert_datagen.contract.loading.order import GlobalOrder, check_order, check_step, check_world, permutation
+from bert_datagen.contract.loading.source import LoadError, Source
+from bert_datagen.contract.ranges import check_int, max_batches
+from bert_datagen.datagen.rng import derive_key
+
+BLOCK_SIZE = 1  # a full shuffle per epoch: task splits are small, and examples are often sorted
+# Batches per window that length grouping sorts together: wide enough to find similar lengths,
+# narrow enough that the epoch's order stays shuffled. Ungrouped reading uses the same windows.
+GROUP_WINDOW = 50
+# Padded lengths of length-grouped batches: k/BUCKETS of max_seq_length, so at most BUCKETS shapes
+# to compile. Eighths, not quarters: at 128 tokens a batch of MRPC pairs (median ~53) pads to 64 or
+# 80 instead of 64 or 96 (docs/packing.md).
+BUCKETS = 8
+STATE_VERSION = 1
+ORDER = "finetune-order-v1"
+
+
+def bucket_lengths(max_seq_length: int) -> list[int]:
+    """The padded lengths a grouped or trimmed batch may have, shortest first (multiples of 8)."""
+    lengths = {max(8, -(-max_seq_length * k // BUCKETS // 8) * 8) for k in range(1, BUCKETS + 1)}
+    return sorted({min(n, max_seq_length) for n in lengths})
+
+
+def trimmed(batch: dict[str, np.ndarray], max_seq_length: int) -> dict[str, np.ndarray]:
+    """The batch cut to the shortest bucket length that holds its longest example: every per-token
+    feature (those of ``max_seq_length`` values) loses padding columns no example uses."""
+    longest = int(batch["input_mask"].sum(axis=1).max())
+    length = next(n for n in bucket_lengths(max_seq_length) if n >= longest)
+    return {k: v[:, :length] if v.ndim == 2 and v.shape[1] == max_seq_length else v for k, v in batch.items()}
+
+
+def read_positions(source: Source, order: GlobalOrder, positions: np.ndarray) -> dict[str, np.ndarray]:
+    """The records at these positions of the run's sequence (row i: position i), read in file order
+    (each shard's records in runs of consecutive ones) and decoded in the trainer's dtypes."""
+    placed = order.place(positions)
+    by_file = np.lexsort((placed.index, placed.shard))
+    shard, index = placed.shard[by_file], placed.index[by_file]
+    run = np.flatnonzero(np.concatenate([[True], (np.diff(shard) != 0) | (np.diff(index) != 1)]))
+    length = np.diff(np.append(run, len(shard)))
+    ranges = list(zip(shard[run].tolist(), index[run].tolist(), (index[run] + length).tolist(), strict=True))
+    rows = np.empty(len(by_file), np.int64)
+    rows[by_file] = np.arange(len(by_file))  # position i is the rows[i]-th record in file order
+    return source.read_ranges(ranges, model_inputs=True, order=rows)
+
+
+class TaskBatches:
+    """Rank ``rank`` of ``world_size``'s share of fine-tuning's batch at every step (see the module
+    docstring); iterates steps ``start, start + 1, ...`` (below ``stop``); its state is the step."""
+
+    def __init__(self, source: Source, *, seed: int, batch_size: int, world_size: int = 1, rank: int = 0,
+                 group_by_length: bool = False, start: int = 0, stop: int | None = None) -> None:
+        check_order(seed, batch_size, BLOCK_SIZE)
+        check_int(world_size, "world_size", 1)
+        check_int(rank, "rank", 0)
+        check_step(start, batch_size)
+        if stop is not None:
+            check_int(stop, "stop", 0, max_batches(batch_size))
+        try:
+            check_world(batch_size, world_size, rank)
+            self.order = GlobalOrder(source.counts, source.fingerprint, seed, batch_size, BLOCK_SIZE)
+        except ValueError as e:
+            raise LoadError(f"{source.root} (split {source.split}): {e}") from e
+        self.source = source
+        self.world_size, self.rank, self.grouped = world_size, rank, bool(group_by_length)
+        self.step, self.stop = start, stop
+        self.per_epoch = self.order.total // batch_size
+        self.max_seq_length = int(source.spec["input_ids"][1])
+        # The window last read: (epoch, window) -> per batch, its rows' positions and features.
+        self._window: tuple[tuple[int, int], list[tuple[np.ndarray, dict[str, np.ndarray]]]] | None = None
+
+    # ------------------------------------------------------------ iteration
+
+    def __iter__(self) -> Iterator[dict[str, np.ndarray]]:
+        return self
+
+    def __next__(self) -> dict[str, np.ndarray]:
+        if self.stop is not None and self.step >= self.stop:
+            raise StopIteration
+        batch = self.batch_at(self.step)
+        self.step += 1
+        return batch
+
+    def steps(self, start: int, stride: int) -> Iterator[dict[str, np.ndarray]]:
+        """Batches start, start + stride, ... (below ``stop``): one DataLoader worker's part."""
+        check_step(start, self.order.batch_size)
+        check_int(stride, "stride", 1)
+        step = start
+        while self.stop is None or step < self.stop:
+            yield self.batch_at(step)
+            step += stride
+
+    def batch_at(self, step: int) -> dict[str, np.ndarray]:
+        """This rank's share of training step ``step``'s batch (a copy: the caller may change it)."""
+        _, features = self._entry(step)
+        return {k: v.copy() for k, v in features.items()}
+
+    def positions_at(self, step: int) -> np.ndarray:
+        """The positions in the run's sequence (``GlobalOrder.place`` names their records) of the rows
+        of this rank's share of step ``step``'s batch, in row order."""
+        return self._entry(step)[0].copy()
+
+    def group_end(self, step: int) -> int:
+        """The first step after the window ``step`` is in (a window is read at once)."""
+        epoch, index = divmod(check_step(step, self.order.batch_size), self.per_epoch)
+        return epoch * self.per_epoch + min((index // GROUP_WINDOW + 1) * GROUP_WINDOW, self.per_epoch)
+
+    # ------------------------------------------------------------ state
+
+    def state_dict(self) -> dict:
+        o = self.order
+        return {"version": STATE_VERSION, "order": ORDER, "fingerprint": o.fingerprint, "seed": o.seed,
+                "batch_size": o.batch_size, "group_by_length": self.grouped, "step": self.step}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Continue at ``state["step"]``; any world size and rank (the order does not depend on them)."""
+        if state.get("version") != STATE_VERSION or state.get("order") != ORDER:
+            raise LoadError(f"loader state of order {state.get('order')!r} version {state.get('version')!r}; "
+                            f"this reader is fine-tuning's ({ORDER}, version {STATE_VERSION})")
+        o = self.order
+        for name, mine in (("fingerprint", o.fingerprint), ("seed", o.seed), ("batch_size", o.batch_size),
+                           ("group_by_length", self.grouped)):
+            if state.get(name) != mine:
+                raise LoadError(f"loader state has {name} {state.get(name)!r}, this loader {mine!r}: "
+                                "it belongs to another order (dataset, seed, batch size or grouping)")
+        self.step = check_step(state.get("step"), o.batch_size)
+
+    # ------------------------------------------------------------ reading
+
+    def _entry(self, step: int) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+        epoch, index = divmod(check_step(step, self.order.batch_size), self.per_epoch)
+        window, within = divmod(index, GROUP_WINDOW)
+        if self._window is None or self._window[0] != (epoch, window):
+            self._window = None  # the old window's memory goes before the new one is read
+            self._window = ((epoch, window), self._read_window(epoch, window))
+        return self._window[1][within]
+
+    def _read_window(self, epoch: int, window: int) -> list[tuple[np.ndarray, dict[str, np.ndarray]]]:
+        B, T = self.order.batch_size, self.order.total
+        first_batch = window * GROUP_WINDOW
+        batches = min(GROUP_WINDOW, self.per_epoch - first_batch)
+        base = epoch * T + first_batch * B
+        share = B // self.world_size
+        if not self.grouped:
+            starts = base + np.arange(batches, dtype=np.int64) * B + self.rank * share
+            positions = (starts[:, None] + np.arange(share, dtype=np.int64)[None, :]).reshape(-1)
+            records = read_positions(self.source, self.order, positions)
+            return [(positions[b * share:(b + 1) * share], {k: v[b * share:(b + 1) * share] for k, v in records.items()})
+                    for b in range(batches)]
+        positions = np.arange(base, base + batches * B, dtype=np.int64)
+        records = read_positions(self.source, self.order, positions)
+        by_length = np.argsort(records["input_mask"].sum(axis=1), kind="stable")
+        key = derive_key(self.order.seed, "finetune-length-groups", self.order.fingerprint, epoch, window)
+        mine = slice(self.rank * share, (self.rank + 1) * share)
+        out = []
+        for b in permutation(key, batches).tolist():
+            rows = by_length[b * B:(b + 1) * B]
+            batch = trimmed({k: v[rows] for k, v in records.items()}, self.max_seq_length)
+            out.append((positions[rows][mine], {k: v[mine] for k, v in batch.items()}))
+        return out
