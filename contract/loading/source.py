@@ -20,7 +20,7 @@ from bert_datagen.contract.manifest import ManifestError, manifest_kind
 from bert_datagen.contract.vocab_io import load_vocab
 from bert_datagen.datagen.config import DatagenConfig
 from bert_datagen.datagen.example_codec import FeatureSpec, decode_raw
-from bert_datagen.datagen.records import INSTANCE_KEY, feature_spec
+from bert_datagen.datagen.records import INSTANCE_KEY
 from bert_datagen.datagen.tfrecord import RawBatch, RecordError, check_frames_at, record_offsets
 from bert_datagen.vocab.vocab_file import Vocab, VocabError
 
@@ -178,13 +178,12 @@ def open_source(target: str, split: str = "train", fs: FileSystem = DEFAULT_FS) 
     if not refs:
         raise LoadError(f"{target}: no shards in split {split!r} (splits: {', '.join(ds.splits)})")
     config = manifest.get("config", {})
-    if kind == TASK:
-        spec = {k: (str(v[0]), int(v[1])) for k, v in manifest["splits"][split]["features"].items()}
-        dynamic = False
-    else:
-        dynamic = config.get("masking", "static") == "dynamic"
-        spec = feature_spec(ds.max_seq_length, ds.max_predictions, str(config.get("objective", "nsp")),
-                            "dynamic" if dynamic else "static")
+    # The manifest's own feature list, whatever the kind: packed rows carry sequence and position ids
+    # and per-sequence slots, task splits their own fields (validate_manifest checked it holds what
+    # the kind requires).
+    features = manifest["splits"][split]["features"] if kind == TASK else manifest["features"]
+    spec = {k: (str(v[0]), int(v[1])) for k, v in features.items()}
+    dynamic = kind != TASK and config.get("masking", "static") == "dynamic"
     vocab = mask_config = None
     if dynamic:
         try:
