@@ -20,11 +20,11 @@ from types import FrameType
 from typing import Any
 
 import torch
-from torch.utils.data import DataLoader, IterableDataset, get_worker_info
+from torch.utils.data import IterableDataset, get_worker_info
 
-from bert_datagen.contract.loading.batches import NumpyBatches
-from bert_datagen.contract.loading.order import DEFAULT_BLOCK_SIZE
+from bert_datagen.contract.loading.readers import batches_for, epoch_end, steps_per_epoch
 from bert_datagen.contract.loading.source import Source
+from bert_datagen.contract.loading.torch_workers import grouped_batches
 
 
 def _world(world_size: int | None, rank: int | None) -> tuple[int, int]:
@@ -37,20 +37,39 @@ def _world(world_size: int | None, rank: int | None) -> tuple[int, int]:
 
 
 def torch_batches(source: Source, *, seed: int, batch_size: int, world_size: int | None = None,
-                  rank: int | None = None, block_size: int = DEFAULT_BLOCK_SIZE, start: int = 0,
-                  stop: int | None = None) -> TorchBatches:
-    """The adapter; ``world_size``/``rank`` default to torch.distributed's, else one process."""
+                  rank: int | None = None, block_size: int | None = None, start: int = 0,
+                  stop: int | None = None, group_by_length: bool = False,
+                  epoch_size: int | None = None) -> TorchBatches:
+    """The adapter; ``world_size``/``rank`` default to torch.distributed's, else one process. The
+    reader is the split's kind's (`readers.batches_for`: pre-training's global order, or fine-tuning's
+    batches of a task split, ``group_by_length`` as `bert-train finetune --group-by-length`);
+    ``epoch_size`` (samples, a multiple of ``batch_size``): ``len(ds)`` is the steps of an epoch and
+    each iteration gives the rest of the current epoch (`readers.Epochs`)."""
     world_size, rank = _world(world_size, rank)
     return TorchBatches(source, seed=seed, batch_size=batch_size, world_size=world_size, rank=rank,
-                        block_size=block_size, start=start, stop=stop)
+                        block_size=block_size, start=start, stop=stop, group_by_length=group_by_length,
+                        epoch_size=epoch_size)
 
 
 class TorchBatches(IterableDataset):
     """A rank's batches as dicts of tensors (see the module docstring)."""
 
-    def __init__(self, source: Source, **kwargs: Any) -> None:
-        self._numpy = NumpyBatches(source, **kwargs)  # holds the position; workers copy it
-        self._counted = False  # set while loader() iterates: workers copy it, so they know the parent counts
+    def __init__(self, source: Source, epoch_size: int | None = None, **kwargs: Any) -> None:
+        self._numpy = batches_for(source, **kwargs)  # holds the position; workers copy it
+        self._counted = False  # set while a counting loader iterates: workers copy it, so they know the parent counts
+        self._per_epoch = None if epoch_size is None else steps_per_epoch(epoch_size, self._numpy.order.batch_size)
+
+    def __len__(self) -> int:
+        """The steps of an epoch (only with ``epoch_size``: without one the stream has no epochs
+        of whole batches)."""
+        if self._per_epoch is None:
+            raise TypeError("this TorchBatches has no len(): give torch_batches an epoch_size")
+        return self._per_epoch
+
+    def _end(self) -> int | None:
+        """Where an iteration that starts now stops: the epoch's end (with epoch_size), or stop."""
+        it = self._numpy
+        return it.stop if self._per_epoch is None else epoch_end(it.step, self._per_epoch, it.stop)
 
     def __iter__(self) -> Iterator[dict]:
         _refuse_wrapping(sys._getframe(1))
@@ -63,26 +82,26 @@ class TorchBatches(IterableDataset):
 
     def _batches(self, info: Any) -> Iterator[dict]:
         it = self._numpy
+        end = self._end()
         if info is None:  # in the consuming process: count as we go
-            for batch in it:
+            while end is None or it.step < end:
+                batch = it.batch_at(it.step)
+                it.step += 1
                 yield {k: torch.from_numpy(v) for k, v in batch.items()}
             return
-        for batch in it.steps(it.step + info.id, info.num_workers):
-            yield {k: torch.from_numpy(v) for k, v in batch.items()}
+        step = it.step + info.id
+        while end is None or step < end:
+            yield {k: torch.from_numpy(v) for k, v in it.batch_at(step).items()}
+            step += info.num_workers
 
     def loader(self, num_workers: int = 0, **kwargs: Any) -> Iterator[dict]:
         """Batches through a DataLoader with ``num_workers`` workers, in step order; the position
-        advances as they are consumed, so ``state_dict()`` is right after any of them."""
+        advances as they are consumed, so ``state_dict()`` is right after any of them. Workers take
+        a window's batches each and hand them over together (`torch_workers`)."""
         if num_workers == 0:
             yield from self
             return
-        self._counted = True
-        try:
-            dl = DataLoader(self, batch_size=None, num_workers=num_workers, **kwargs)
-            iterator = iter(dl)  # the workers take their copies now
-        finally:
-            self._counted = False
-        for batch in iterator:
+        for batch in grouped_batches(self._numpy, self._numpy.step, self._end(), num_workers, **kwargs):
             self._numpy.step += 1
             yield batch
 
