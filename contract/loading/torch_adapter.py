@@ -1,5 +1,6 @@
-"""A PyTorch ``IterableDataset`` over `NumpyBatches`. torch is an optional extra: only this module
-imports it, and nothing else in the project imports this module.
+"""A PyTorch ``IterableDataset`` over the reader of the split's kind (`readers.batches_for`:
+`NumpyBatches`, or fine-tuning's `TaskBatches` for a task split). torch is an optional extra: only
+this module and its `torch_workers` import it, and nothing else in the project imports them.
 
 Each item is one batch (a dict of tensors), so use it with ``DataLoader(ds, batch_size=None)``.
 With ``num_workers=W`` worker ``w`` computes the rank's batches ``start + w, start + w + W, ...``
