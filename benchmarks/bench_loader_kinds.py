@@ -130,8 +130,10 @@ def _workers(data: str) -> dict:
     def adapter(workers: int | None) -> Callable[[], int]:
         def run() -> int:
             ds = torch_batches(open_source(data), seed=1, batch_size=BATCH, stop=steps)
-            if workers is None:  # a plain DataLoader, a batch per item
-                it = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=WORKERS)
+            if workers is None:  # a DataLoader of the adapter itself, a batch per item (what loader() did before)
+                ds._counted = True  # the adapter refuses this outside a counting loader: here it is measured
+                it = iter(torch.utils.data.DataLoader(ds, batch_size=None, num_workers=WORKERS))
+                ds._counted = False
             else:
                 it = ds.loader(num_workers=workers)
             return sum(int(b["input_ids"].shape[0]) for b in it)

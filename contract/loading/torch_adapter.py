@@ -1,16 +1,17 @@
 """A PyTorch ``IterableDataset`` over the reader of the split's kind (`readers.batches_for`:
 `NumpyBatches`, or fine-tuning's `TaskBatches` for a task split). torch is an optional extra: only
-this module and its `torch_workers` import it, and nothing else in the project imports them.
+the glue modules import it (`tests/project/test_optional_frameworks.py`), and nothing else of ours
+imports them.
 
-Each item is one batch (a dict of tensors), so use it with ``DataLoader(ds, batch_size=None)``.
-With ``num_workers=W`` worker ``w`` computes the rank's batches ``start + w, start + w + W, ...``
-and DataLoader takes one item from each worker in turn, so batches come out in step order for any
-W; ranks are DistributedSampler-style (``world_size``/``rank``, from torch.distributed when it is
-initialised). Worker processes cannot tell the parent how far they are, so the position that
-``state_dict()`` reports is counted where batches are consumed: iterate ``ds.loader(...)`` (a
-DataLoader that counts) or the dataset itself (no workers). A DataLoader of one's own that would
-lose the position (workers) or wrap every batch in another dimension (a ``batch_size``) is refused
-with the reason. For Hugging Face Trainer and accelerate see `torch_shares`.
+Each item is one batch (a dict of tensors), so use it with ``DataLoader(ds, batch_size=None)``;
+ranks are DistributedSampler-style (``world_size``/``rank``, from torch.distributed when it is
+initialised). With workers, iterate ``ds.loader(num_workers=W)``: each worker takes the batches of a
+window of the order at a time and hands them over together (`torch_workers`), DataLoader takes one
+item from each worker in turn, so batches come out in step order for any W, and the position that
+``state_dict()`` reports is counted where batches are consumed (worker processes cannot tell the
+parent how far they are). A DataLoader of one's own that would lose the position (workers) or wrap
+every batch in another dimension (a ``batch_size``) is refused with the reason. For Hugging Face
+Trainer and accelerate see `torch_shares`.
 """
 
 from __future__ import annotations

@@ -8,7 +8,8 @@ import ast
 from tests.project.test_layering import REPO, import_graph, module_files
 
 GLUE = {
-    "torch": {"bert_datagen.contract.loading.torch_adapter", "bert_datagen.contract.loading.torch_shares"},
+    "torch": {"bert_datagen.contract.loading.torch_adapter", "bert_datagen.contract.loading.torch_shares",
+              "bert_datagen.contract.loading.torch_workers"},
     "jax": {"bert_datagen.contract.loading.jax_hosts"},
 }
 
