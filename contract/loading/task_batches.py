@@ -47,12 +47,9 @@ def bucket_lengths(max_seq_length: int) -> list[int]:
     return sorted({min(n, max_seq_length) for n in lengths})
 
 
-def trimmed(batch: dict[str, np.ndarray], max_seq_length: int) -> dict[str, np.ndarray]:
-    """The batch cut to the shortest bucket length that holds its longest example: every per-token
-    feature (those of ``max_seq_length`` values) loses padding columns no example uses."""
-    longest = int(batch["input_mask"].sum(axis=1).max())
-    length = next(n for n in bucket_lengths(max_seq_length) if n >= longest)
-    return {k: v[:, :length] if v.ndim == 2 and v.shape[1] == max_seq_length else v for k, v in batch.items()}
+def bucket_length(longest: int, max_seq_length: int) -> int:
+    """The shortest bucket length that holds ``longest`` tokens."""
+    return next(n for n in bucket_lengths(max_seq_length) if n >= longest)
 
 
 def read_positions(source: Source, order: GlobalOrder, positions: np.ndarray) -> dict[str, np.ndarray]:
@@ -174,12 +171,16 @@ class TaskBatches:
                     for b in range(batches)]
         positions = np.arange(base, base + batches * B, dtype=np.int64)
         records = read_positions(self.source, self.order, positions)
-        by_length = np.argsort(records["input_mask"].sum(axis=1), kind="stable")
+        lengths = records["input_mask"].sum(axis=1)
+        by_length = np.argsort(lengths, kind="stable")
         key = derive_key(self.order.seed, "finetune-length-groups", self.order.fingerprint, epoch, window)
-        mine = slice(self.rank * share, (self.rank + 1) * share)
+        seq = self.max_seq_length
         out = []
         for b in permutation(key, batches).tolist():
             rows = by_length[b * B:(b + 1) * B]
-            batch = trimmed({k: v[rows] for k, v in records.items()}, self.max_seq_length)
-            out.append((positions[rows][mine], {k: v[mine] for k, v in batch.items()}))
+            width = bucket_length(int(lengths[rows].max()), seq)  # the whole batch's, on every rank
+            mine = rows[self.rank * share:(self.rank + 1) * share]
+            # Only this rank's rows and the columns the batch keeps are gathered.
+            out.append((positions[mine], {k: v[mine, :width] if v.ndim == 2 and v.shape[1] == seq else v[mine]
+                                          for k, v in records.items()}))
         return out
