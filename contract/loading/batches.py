@@ -13,6 +13,7 @@ from collections.abc import Iterator
 
 import numpy as np
 
+from bert_datagen.contract.features import TASK
 from bert_datagen.contract.loading.order import (
     DEFAULT_BLOCK_SIZE,
     GlobalOrder,
@@ -45,6 +46,9 @@ class NumpyBatches:
         check_step(start, batch_size)
         if stop is not None:
             check_int(stop, "stop", 0, max_batches(batch_size))
+        if source.kind == TASK:  # pre-training's order over task data is not what fine-tuning reads
+            raise LoadError(f"{source.root} (split {source.split}): a task dataset; read it in fine-tuning's "
+                            "order (epochs, length groups) with readers.batches_for or task_batches.TaskBatches")
         try:
             check_world(batch_size, world_size, rank)
             self.order = GlobalOrder(source.counts, source.fingerprint, seed, batch_size, block_size)
