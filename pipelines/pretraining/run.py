@@ -49,11 +49,10 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import apache_beam as beam
-from apache_beam.pvalue import AsSingleton
 
 from bert_datagen.contract.fs import is_remote
 from bert_datagen.datagen.config import DatagenConfig
-from bert_datagen.datagen.placement import identity_census, shard_counts_of, splits_of
+from bert_datagen.datagen.placement import num_pools_for, shard_counts_of, splits_of
 from bert_datagen.pipelines.beam import fsio, outputs
 from bert_datagen.pipelines.beam.runners import DIRECT, RunnerOptions, RunnerSetup, runner_setup
 from bert_datagen.pipelines.beam.split_checks import empty_split_error, run_warnings
@@ -64,12 +63,10 @@ from bert_datagen.pipelines.pretraining.transforms import (
     BuildInstances,
     ReadFiles,
     WriteShard,
-    build_pool,
     empty_shards,
     extract_input_error,
     fan_out_passes,
-    read_counts,
-    read_identities,
+    read_census,
     stage_pool,
     summarize,
 )
@@ -105,7 +102,7 @@ def read_tasks(files: list[tuple[str, int]], input_format: str,
 
 @dataclass
 class PipelinePlan:
-    """What the driver hands to the pipeline builder."""
+    """What the driver hands to the pipeline builders."""
 
     config: DatagenConfig
     vocab: Vocab
@@ -118,56 +115,84 @@ class PipelinePlan:
     single_thread_tokenizer: bool = True
 
 
-def build_pipeline(p: beam.Pipeline, plan: PipelinePlan) -> None:
-    """Add the data-generation transforms to ``p``. The last transform depends on every branch
-    (Beam's DaskRunner computes only the graph behind the last transform)."""
-    config = plan.config
-    read = (
+@dataclass
+class ReadSummary:
+    """What the read pipeline leaves for the second one (``read_census``): the spill files, the
+    pool and shard counts the census fixes, the readers' totals and the input fingerprint."""
+
+    spills: list[tuple[str, str]]
+    num_pools: dict[str, int]
+    num_shards: dict[str, int]
+    totals: dict[str, Any]
+    fingerprint: str
+
+    @classmethod
+    def load(cls, path: str, config: DatagenConfig) -> ReadSummary:
+        data = json.loads(fsio.read_bytes(path).decode())
+        census = data["census"]
+        return cls(spills=[(split, p) for split, p in data["spills"]],
+                   num_pools={split: num_pools_for(int(census.get(f"distinct_docs/{split}", 0)), config)
+                              for split in splits_of(config)},
+                   num_shards=shard_counts_of(census, config), totals=data["totals"],
+                   fingerprint=census["fingerprint"])
+
+
+def read_summary_path(plan: PipelinePlan) -> str:
+    return fsio.join(plan.staging_dir, "read-summary.json")
+
+
+def build_read_pipeline(p: beam.Pipeline, plan: PipelinePlan) -> None:
+    """The first pipeline: read and tokenize every task into spill files (``ReadFiles``) and write
+    the census of their identities (``read_census``). Its one result, the census, is a barrier for
+    everything after it; ending the pipeline there, rather than handing it on as a side input, means
+    no runner computes a stage twice (Beam's DaskRunner recomputes the whole graph behind a side input
+    in every task that reads it: the input was read five times) and no runner buffers the documents
+    while it waits for the census (local runners held them all in memory)."""
+    (
         p
         | "ListFiles" >> beam.Create(plan.files)
-        | "ReadFiles" >> beam.ParDo(ReadFiles(config, plan.vocab, plan.show_progress, plan.single_thread_tokenizer))
+        | "ReadFiles" >> beam.ParDo(ReadFiles(plan.config, plan.vocab, plan.show_progress,
+                                              plan.single_thread_tokenizer, plan.staging_dir))
+        | "ReadKey" >> beam.Map(lambda d: (0, d))
+        | "GroupReads" >> beam.GroupByKey()
+        | "ReadCensus" >> beam.Map(read_census, read_summary_path(plan))
     )
-    census = (
-        read
-        | "ReadIdentities" >> beam.Map(read_identities)
-        | "IdentitiesKey" >> beam.Map(lambda d: (0, d))
-        | "GroupIdentities" >> beam.GroupByKey()
-        | "IdentityCensus" >> beam.Map(identity_census)
-    )
-    # The shard count comes from the census, so instances can be cut by shard as soon as they
-    # exist; every other total is summed once, at the end (fewer stages, each a barrier).
-    num_shards = census | "ShardCount" >> beam.Map(shard_counts_of, config)
-    pools = (
-        read
-        | "AssignPools" >> beam.ParDo(AssignPools(config), AsSingleton(census))
+
+
+def build_pipeline(p: beam.Pipeline, plan: PipelinePlan, read: ReadSummary) -> None:
+    """The second pipeline: pools from the spill files, instances, shards, the summary. The last
+    transform depends on every branch (Beam's DaskRunner computes only the graph behind the last
+    transform)."""
+    config = plan.config
+    staged = (
+        p
+        | "ListSpills" >> beam.Create(read.spills)
+        | "AssignPools" >> beam.ParDo(AssignPools(config, read.num_pools))
         | "GroupPools" >> beam.GroupByKey()
-        | "BuildPools" >> beam.Map(build_pool)
+        | "StagePools" >> beam.Map(stage_pool, plan.staging_dir)
     )
-    staged = pools | "StagePools" >> beam.Map(stage_pool, plan.staging_dir)
     pool_info = staged | "PoolStats" >> beam.Map(lambda d: {k: v for k, v in d.items()
                                                             if k not in ("path", "split", "pool")})
     parts = (
         staged
         | "FanOutPasses" >> beam.FlatMap(fan_out_passes, config.dupe_factor)
         | "SpreadTasks" >> beam.Reshuffle()
-        | "BuildInstances" >> beam.ParDo(BuildInstances(config, plan.vocab, plan.staging_dir, plan.show_progress),
-                                         AsSingleton(num_shards))
+        | "BuildInstances" >> beam.ParDo(BuildInstances(config, plan.vocab, plan.staging_dir, read.num_shards,
+                                                        plan.show_progress))
     )
-    placeholders = num_shards | "EmptyShards" >> beam.FlatMap(empty_shards)
+    placeholders = p | "EmptyShards" >> beam.Create(list(empty_shards(read.num_shards)))
     shard_info = (
         (parts, placeholders)
         | "AllShardParts" >> beam.Flatten()
         | "GroupShards" >> beam.GroupByKey()
-        | "WriteShards" >> beam.ParDo(WriteShard(plan.output_dir, plan.show_progress, plan.config), AsSingleton(num_shards))
+        | "WriteShards" >> beam.ParDo(WriteShard(plan.output_dir, read.num_shards, plan.show_progress, plan.config))
     )
-    read_info = read | "ReadCounts" >> beam.Map(lambda element: {**read_counts(element), "kind": "read"})
-    census_info = census | "CensusInfo" >> beam.Map(lambda d: {"kind": "census", "fingerprint": d["fingerprint"]})
     (
-        (read_info, census_info, pool_info, shard_info)
+        (pool_info, shard_info)
         | "AllResults" >> beam.Flatten()
         | "ResultsKey" >> beam.Map(lambda d: (0, d))
         | "GroupResults" >> beam.GroupByKey()
-        | "Summarize" >> beam.Map(summarize, plan.summary_path)
+        | "Summarize" >> beam.Map(summarize, plan.summary_path, read.totals, read.fingerprint)
     )
 
 
@@ -245,8 +270,14 @@ def _generate_into(out: outputs.DatasetOutput, config: DatagenConfig, files: lis
         # The only worker of a local run may spread tokenizing over the idle cores; where there
         # are several workers (or a cluster's), each is one core and tokenizes on one thread.
         plan.single_thread_tokenizer = not (setup.runner == "DirectRunner" and setup.workers == 1)
-        run_pipeline(setup, lambda pipeline: build_pipeline(pipeline, plan))
-    summary = json.loads(fsio.read_bytes(summary_path).decode())
+        run_pipeline(setup, lambda pipeline: build_read_pipeline(pipeline, plan))
+        read = ReadSummary.load(read_summary_path(plan), config)
+        if read.spills:
+            run_pipeline(setup, lambda pipeline: build_pipeline(pipeline, plan, read))
+    if read.spills:
+        summary = json.loads(fsio.read_bytes(summary_path).decode())
+    else:  # nothing to build: the check below names the inputs
+        summary = {"totals": read.totals, "fingerprint": read.fingerprint, "shards": {}}
     totals = finalize_totals(summary["totals"])
     if totals["documents"] == 0:
         names = ", ".join(f.path for f in files[:3]) + (" ..." if len(files) > 3 else "")

@@ -219,6 +219,18 @@ def _plan(tmp_path) -> R.PipelinePlan:
                           staging_dir=str(tmp_path / "out" / ".staging-x"))
 
 
+READ = R.ReadSummary(spills=[("train", "/x/spill.bin")], num_pools={"train": 1, "eval": 1},
+                     num_shards={"train": 2, "eval": 1}, totals={}, fingerprint="0" * 64)
+
+
+def _both_pipelines(p, plan: R.PipelinePlan) -> None:
+    """Both graphs of a run in one pipeline object (to inspect them together)."""
+    import apache_beam as beam
+
+    R.build_read_pipeline(p, plan)
+    R.build_pipeline(beam.pvalue.PBegin(p), plan, READ)
+
+
 def test_pipeline_translates_to_a_portable_proto_whose_dofns_unpickle(tmp_path) -> None:
     import apache_beam as beam
     from apache_beam.internal import pickler
@@ -226,7 +238,7 @@ def test_pipeline_translates_to_a_portable_proto_whose_dofns_unpickle(tmp_path) 
     from apache_beam.portability.api import beam_runner_api_pb2
 
     p = beam.Pipeline()
-    R.build_pipeline(p, _plan(tmp_path))
+    _both_pipelines(p, _plan(tmp_path))
     proto = p.to_runner_api()
     names = {t.unique_name for t in proto.components.transforms.values()}
     for label in ("ReadFiles", "AssignPools", "StagePools", "BuildInstances", "GroupShards", "WriteShards",
@@ -253,14 +265,15 @@ def test_every_dofn_round_trips_through_beam_pickler_and_cloudpickle(tmp_path) -
     from apache_beam.internal import pickler
 
     plan = _plan(tmp_path)
-    fns = [T.ReadFiles(plan.config, plan.vocab, True), T.AssignPools(plan.config),
-           T.BuildInstances(plan.config, plan.vocab, plan.staging_dir), T.WriteShard(plan.output_dir)]
+    fns = [T.ReadFiles(plan.config, plan.vocab, True), T.AssignPools(plan.config, READ.num_pools),
+           T.BuildInstances(plan.config, plan.vocab, plan.staging_dir, READ.num_shards),
+           T.WriteShard(plan.output_dir, READ.num_shards)]
     for fn in fns:
         for dumps, loads in ((pickler.dumps, pickler.loads), (cloudpickle.dumps, cloudpickle.loads)):
             back = loads(dumps(fn))
             assert type(back) is type(fn) and vars(back).keys() == vars(fn).keys()
     p = beam.Pipeline()
-    R.build_pipeline(p, plan)
+    _both_pipelines(p, plan)
 
     class Collect(beam.pipeline.PipelineVisitor):
         def __init__(self) -> None:
