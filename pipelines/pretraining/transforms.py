@@ -8,7 +8,6 @@ What is here is Beam: reading files in workers, grouping, staging through files,
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import re
@@ -49,6 +48,9 @@ ERROR_TAG = "[bert-datagen error] "
 TOTAL_KEYS = ("documents", "sentences", "tokens", "instances", "notnext_fraction", "masked_tokens",
               "decode_errors", "dropped_documents", "duplicate_documents")
 DOCS_PER_TOKENIZE_BATCH = 256
+# The most of a file one read step decodes at once (a read task of --read-chunk-mb is read in such
+# pieces): bounds the reader's memory, never changes a byte of the output.
+READ_PIECE_BYTES = 8 << 20
 # CPU seconds each kind of task took, summed over workers: where the time goes, and how well the
 # work spread (the summary table shows them; the manifest does not: they differ run to run).
 BUSY_PREFIX = "cpu_seconds/"
@@ -119,31 +121,42 @@ class ReadFiles(_ReportingDoFn):
         super().setup()
 
     def process(self, task: tuple[str, int, int, int | None]) -> Iterator[dict[str, Any]]:
-        from bert_datagen.datagen.ranges import read_range_documents
-        from bert_datagen.datagen.readers import read_documents
-
         path, size, start, end = task
         started = time.process_time()
-        with contextlib.ExitStack() as stack:
-            try:
-                if end is None:
-                    data = fsio.read_bytes(path)
-                    stats: dict[str, Any] = {"files": 1, "input_bytes": len(data)}
-                    raws = read_documents(path, data, self.config, stats)
-                    del data  # the reader holds what it still needs
-                else:  # one byte range of a big file (see bert_datagen.datagen.ranges)
-                    stream = stack.enter_context(fsio.open_read(path))
-                    stats = {"files": int(start == 0), "input_bytes": end - start}
-                    raws = read_range_documents(path, stream, size, start, end, self.config, stats)
-            except Exception as e:
-                raise input_error(f"{path}: cannot read: {e}") from e
-            by_split = self._tokenized(path, raws, stats)
+        stats: dict[str, Any] = {"files": int(start == 0)}
+        by_split = self._tokenized(path, self._documents(path, size, start, end, stats), stats)
         name = hashlib.sha256(f"{path}\0{start}".encode()).hexdigest()[:24]
         spills = {split: self._spill(docs, f"{name}-{split}") for split, docs in sorted(by_split.items())}
         if self._progress:
             self._progress.add(files=stats["files"], documents=sum(len(d) for d in by_split.values()))
         stats[f"{BUSY_PREFIX}read"] = time.process_time() - started
         yield {"spills": spills, "stats": stats}
+
+    def _documents(self, path: str, size: int, start: int, end: int | None,
+                   stats: dict[str, Any]) -> Iterator[RawDocument]:
+        """The task's raw documents. A format whose documents a byte range can find on its own is
+        read ``READ_PIECE_BYTES`` at a time, whatever the task's size: its text as str objects
+        takes up to ten times its bytes (four bytes a character once one character needs them)."""
+        from bert_datagen.datagen.ranges import byte_ranges, read_range_documents, splittable
+        from bert_datagen.datagen.readers import read_documents
+
+        if not splittable(path, self.config.input_format):
+            try:
+                data = fsio.read_bytes(path)
+            except Exception as e:
+                raise input_error(f"{path}: cannot read: {e}") from e
+            stats["input_bytes"] = len(data)
+            yield from read_documents(path, data, self.config, stats)
+            return
+        stop = size if end is None else end
+        stats["input_bytes"] = stop - start
+        try:
+            stream = fsio.open_read(path)
+        except Exception as e:
+            raise input_error(f"{path}: cannot read: {e}") from e
+        with stream:
+            for lo, hi in byte_ranges(stop - start, READ_PIECE_BYTES):
+                yield from read_range_documents(path, stream, size, start + lo, start + hi, self.config, stats)
 
     def _tokenized(self, path: str, raws: Iterator[RawDocument], stats: dict[str, Any]
                    ) -> dict[str, list[TokenizedDocument]]:
