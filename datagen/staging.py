@@ -16,6 +16,7 @@ import numpy as np
 
 from bert_datagen.datagen.documents import TokenizedDocument
 from bert_datagen.datagen.framed import EncodedRecords
+from bert_datagen.datagen.instances import FlatPool
 
 _STAGING_MAGIC = b"BDSTAGE1"
 
@@ -116,6 +117,13 @@ class StagedPool:
         return [TokenizedDocument(doc_id=int(self.doc_ids[lo + i]), tokens=tokens[tok_at[i]:tok_at[i + 1]],
                                   sentence_ends=ends[sent_at[i]:sent_at[i + 1]])
                 for i in range(hi - lo)]
+
+
+def flat_pool_from_bytes(data: bytes, path: str) -> FlatPool:
+    """A pool file's documents as one ``FlatPool`` (views of ``data``), with no per-document objects:
+    what each pass of an ``nsp`` pool needs."""
+    a = _unpack_arrays(data, path)
+    return FlatPool.of_arrays(a["doc_ids"], a["n_sentences"], a["tokens"], a["sentence_ends"])
 
 
 def records_to_bytes(records: EncodedRecords) -> bytes:

@@ -32,6 +32,7 @@ from bert_datagen.datagen.placement import (
 )
 from bert_datagen.datagen.staging import (
     StagedPool,
+    flat_pool_from_bytes,
     pool_from_bytes,
     pool_to_bytes,
     records_from_bytes,
@@ -324,8 +325,13 @@ class BuildInstances(_ReportingDoFn):
         num_shards = self.num_shards
         (split, pool, pass_index), pool_path = task
         started = time.process_time()
-        # The pool file's bytes are let go once the pass is planned (see encode_pool_pass).
-        built = encode_pool_pass(pool_from_file(pool_path), pass_index, self.config, self.vocab)
+        # The pool file's bytes are let go once the pass is planned (see encode_pool_pass). NSP passes
+        # take the pool flat, as stored: no per-document work in every pass.
+        data = fsio.read_bytes(pool_path)
+        docs = flat_pool_from_bytes(data, pool_path) if self.config.objective == "nsp" else pool_from_bytes(data, pool_path)
+        del data
+        built = encode_pool_pass(docs, pass_index, self.config, self.vocab)
+        del docs
         if built is None:
             return
         records, labels, masked = built.records, built.labels, built.masked
