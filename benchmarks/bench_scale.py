@@ -116,3 +116,106 @@ def run_datagen(inputs: list[Path], vocab: Path, out: Path, extra: list[str], du
     manifest = json.loads((out / "manifest.json").read_text())
     return {"wall_s": wall, "cpu_s": sum(cpu_seen.values()), "peak_rss_mb": peak / 2**20, "manifest": manifest,
             "stderr": err}
+
+
+def measure(scales: list[int], dask_scales: list[int], files: int, base_mb: float, dupe_factor: int,
+            root: Path) -> dict:
+    docs = base_documents(base_mb)
+    vocab, _ = train_vocab(write_scaled_input(docs, 1, root / "in-1", 1), root / "vocab.txt")
+    results: dict = {"base_mb": base_mb, "dupe_factor": dupe_factor, "files": files, "scales": {}}
+    for scale in sorted(set(scales) | set(dask_scales)):
+        inputs = write_scaled_input(docs, scale, root / f"in-{scale}", files)
+        mb = sum(p.stat().st_size for p in inputs) / 1e6
+        floor = tokenize_floor(vocab, inputs, repeats=1)
+        row: dict = {"input_mb": round(mb, 2), "floor_s": round(floor["seconds"], 2),
+                     "floor_cpu_s": round(floor["cpu_seconds"], 2)}
+        runs = {"direct": ["--direct_num_workers=1"]} if scale in scales else {}
+        if scale in dask_scales:
+            runs["dask-2"] = ["--runner", "DaskRunner", "--dask-workers", "2"]
+        for name, extra in runs.items():
+            r = run_datagen(inputs, vocab, root / f"out-{scale}-{name}", extra, dupe_factor)
+            row[name] = {"wall_s": round(r["wall_s"], 1), "cpu_s": round(r["cpu_s"], 1),
+                         "s_per_mb": round(r["wall_s"] / mb, 3), "peak_rss_mb": round(r["peak_rss_mb"]),
+                         "x_floor": round(r["wall_s"] / floor["seconds"], 2),
+                         "cpu_x_floor": round(r["cpu_s"] / floor["cpu_seconds"], 2),
+                         "documents": r["manifest"]["totals"]["documents"],
+                         "instances": r["manifest"]["totals"]["instances"],
+                         "shards": [s["sha256"] for s in r["manifest"]["splits"]["train"]["shards"]],
+                         "reads": read_count(r["stderr"])}
+            print(f"{scale}x {name}: {json.dumps({k: v for k, v in row[name].items() if k != 'shards'})}", flush=True)
+        if "direct" in row and "dask-2" in row:
+            row["dask_speedup"] = round(row["direct"]["wall_s"] / row["dask-2"]["wall_s"], 2)
+            row["identical_shards"] = row["direct"]["shards"] == row["dask-2"]["shards"]
+        for name in runs:
+            row[name].pop("shards")
+        results["scales"][str(scale)] = row
+    return results
+
+
+def read_count(stderr: str) -> int:
+    """Files (or byte ranges) read, from the progress lines: each process's last count of files."""
+    last: dict[str, int] = {}
+    for line in stderr.splitlines():
+        m = re.match(r"bert-datagen \[pid (\d+), [^\]]*\]: ([\d,]+) files", line)
+        if m:
+            last[m.group(1)] = int(m.group(2).replace(",", ""))
+    return sum(last.values())
+
+
+def plot(results: dict, path: Path, before_rss: dict[str, dict[float, float]] | None = None) -> None:
+    """Time and peak RSS against input size; ``before_rss``: other curves of peak RSS (label -> MB -> MB)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = sorted((r["input_mb"], r["direct"]) for r in results["scales"].values() if "direct" in r)
+    mb = [m for m, _ in rows]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(9, 3.4))
+    left.plot(mb, [r["wall_s"] for _, r in rows], "o-", label="bert-datagen run (wall)")
+    left.plot(mb, [r["cpu_s"] for _, r in rows], "s--", label="bert-datagen run (CPU, all processes)")
+    floors = sorted((r["input_mb"], r["floor_s"]) for r in results["scales"].values())
+    left.plot([m for m, _ in floors], [f for _, f in floors], "^:", label="tokenize once (floor)")
+    left.set_xlabel("input MB")
+    left.set_ylabel("seconds")
+    left.legend(fontsize=7)
+    right.plot(mb, [r["peak_rss_mb"] for _, r in rows], "o-", label="peak RSS, process tree")
+    for label, before in (before_rss or {}).items():
+        right.plot(sorted(before), [before[m] for m in sorted(before)], "x:", label=label)
+    right.set_xlabel("input MB")
+    right.set_ylabel("MB")
+    right.set_ylim(bottom=0)
+    right.legend(fontsize=7)
+    fig.suptitle("bert-datagen run, one worker, enwiki sentences, dupe_factor 10", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def _ints(text: str) -> list[int]:
+    return [int(x) for x in text.split(",") if x.strip()]
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--scales", default="1,10,100", help="scales run on the default runner")
+    parser.add_argument("--dask-scales", default="10", help="scales also run on Dask, 2 local workers ('' for none)")
+    parser.add_argument("--files", type=int, default=1, help="input files each scale is written as")
+    parser.add_argument("--base-mb", type=float, default=4.36, help="size of the 1x input")
+    parser.add_argument("--dupe-factor", type=int, default=10)
+    parser.add_argument("--plot", type=Path, default=None, help="write the time and memory curve (PNG)")
+    parser.add_argument("--json", type=Path, default=None, help="write the figures (JSON)")
+    args = parser.parse_args(argv if argv is not None else [])
+    with tempfile.TemporaryDirectory(prefix="bench-scale-") as tmp:
+        results = measure(_ints(args.scales), _ints(args.dask_scales), args.files, args.base_mb, args.dupe_factor,
+                          Path(tmp))
+    results["cpu_cores"] = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=1) + "\n")
+    if args.plot:
+        plot(results, args.plot)
+    print(json.dumps(results, indent=1))
+    return results
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
