@@ -3,28 +3,32 @@
 This module is the driver (``generate_dataset``) and the graph (``build_pipeline``); the DoFns are in
 ``bert_datagen.pipelines.pretraining.transforms``, the placement rules they apply in ``bert_datagen.datagen.placement``.
 
-Stages (every element is coarse: a batch of documents, a pool, a pool's pass, a shard):
+Stages (every element is coarse: a read task, a spill file, a pool, a pool's pass, a shard), in two
+pipelines run one after the other:
 
 1. ``ReadFiles``: one element per input file (listed in the driver), or per byte range of a big one
-   (``read_tasks``); the DoFn reads, decodes, splits and tokenizes it in batches and tags each
-   document train/eval by a seeded hash of its identity (``split_of``).
-2. ``IdentityCensus``: per-split counts of distinct document identities and their tokens (a
-   singleton side input) fix the number of NotNext pools, ``max(1, n_docs // notnext_pool_size)``,
-   and the shard count, from the corpus alone; the same census gives the input fingerprint.
-3. ``AssignPools`` + ``GroupByKey``: each document goes to the pool a seeded hash of its ``doc_id``
-   picks (``pool_of``); a pool is its documents sorted by ``doc_id`` with duplicates collapsed
-   (``unique_documents``, the only dedupe). Neither the file layout nor the worker count can change a pool.
-4. ``ShardCount``: ``--num-shards``, or the target shard size applied to a deterministic estimate
-   of the record bytes from the census's document and token counts (known before any instance exists).
-5. ``StagePools`` + ``FanOutPasses`` + ``Reshuffle``: each pool is written once to a staging file
-   and one small task per (pool, pass) names it, so even a one-pool corpus keeps several workers
-   busy; ``BuildInstances`` turns the pass into records in key order (``bert_datagen.datagen.framed.encode_pool_pass``:
-   plan, lay out, mask, encode, frame, a block at a time) and cuts them by shard =
-   ``(key * num_shards) >> 64`` (contiguous ranges of the 64-bit key space) into staging
-   fragments: only paths and counts go through the runner's shuffle.
-6. ``GroupByKey`` on (split, shard): ``WriteShard`` merges the shard's fragments by key and writes
+   (``read_tasks``); the DoFn reads, decodes, splits and tokenizes it a piece at a time, tags each
+   document train/eval by a seeded hash of its identity (``split_of``) and spills the documents of
+   each split to a staging file sorted by their pool hash; only identities and token counts go on.
+2. ``ReadCensus`` (the end of the first pipeline): per-split counts of distinct document
+   identities and their tokens, the input fingerprint and the readers' counts, in a file the driver
+   reads. From it the driver fixes the number of NotNext pools, ``max(1, n_docs //
+   notnext_pool_size)``, and the shard count (``--num-shards``, or the target shard size applied
+   to a deterministic estimate of the record bytes), before any instance exists. They reach the
+   second pipeline as constants: no side inputs (see ``build_read_pipeline``).
+3. ``AssignPools`` + ``GroupByKey`` + ``StagePools``: each document belongs to the pool a seeded
+   hash of its ``doc_id`` picks (``pool_of``), one contiguous run of each spill file; a pool is
+   its runs read back, sorted by ``doc_id``, duplicates collapsed (``unique_documents``, the only
+   dedupe), and written once to a staging file. Neither the file layout nor the worker count can
+   change a pool.
+4. ``FanOutPasses`` + ``Reshuffle``: one small task per (pool, pass) names the pool file, so even
+   a one-pool corpus keeps several workers busy; ``BuildInstances`` turns the pass into records in
+   key order (``bert_datagen.datagen.framed.encode_pool_pass``: plan, lay out, mask, encode, frame,
+   a block at a time) and cuts them by shard = ``(key * num_shards) >> 64`` (contiguous ranges of
+   the 64-bit key space) into staging fragments: only paths and counts go through the runner's shuffle.
+5. ``GroupByKey`` on (split, shard): ``WriteShard`` merges the shard's fragments by key and writes
    it atomically. Empty shards are written too.
-7. ``Summarize``: totals, shard checksums and the input fingerprint go to a summary file that the
+6. ``Summarize``: totals, shard checksums and the input fingerprint go to a summary file that the
    driver reads to write ``vocab.txt``, the dataset card and, last, ``manifest.json``.
 
 All of it is written inside the run's staging directory in the output directory; the driver swaps
