@@ -8,7 +8,7 @@ RUN_DIR ?= runs/pretrain
 FINETUNE_DIR ?= runs/finetune
 PYTEST_ARGS ?=
 
-.PHONY: test test-fast pretrain finetune torch-pretrain bench ablation lint clean install-data install-train install-dev
+.PHONY: test test-fast pretrain finetune torch-pretrain bench bench-scale ablation lint clean install-data install-train install-dev
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -44,6 +44,13 @@ lint: $(VENV)/.stamp-dev
 
 bench: $(VENV)/.stamp-dev
 	$(PY) -m benchmarks.run_all
+
+# `bert-datagen run` as the corpus grows (issue #32): s/MB, peak RSS of the process tree, the ratio to
+# tokenizing once, Dask against the DirectRunner; the curve as .bench/scale.png (docs/pipeline.md).
+# SCALE_ARGS="--scales 1,10,20 --dask-scales 10" for a shorter run.
+bench-scale: $(VENV)/.stamp-dev
+	mkdir -p .bench
+	$(PY) -m benchmarks.bench_scale --plot .bench/scale.png --json .bench/scale.json $(SCALE_ARGS)
 
 # Pre-training variants side by side, in miniature (benchmarks/ablation.py, docs/variants.md):
 # about 40 minutes on two cores (pre-training, then SST-2 fine-tuning of each model); figures,

@@ -17,7 +17,7 @@ import numpy as np
 
 from bert_datagen.datagen.config import DatagenConfig
 from bert_datagen.datagen.documents import TokenizedDocument
-from bert_datagen.datagen.instances import PoolPlan, masked_rows, plan_pool_pass
+from bert_datagen.datagen.instances import FlatPool, PoolPlan, masked_rows, plan_pool_pass
 from bert_datagen.datagen.records import encode_framed
 
 if TYPE_CHECKING:
@@ -59,7 +59,7 @@ class PassRecords:
 ENCODE_CHUNK_ROWS = 4096
 
 
-def encode_pool_pass(pool: Sequence[TokenizedDocument], pass_index: int, config: DatagenConfig,
+def encode_pool_pass(pool: Sequence[TokenizedDocument] | FlatPool, pass_index: int, config: DatagenConfig,
                      vocab: Vocab) -> PassRecords | None:
     """The records of one pass over ``pool`` (sorted, one document per identity: ``unique_documents``);
     None for a pool without sentences.

@@ -87,8 +87,9 @@ def _randint(draws: np.ndarray, low: int | np.ndarray, high: int | np.ndarray) -
 
 
 @dataclass
-class _Pool:
-    """The pool flattened: global sentence indices and a global token cumsum."""
+class FlatPool:
+    """The pool flattened: global sentence indices and a global token cumsum. The pipeline builds it
+    from a staged pool's arrays (``of_arrays``) once per pass, with no per-document work."""
 
     doc_ids: np.ndarray  # uint64 (d,)
     tokens: np.ndarray  # int32, every document's tokens concatenated
@@ -96,7 +97,7 @@ class _Pool:
     token_cumsum: np.ndarray  # int64 (total sentences + 1,)
 
     @classmethod
-    def of(cls, docs: Sequence[TokenizedDocument]) -> _Pool:
+    def of(cls, docs: Sequence[TokenizedDocument]) -> FlatPool:
         counts = np.fromiter((d.num_sentences for d in docs), dtype=np.int64, count=len(docs))
         first = np.zeros(len(docs) + 1, dtype=np.int64)
         np.cumsum(counts, out=first[1:])
@@ -107,8 +108,29 @@ class _Pool:
         ids = np.fromiter((d.doc_id for d in docs), dtype=np.uint64, count=len(docs))
         return cls(ids, tokens, first, cumsum)
 
+    @classmethod
+    def of_arrays(cls, doc_ids: np.ndarray, n_sentences: np.ndarray, tokens: np.ndarray,
+                  sentence_ends: np.ndarray) -> FlatPool:
+        """The same as ``of`` for documents stored as ``bert_datagen.datagen.staging.pool_to_bytes``
+        stores them: per document its sentence count, and every document's tokens and cumulative
+        sentence ends one after the other."""
+        first = np.zeros(len(doc_ids) + 1, dtype=np.int64)
+        np.cumsum(n_sentences, out=first[1:])
+        ends = np.asarray(sentence_ends, dtype=np.int64)
+        starts = np.empty_like(ends)  # each sentence's start within its document
+        if ends.size:
+            starts[0] = 0
+            starts[1:] = ends[:-1]
+            starts[first[:-1][np.asarray(n_sentences) > 0]] = 0
+        cumsum = np.zeros(ends.shape[0] + 1, dtype=np.int64)
+        np.cumsum(ends - starts, out=cumsum[1:])
+        return cls(np.asarray(doc_ids, dtype=np.uint64), np.asarray(tokens, dtype=np.int32), first, cumsum)
 
-def _target_lengths(pool: _Pool, pass_index: int, config: DatagenConfig) -> np.ndarray:
+    def __len__(self) -> int:
+        return int(self.doc_ids.shape[0])
+
+
+def _target_lengths(pool: FlatPool, pass_index: int, config: DatagenConfig) -> np.ndarray:
     max_num_tokens = config.max_seq_length - 3
     keys = doc_pass_keys(config.random_seed, "target_length", pool.doc_ids, pass_index)
     short = _uniform(u64_for_keys(keys, np.ones_like(keys))) < config.short_seq_prob
@@ -116,7 +138,7 @@ def _target_lengths(pool: _Pool, pass_index: int, config: DatagenConfig) -> np.n
     return np.where(short, short_len, max_num_tokens).astype(np.int64)
 
 
-def _walk_draws(pool: _Pool, seed: int, purpose: str, pass_index: int) -> np.ndarray:
+def _walk_draws(pool: FlatPool, seed: int, purpose: str, pass_index: int) -> np.ndarray:
     """Draw ``k + 1`` of each document's stream for k < its sentence count, flat in global sentence order."""
     counts = np.diff(pool.first_sentence)
     keys = np.repeat(doc_pass_keys(seed, purpose, pool.doc_ids, pass_index), counts)
@@ -124,7 +146,7 @@ def _walk_draws(pool: _Pool, seed: int, purpose: str, pass_index: int) -> np.nda
     return u64_for_keys(keys, (ordinal + 1).astype(np.uint64))
 
 
-def _walk(pool: _Pool, targets: np.ndarray, pass_index: int, config: DatagenConfig) -> dict[str, np.ndarray]:
+def _walk(pool: FlatPool, targets: np.ndarray, pass_index: int, config: DatagenConfig) -> dict[str, np.ndarray]:
     """The chunk walk of every document: which sentences make A (and B when IsNext).
 
     Sentence indices are global (into the flattened pool): A is ``[a_lo, a_hi)``,
@@ -171,7 +193,7 @@ def _walk(pool: _Pool, targets: np.ndarray, pass_index: int, config: DatagenConf
     }
 
 
-def _partners(pool: _Pool, walk: dict[str, np.ndarray], pass_index: int, config: DatagenConfig) -> tuple[np.ndarray, np.ndarray]:
+def _partners(pool: FlatPool, walk: dict[str, np.ndarray], pass_index: int, config: DatagenConfig) -> tuple[np.ndarray, np.ndarray]:
     """(partner document, tries exhausted) of each NotNext instance."""
     which = np.nonzero(walk["random_next"])[0]
     doc = walk["doc"][which]
@@ -185,7 +207,7 @@ def _partners(pool: _Pool, walk: dict[str, np.ndarray], pass_index: int, config:
     return candidates[np.arange(which.shape[0]), pick], ~found
 
 
-def _b_ranges(pool: _Pool, walk: dict[str, np.ndarray], targets: np.ndarray, pass_index: int,
+def _b_ranges(pool: FlatPool, walk: dict[str, np.ndarray], targets: np.ndarray, pass_index: int,
               config: DatagenConfig) -> tuple[np.ndarray, np.ndarray, dict[str, int]]:
     """Global token range ``[lo, hi)`` of every instance's B."""
     cum = pool.token_cumsum
@@ -341,19 +363,22 @@ def empty_batch(config: DatagenConfig) -> InstanceBatch:
     )
 
 
-def plan_pool_pass(pool: Sequence[TokenizedDocument], pass_index: int,
+def plan_pool_pass(pool: Sequence[TokenizedDocument] | FlatPool, pass_index: int,
                    config: DatagenConfig) -> PoolPlan | PackedPlan | None:
     """The plan of every instance of ``pool`` in one pass (None for a pool without documents).
 
     ``pool`` is sorted by ``doc_id`` with one document per identity (``unique_documents``): the
     pipeline dedupes each pool once, when it is built, not once per pass. Sentence pairs for
-    ``objective="nsp"``; packed sentences (``bert_datagen.datagen.packing``) otherwise.
+    ``objective="nsp"``; packed sentences (``bert_datagen.datagen.packing``) otherwise. A ``FlatPool``
+    (the same documents, flattened) is taken as it is, for ``nsp`` only.
     """
-    if not pool:
+    if not len(pool):
         return None
     if config.objective != "nsp":
+        if isinstance(pool, FlatPool):
+            raise TypeError(f"objective {config.objective!r} plans from the documents, not a FlatPool")
         return plan_packed_pass(pool, pass_index, config, doc_pass_keys)
-    flat = _Pool.of(pool)
+    flat = pool if isinstance(pool, FlatPool) else FlatPool.of(pool)
     max_num_tokens = config.max_seq_length - 3
     targets = _target_lengths(flat, pass_index, config)
     walk = _walk(flat, targets, pass_index, config)

@@ -51,6 +51,21 @@ def pool_of(doc_id: int, num_pools: int, config: DatagenConfig) -> int:
     return (rng.mix64(int(doc_id) ^ key) * num_pools) >> 64
 
 
+def pool_hashes(doc_ids: np.ndarray, config: DatagenConfig) -> np.ndarray:
+    """The hash ``pool_of`` maps onto the pools, for many documents: documents sorted by it fall into
+    pools in contiguous runs, whatever the number of pools."""
+    key = np.uint64(rng.derive_key(config.random_seed, "notnext-pool"))
+    return rng.mix64_array(np.asarray(doc_ids, dtype=np.uint64) ^ key)
+
+
+def pool_runs(sorted_hashes: np.ndarray, num_pools: int) -> list[tuple[int, int, int]]:
+    """``(pool, lo, hi)`` for each pool that documents ``lo:hi`` of a run sorted by ``pool_hashes``
+    fall into (``pool_of`` for each of them), in pool order; empty pools left out."""
+    pools = shard_of_keys(sorted_hashes, num_pools)
+    bounds = np.searchsorted(pools, np.arange(num_pools + 1))
+    return [(p, int(bounds[p]), int(bounds[p + 1])) for p in range(num_pools) if bounds[p + 1] > bounds[p]]
+
+
 def shard_of_keys(keys: np.ndarray, num_shards: int) -> np.ndarray:
     """``(key * num_shards) >> 64`` for every uint64 key, exactly, without 128-bit integers."""
     if not 1 <= num_shards < (1 << 32):

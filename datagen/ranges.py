@@ -24,6 +24,7 @@ titles), as are compressed files (``.gz`` and ``.bz2`` streams cannot be entered
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator
 from typing import BinaryIO
 
@@ -87,8 +88,8 @@ def read_range_documents(path: str, f: BinaryIO, size: int, start: int, end: int
         continues = first > 0 and bool(lines) and bool(lines[0].strip()) and not _previous_line_blank(path, f, first)
         if stop < size and lines and lines[-1].strip():  # a document is still open at ``stop``
             lines.extend(_until_blank(_lines_from(path, f, stop, config.strict_utf8)))
-        groups = list(_read_sentences(path, "\n".join(lines)))
-        yield from raw_documents(path, groups[1:] if continues else groups, True, stats)
+        groups = _read_sentences(path, lines)
+        yield from raw_documents(path, itertools.islice(groups, int(continues), None), True, stats)
     else:
         skipped = 0
         if first > 0:  # what comes before the first <doc> line belongs to the range before

@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from typing import BinaryIO
 
 import numpy as np
 
 from bert_datagen.datagen.documents import TokenizedDocument
 from bert_datagen.datagen.framed import EncodedRecords
+from bert_datagen.datagen.instances import FlatPool
 
 _STAGING_MAGIC = b"BDSTAGE1"
 
@@ -71,6 +73,57 @@ def pool_from_bytes(data: bytes, path: str) -> list[TokenizedDocument]:
     return [TokenizedDocument(doc_id=int(a["doc_ids"][i]), tokens=a["tokens"][tok_at[i]:tok_at[i + 1]],
                               sentence_ends=a["sentence_ends"][sent_at[i]:sent_at[i + 1]])
             for i in range(len(a["doc_ids"]))]
+
+
+def _read_exact(stream: BinaryIO, at: int, size: int, path: str) -> bytes:
+    stream.seek(at)
+    data = stream.read(size) if size else b""
+    if len(data) != size:
+        raise RuntimeError(f"{path}: staging file cut short ({len(data)} of {size} bytes at {at})")
+    return data
+
+
+class StagedPool:
+    """A file written by ``pool_to_bytes``, read in pieces: the per-document counts and identities
+    first, then only the bytes of the documents asked for. A pool takes its run of every read task's
+    spill file this way, without loading the rest of it."""
+
+    def __init__(self, stream: BinaryIO, path: str) -> None:
+        self._stream, self._path = stream, path
+        head = _read_exact(stream, 0, len(_STAGING_MAGIC) + 4, path)
+        if head[:len(_STAGING_MAGIC)] != _STAGING_MAGIC:
+            raise RuntimeError(f"{path}: not a staging file of this run (bad magic)")
+        size = int.from_bytes(head[len(_STAGING_MAGIC):], "little")
+        self._header = json.loads(_read_exact(stream, len(head), size, path))
+        self._base = len(head) + size
+        n = int(self._header["doc_ids"][1][0])
+        self.doc_ids = self._array("doc_ids", 0, n)
+        self.n_tokens = self._array("n_tokens", 0, n)
+        self.n_sentences = self._array("n_sentences", 0, n)
+
+    def _array(self, name: str, start: int, stop: int) -> np.ndarray:
+        dtype, _, offset = self._header[name]
+        item = np.dtype(dtype).itemsize
+        raw = _read_exact(self._stream, self._base + offset + start * item, (stop - start) * item, self._path)
+        return np.frombuffer(raw, dtype=np.dtype(dtype))
+
+    def documents(self, lo: int, hi: int) -> list[TokenizedDocument]:
+        """Documents ``lo:hi``, reading only their tokens and sentence ends."""
+        tok_at = np.concatenate([[0], np.cumsum(self.n_tokens[lo:hi])]) + int(self.n_tokens[:lo].sum())
+        sent_at = np.concatenate([[0], np.cumsum(self.n_sentences[lo:hi])]) + int(self.n_sentences[:lo].sum())
+        tokens = self._array("tokens", int(tok_at[0]), int(tok_at[-1]))
+        ends = self._array("sentence_ends", int(sent_at[0]), int(sent_at[-1]))
+        tok_at, sent_at = tok_at - tok_at[0], sent_at - sent_at[0]
+        return [TokenizedDocument(doc_id=int(self.doc_ids[lo + i]), tokens=tokens[tok_at[i]:tok_at[i + 1]],
+                                  sentence_ends=ends[sent_at[i]:sent_at[i + 1]])
+                for i in range(hi - lo)]
+
+
+def flat_pool_from_bytes(data: bytes, path: str) -> FlatPool:
+    """A pool file's documents as one ``FlatPool`` (views of ``data``), with no per-document objects:
+    what each pass of an ``nsp`` pool needs."""
+    a = _unpack_arrays(data, path)
+    return FlatPool.of_arrays(a["doc_ids"], a["n_sentences"], a["tokens"], a["sentence_ends"])
 
 
 def records_to_bytes(records: EncodedRecords) -> bytes:

@@ -3,28 +3,32 @@
 This module is the driver (``generate_dataset``) and the graph (``build_pipeline``); the DoFns are in
 ``bert_datagen.pipelines.pretraining.transforms``, the placement rules they apply in ``bert_datagen.datagen.placement``.
 
-Stages (every element is coarse: a batch of documents, a pool, a pool's pass, a shard):
+Stages (every element is coarse: a read task, a spill file, a pool, a pool's pass, a shard), in two
+pipelines run one after the other:
 
 1. ``ReadFiles``: one element per input file (listed in the driver), or per byte range of a big one
-   (``read_tasks``); the DoFn reads, decodes, splits and tokenizes it in batches and tags each
-   document train/eval by a seeded hash of its identity (``split_of``).
-2. ``IdentityCensus``: per-split counts of distinct document identities and their tokens (a
-   singleton side input) fix the number of NotNext pools, ``max(1, n_docs // notnext_pool_size)``,
-   and the shard count, from the corpus alone; the same census gives the input fingerprint.
-3. ``AssignPools`` + ``GroupByKey``: each document goes to the pool a seeded hash of its ``doc_id``
-   picks (``pool_of``); a pool is its documents sorted by ``doc_id`` with duplicates collapsed
-   (``unique_documents``, the only dedupe). Neither the file layout nor the worker count can change a pool.
-4. ``ShardCount``: ``--num-shards``, or the target shard size applied to a deterministic estimate
-   of the record bytes from the census's document and token counts (known before any instance exists).
-5. ``StagePools`` + ``FanOutPasses`` + ``Reshuffle``: each pool is written once to a staging file
-   and one small task per (pool, pass) names it, so even a one-pool corpus keeps several workers
-   busy; ``BuildInstances`` turns the pass into records in key order (``bert_datagen.datagen.framed.encode_pool_pass``:
-   plan, lay out, mask, encode, frame, a block at a time) and cuts them by shard =
-   ``(key * num_shards) >> 64`` (contiguous ranges of the 64-bit key space) into staging
-   fragments: only paths and counts go through the runner's shuffle.
-6. ``GroupByKey`` on (split, shard): ``WriteShard`` merges the shard's fragments by key and writes
+   (``read_tasks``); the DoFn reads, decodes, splits and tokenizes it a piece at a time, tags each
+   document train/eval by a seeded hash of its identity (``split_of``) and spills the documents of
+   each split to a staging file sorted by their pool hash; only identities and token counts go on.
+2. ``ReadCensus`` (the end of the first pipeline): per-split counts of distinct document
+   identities and their tokens, the input fingerprint and the readers' counts, in a file the driver
+   reads. From it the driver fixes the number of NotNext pools, ``max(1, n_docs //
+   notnext_pool_size)``, and the shard count (``--num-shards``, or the target shard size applied
+   to a deterministic estimate of the record bytes), before any instance exists. They reach the
+   second pipeline as constants: no side inputs (see ``build_read_pipeline``).
+3. ``AssignPools`` + ``GroupByKey`` + ``StagePools``: each document belongs to the pool a seeded
+   hash of its ``doc_id`` picks (``pool_of``), one contiguous run of each spill file; a pool is
+   its runs read back, sorted by ``doc_id``, duplicates collapsed (``unique_documents``, the only
+   dedupe), and written once to a staging file. Neither the file layout nor the worker count can
+   change a pool.
+4. ``FanOutPasses`` + ``Reshuffle``: one small task per (pool, pass) names the pool file, so even
+   a one-pool corpus keeps several workers busy; ``BuildInstances`` turns the pass into records in
+   key order (``bert_datagen.datagen.framed.encode_pool_pass``: plan, lay out, mask, encode, frame,
+   a block at a time) and cuts them by shard = ``(key * num_shards) >> 64`` (contiguous ranges of
+   the 64-bit key space) into staging fragments: only paths and counts go through the runner's shuffle.
+5. ``GroupByKey`` on (split, shard): ``WriteShard`` merges the shard's fragments by key and writes
    it atomically. Empty shards are written too.
-7. ``Summarize``: totals, shard checksums and the input fingerprint go to a summary file that the
+6. ``Summarize``: totals, shard checksums and the input fingerprint go to a summary file that the
    driver reads to write ``vocab.txt``, the dataset card and, last, ``manifest.json``.
 
 All of it is written inside the run's staging directory in the output directory; the driver swaps
@@ -49,11 +53,10 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import apache_beam as beam
-from apache_beam.pvalue import AsSingleton
 
 from bert_datagen.contract.fs import is_remote
 from bert_datagen.datagen.config import DatagenConfig
-from bert_datagen.datagen.placement import identity_census, shard_counts_of, splits_of
+from bert_datagen.datagen.placement import num_pools_for, shard_counts_of, splits_of
 from bert_datagen.pipelines.beam import fsio, outputs
 from bert_datagen.pipelines.beam.runners import DIRECT, RunnerOptions, RunnerSetup, runner_setup
 from bert_datagen.pipelines.beam.split_checks import empty_split_error, run_warnings
@@ -64,12 +67,10 @@ from bert_datagen.pipelines.pretraining.transforms import (
     BuildInstances,
     ReadFiles,
     WriteShard,
-    build_pool,
     empty_shards,
     extract_input_error,
     fan_out_passes,
-    read_counts,
-    read_identities,
+    read_census,
     stage_pool,
     summarize,
 )
@@ -105,7 +106,7 @@ def read_tasks(files: list[tuple[str, int]], input_format: str,
 
 @dataclass
 class PipelinePlan:
-    """What the driver hands to the pipeline builder."""
+    """What the driver hands to the pipeline builders."""
 
     config: DatagenConfig
     vocab: Vocab
@@ -118,56 +119,84 @@ class PipelinePlan:
     single_thread_tokenizer: bool = True
 
 
-def build_pipeline(p: beam.Pipeline, plan: PipelinePlan) -> None:
-    """Add the data-generation transforms to ``p``. The last transform depends on every branch
-    (Beam's DaskRunner computes only the graph behind the last transform)."""
-    config = plan.config
-    read = (
+@dataclass
+class ReadSummary:
+    """What the read pipeline leaves for the second one (``read_census``): the spill files, the
+    pool and shard counts the census fixes, the readers' totals and the input fingerprint."""
+
+    spills: list[tuple[str, str]]
+    num_pools: dict[str, int]
+    num_shards: dict[str, int]
+    totals: dict[str, Any]
+    fingerprint: str
+
+    @classmethod
+    def load(cls, path: str, config: DatagenConfig) -> ReadSummary:
+        data = json.loads(fsio.read_bytes(path).decode())
+        census = data["census"]
+        return cls(spills=[(split, p) for split, p in data["spills"]],
+                   num_pools={split: num_pools_for(int(census.get(f"distinct_docs/{split}", 0)), config)
+                              for split in splits_of(config)},
+                   num_shards=shard_counts_of(census, config), totals=data["totals"],
+                   fingerprint=census["fingerprint"])
+
+
+def read_summary_path(plan: PipelinePlan) -> str:
+    return fsio.join(plan.staging_dir, "read-summary.json")
+
+
+def build_read_pipeline(p: beam.Pipeline, plan: PipelinePlan) -> None:
+    """The first pipeline: read and tokenize every task into spill files (``ReadFiles``) and write
+    the census of their identities (``read_census``). Its one result, the census, is a barrier for
+    everything after it; ending the pipeline there, rather than handing it on as a side input, means
+    no runner computes a stage twice (Beam's DaskRunner recomputes the whole graph behind a side input
+    in every task that reads it: the input was read five times) and no runner buffers the documents
+    while it waits for the census (local runners held them all in memory)."""
+    (
         p
         | "ListFiles" >> beam.Create(plan.files)
-        | "ReadFiles" >> beam.ParDo(ReadFiles(config, plan.vocab, plan.show_progress, plan.single_thread_tokenizer))
+        | "ReadFiles" >> beam.ParDo(ReadFiles(plan.config, plan.vocab, plan.show_progress,
+                                              plan.single_thread_tokenizer, plan.staging_dir))
+        | "ReadKey" >> beam.Map(lambda d: (0, d))
+        | "GroupReads" >> beam.GroupByKey()
+        | "ReadCensus" >> beam.Map(read_census, read_summary_path(plan))
     )
-    census = (
-        read
-        | "ReadIdentities" >> beam.Map(read_identities)
-        | "IdentitiesKey" >> beam.Map(lambda d: (0, d))
-        | "GroupIdentities" >> beam.GroupByKey()
-        | "IdentityCensus" >> beam.Map(identity_census)
-    )
-    # The shard count comes from the census, so instances can be cut by shard as soon as they
-    # exist; every other total is summed once, at the end (fewer stages, each a barrier).
-    num_shards = census | "ShardCount" >> beam.Map(shard_counts_of, config)
-    pools = (
-        read
-        | "AssignPools" >> beam.ParDo(AssignPools(config), AsSingleton(census))
+
+
+def build_pipeline(p: beam.Pipeline, plan: PipelinePlan, read: ReadSummary) -> None:
+    """The second pipeline: pools from the spill files, instances, shards, the summary. The last
+    transform depends on every branch (Beam's DaskRunner computes only the graph behind the last
+    transform)."""
+    config = plan.config
+    staged = (
+        p
+        | "ListSpills" >> beam.Create(read.spills)
+        | "AssignPools" >> beam.ParDo(AssignPools(config, read.num_pools))
         | "GroupPools" >> beam.GroupByKey()
-        | "BuildPools" >> beam.Map(build_pool)
+        | "StagePools" >> beam.Map(stage_pool, plan.staging_dir)
     )
-    staged = pools | "StagePools" >> beam.Map(stage_pool, plan.staging_dir)
     pool_info = staged | "PoolStats" >> beam.Map(lambda d: {k: v for k, v in d.items()
                                                             if k not in ("path", "split", "pool")})
     parts = (
         staged
         | "FanOutPasses" >> beam.FlatMap(fan_out_passes, config.dupe_factor)
         | "SpreadTasks" >> beam.Reshuffle()
-        | "BuildInstances" >> beam.ParDo(BuildInstances(config, plan.vocab, plan.staging_dir, plan.show_progress),
-                                         AsSingleton(num_shards))
+        | "BuildInstances" >> beam.ParDo(BuildInstances(config, plan.vocab, plan.staging_dir, read.num_shards,
+                                                        plan.show_progress))
     )
-    placeholders = num_shards | "EmptyShards" >> beam.FlatMap(empty_shards)
+    placeholders = p | "EmptyShards" >> beam.Create(list(empty_shards(read.num_shards)))
     shard_info = (
         (parts, placeholders)
         | "AllShardParts" >> beam.Flatten()
         | "GroupShards" >> beam.GroupByKey()
-        | "WriteShards" >> beam.ParDo(WriteShard(plan.output_dir, plan.show_progress, plan.config), AsSingleton(num_shards))
+        | "WriteShards" >> beam.ParDo(WriteShard(plan.output_dir, read.num_shards, plan.show_progress, plan.config))
     )
-    read_info = read | "ReadCounts" >> beam.Map(lambda element: {**read_counts(element), "kind": "read"})
-    census_info = census | "CensusInfo" >> beam.Map(lambda d: {"kind": "census", "fingerprint": d["fingerprint"]})
     (
-        (read_info, census_info, pool_info, shard_info)
+        (pool_info, shard_info)
         | "AllResults" >> beam.Flatten()
         | "ResultsKey" >> beam.Map(lambda d: (0, d))
         | "GroupResults" >> beam.GroupByKey()
-        | "Summarize" >> beam.Map(summarize, plan.summary_path)
+        | "Summarize" >> beam.Map(summarize, plan.summary_path, read.totals, read.fingerprint)
     )
 
 
@@ -245,8 +274,14 @@ def _generate_into(out: outputs.DatasetOutput, config: DatagenConfig, files: lis
         # The only worker of a local run may spread tokenizing over the idle cores; where there
         # are several workers (or a cluster's), each is one core and tokenizes on one thread.
         plan.single_thread_tokenizer = not (setup.runner == "DirectRunner" and setup.workers == 1)
-        run_pipeline(setup, lambda pipeline: build_pipeline(pipeline, plan))
-    summary = json.loads(fsio.read_bytes(summary_path).decode())
+        run_pipeline(setup, lambda pipeline: build_read_pipeline(pipeline, plan))
+        read = ReadSummary.load(read_summary_path(plan), config)
+        if read.spills:
+            run_pipeline(setup, lambda pipeline: build_pipeline(pipeline, plan, read))
+    if read.spills:
+        summary = json.loads(fsio.read_bytes(summary_path).decode())
+    else:  # nothing to build: the check below names the inputs
+        summary = {"totals": read.totals, "fingerprint": read.fingerprint, "shards": {}}
     totals = finalize_totals(summary["totals"])
     if totals["documents"] == 0:
         names = ", ".join(f.path for f in files[:3]) + (" ..." if len(files) > 3 else "")

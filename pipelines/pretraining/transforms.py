@@ -8,7 +8,6 @@ What is here is Beam: reading files in workers, grouping, staging through files,
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import re
@@ -24,13 +23,21 @@ from bert_datagen.datagen.documents import TokenizedDocument, split_marks, uniqu
 from bert_datagen.datagen.framed import EncodedRecords, encode_pool_pass, sorted_shard
 from bert_datagen.datagen.placement import (
     fingerprint,
-    num_pools_for,
-    pool_of,
+    identity_census,
+    pool_hashes,
+    pool_runs,
     shard_name,
     shard_of_keys,
     split_of,
 )
-from bert_datagen.datagen.staging import pool_from_bytes, pool_to_bytes, records_from_bytes, records_to_bytes
+from bert_datagen.datagen.staging import (
+    StagedPool,
+    flat_pool_from_bytes,
+    pool_from_bytes,
+    pool_to_bytes,
+    records_from_bytes,
+    records_to_bytes,
+)
 from bert_datagen.pipelines.beam import fsio
 from bert_datagen.pipelines.beam.progress import Progress
 
@@ -42,6 +49,9 @@ ERROR_TAG = "[bert-datagen error] "
 TOTAL_KEYS = ("documents", "sentences", "tokens", "instances", "notnext_fraction", "masked_tokens",
               "decode_errors", "dropped_documents", "duplicate_documents")
 DOCS_PER_TOKENIZE_BATCH = 256
+# The most of a file one read step decodes at once (a read task of --read-chunk-mb is read in such
+# pieces): bounds the reader's memory, never changes a byte of the output.
+READ_PIECE_BYTES = 8 << 20
 # CPU seconds each kind of task took, summed over workers: where the time goes, and how well the
 # work spread (the summary table shows them; the manifest does not: they differ run to run).
 BUSY_PREFIX = "cpu_seconds/"
@@ -87,14 +97,22 @@ class _ReportingDoFn(beam.DoFn):
 
 
 class ReadFiles(_ReportingDoFn):
-    """Input file -> batches of tokenized documents tagged train/eval, then the file's stats."""
+    """Read task -> its documents, tokenized, in one spill file per split; emits only their identities.
+
+    The documents of a split go to ``staging/read/<task>-<split>.bin`` sorted by the hash that picks
+    their pool (``pool_hashes``), so every pool is one contiguous run of every spill file, whatever
+    the number of pools the census later fixes. The runner then carries 16 bytes a document (for the
+    census and the pool runs), never tokens: a local runner keeps every element it shuffles or
+    buffers for a side input in memory, which made memory grow with the corpus.
+    """
 
     def __init__(self, config: DatagenConfig, vocab: Vocab, show_progress: bool = False,
-                 single_thread_tokenizer: bool = True) -> None:
+                 single_thread_tokenizer: bool = True, staging: str = "") -> None:
         self.config = config
         self.vocab = vocab
         self.show_progress = show_progress
         self.single_thread_tokenizer = single_thread_tokenizer
+        self.staging = staging
 
     def setup(self) -> None:
         from bert_datagen.vocab.tokenizer import BertTokenizer
@@ -104,62 +122,82 @@ class ReadFiles(_ReportingDoFn):
         super().setup()
 
     def process(self, task: tuple[str, int, int, int | None]) -> Iterator[dict[str, Any]]:
-        from bert_datagen.datagen.ranges import read_range_documents
-        from bert_datagen.datagen.readers import read_documents
-
         path, size, start, end = task
         started = time.process_time()
-        with contextlib.ExitStack() as stack:
+        stats: dict[str, Any] = {"files": int(start == 0)}
+        by_split = self._tokenized(path, self._documents(path, size, start, end, stats), stats)
+        name = hashlib.sha256(f"{path}\0{start}".encode()).hexdigest()[:24]
+        spills = {split: self._spill(docs, f"{name}-{split}") for split, docs in sorted(by_split.items())}
+        if self._progress:
+            self._progress.add(files=stats["files"], documents=sum(len(d) for d in by_split.values()))
+        stats[f"{BUSY_PREFIX}read"] = time.process_time() - started
+        yield {"spills": spills, "stats": stats}
+
+    def _documents(self, path: str, size: int, start: int, end: int | None,
+                   stats: dict[str, Any]) -> Iterator[RawDocument]:
+        """The task's raw documents. A format whose documents a byte range can find on its own is
+        read ``READ_PIECE_BYTES`` at a time, whatever the task's size: its text as str objects
+        takes up to ten times its bytes (four bytes a character once one character needs them)."""
+        from bert_datagen.datagen.ranges import byte_ranges, read_range_documents, splittable
+        from bert_datagen.datagen.readers import read_documents
+
+        if not splittable(path, self.config.input_format):
             try:
-                if end is None:
-                    data = fsio.read_bytes(path)
-                    stats: dict[str, Any] = {"files": 1, "input_bytes": len(data)}
-                    raws = read_documents(path, data, self.config, stats)
-                else:  # one byte range of a big file (see bert_datagen.datagen.ranges)
-                    stream = stack.enter_context(fsio.open_read(path))
-                    stats = {"files": int(start == 0), "input_bytes": end - start}
-                    raws = read_range_documents(path, stream, size, start, end, self.config, stats)
+                data = fsio.read_bytes(path)
             except Exception as e:
                 raise input_error(f"{path}: cannot read: {e}") from e
-            yield from self._tokenized(path, raws, stats, started)
+            stats["input_bytes"] = len(data)
+            yield from read_documents(path, data, self.config, stats)
+            return
+        stop = size if end is None else end
+        stats["input_bytes"] = stop - start
+        try:
+            stream = fsio.open_read(path)
+        except Exception as e:
+            raise input_error(f"{path}: cannot read: {e}") from e
+        with stream:
+            for lo, hi in byte_ranges(stop - start, READ_PIECE_BYTES):
+                yield from read_range_documents(path, stream, size, start + lo, start + hi, self.config, stats)
 
-    def _tokenized(self, path: str, raws: Iterator[RawDocument], stats: dict[str, Any],
-                   started: float) -> Iterator[dict[str, Any]]:
+    def _tokenized(self, path: str, raws: Iterator[RawDocument], stats: dict[str, Any]
+                   ) -> dict[str, list[TokenizedDocument]]:
         from bert_datagen.datagen.documents import tokenize_documents
         from bert_datagen.datagen.readers import InputError
 
+        by_split: dict[str, list[TokenizedDocument]] = {}
         batch: list[RawDocument] = []
-        n_docs = 0
         try:
             for raw in raws:
                 batch.append(raw)
                 if len(batch) >= DOCS_PER_TOKENIZE_BATCH:
-                    docs = tokenize_documents(batch, self._tokenizer, self.config, stats)
-                    n_docs += len(docs)
-                    yield self._tagged(docs, stats)
+                    self._tag(tokenize_documents(batch, self._tokenizer, self.config, stats), stats, by_split)
                     batch = []
             if batch:
-                docs = tokenize_documents(batch, self._tokenizer, self.config, stats)
-                n_docs += len(docs)
-                yield self._tagged(docs, stats)
+                self._tag(tokenize_documents(batch, self._tokenizer, self.config, stats), stats, by_split)
         except InputError as e:
             message = str(e)
             raise input_error(message if path in message else f"{path}: {message}") from e
         except OSError as e:
             raise input_error(f"{path}: cannot read: {e}") from e
-        if self._progress:
-            self._progress.add(files=stats["files"], documents=n_docs)
-        stats[f"{BUSY_PREFIX}read"] = time.process_time() - started
-        yield {"docs": {}, "stats": stats}
+        return by_split
 
-    def _tagged(self, docs: list[TokenizedDocument], stats: dict[str, Any]) -> dict[str, Any]:
+    def _tag(self, docs: list[TokenizedDocument], stats: dict[str, Any],
+             by_split: dict[str, list[TokenizedDocument]]) -> None:
         # Unknown tokens, counted for the run summary's warning (a vocab that does not fit the corpus).
         stats["unk_tokens"] = stats.get("unk_tokens", 0) + sum(
             int(np.count_nonzero(split_marks(doc.tokens)[0] == self._unk_id)) for doc in docs)
-        by_split: dict[str, list[TokenizedDocument]] = {}
         for doc in docs:
             by_split.setdefault(split_of(doc.doc_id, self.config), []).append(doc)
-        return {"docs": by_split, "stats": {}}
+
+    def _spill(self, docs: list[TokenizedDocument], name: str) -> dict[str, Any]:
+        ids = np.fromiter((int(d.doc_id) for d in docs), dtype=np.uint64, count=len(docs))
+        # Stable, so equal identities keep the reading order (unique_documents breaks ties anyway).
+        order = np.argsort(pool_hashes(ids, self.config), kind="stable")
+        docs = [docs[i] for i in order]
+        path = fsio.join(self.staging, "read", f"{name}.bin")
+        fsio.write_atomic(path, pool_to_bytes(docs))
+        tokens = np.fromiter((d.num_tokens for d in docs), dtype=np.uint64, count=len(docs))
+        return {"path": path, "identities": np.stack([ids[order], tokens])}
 
 
 def read_counts(element: dict[str, Any]) -> dict[str, Any]:
@@ -167,37 +205,53 @@ def read_counts(element: dict[str, Any]) -> dict[str, Any]:
     # reader's own counts (duplicates included) are kept under other names.
     counts = {(f"read_{k}" if k in ("documents", "sentences", "tokens") else k): v
               for k, v in element["stats"].items()}
-    for split, docs in element["docs"].items():
-        counts[f"read_docs/{split}"] = counts.get(f"read_docs/{split}", 0) + len(docs)
+    for split, spill in element["spills"].items():
+        counts[f"read_docs/{split}"] = counts.get(f"read_docs/{split}", 0) + spill["identities"].shape[1]
     return counts
 
 
-def read_identities(element: dict[str, Any]) -> dict[str, np.ndarray]:
-    """Per split: each document's identity and token count, as a (2, n) uint64 array."""
-    return {split: np.array([[int(d.doc_id) for d in docs], [int(d.num_tokens) for d in docs]], dtype=np.uint64)
-            .reshape(2, len(docs))
-            for split, docs in element["docs"].items()}
+def read_census(element: tuple[int, Iterable[dict[str, Any]]], summary_path: str) -> str:
+    """The read stage's summary, written for the driver: the identity census (``identity_census``:
+    distinct documents and tokens per split, the input fingerprint), the readers' counts summed, and
+    the spill files, sorted. The driver fixes the pool and shard counts from it before the second
+    pipeline starts, so no later stage needs a side input (Beam's DaskRunner recomputes everything
+    behind a side input in every task that reads it)."""
+    _, elements = element
+    identities, totals, spills = [], {}, []
+    for item in elements:
+        identities.append({split: spill["identities"] for split, spill in item["spills"].items()})
+        add_counts(totals, read_counts(item))
+        spills.extend([split, spill["path"]] for split, spill in item["spills"].items() if spill["identities"].size)
+    summary = {"census": identity_census((0, identities)), "totals": totals, "spills": sorted(spills)}
+    fsio.write_atomic(summary_path, (json.dumps(summary, sort_keys=True, indent=1) + "\n").encode())
+    return summary_path
 
 
 class AssignPools(beam.DoFn):
-    def __init__(self, config: DatagenConfig) -> None:
+    """(split, spill path) -> (split, pool) -> (spill path, lo, hi): the pool's run of documents in
+    the file (sorted by ``pool_hashes``), from the file's identities alone."""
+
+    def __init__(self, config: DatagenConfig, num_pools: dict[str, int]) -> None:
         self.config = config
+        self.num_pools = num_pools
 
-    def process(self, element: dict[str, Any], counts: dict[str, Any]):
-        for split, docs in element["docs"].items():
-            num_pools = num_pools_for(int(counts.get(f"distinct_docs/{split}", 0)), self.config)
-            pools: dict[int, list[TokenizedDocument]] = {}
-            for doc in docs:
-                pools.setdefault(pool_of(doc.doc_id, num_pools, self.config), []).append(doc)
-            for pool, members in sorted(pools.items()):
-                yield (split, pool), members
+    def process(self, spill: tuple[str, str]):
+        split, path = spill
+        with fsio.open_read(path) as stream:
+            doc_ids = StagedPool(stream, path).doc_ids
+        for pool, lo, hi in pool_runs(pool_hashes(doc_ids, self.config), self.num_pools[split]):
+            yield (split, pool), (path, lo, hi)
 
 
-def build_pool(element: tuple[tuple[str, int], Iterable[list[TokenizedDocument]]]
+def build_pool(element: tuple[tuple[str, int], Iterable[tuple[str, int, int]]]
                ) -> tuple[tuple[str, int], list[TokenizedDocument], int]:
-    """A pool's documents sorted by ``doc_id``, duplicates collapsed (counted): its only dedupe."""
-    key, batches = element
-    docs = [doc for batch in batches for doc in batch]
+    """A pool's documents, read from its run of every spill file, sorted by ``doc_id``, duplicates
+    collapsed (counted): its only dedupe."""
+    key, runs = element
+    docs: list[TokenizedDocument] = []
+    for path, lo, hi in sorted(runs):
+        with fsio.open_read(path) as stream:
+            docs.extend(StagedPool(stream, path).documents(lo, hi))
     unique, duplicates = unique_documents(docs)
     return key, unique, duplicates
 
@@ -217,8 +271,10 @@ def records_from_file(path: str) -> EncodedRecords:
     return records_from_bytes(fsio.read_bytes(path), path)
 
 
-def stage_pool(pool: tuple[tuple[str, int], list[TokenizedDocument], int], staging: str) -> dict[str, Any]:
-    """Write the pool's documents to a staging file; return its stats (with the path)."""
+def stage_pool(element: tuple[tuple[str, int], Iterable[tuple[str, int, int]]], staging: str) -> dict[str, Any]:
+    """Gather the pool (``build_pool``) and write its documents to a staging file; return its stats
+    (with the path). One step, so a pool's documents never pass through the runner."""
+    pool = build_pool(element)
     (split, index), docs, duplicates = pool
     path = fsio.join(staging, "pools", f"{split}-{index:06d}.bin")
     fsio.write_atomic(path, pool_to_bytes(docs))
@@ -257,17 +313,25 @@ class BuildInstances(_ReportingDoFn):
     A retried task rewrites the same fragments with the same bytes.
     """
 
-    def __init__(self, config: DatagenConfig, vocab: Vocab, staging: str, show_progress: bool = False) -> None:
+    def __init__(self, config: DatagenConfig, vocab: Vocab, staging: str, num_shards: dict[str, int],
+                 show_progress: bool = False) -> None:
         self.config = config
         self.vocab = vocab
         self.staging = staging
+        self.num_shards = num_shards
         self.show_progress = show_progress
 
-    def process(self, task: tuple[tuple[str, int, int], str], num_shards: dict[str, int]):
+    def process(self, task: tuple[tuple[str, int, int], str]):
+        num_shards = self.num_shards
         (split, pool, pass_index), pool_path = task
         started = time.process_time()
-        # The pool file's bytes are let go once the pass is planned (see encode_pool_pass).
-        built = encode_pool_pass(pool_from_file(pool_path), pass_index, self.config, self.vocab)
+        # The pool file's bytes are let go once the pass is planned (see encode_pool_pass). NSP passes
+        # take the pool flat, as stored: no per-document work in every pass.
+        data = fsio.read_bytes(pool_path)
+        docs = flat_pool_from_bytes(data, pool_path) if self.config.objective == "nsp" else pool_from_bytes(data, pool_path)
+        del data
+        built = encode_pool_pass(docs, pass_index, self.config, self.vocab)
+        del docs
         if built is None:
             return
         records, labels, masked = built.records, built.labels, built.masked
@@ -309,13 +373,15 @@ class WriteShard(_ReportingDoFn):
     shard an instance is in never depends on packing (``bert_datagen.datagen.packed``).
     """
 
-    def __init__(self, output_dir: str, show_progress: bool = False, config: DatagenConfig | None = None) -> None:
+    def __init__(self, output_dir: str, num_shards: dict[str, int], show_progress: bool = False,
+                 config: DatagenConfig | None = None) -> None:
         self.output_dir = output_dir
+        self.num_shards = num_shards
         self.show_progress = show_progress
         self.config = config
 
-    def process(self, element: tuple[tuple[str, int], Iterable[tuple[str | None, dict]]],
-                num_shards: dict[str, int]):
+    def process(self, element: tuple[tuple[str, int], Iterable[tuple[str | None, dict]]]):
+        num_shards = self.num_shards
         (split, shard), parts = element
         started = time.process_time()
         name = shard_name(split, shard, num_shards[split])
@@ -348,12 +414,14 @@ def sum_all(parts: Iterable[dict[str, Any]]) -> dict[str, Any]:
     return total
 
 
-def summarize(element: tuple[int, Iterable[dict[str, Any]]], summary_path: str) -> str:
-    """Combine every stats/shard/census element into the run summary and write it (JSON)."""
+def summarize(element: tuple[int, Iterable[dict[str, Any]]], summary_path: str,
+              read_totals: dict[str, Any] | None = None, digest: str | None = None) -> str:
+    """Combine every stats/shard element, and the read stage's totals and fingerprint, into the run
+    summary and write it (JSON)."""
     _, items = element
-    totals: dict[str, Any] = {}
+    totals: dict[str, Any] = dict(read_totals or {})
     shards: dict[str, list[tuple[int, dict]]] = {}
-    digest = fingerprint([])
+    digest = digest or fingerprint([])
     for item in items:
         kind = item.get("kind")
         if kind == "shard":

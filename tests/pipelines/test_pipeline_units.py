@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from dataclasses import dataclass
@@ -219,6 +220,18 @@ def _plan(tmp_path) -> R.PipelinePlan:
                           staging_dir=str(tmp_path / "out" / ".staging-x"))
 
 
+READ = R.ReadSummary(spills=[("train", "/x/spill.bin")], num_pools={"train": 1, "eval": 1},
+                     num_shards={"train": 2, "eval": 1}, totals={}, fingerprint="0" * 64)
+
+
+def _both_pipelines(p, plan: R.PipelinePlan) -> None:
+    """Both graphs of a run in one pipeline object (to inspect them together)."""
+    import apache_beam as beam
+
+    R.build_read_pipeline(p, plan)
+    R.build_pipeline(beam.pvalue.PBegin(p), plan, READ)
+
+
 def test_pipeline_translates_to_a_portable_proto_whose_dofns_unpickle(tmp_path) -> None:
     import apache_beam as beam
     from apache_beam.internal import pickler
@@ -226,7 +239,7 @@ def test_pipeline_translates_to_a_portable_proto_whose_dofns_unpickle(tmp_path) 
     from apache_beam.portability.api import beam_runner_api_pb2
 
     p = beam.Pipeline()
-    R.build_pipeline(p, _plan(tmp_path))
+    _both_pipelines(p, _plan(tmp_path))
     proto = p.to_runner_api()
     names = {t.unique_name for t in proto.components.transforms.values()}
     for label in ("ReadFiles", "AssignPools", "StagePools", "BuildInstances", "GroupShards", "WriteShards",
@@ -247,20 +260,80 @@ def test_pipeline_translates_to_a_portable_proto_whose_dofns_unpickle(tmp_path) 
     assert again.to_runner_api().components.transforms.keys() == proto.components.transforms.keys()
 
 
+def test_no_transform_waits_on_a_side_input(tmp_path) -> None:
+    """Beam's DaskRunner recomputes the whole graph behind a side input in every task that reads it
+    (the input was read five times), and a local runner buffers the main input in memory until the
+    side input is ready: the census ends the first pipeline instead."""
+    import apache_beam as beam
+
+    p = beam.Pipeline()
+    _both_pipelines(p, _plan(tmp_path))
+
+    class SideInputs(beam.pipeline.PipelineVisitor):
+        def __init__(self) -> None:
+            self.found: list[str] = []
+
+        def visit_transform(self, node) -> None:
+            if node.side_inputs:
+                self.found.append(node.full_label)
+
+    visitor = SideInputs()
+    p.visit(visitor)
+    assert visitor.found == []
+
+
+def test_the_runner_carries_identities_not_tokens(tmp_path) -> None:
+    """What ReadFiles hands the runner is 16 bytes a document (identity, token count) and a path:
+    the tokens go to a spill file, read back a pool at a time."""
+    import pickle
+
+    from tests.support.pipeline_corpus import make_documents, write_sentence_files
+
+    plan = _plan(tmp_path)
+    plan = dataclasses.replace(plan, config=DatagenConfig(input_format="sentences", eval_fraction=0.1))
+    (path,) = write_sentence_files(tmp_path / "in", make_documents(300, seed=4), 1)
+    vocab_words = {w for line in path.read_text().split() for w in [line.strip(".,").lower()]}
+    vocab_file = tmp_path / "v.txt"
+    vocab_file.write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *sorted(vocab_words)]) + "\n")
+    from bert_datagen.contract.fs import LOCAL_FS
+    from bert_datagen.contract.vocab_io import load_vocab
+
+    fn = T.ReadFiles(plan.config, load_vocab(str(vocab_file), LOCAL_FS), staging=str(tmp_path / "work"))
+    fn.setup()
+    (element,) = list(fn.process((str(path), path.stat().st_size, 0, None)))
+    docs = sum(spill["identities"].shape[1] for spill in element["spills"].values())
+    tokens = sum(int(spill["identities"][1].sum()) for spill in element["spills"].values())
+    assert docs == 300 and tokens > 20 * docs
+    assert len(pickle.dumps(element)) < 16 * docs + 2000
+    read = R.ReadSummary(spills=[(split, s["path"]) for split, s in sorted(element["spills"].items())],
+                         num_pools={"train": 3, "eval": 1}, num_shards={"train": 1, "eval": 1}, totals={},
+                         fingerprint="")
+    pools: dict = {}
+    for spill in read.spills:
+        for key, run in T.AssignPools(plan.config, read.num_pools).process(spill):
+            pools.setdefault(key, []).append(run)
+    built = [T.build_pool((key, runs)) for key, runs in sorted(pools.items())]
+    assert sum(len(docs) for _, docs, _ in built) == 300
+    for (split, pool), docs, _ in built:
+        assert all(P.pool_of(d.doc_id, read.num_pools[split], plan.config) == pool for d in docs)
+        assert all(P.split_of(d.doc_id, plan.config) == split for d in docs)
+
+
 def test_every_dofn_round_trips_through_beam_pickler_and_cloudpickle(tmp_path) -> None:
     import apache_beam as beam
     import cloudpickle
     from apache_beam.internal import pickler
 
     plan = _plan(tmp_path)
-    fns = [T.ReadFiles(plan.config, plan.vocab, True), T.AssignPools(plan.config),
-           T.BuildInstances(plan.config, plan.vocab, plan.staging_dir), T.WriteShard(plan.output_dir)]
+    fns = [T.ReadFiles(plan.config, plan.vocab, True), T.AssignPools(plan.config, READ.num_pools),
+           T.BuildInstances(plan.config, plan.vocab, plan.staging_dir, READ.num_shards),
+           T.WriteShard(plan.output_dir, READ.num_shards)]
     for fn in fns:
         for dumps, loads in ((pickler.dumps, pickler.loads), (cloudpickle.dumps, cloudpickle.loads)):
             back = loads(dumps(fn))
             assert type(back) is type(fn) and vars(back).keys() == vars(fn).keys()
     p = beam.Pipeline()
-    R.build_pipeline(p, plan)
+    _both_pipelines(p, plan)
 
     class Collect(beam.pipeline.PipelineVisitor):
         def __init__(self) -> None:

@@ -132,6 +132,18 @@ def test_vocab_pickles_small():
     assert clone == vocab and clone.token_to_id("the") == vocab.token_to_id("the")
 
 
+def test_unpickling_does_not_check_the_tokens_again(monkeypatch):
+    """A pipeline unpickles its vocab once per DoFn: the check of every token ran each time."""
+    from bert_datagen.vocab import vocab_file
+
+    vocab = Vocab.from_tokens(english_uncased())
+    data = pickle.dumps(vocab)
+    checked = []
+    monkeypatch.setattr(vocab_file, "_validate_tokens", lambda *args, **kwargs: checked.append(args))
+    clone = pickle.loads(data)
+    assert checked == [] and clone == vocab and clone.sha256 == vocab.sha256 and clone.size == vocab.size
+
+
 # ----------------------------------------------------------------- errors name the file and the line
 
 @pytest.mark.parametrize("missing", ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"])

@@ -1,0 +1,222 @@
+"""`bert-datagen run` as the corpus grows: seconds per MB, peak RSS of the process tree, the ratio to
+tokenizing once, DirectRunner against Dask.
+
+Input (issue #32's shape): English Wikipedia in the original one-sentence-per-line format
+(``--input-format sentences``), built from ../shared/corpora/enwiki_extract_2015: every article is
+cut at its section headings into documents (a section is a document, as in corpora split by
+section) and its paragraphs into sentences at ``. `` / ``? `` / ``! `` before a capital letter.
+The ``1x`` input is the first ``--base-mb`` MB of those documents, all distinct; ``Nx`` is the 1x
+documents followed by N-1 seeded variants of each (its sentences in another order, so every variant
+is a new document with its own identity), written as ``--files`` files of equal size.
+
+Runs, each a fresh ``bert-datagen run`` process: the default (in-memory DirectRunner, one worker),
+and with ``--dask`` the DaskRunner on a local cluster of 2 workers. Peak RSS is the largest sum of
+RSS over the process and all its children, sampled every 0.1 s. The floor: tokenizing the same text
+once with plain ``tokenizers`` on one thread (``bench_datagen``'s floor).
+
+Run: ``python -m benchmarks.bench_scale [--scales 1,10,20] [--dask] [--files 1]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import psutil
+
+from benchmarks.bench_datagen import corpus_files, tokenize_floor, train_vocab, tree_sample
+
+REPO = Path(__file__).resolve().parent.parent
+_SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z\"'(])")
+_HEADING = re.compile(r"^[^.]{1,80}\.$")
+
+
+def wiki_documents(files: list[Path]) -> list[list[str]]:
+    """The corpus's sections as documents, each a list of sentences."""
+    docs: list[list[str]] = []
+    current: list[str] = []
+    for f in files:
+        for line in f.read_text(encoding="utf-8").split("\n"):
+            line = line.strip()
+            if line.startswith("<doc") or line.startswith("</doc") or _HEADING.match(line):
+                if len(current) > 1:
+                    docs.append(current)
+                current = []
+                continue
+            if line:
+                current.extend(s for s in _SENTENCE_END.split(line) if s.strip())
+    if len(current) > 1:
+        docs.append(current)
+    return docs
+
+
+def base_documents(base_mb: float) -> list[list[str]]:
+    """The 1x documents: the first ``base_mb`` MB of the corpus's sections."""
+    out, size = [], 0
+    for doc in wiki_documents(corpus_files()):
+        out.append(doc)
+        size += sum(len(s.encode()) + 1 for s in doc) + 1
+        if size >= base_mb * 1e6:
+            break
+    return out
+
+
+def write_scaled_input(docs: list[list[str]], scale: int, folder: Path, files: int = 1, seed: int = 0) -> list[Path]:
+    """``scale`` copies of ``docs``: the first as they are, each further one with every document's
+    sentences in a seeded order (a new document each), dealt into ``files`` files in turn."""
+    folder.mkdir(parents=True, exist_ok=True)
+    paths = [folder / f"part-{i:03d}.txt" for i in range(files)]
+    handles = [p.open("w", encoding="utf-8") for p in paths]
+    try:
+        n = 0
+        for copy in range(scale):
+            rng = random.Random(f"{seed}-{copy}")
+            for doc in docs:
+                sentences = list(doc)
+                if copy:
+                    rng.shuffle(sentences)
+                handles[n % files].write("\n".join(sentences) + "\n\n")
+                n += 1
+    finally:
+        for h in handles:
+            h.close()
+    return paths
+
+
+def run_datagen(inputs: list[Path], vocab: Path, out: Path, extra: list[str], dupe_factor: int = 10,
+                trace: list | None = None) -> dict:
+    """One ``bert-datagen run`` process: wall seconds, peak RSS of its process tree, its manifest.
+    ``trace`` (when given) gets (seconds, tree RSS bytes) every sample: the memory curve."""
+    cmd = [sys.executable, "-m", "bert_datagen.pipelines.cli", "run", *sum((["--input", str(p)] for p in inputs), []),
+           "--vocab", str(vocab), "--output", str(out), "--input-format", "sentences", "--max-seq-length", "128",
+           "--max-predictions-per-seq", "20", "--dupe-factor", str(dupe_factor), "--overwrite", *extra]
+    start = time.perf_counter()
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
+    ps = psutil.Process(proc.pid)
+    peak = 0
+    cpu_seen: dict[int, float] = {}
+    while proc.poll() is None:
+        rss = tree_sample(ps, cpu_seen)
+        peak = max(peak, rss)
+        if trace is not None:
+            trace.append((round(time.perf_counter() - start, 2), rss))
+        time.sleep(0.1)
+    wall = time.perf_counter() - start
+    _, err = proc.communicate()
+    if proc.returncode != 0:
+        raise RuntimeError(f"bert-datagen run failed ({proc.returncode}):\n{err[-4000:]}")
+    manifest = json.loads((out / "manifest.json").read_text())
+    return {"wall_s": wall, "cpu_s": sum(cpu_seen.values()), "peak_rss_mb": peak / 2**20, "manifest": manifest,
+            "stderr": err}
+
+
+def measure(scales: list[int], dask_scales: list[int], files: int, base_mb: float, dupe_factor: int,
+            root: Path) -> dict:
+    docs = base_documents(base_mb)
+    vocab, _ = train_vocab(write_scaled_input(docs, 1, root / "in-1", 1), root / "vocab.txt")
+    results: dict = {"base_mb": base_mb, "dupe_factor": dupe_factor, "files": files, "scales": {}}
+    for scale in sorted(set(scales) | set(dask_scales)):
+        inputs = write_scaled_input(docs, scale, root / f"in-{scale}", files)
+        mb = sum(p.stat().st_size for p in inputs) / 1e6
+        floor = tokenize_floor(vocab, inputs, repeats=1)
+        row: dict = {"input_mb": round(mb, 2), "floor_s": round(floor["seconds"], 2),
+                     "floor_cpu_s": round(floor["cpu_seconds"], 2)}
+        runs = {"direct": ["--direct_num_workers=1"]} if scale in scales else {}
+        if scale in dask_scales:
+            runs["dask-2"] = ["--runner", "DaskRunner", "--dask-workers", "2"]
+        for name, extra in runs.items():
+            r = run_datagen(inputs, vocab, root / f"out-{scale}-{name}", extra, dupe_factor)
+            row[name] = {"wall_s": round(r["wall_s"], 1), "cpu_s": round(r["cpu_s"], 1),
+                         "s_per_mb": round(r["wall_s"] / mb, 3), "peak_rss_mb": round(r["peak_rss_mb"]),
+                         "x_floor": round(r["wall_s"] / floor["seconds"], 2),
+                         "cpu_x_floor": round(r["cpu_s"] / floor["cpu_seconds"], 2),
+                         "documents": r["manifest"]["totals"]["documents"],
+                         "instances": r["manifest"]["totals"]["instances"],
+                         "shards": [s["sha256"] for s in r["manifest"]["splits"]["train"]["shards"]],
+                         "reads": read_count(r["stderr"])}
+            print(f"{scale}x {name}: {json.dumps({k: v for k, v in row[name].items() if k != 'shards'})}", flush=True)
+        if "direct" in row and "dask-2" in row:
+            row["dask_speedup"] = round(row["direct"]["wall_s"] / row["dask-2"]["wall_s"], 2)
+            row["identical_shards"] = row["direct"]["shards"] == row["dask-2"]["shards"]
+        for name in runs:
+            row[name].pop("shards")
+        results["scales"][str(scale)] = row
+    return results
+
+
+def read_count(stderr: str) -> int:
+    """Files (or byte ranges) read, from the progress lines: each process's last count of files."""
+    last: dict[str, int] = {}
+    for line in stderr.splitlines():
+        m = re.match(r"bert-datagen \[pid (\d+), [^\]]*\]: ([\d,]+) files", line)
+        if m:
+            last[m.group(1)] = int(m.group(2).replace(",", ""))
+    return sum(last.values())
+
+
+def plot(results: dict, path: Path, before_rss: dict[str, dict[float, float]] | None = None) -> None:
+    """Time and peak RSS against input size; ``before_rss``: other curves of peak RSS (label -> MB -> MB)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = sorted((r["input_mb"], r["direct"]) for r in results["scales"].values() if "direct" in r)
+    mb = [m for m, _ in rows]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(9, 3.4))
+    # CPU seconds first: on a shared machine they move far less than wall times.
+    left.plot(mb, [r["cpu_s"] for _, r in rows], "s-", label="bert-datagen run, CPU s (all processes)")
+    floors = sorted((r["input_mb"], r["floor_cpu_s"]) for r in results["scales"].values())
+    left.plot([m for m, _ in floors], [f for _, f in floors], "^:", label="tokenize once (floor), CPU s")
+    left.plot(mb, [r["wall_s"] for _, r in rows], "o--", alpha=0.4, label="bert-datagen run, wall s")
+    left.set_xlabel("input MB")
+    left.set_ylabel("seconds")
+    left.legend(fontsize=7)
+    right.plot(mb, [r["peak_rss_mb"] for _, r in rows], "o-", label="peak RSS, process tree")
+    for label, before in (before_rss or {}).items():
+        right.plot(sorted(before), [before[m] for m in sorted(before)], "x:", label=label)
+    right.set_xlabel("input MB")
+    right.set_ylabel("MB")
+    right.set_ylim(bottom=0)
+    right.legend(fontsize=7)
+    fig.suptitle("bert-datagen run, one worker, enwiki sentences, dupe_factor 10", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def _ints(text: str) -> list[int]:
+    return [int(x) for x in text.split(",") if x.strip()]
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--scales", default="1,10,100", help="scales run on the default runner")
+    parser.add_argument("--dask-scales", default="10", help="scales also run on Dask, 2 local workers ('' for none)")
+    parser.add_argument("--files", type=int, default=1, help="input files each scale is written as")
+    parser.add_argument("--base-mb", type=float, default=4.36, help="size of the 1x input")
+    parser.add_argument("--dupe-factor", type=int, default=10)
+    parser.add_argument("--plot", type=Path, default=None, help="write the time and memory curve (PNG)")
+    parser.add_argument("--json", type=Path, default=None, help="write the figures (JSON)")
+    args = parser.parse_args(argv if argv is not None else [])
+    with tempfile.TemporaryDirectory(prefix="bench-scale-") as tmp:
+        results = measure(_ints(args.scales), _ints(args.dask_scales), args.files, args.base_mb, args.dupe_factor,
+                          Path(tmp))
+    results["cpu_cores"] = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=1) + "\n")
+    if args.plot:
+        plot(results, args.plot)
+    print(json.dumps(results, indent=1))
+    return results
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
