@@ -231,3 +231,17 @@ def test_a_dataset_replaced_under_a_loader_is_an_error_at_its_next_window(corpus
     for batch in got:  # every batch it gave is of the dataset it opened
         want = next(expected)
         assert all(np.array_equal(batch[k], want[k]) for k in batch)
+
+
+def test_inspect_reads_records_through_the_index(dataset, tmp_path) -> None:
+    from bert_datagen.contract.dataset import open_dataset
+    from bert_datagen.pipelines.beam.fsio import BEAM_FS
+    from bert_datagen.pipelines.tools.shards import _indexed_payloads, read_records
+
+    ds = open_dataset(str(dataset), BEAM_FS)
+    old = open_dataset(str(_without_indexes(dataset, tmp_path / "old")), BEAM_FS)
+    ref, old_ref = ds.shards[1], old.shards[1]
+    assert _indexed_payloads(ref, 5, 3) is not None and _indexed_payloads(old_ref, 5, 3) is None
+    (a, pa), (b, pb) = read_records(ref, ds.shape, 5, 3), read_records(old_ref, old.shape, 5, 3)
+    assert not pa and not pb and len(a) == 3
+    assert all(np.array_equal(a.features[k], b.features[k]) for k in a.features)
