@@ -66,12 +66,12 @@ def write_index(directory: str, rel: str, data: bytes, records: int) -> dict:
 
 def write_synthetic_dataset(directory: str, *, seq_len: int = 32, max_pred: int = 5, vocab_size: int = 200,
                             train_shards: int = 2, records_per_shard: int = 64, eval_records: int = 32,
-                            seed: int = 0, masking: str = "static", index: bool = True) -> str:
+                            seed: int = 0, masking: str = "static", indexed: bool = True) -> str:
     """A complete dataset directory (train + eval shards, vocab.txt, manifest.json).
 
     `masking="dynamic"` writes the records unmasked with an identity each (the trainer masks them);
     its vocab then names ids 0-4 [PAD] [UNK] [CLS] [SEP] [MASK], as the records use them.
-    ``index=False``: no record indexes, as datasets written before them.
+    ``indexed=False``: no record indexes, as datasets written before them.
     """
     from bert_datagen.contract.fs import LOCAL_FS
     from bert_datagen.contract.manifest import build_manifest, write_manifest
@@ -93,7 +93,7 @@ def write_synthetic_dataset(directory: str, *, seq_len: int = 32, max_pred: int 
         with open(os.path.join(directory, rel), "wb") as f:
             f.write(data)
         entry = {"path": rel, "records": n, "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
-        if index:
+        if indexed:
             entry["index"] = write_index(directory, rel, data, n)
         return entry
 
