@@ -39,6 +39,15 @@ class ShardRef:
     path: str  # full path to open
     expected: dict | None = None  # the manifest's entry
 
+    @property
+    def index(self) -> tuple[str, dict] | None:
+        """(full path, manifest entry) of the shard's record index (datagen/tfrecord_index.py);
+        None for a dataset written before indexes (readers then walk the shard's headers)."""
+        entry = (self.expected or {}).get("index")
+        if not isinstance(entry, dict) or not self.path.endswith(self.name):
+            return None
+        return self.path[:len(self.path) - len(self.name)] + entry["path"], entry
+
 
 @dataclass
 class Dataset:

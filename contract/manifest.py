@@ -30,6 +30,7 @@ REQUIRED_TOP = ("schema", "schema_version", "tool", "config", "seed", "vocab", "
                 "splits", "totals")
 REQUIRED_VOCAB = ("path", "sha256", "size")
 REQUIRED_SHARD = ("path", "records", "bytes", "sha256")
+REQUIRED_INDEX = ("path", "bytes", "sha256")
 __all__ = ["CARD_NAME", "MANIFEST_NAME", "REQUIRED_FEATURES", "SCHEMA", "SCHEMA_VERSION", "VOCAB_NAME",
            "ManifestError", "build_manifest", "load_manifest", "manifest_bytes", "manifest_kind",
            "shape_from_manifest", "split_names", "validate_manifest", "write_manifest"]
@@ -178,11 +179,18 @@ def validate_manifest(manifest: Any, source: str = MANIFEST_NAME) -> None:
             _require(shard, REQUIRED_SHARD, where, source)
             _int_field(shard["records"], f"{where}.records", source)
             _int_field(shard["bytes"], f"{where}.bytes", source)
-            path = shard["path"]
-            if not isinstance(path, str) or path.startswith("/") or "\\" in path or ".." in path.split("/"):
-                raise ManifestError(f"{source}: field {where}.path must be a relative '/' path, got {path!r}")
+            _relative_path(shard["path"], f"{where}.path", source)
+            if "index" in shard:  # the shard's record index (datagen/tfrecord_index.py); older datasets have none
+                _require(shard["index"], REQUIRED_INDEX, f"{where}.index", source)
+                _int_field(shard["index"]["bytes"], f"{where}.index.bytes", source)
+                _relative_path(shard["index"]["path"], f"{where}.index.path", source)
         _int_field(info["records"], f"splits.{split}.records", source)
         _int_field(info["bytes"], f"splits.{split}.bytes", source)
+
+
+def _relative_path(path: Any, where: str, source: str) -> None:
+    if not isinstance(path, str) or path.startswith("/") or "\\" in path or ".." in path.split("/"):
+        raise ManifestError(f"{source}: field {where} must be a relative '/' path, got {path!r}")
 
 
 def shape_from_manifest(manifest: dict) -> tuple[int, int]:

@@ -9,7 +9,9 @@ Its state is one number, the next global step, so it resumes at any step and int
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
 
@@ -22,7 +24,7 @@ from bert_datagen.contract.loading.order import (
     check_world,
     positions_array,
 )
-from bert_datagen.contract.loading.source import LoadError, Source
+from bert_datagen.contract.loading.source import Fetched, LoadError, Source
 from bert_datagen.contract.ranges import check_int, max_batches
 from bert_datagen.datagen.dynamic import mask_records
 from bert_datagen.datagen.records import INSTANCE_KEY
@@ -35,10 +37,15 @@ class NumpyBatches:
 
     ``stride``/``offset`` let DataLoader workers split a rank's batches (worker w of W takes steps
     start + w, start + w + W, ...); plain use leaves them at 1 and 0.
+
+    ``prefetch``: while a window's batches are used, a background thread fetches the rank's share of
+    the next window (its bytes, undecoded: memory for one more window share of raw records).
+    At each window the dataset is checked to be the one opened (`Source.check_unchanged`).
     """
 
     def __init__(self, source: Source, *, seed: int, batch_size: int, world_size: int = 1, rank: int = 0,
-                 block_size: int = DEFAULT_BLOCK_SIZE, start: int = 0, stop: int | None = None) -> None:
+                 block_size: int = DEFAULT_BLOCK_SIZE, start: int = 0, stop: int | None = None,
+                 prefetch: bool = True) -> None:
         # The arguments first (ArgumentError, naming the argument), then whether the split holds a batch.
         check_order(seed, batch_size, block_size)
         check_int(world_size, "world_size", 1)
@@ -67,6 +74,9 @@ class NumpyBatches:
         self._stores: dict[int, dict[str, np.ndarray]] = {}
         self._next_store = 0
         self._oldest_window = -1
+        self.prefetch = prefetch
+        self._pool: tuple[int, ThreadPoolExecutor] | None = None  # (the process it belongs to, the pool)
+        self._pending: tuple[list[tuple[int, int, int]], Future] | None = None  # (ranges, their fetch)
 
     # ------------------------------------------------------------ iteration
 
@@ -172,6 +182,38 @@ class NumpyBatches:
 
     def _load(self, codes: list[int]) -> None:
         """Read and decode these chunks together into one store, its rows in position order."""
+        plan = self._plan(codes)
+        if plan is None:
+            return
+        ranges, position, rows = plan
+        src = self.source
+        try:
+            fetched = self._take_prefetched(ranges)
+            if fetched is None:
+                fetched = src.fetch(ranges)
+            # The bytes are in hand: they are of the dataset opened only if its manifest is still the
+            # one read then (a replacement retires the old manifest first and places the new one last).
+            src.check_unchanged()
+            pieces = src.decode(fetched, model_inputs=True, order=rows)
+        except LoadError:
+            src.check_unchanged()  # a shard that changed under us reads as corrupt: say what happened
+            raise
+        where = []
+        for piece in pieces:  # a store each: rows 0.. of a piece
+            n = len(next(iter(piece.values())))
+            where.append(np.stack([np.full(n, self._next_store), np.arange(n)], axis=1))
+            self._stores[self._next_store] = piece
+            self._next_store += 1
+        keys = np.concatenate([self._keys, position[rows]])
+        where = np.concatenate([self._where, *where])
+        order = np.argsort(keys, kind="stable")
+        self._keys, self._where = keys[order], where[order]
+        if self.prefetch:
+            self._prefetch_after(codes)
+
+    def _plan(self, codes: list[int]) -> tuple[list[tuple[int, int, int]], np.ndarray, np.ndarray] | None:
+        """The record ranges of these chunks not in the cache yet, their positions, and the order
+        their rows are decoded in (the order they will be asked for); None when all are here."""
         o = self.order
         epoch, chunk = np.divmod(np.asarray(codes, np.int64), self._per_epoch)
         sizes = np.minimum((chunk + 1) * o.block_size, o.total) - chunk * o.block_size
@@ -188,24 +230,49 @@ class NumpyBatches:
         new = ~self._find(position)[1]  # a chunk may be partly here already (tail windows, odd orders)
         shard, index, position = shard[new], index[new], position[new]
         if not len(position):
-            return
+            return None
         run = np.flatnonzero(np.concatenate([[True], (np.diff(shard) != 0) | (np.diff(index) != 1)]))
         length = np.diff(np.append(run, len(shard)))
         ranges = list(zip(shard[run].tolist(), index[run].tolist(), (index[run] + length).tolist(), strict=True))
         # Read in file order, decoded in the order the records will be asked for; in the dtypes
         # batches have (int32 ids): half the bytes to write and copy.
-        rows = np.argsort(position, kind="stable")
-        pieces = self.source.read_pieces(ranges, model_inputs=True, order=rows)
-        where = []
-        for piece in pieces:  # a store each: rows 0.. of a piece
-            n = len(next(iter(piece.values())))
-            where.append(np.stack([np.full(n, self._next_store), np.arange(n)], axis=1))
-            self._stores[self._next_store] = piece
-            self._next_store += 1
-        keys = np.concatenate([self._keys, position[rows]])
-        where = np.concatenate([self._where, *where])
-        order = np.argsort(keys, kind="stable")
-        self._keys, self._where = keys[order], where[order]
+        return ranges, position, np.argsort(position, kind="stable")
+
+    # ------------------------------------------------------------ reading ahead
+
+    def _prefetch_after(self, codes: list[int]) -> None:
+        """Start fetching this rank's share of the window after the one just loaded, on a background
+        thread, so that its requests run while the current window's batches are used (full windows;
+        an epoch's tail window is read when its batches come)."""
+        o = self.order
+        B, full = o.batch_size, o.total // (o.batch_size * o.block_size)
+        epoch, chunk = divmod(max(codes), self._per_epoch)
+        epoch, window = (epoch, chunk // B + 1) if chunk // B + 1 < full else (epoch + 1, 0)
+        first_position = epoch * o.total + window * B * o.block_size
+        if window >= full or self.stop is not None and first_position >= self.stop * B:
+            return
+        share = B // self.world_size
+        first = epoch * self._per_epoch + window * B + self.rank * share
+        plan = self._plan(list(range(first, first + share)))
+        if plan is None or self._pending is not None and self._pending[0] == plan[0]:
+            return
+        if self._pool is None or self._pool[0] != os.getpid():  # none yet, or one a fork left behind
+            self._pool = (os.getpid(), ThreadPoolExecutor(1, thread_name_prefix="bert-datagen-prefetch"))
+        self._pending = (plan[0], self._pool[1].submit(self.source.fetch, plan[0]))
+
+    def _take_prefetched(self, ranges: list[tuple[int, int, int]]) -> Fetched | None:
+        """The fetched bytes of exactly these ranges when they were read ahead (their errors raised
+        here), else None; a read-ahead of other ranges is dropped."""
+        pending, self._pending = self._pending, None
+        if pending is None or pending[0] != ranges:
+            return None
+        return pending[1].result()
+
+    def __getstate__(self) -> dict:
+        # A DataLoader worker gets a copy: without the thread and what it was reading.
+        state = dict(self.__dict__)
+        state["_pool"] = state["_pending"] = None
+        return state
 
     def _evict(self, positions: np.ndarray) -> None:
         # Keep the records of the windows this batch is in; a run moves forward through windows.

@@ -1,27 +1,39 @@
 """What a loader reads: a dataset split's shards, their record counts, fingerprint and feature spec,
 and any range of a shard's records, CRC-checked and decoded into NumPy.
 
-A shard's records are found through an index of record offsets, built the first time the shard is
-touched by walking its length headers (12 bytes per record, each header CRC checked); a range of
-records is then one sequential read whose frames and CRCs `bert_datagen.datagen.tfrecord` checks
-against that index.
+A shard's records are found through its record index (`bert_datagen.datagen.tfrecord_index`),
+which `run` and `task` write beside it and list in the manifest: a read fetches the index lines of
+just the records it needs, then their bytes, as few ranged reads (adjacent spans joined, shards read
+concurrently), and `bert_datagen.datagen.tfrecord` checks every frame and CRC against the index. A
+dataset written before indexes still loads: its shards' offsets are found once by walking their
+length headers (12 bytes per record, each header CRC checked).
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from bert_datagen.contract.dataset import DatasetError, ShardRef, manifest_identity, open_dataset
 from bert_datagen.contract.features import TASK
-from bert_datagen.contract.fs import DEFAULT_FS, FileSystem
-from bert_datagen.contract.manifest import ManifestError, manifest_kind
+from bert_datagen.contract.fs import DEFAULT_FS, FileSystem, is_remote
+from bert_datagen.contract.manifest import MANIFEST_NAME, ManifestError, manifest_kind
 from bert_datagen.contract.vocab_io import load_vocab
 from bert_datagen.datagen.config import DatagenConfig
 from bert_datagen.datagen.example_codec import FeatureSpec, decode_raw
 from bert_datagen.datagen.records import INSTANCE_KEY
 from bert_datagen.datagen.tfrecord import RawBatch, RecordError, check_frames_at, record_offsets
+from bert_datagen.datagen.tfrecord_index import (
+    FRAME_OVERHEAD,
+    RecordIndexError,
+    check_run,
+    line_width,
+    parse_lines,
+)
 from bert_datagen.vocab.vocab_file import Vocab, VocabError
 
 
@@ -40,6 +52,22 @@ def masking_config(manifest: dict) -> DatagenConfig:
 
 
 _DECODE_RECORDS = 4096  # per decode call: larger ones run slower, their arrays outgrowing the caches
+# Spans of a file at most this far apart are read as one: a request costs more than this many bytes
+# (object stores bill and wait per request), and the records between are few (a record is ~1 KB).
+_JOIN_GAP = 16 << 10
+_CONCURRENT_FILES = 16  # files of a window read at once (a rank's window spans up to batch_size / N shards)
+
+
+@dataclass
+class Fetched:
+    """The bytes of record ranges laid end to end, every record's frame located: what `Source.fetch`
+    reads and `Source.decode` checks and decodes."""
+
+    ranges: list[tuple[int, int, int]]
+    blob: bytes
+    heads: np.ndarray  # each record's frame in ``blob``, records in the ranges' order
+    lengths: np.ndarray  # each record's payload length
+    at: np.ndarray  # each record's byte offset in its shard (for messages)
 
 
 @dataclass
@@ -57,7 +85,28 @@ class Source:
     fs: FileSystem = DEFAULT_FS
     vocab: Vocab | None = None
     mask_config: DatagenConfig | None = None
+    # What the manifest was when the source was opened (`PathFS.version`: size and mtime of a local
+    # file, ETag or generation of an object); None for shard lists without a manifest.
+    manifest_version: str | None = None
     _offsets: dict[int, np.ndarray] = field(default_factory=dict, repr=False)
+
+    def check_unchanged(self) -> None:
+        """LoadError unless the dataset is still the one opened: a `run --overwrite` (or anything
+        else) that replaced its manifest since makes every record read after it suspect, so a
+        loader stops rather than mix records of two datasets."""
+        if self.manifest_version is None:
+            return
+        path = self.fs.join(self.root, MANIFEST_NAME)
+        try:
+            now = self.fs.version(path)  # type: ignore[attr-defined]
+        except OSError as e:  # a bucket's missing object is an OSError of ENOENT, not FileNotFoundError
+            if e.errno != errno.ENOENT:
+                raise LoadError(f"{path}: cannot check that the dataset is unchanged: {e}") from e
+            now = "gone"
+        if now != self.manifest_version:
+            what = "was removed" if now == "gone" else "was replaced"
+            raise LoadError(f"{path}: the dataset {what} while this loader read it (a run --overwrite?); "
+                            "its batches would mix two datasets: open it again to read the new one")
 
     @property
     def has_instance_key(self) -> bool:
@@ -81,28 +130,48 @@ class Source:
                     order: np.ndarray | None = None) -> list[dict[str, np.ndarray]]:
         """``read_ranges`` as consecutive pieces of at most _DECODE_RECORDS rows, not joined (a
         reader that can use the pieces as they are saves copying them all once more)."""
-        spans = np.asarray(ranges, np.int64).reshape(-1, 3)
-        shard, start, stop = spans.T
-        sizes = stop - start
-        firsts = np.concatenate([[0], np.cumsum(sizes)])
+        return self.decode(self.fetch(ranges), model_inputs, order)
+
+    def fetch(self, ranges: list[tuple[int, int, int]]) -> Fetched:
+        """The bytes of several ``(shard, start, stop)`` record ranges, every record's frame located:
+        the only I/O of a read (a loader runs it ahead, on another thread). Through the shards'
+        indexes, just the index lines and bytes of these records are fetched; adjacent ranges of a
+        shard are joined into one read; the shards are read concurrently."""
+        ranges = [(int(a), int(b), int(c)) for a, b, c in ranges]
+        lines = self._index_lines([r for r in ranges if self._uses_index(r[0])])
+        queues = {shard: iter(found) for shard, found in lines.items()}
+        at, frames = [], []  # each range's records: byte offset in the shard, frame length
+        for shard, start, stop in ranges:
+            if shard in queues:
+                offsets, lengths = next(queues[shard])
+            else:
+                table = self.offsets(shard)
+                offsets, lengths = table[start:stop], np.diff(table[start:stop + 1])
+            at.append(offsets)
+            frames.append(lengths)
+        spans = [(int(a[0]), int(a[-1] + f[-1])) if len(a) else (0, 0) for a, f in zip(at, frames, strict=True)]
+        datas = self._read_spans([r[0] for r in ranges], spans, "shard")
+        blob_at = np.cumsum([0] + [len(d) for d in datas])
+        heads = [a - b + blob_at[i] for i, (a, (b, _)) in enumerate(zip(at, spans, strict=True))]
+        return Fetched(ranges, b"".join(datas), _joined(heads), _joined(frames) - FRAME_OVERHEAD, _joined(at))
+
+    def _uses_index(self, shard: int) -> bool:
+        return self.shards[shard].index is not None and shard not in self._offsets
+
+    def decode(self, fetched: Fetched, model_inputs: bool = False,
+               order: np.ndarray | None = None) -> list[dict[str, np.ndarray]]:
+        """Fetched records: every frame and CRC checked, then decoded (a decode call has a fixed
+        cost, so a window's chunks are decoded together) in pieces of at most _DECODE_RECORDS rows;
+        LoadError names the shard and record."""
+        ranges, blob, heads, lengths = fetched.ranges, fetched.blob, fetched.heads, fetched.lengths
+        sizes = np.asarray([c - b for _, b, c in ranges], np.int64)
+        firsts = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
         count = int(firsts[-1])
-        # Every record's file offset and the next one's, through one table of the shards' offsets.
-        used = np.unique(shard).tolist()
-        tables = [self.offsets(s) for s in used]
-        table = np.concatenate(tables) if tables else np.zeros(0, np.int64)
-        base = np.zeros(len(self.shards), np.int64)
-        base[used] = np.concatenate([[0], np.cumsum([len(t) for t in tables])[:-1]]).astype(np.int64)
-        row = np.repeat(base[shard] + start - firsts[:-1], sizes) + np.arange(count)
-        begin, end = table[base[shard] + start], table[base[shard] + stop]  # each range's bytes
-        blob_at = np.concatenate([[0], np.cumsum(end - begin)])
-        heads = table[row] - np.repeat(begin - blob_at[:-1], sizes)
-        lengths = table[row + 1] - table[row] - 16
-        blob = self._ranges_bytes(shard.tolist(), start.tolist(), begin.tolist(), end.tolist())
         problems = check_frames_at(blob, heads, lengths)
         if problems:
             at, record = self._locate(ranges, firsts, problems[0][0])
             raise LoadError(f"{self.shards[at].path}: corrupt shard: record {record} at byte "
-                            f"{int(self.offsets(at)[record])}: {problems[0][1]}")
+                            f"{int(fetched.at[problems[0][0]])}: {problems[0][1]}")
         narrow = [k for k, (d, _) in self.spec.items() if d == "int64" and k != INSTANCE_KEY] if model_inputs else ()
         rows = np.arange(count) if order is None else np.asarray(order, np.int64)
         parts = []
@@ -115,22 +184,66 @@ class Source:
             parts.append(batch.features)
         return parts
 
-    def _ranges_bytes(self, shards: list[int], starts: list[int], begins: list[int], ends: list[int]) -> bytes:
-        """The byte ranges laid end to end, in the order given; each shard file opened once."""
-        datas: list[bytes] = [b""] * len(shards)
-        of_shard: dict[int, list[int]] = {}
-        for i, shard in enumerate(shards):
-            of_shard.setdefault(shard, []).append(i)
-        for shard, indices in of_shard.items():
-            ref = self.shards[shard]
+    def _index_lines(self, ranges: list[tuple[int, int, int]]) -> dict[int, list[tuple[np.ndarray, np.ndarray]]]:
+        """(offsets, frame lengths) of each range's records from its shard's index, one list per
+        shard in the ranges' order; the lines checked against each other and the shard's size."""
+        if not ranges:
+            return {}
+        widths = {}
+        for shard in {r[0] for r in ranges}:
+            path, entry = self.shards[shard].index  # type: ignore[misc]
             try:
-                # One call per shard: a bucket serves the ranges as concurrent ranged requests.
-                parts = self.fs.read_ranges(ref.path, [(begins[i], ends[i]) for i in indices])
+                widths[shard] = line_width(int(entry["bytes"]), self.counts[shard])
+            except RecordIndexError as e:
+                raise LoadError(f"{path}: corrupt index: {e} (bert-datagen verify tells more)") from e
+        spans = [(start * widths[shard], stop * widths[shard]) for shard, start, stop in ranges]
+        datas = self._read_spans([r[0] for r in ranges], spans, "index")
+        out: dict[int, list[tuple[np.ndarray, np.ndarray]]] = {}
+        for (shard, start, stop), data in zip(ranges, datas, strict=True):
+            path = self.shards[shard].index[0]  # type: ignore[index]
+            size = int(self.shards[shard].expected["bytes"])  # type: ignore[index]
+            try:
+                offsets, lengths = parse_lines(data, widths[shard], start, path)
+                check_run(offsets, lengths, stop == self.counts[shard], size, start, path)
+            except RecordIndexError as e:
+                raise LoadError(f"corrupt index: {e} (bert-datagen verify tells more)") from e
+            out.setdefault(shard, []).append((offsets, lengths))
+        return out
+
+    def _read_spans(self, shards: list[int], spans: list[tuple[int, int]], what: str) -> list[bytes]:
+        """The bytes ``[begin, end)`` of each span of a shard (``what``: "shard", or "index" for its
+        index file), in the order given: spans of a file that touch or nearly touch are joined into
+        one read, and the files are read concurrently when they are remote."""
+        paths = [self.shards[s].path if what == "shard" else self.shards[s].index[0] for s in shards]  # type: ignore[index]
+        of_path: dict[str, list[int]] = {}
+        for i, path in enumerate(paths):
+            if spans[i][1] > spans[i][0]:
+                of_path.setdefault(path, []).append(i)
+        reads = {path: coalesce([spans[i] for i in indices], _JOIN_GAP) for path, indices in of_path.items()}
+
+        def read(path: str) -> list[bytes]:
+            try:
+                return self.fs.read_ranges(path, reads[path])
+            except FileNotFoundError as e:
+                raise LoadError(f"{path}: {what} listed in the manifest is missing") from e
             except OSError as e:
-                raise LoadError(f"{ref.path}: cannot read shard: {e}") from e
-            for i, data in zip(indices, parts, strict=True):
-                datas[i] = data
-        return b"".join(datas)
+                raise LoadError(f"{path}: cannot read {what}: {e}") from e
+
+        remote = [p for p in reads if is_remote(p)]
+        if len(remote) > 1:
+            with ThreadPoolExecutor(min(len(reads), _CONCURRENT_FILES)) as pool:
+                got = dict(zip(reads, pool.map(read, list(reads)), strict=True))
+        else:
+            got = {path: read(path) for path in reads}
+        out = [b""] * len(spans)
+        for path, indices in of_path.items():
+            joined = reads[path]
+            for i in indices:
+                begin, end = spans[i]
+                j = int(np.searchsorted([b for b, _ in joined], begin, side="right")) - 1
+                base = joined[j][0]
+                out[i] = got[path][j][begin - base:end - base]
+        return out
 
     @staticmethod
     def _locate(ranges: list[tuple[int, int, int]], firsts: np.ndarray, index: int) -> tuple[int, int]:
@@ -140,15 +253,50 @@ class Source:
         return shard, start + index - int(firsts[r])
 
     def offsets(self, shard: int) -> np.ndarray:
-        """Byte offset of every record of the shard, and its size last (count + 1 entries)."""
+        """Byte offset of every record of the shard, and its size last (count + 1 entries): from the
+        shard's index when it has one (one read of it), else by walking the shard's headers."""
         got = self._offsets.get(shard)
         if got is None:
             got = self._offsets[shard] = _index_shard(self.shards[shard], self.counts[shard], self.fs)
         return got
 
 
+def _joined(arrays: list[np.ndarray]) -> np.ndarray:
+    return np.concatenate(arrays).astype(np.int64) if arrays else np.zeros(0, np.int64)
+
+
+def coalesce(spans: list[tuple[int, int]], gap: int) -> list[tuple[int, int]]:
+    """Byte spans of one file, sorted, joined where they overlap or touch, or lie at most ``gap``
+    bytes apart and the bytes between are at most an eighth of the two spans': a read of a few
+    bytes between costs less than another request, and what is read but not used stays under
+    1/8 of what is (the loaders' target: at most 1.2x their share of the dataset)."""
+    out: list[list[int]] = []
+    for begin, end in sorted(spans):
+        if out and begin - out[-1][1] <= min(gap, (out[-1][1] - out[-1][0] + end - begin) // 8):
+            out[-1][1] = max(out[-1][1], end)
+        else:
+            out.append([begin, end])
+    return [(b, e) for b, e in out]
+
+
 def _index_shard(ref: ShardRef, count: int, fs: FileSystem) -> np.ndarray:
     size = int(ref.expected["bytes"]) if ref.expected else None
+    if ref.index is not None:
+        path, _ = ref.index
+        try:
+            data = fs.read_bytes(path)
+            offsets, lengths = parse_lines(data, line_width(len(data), count), 0, path) if count else (
+                np.zeros(0, np.int64), np.zeros(0, np.int64))
+            check_run(offsets, lengths, True, size, 0, path)
+        except RecordIndexError as e:
+            raise LoadError(f"corrupt index: {e} (bert-datagen verify tells more)") from e
+        except FileNotFoundError as e:
+            raise LoadError(f"{path}: index listed in the manifest is missing") from e
+        except OSError as e:
+            raise LoadError(f"{path}: cannot read index: {e}") from e
+        if count and len(offsets) != count:
+            raise LoadError(f"{path}: corrupt index: {len(offsets)} lines for {count} records")
+        return np.append(offsets, offsets[-1] + lengths[-1] if count else 0).astype(np.int64)
     try:
         with fs.open_read(ref.path) as f:
             offsets = record_offsets(f.read, count, ref.path)
@@ -166,6 +314,11 @@ def _index_shard(ref: ShardRef, count: int, fs: FileSystem) -> np.ndarray:
 
 def open_source(target: str, split: str = "train", fs: FileSystem = DEFAULT_FS) -> Source:
     """A split of a bert-datagen dataset (pre-training or task) for the loaders."""
+    version = None
+    if hasattr(fs, "version"):
+        # Before the manifest is read: a replacement in between then reads as a change, never the reverse.
+        with contextlib.suppress(OSError):
+            version = fs.version(fs.join(target, MANIFEST_NAME))
     try:
         ds = open_dataset(target, fs, need_vocab=False, legacy=False)
     except (DatasetError, ManifestError) as e:
@@ -193,7 +346,7 @@ def open_source(target: str, split: str = "train", fs: FileSystem = DEFAULT_FS) 
             raise LoadError(f"{target}: cannot set up dynamic masking: {e}") from e
     counts = tuple(int(r.expected["records"]) for r in refs)  # type: ignore[index]
     return Source(target, split, refs, counts, dataset_fingerprint(manifest), spec, kind, dynamic, fs,
-                  vocab, mask_config)
+                  vocab, mask_config, version)
 
 
 def files_source(root: str, files: list[str], counts: list[int], fingerprint: str, spec: FeatureSpec, kind: str,

@@ -137,11 +137,13 @@ def _is_our_card(path: str) -> bool:
 
 
 def manifest_files(manifest: dict) -> list[str]:
-    """Relative paths a dataset's manifest makes ours: its shards, side files (task datasets) and vocab
-    copy, and the manifest."""
+    """Relative paths a dataset's manifest makes ours: its shards and their indexes, side files (task
+    datasets) and vocab copy, and the manifest."""
     files = [MANIFEST_NAME, str(manifest.get("vocab", {}).get("path", "vocab.txt"))]
     files += [s["path"] for split in manifest.get("splits", {}).values()
               for s in split.get("shards", []) + split.get("side", [])]
+    files += [s["index"]["path"] for split in manifest.get("splits", {}).values()
+              for s in split.get("shards", []) if isinstance(s.get("index"), dict)]
     return sorted(set(files))
 
 
@@ -152,7 +154,7 @@ def _candidate_names(directory: str, split_dirs: Iterable[str] = SPLIT_DIRS,
     side = set(side_names)
     for split in split_dirs:
         names += [f"{split}/{n}" for n in _list_names(fsio.join(directory, split))
-                  if n.startswith("part-") and n.endswith(".tfrecord") or n in side]
+                  if n.startswith("part-") and n.endswith((".tfrecord", ".tfrecord.index")) or n in side]
     return names
 
 

@@ -38,6 +38,7 @@ from bert_datagen.datagen.staging import (
     records_from_bytes,
     records_to_bytes,
 )
+from bert_datagen.datagen.tfrecord_index import index_name, index_of_lengths
 from bert_datagen.pipelines.beam import fsio
 from bert_datagen.pipelines.beam.progress import Progress
 
@@ -394,6 +395,9 @@ class WriteShard(_ReportingDoFn):
             records = pack_records(records, self.config, name)
             stats["packed_rows"] = len(records)
         fsio.write_atomic(fsio.join(self.output_dir, *name.split("/")), records.blob)
+        # The record index, written once here, so that no reader walks the shard's headers (docs/loading.md).
+        index = index_of_lengths(records.lengths)
+        fsio.write_atomic(fsio.join(self.output_dir, *index_name(name).split("/")), index)
         stats[f"{BUSY_PREFIX}write"] = stats.get(f"{BUSY_PREFIX}write", 0.0) + time.process_time() - started
         if self._progress:
             self._progress.add(records_written=len(records), shards_written=1)
@@ -402,7 +406,9 @@ class WriteShard(_ReportingDoFn):
             "split": split,
             "index": shard,
             "shard": {"path": name, "records": len(records), "bytes": len(records.blob),
-                      "sha256": hashlib.sha256(records.blob).hexdigest()},
+                      "sha256": hashlib.sha256(records.blob).hexdigest(),
+                      "index": {"path": index_name(name), "bytes": len(index),
+                                "sha256": hashlib.sha256(index).hexdigest()}},
             "stats": stats,
         }
 

@@ -43,6 +43,7 @@ from bert_datagen.datagen.tasks import build
 from bert_datagen.datagen.tasks.config import SPAN, TAGGING, TaskConfig, TaskInputError
 from bert_datagen.datagen.tasks.encode import encode_framed
 from bert_datagen.datagen.tasks.features import TaskRecords, combine_side, unique_ids
+from bert_datagen.datagen.tfrecord_index import index_name, index_of_lengths
 from bert_datagen.pipelines.beam import fsio
 from bert_datagen.pipelines.pretraining.run import DatagenError
 from bert_datagen.pipelines.pretraining.transforms import BUSY_PREFIX, input_error
@@ -176,7 +177,9 @@ class WriteSplit(beam.DoFn):
         for index, (lo, hi) in enumerate(cut_shards(np.asarray(lengths), count)):
             start = int(ends[lo - 1]) if lo > 0 else 0
             stop = int(ends[hi - 1]) if hi > 0 else 0
-            shards.append(self._write(shard_name(name, index, count), data[start:stop], hi - lo))
+            shard = self._write(shard_name(name, index, count), data[start:stop], hi - lo)
+            shard["index"] = self._write_index(shard["path"], lengths[lo:hi])
+            shards.append(shard)
         side_info = combine_side(parts)
         side = []
         if side_info.example_lines is not None:
@@ -197,6 +200,13 @@ class WriteSplit(beam.DoFn):
             return 0, 0
         text = (mask != 0) & ~np.isin(ids, np.asarray(self.special_ids, dtype=ids.dtype))
         return int(text.sum()), int((text & (ids == self.unk_id)).sum())
+
+    def _write_index(self, rel: str, lengths: list[int]) -> dict[str, Any]:
+        """The shard's record index, written once here (docs/loading.md): its manifest entry."""
+        index = index_of_lengths(np.asarray(lengths, np.int64))
+        path = index_name(rel)
+        fsio.write_atomic(fsio.join(self.output_dir, *path.split("/")), index)
+        return {"path": path, "bytes": len(index), "sha256": hashlib.sha256(index).hexdigest()}
 
     def _write(self, rel: str, blob: bytes, records: int) -> dict[str, Any]:
         fsio.write_atomic(fsio.join(self.output_dir, *rel.split("/")), blob)

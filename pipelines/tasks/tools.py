@@ -82,6 +82,8 @@ def _manifest_problems(ds: Dataset) -> list[str]:
             problems.append(f"{src}: splits.{split}.counts.features disagrees with its {info['records']} records")
         for s in info["shards"] + info.get("side", []):
             listed.add(s["path"])
+            if isinstance(s.get("index"), dict):
+                listed.add(s["index"]["path"])
         for s in info.get("side", []):
             path = fsio.join(ds.root, *s["path"].split("/"))
             if not fsio.exists(path):

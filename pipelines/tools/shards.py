@@ -5,6 +5,7 @@ Shards are spread over a process pool, so a check uses every core and constant m
 
 from __future__ import annotations
 
+import io
 import multiprocessing
 import os
 import signal
@@ -16,7 +17,8 @@ from bert_datagen.contract.dataset import Dataset, DatasetError, ShardRef
 from bert_datagen.contract.fs import is_remote
 from bert_datagen.datagen.example_codec import Batch, decode_batch
 from bert_datagen.datagen.record_rules import RecordShape
-from bert_datagen.datagen.tfrecord import CHUNK_BYTES, ShardStream
+from bert_datagen.datagen.tfrecord import CHUNK_BYTES, RecordError, ShardStream, iter_tfrecords
+from bert_datagen.datagen.tfrecord_index import RecordIndexError, check_run, line_width, parse_lines
 from bert_datagen.pipelines.beam import fsio
 
 
@@ -57,24 +59,54 @@ def _pool_worker_signals() -> None:
 
 
 def read_records(ref: ShardRef, shape: RecordShape, start: int, count: int) -> tuple[Batch, list[str]]:
-    """Records [start, start+count) of a shard, decoded; problems met on the way as strings."""
-    stream = shard_stream(ref, chunk_bytes=1 << 20)
-    got_idx: list[int] = []
-    got: list[bytes] = []
-    for indices, payloads in stream.batches():
-        for i, p in zip(indices, payloads, strict=True):
-            if start <= i < start + count:
-                got_idx.append(i)
-                got.append(p)
-        if indices and indices[-1] >= start + count - 1:
-            break
+    """Records [start, start+count) of a shard, decoded; problems met on the way as strings. Through
+    the shard's record index when it has one (two ranged reads); else, or when the index or those
+    records do not check out, by reading the shard from its start (which reports what is wrong)."""
+    indexed = _indexed_payloads(ref, start, count)
+    stream_problems: list[tuple[int | None, str]] = []
+    if indexed is not None:
+        got_idx, got = indexed
+    else:
+        stream = shard_stream(ref, chunk_bytes=1 << 20)
+        got_idx, got = [], []
+        for indices, payloads in stream.batches():
+            for i, p in zip(indices, payloads, strict=True):
+                if start <= i < start + count:
+                    got_idx.append(i)
+                    got.append(p)
+            if indices and indices[-1] >= start + count - 1:
+                break
+        stream_problems = stream.problems
     if not got:
         empty = {k: np.zeros((0, c), np.float32 if d == "float32" else np.int64)
                  for k, (d, c) in shape.spec().items()}
-        return Batch(np.zeros(0, np.int64), empty), [f"{ref.name}: {m}" for _, m in stream.problems]
+        return Batch(np.zeros(0, np.int64), empty), [f"{ref.name}: {m}" for _, m in stream_problems]
     batch, problems = decode_batch(got, got_idx, shape)
-    msgs = [f"{ref.name}: record {i}: {m}" for i, m in problems] + [f"{ref.name}: {m}" for _, m in stream.problems]
+    msgs = [f"{ref.name}: record {i}: {m}" for i, m in problems] + [f"{ref.name}: {m}" for _, m in stream_problems]
     return batch, msgs
+
+
+def _indexed_payloads(ref: ShardRef, start: int, count: int) -> tuple[list[int], list[bytes]] | None:
+    """(indices, payloads) of records [start, start+count) read through the shard's index: its
+    lines of those records, then their bytes, frames and CRCs checked; None when there is no index
+    or anything does not check out."""
+    if ref.index is None or not ref.expected:
+        return None
+    path, entry = ref.index
+    records = int(ref.expected["records"])
+    stop = min(start + count, records)
+    if start >= stop:
+        return None
+    try:
+        width = line_width(int(entry["bytes"]), records)
+        [lines] = fsio.BEAM_FS.read_ranges(path, [(start * width, stop * width)])
+        offsets, lengths = parse_lines(lines, width, start, path)
+        check_run(offsets, lengths, stop == records, int(ref.expected["bytes"]), start, path)
+        [data] = fsio.BEAM_FS.read_ranges(ref.path, [(int(offsets[0]), int(offsets[-1] + lengths[-1]))])
+        payloads = list(iter_tfrecords(io.BytesIO(data), ref.name))
+    except (RecordIndexError, RecordError, OSError):
+        return None
+    return list(range(start, stop)), payloads
 
 
 def iter_payloads(ref: ShardRef) -> Iterator[tuple[int, bytes]]:

@@ -11,12 +11,15 @@ import hashlib
 import time
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from bert_datagen.contract.dataset import Dataset, ShardRef
 from bert_datagen.contract.manifest import CARD_NAME, MANIFEST_NAME, VOCAB_NAME, shape_from_manifest
 from bert_datagen.datagen.example_codec import decode_raw
 from bert_datagen.datagen.packed_rules import check_packed_batch
 from bert_datagen.datagen.record_rules import MAX_PROBLEMS_PER_SHARD, RecordShape, check_batch
 from bert_datagen.datagen.records import feature_spec
+from bert_datagen.datagen.tfrecord_index import FRAME_OVERHEAD, index_of_lengths
 from bert_datagen.pipelines.beam import fsio
 from bert_datagen.pipelines.tools.shards import map_shards, shard_stream
 
@@ -59,8 +62,10 @@ def verify_shard(task: ShardTask) -> ShardResult:
         _add(res, None, "shard is missing", task.max_problems)
         return res
     stream = shard_stream(ref)
+    lengths = []  # every record's payload length, for the index
     try:
         for raw in stream.raw_batches():
+            lengths.append(np.asarray(raw.lengths, np.int64))
             if not task.check_records:
                 continue
             batch, problems = decode_raw(raw, task.shape)
@@ -90,8 +95,25 @@ def verify_shard(task: ShardTask) -> ShardResult:
             _add(res, None, f"sha256 is {res.sha256}, manifest says {exp['sha256']}", task.max_problems)
         if res.records != exp["records"]:
             _add(res, None, f"holds {res.records} records, manifest says {exp['records']}", task.max_problems)
+        if ref.index is not None and not stream.problems:
+            frames = np.concatenate([np.zeros(0, np.int64), *lengths]) + FRAME_OVERHEAD
+            for problem in index_problems(ref.index[1], ref.index[0], frames):
+                _add(res, None, problem, task.max_problems)
     res.seconds = time.perf_counter() - t0
     return res
+
+
+def index_problems(entry: dict, path: str, frames: np.ndarray) -> list[str]:
+    """The shard's record index (``path``) against its manifest entry and the frames the shard holds."""
+    name = entry["path"]
+    if not fsio.exists(path):
+        return [f"index {name} is missing (readers fall back to walking the shard)"]
+    data = fsio.read_bytes(path)
+    if len(data) != entry["bytes"] or hashlib.sha256(data).hexdigest() != entry["sha256"]:
+        return [f"index {name}: size or sha256 differs from the manifest"]
+    if data != index_of_lengths(frames):
+        return [f"index {name}: does not describe the shard's records (offsets or lengths differ)"]
+    return []
 
 
 @dataclass
@@ -140,6 +162,8 @@ def _manifest_problems(ds: Dataset, vocab_bytes: bytes | None) -> list[str]:
             if s["path"] in seen:
                 problems.append(f"{src}: shard {s['path']} is listed twice")
             seen.add(s["path"])
+            if isinstance(s.get("index"), dict):
+                seen.add(s["index"]["path"])
             if not s["path"].startswith(split + "/"):
                 problems.append(f"{src}: shard {s['path']} of split {split} is not under {split}/")
         for key in ("records", "bytes"):

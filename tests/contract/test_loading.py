@@ -18,7 +18,7 @@ from bert_datagen.datagen.dynamic import mask_records
 from bert_datagen.datagen.records import INSTANCE_KEY
 from bert_datagen.datagen.tasks.encode import encode_framed
 from bert_datagen.datagen.tasks.features import task_feature_spec
-from tests.support.synthetic import write_synthetic_dataset
+from tests.support.synthetic import write_index, write_synthetic_dataset
 
 B, BS, SEED = 8, 4, 11
 # 3 shards of uneven length (the last blocks of each shard are short), several full windows
@@ -53,7 +53,8 @@ def _trim(directory: str, counts: tuple[int, ...]) -> str:
             data = frame_records(list(iter_tfrecords(f))[:n])
         with open(path, "wb") as f:
             f.write(data)
-        shard.update(records=n, bytes=len(data), sha256=hashlib.sha256(data).hexdigest())
+        shard.update(records=n, bytes=len(data), sha256=hashlib.sha256(data).hexdigest(),
+                     index=write_index(directory, shard["path"], data, n))
     manifest["splits"]["train"].update(records=sum(counts), bytes=sum(s["bytes"] for s in shards))
     write_manifest(directory, manifest, LOCAL_FS)
     return directory
@@ -131,16 +132,16 @@ def test_rank_shares_of_a_full_window_come_from_disjoint_chunks():
 def test_ranks_read_disjoint_records_in_a_full_window(static_ds):
     read = []
     for rank in range(4):
-        it = _numpy(static_ds, 4, rank)
+        it = _numpy(static_ds, 4, rank, prefetch=False)  # (with it: the next window's share too)
         got: set[tuple[int, int]] = set()
-        real = it.source.read_pieces
+        real = it.source.fetch
 
         def counting(ranges, *args, real=real, got=got, **kwargs):
             for shard, start, stop in ranges:
                 got.update((shard, i) for i in range(start, stop))
             return real(ranges, *args, **kwargs)
 
-        it.source.read_pieces = counting
+        it.source.fetch = counting
         for _ in range(BS):  # the first window
             next(it)
         read.append(got)

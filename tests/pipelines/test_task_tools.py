@@ -18,6 +18,7 @@ from bert_datagen.pipelines.cli import main
 from bert_datagen.pipelines.tasks.run import generate_task_dataset
 from bert_datagen.pipelines.tasks.tools import read_split
 from tests.support.pipeline_corpus import write_vocab
+from tests.support.synthetic import write_index
 from tests.support.taskdata_corpus import write_conll, write_pair_tsv, write_squad
 
 
@@ -59,7 +60,8 @@ def _rewrite(out: Path, split: str, edit) -> None:
     [shard] = manifest["splits"][split]["shards"] if len(manifest["splits"][split]["shards"]) == 1 else [None]
     assert shard is not None
     (out / shard["path"]).write_bytes(blob)
-    shard.update(bytes=len(blob), sha256=hashlib.sha256(blob).hexdigest())
+    shard.update(bytes=len(blob), sha256=hashlib.sha256(blob).hexdigest(),
+                 index=write_index(str(out), shard["path"], blob, shard["records"]))
     manifest["splits"][split]["bytes"] = len(blob)
     (out / "manifest.json").write_bytes(manifest_bytes(manifest))
 

@@ -54,13 +54,24 @@ def unmasked(batch: InstanceBatch, identity_key: int) -> InstanceBatch:
                          instance_key=keys)
 
 
+def write_index(directory: str, rel: str, data: bytes, records: int) -> dict:
+    """The record index of shard ``rel`` (its bytes ``data``), written beside it: its manifest entry."""
+    from bert_datagen.datagen.tfrecord_index import index_bytes, index_name
+
+    index = index_bytes(data, records, rel)
+    with open(os.path.join(directory, index_name(rel)), "wb") as f:
+        f.write(index)
+    return {"path": index_name(rel), "bytes": len(index), "sha256": hashlib.sha256(index).hexdigest()}
+
+
 def write_synthetic_dataset(directory: str, *, seq_len: int = 32, max_pred: int = 5, vocab_size: int = 200,
                             train_shards: int = 2, records_per_shard: int = 64, eval_records: int = 32,
-                            seed: int = 0, masking: str = "static") -> str:
+                            seed: int = 0, masking: str = "static", indexed: bool = True) -> str:
     """A complete dataset directory (train + eval shards, vocab.txt, manifest.json).
 
     `masking="dynamic"` writes the records unmasked with an identity each (the trainer masks them);
     its vocab then names ids 0-4 [PAD] [UNK] [CLS] [SEP] [MASK], as the records use them.
+    ``indexed=False``: no record indexes, as datasets written before them.
     """
     from bert_datagen.contract.fs import LOCAL_FS
     from bert_datagen.contract.manifest import build_manifest, write_manifest
@@ -81,7 +92,10 @@ def write_synthetic_dataset(directory: str, *, seq_len: int = 32, max_pred: int 
         data = frame_records(encode_batch(batch))
         with open(os.path.join(directory, rel), "wb") as f:
             f.write(data)
-        return {"path": rel, "records": n, "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+        entry = {"path": rel, "records": n, "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+        if indexed:
+            entry["index"] = write_index(directory, rel, data, n)
+        return entry
 
     train = [shard("train", i, train_shards, records_per_shard) for i in range(train_shards)]
     evals = [shard("eval", 0, 1, eval_records)] if eval_records else []
