@@ -97,7 +97,7 @@ def test_dynamic_run_resumes_bitwise_mid_epoch_without_nsp(dataset, tmp_path):
 def test_accumulation_sees_the_same_masks(dataset, tmp_path):
     """Masks are drawn before a batch is cut into micro-steps: accumulation computes the same update
     (another mask would move the weights far more than the summation order does)."""
-    from bert_datagen.trainer.run.config import BertConfig
+    from bert_datagen.trainer.model.config import BertConfig
 
     bert = BertConfig.from_name("tiny", json_vocab_size(dataset)).to_dict()  # dropout on
 

@@ -14,11 +14,11 @@ tf = pytest.importorskip("tensorflow")
 from click.testing import CliRunner  # noqa: E402
 
 from bert_datagen.trainer.cli import main  # noqa: E402
+from bert_datagen.trainer.errors import ConfigError  # noqa: E402
 from bert_datagen.trainer.finetune.config import FinetuneConfig  # noqa: E402
 from bert_datagen.trainer.pretrain.options import as_run, legacy_shuffle_buffer  # noqa: E402
 from bert_datagen.trainer.run import checkpoint as ckpt_lib  # noqa: E402
 from bert_datagen.trainer.run.config import TrainConfig  # noqa: E402
-from bert_datagen.trainer.run.errors import ConfigError  # noqa: E402
 from tests.support.synthetic import write_synthetic_dataset  # noqa: E402
 from tests.support.task_fixtures import classification_dataset, span_dataset  # noqa: E402
 

@@ -16,19 +16,22 @@ from dataclasses import dataclass, field
 
 import tensorflow as tf
 
-from bert_datagen.contract.dataset import Dataset, DatasetError, manifest_identity, open_dataset
+from bert_datagen.contract.dataset import manifest_identity
 from bert_datagen.contract.features import PRETRAINING, TASK
-from bert_datagen.contract.fs import is_remote
 from bert_datagen.contract.loading.source import Source, files_source
-from bert_datagen.contract.manifest import MANIFEST_NAME, ManifestError
+from bert_datagen.contract.manifest import MANIFEST_NAME
 from bert_datagen.contract.vocab_io import load_vocab
 from bert_datagen.datagen import records
 from bert_datagen.datagen.example_exact import decode_example
 from bert_datagen.datagen.records import INSTANCE_KEY, feature_spec
 from bert_datagen.datagen.tfrecord import RecordError, iter_tfrecords, masked_crc32c
+from bert_datagen.trainer.errors import DataError
+from bert_datagen.trainer.model.config import BertConfig
 from bert_datagen.trainer.run import gfs
-from bert_datagen.trainer.run.config import BertConfig
-from bert_datagen.trainer.run.errors import DataError
+
+# open_manifest_dataset: read here, and by trainer/finetune/data.py. load_dataset_manifest: kept here only for
+# trainer/finetune/init.py's import until it names trainer.run.dataset_dir (issue #34).
+from bert_datagen.trainer.run.dataset_dir import load_dataset_manifest, open_manifest_dataset  # noqa: E402,F401
 from bert_datagen.trainer.run.gfs import GFILE_FS
 
 
@@ -128,28 +131,6 @@ def training_source(info: DatasetInfo) -> Source:
         masking = {"vocab": vocab, "mask_config": masking_config(info.manifest)}
     return files_source(info.source, info.train_files, counts, info.identity["fingerprint"], info.features(),
                        PRETRAINING, GFILE_FS, **masking)
-
-
-def open_manifest_dataset(directory: str) -> Dataset:
-    """A dataset directory through the contract (one manifest parser for pre-training and
-    fine-tuning): its manifest, kind and shards, no vocab read; DataError naming the file if not."""
-    try:
-        return open_dataset(directory, GFILE_FS, need_vocab=False)
-    except (ManifestError, DatasetError) as exc:
-        raise DataError(str(exc)) from exc
-    except (OSError, tf.errors.OpError) as exc:  # a directory we may not read
-        reason = getattr(exc, "message", None) or getattr(exc, "strerror", None) or exc
-        raise DataError(f"{directory}/{MANIFEST_NAME}: cannot read: {reason}") from exc
-
-
-def load_dataset_manifest(data: str) -> dict | None:
-    """The manifest of a dataset directory; None for TFRecord globs and unreadable manifests."""
-    if not is_remote(data) and not os.path.exists(os.path.join(data, MANIFEST_NAME)):
-        return None
-    try:
-        return open_manifest_dataset(data).manifest
-    except DataError:
-        return None
 
 
 def _from_manifest(directory: str) -> DatasetInfo:

@@ -14,10 +14,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 from bert_datagen.contract.manifest import MANIFEST_NAME
-from bert_datagen.trainer.pretrain.data import DatasetInfo, load_dataset_manifest
+from bert_datagen.trainer.errors import ConfigError, DataError
+from bert_datagen.trainer.pretrain.data import DatasetInfo
 from bert_datagen.trainer.run import gfs
 from bert_datagen.trainer.run.config import TrainConfig
-from bert_datagen.trainer.run.errors import ConfigError, DataError
+from bert_datagen.trainer.run.dataset_dir import load_dataset_manifest
 from bert_datagen.trainer.run.rundir import TRAIN_CONFIG_FILE
 
 # The shuffle buffer of runs of earlier versions that recorded none (their default then).

@@ -1,4 +1,4 @@
-"""The pre-training loop (the model is `bert_datagen.trainer.model.bert`, one step `bert_datagen.trainer.run.step`): start or resume a
+"""The pre-training loop (the model is `bert_datagen.trainer.model.bert`, one step `bert_datagen.trainer.pretrain.step`): start or resume a
 run, feed batches, log, evaluate, checkpoint.
 
 Reproducibility: weights start from seeds derived per weight name, dropout masks are a pure function
@@ -27,8 +27,10 @@ from bert_datagen.contract.loading.mixture import MixedBatches
 from bert_datagen.contract.loading.skips import SkipError, add_ranges, batch_of_step
 from bert_datagen.datagen.packed import compact_predictions
 from bert_datagen.datagen.records import INSTANCE_KEY
+from bert_datagen.trainer.errors import CheckpointError, ConfigError, DataError, TrainingError
 from bert_datagen.trainer.interop.loading import dtype_policy, init_weights_from, load_init_checkpoint
 from bert_datagen.trainer.model.bert import build_model, tf1_variable_map
+from bert_datagen.trainer.model.config import BertConfig
 from bert_datagen.trainer.pretrain.data import (
     DatasetInfo,
     check_first_records,
@@ -46,6 +48,7 @@ from bert_datagen.trainer.pretrain.evaluate import evaluate_model
 from bert_datagen.trainer.pretrain.mixture_input import MIXTURE_FEATURE, check_resumed_mixture, mixed_batches
 from bert_datagen.trainer.pretrain.objective import losses_from_sums
 from bert_datagen.trainer.pretrain.options import as_run, legacy_shuffle_buffer, model_vocab_size
+from bert_datagen.trainer.pretrain.step import make_step_functions
 from bert_datagen.trainer.run import checkpoint as ckpt_lib
 from bert_datagen.trainer.run import cluster, rundir
 from bert_datagen.trainer.run.common import (
@@ -62,12 +65,10 @@ from bert_datagen.trainer.run.common import (
     tensorboard_writers,
     write_scalar,
 )
-from bert_datagen.trainer.run.config import BertConfig, TrainConfig
+from bert_datagen.trainer.run.config import TrainConfig
 from bert_datagen.trainer.run.devices import enable_determinism
-from bert_datagen.trainer.run.errors import CheckpointError, ConfigError, DataError, TrainingError
 from bert_datagen.trainer.run.optimizer import learning_rate, make_optimizer
 from bert_datagen.trainer.run.ordered_input import INPUT_ORDER, OrderedInput, input_closed
-from bert_datagen.trainer.run.step import make_step_functions
 
 _TF_DATA_ERRORS = (tf.errors.DataLossError, tf.errors.InvalidArgumentError)
 

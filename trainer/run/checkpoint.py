@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bert_datagen.trainer.run.errors import CheckpointError
+from bert_datagen.trainer.errors import CheckpointError
 
 CKPT_RE = re.compile(r"^ckpt-(\d{8})$")
 MODEL_FILE = "model.npz"

@@ -21,9 +21,9 @@ import numpy as np
 import tensorflow as tf
 
 from bert_datagen.contract.cli.plumbing import interrupt_requested
+from bert_datagen.trainer.errors import ConfigError, TrainingError
 from bert_datagen.trainer.run import checkpoint as ckpt_lib
 from bert_datagen.trainer.run.devices import make_strategy
-from bert_datagen.trainer.run.errors import ConfigError, TrainingError
 from bert_datagen.trainer.run.optimizer import AdamWeightDecay, DynamicLossScale
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import keras
 import tensorflow as tf
 
+from bert_datagen.trainer.errors import ConfigError
 from bert_datagen.trainer.run import cluster
-from bert_datagen.trainer.run.errors import ConfigError
 
 
 def enable_determinism(seed: int) -> None:

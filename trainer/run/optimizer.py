@@ -34,8 +34,8 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from bert_datagen.trainer.errors import CheckpointError
 from bert_datagen.trainer.run.config import OPTIMIZERS
-from bert_datagen.trainer.run.errors import CheckpointError
 
 EXCLUDE_FROM_WEIGHT_DECAY = ("LayerNorm", "layer_norm", "bias")
 LAMB_UPDATES_KEY = "lamb_updates"

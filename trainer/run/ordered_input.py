@@ -20,7 +20,7 @@ import numpy as np
 import tensorflow as tf
 
 from bert_datagen.contract.loading.source import LoadError
-from bert_datagen.trainer.run.errors import DataError
+from bert_datagen.trainer.errors import DataError
 
 # What a run records (checkpoint state and RUN files) about how it reads.
 INPUT_ORDER = "global-order-v1"
