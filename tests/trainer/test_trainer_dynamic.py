@@ -16,8 +16,9 @@ from bert_datagen.datagen.dynamic import mask_records  # noqa: E402
 from bert_datagen.datagen.example_exact import decode_example  # noqa: E402
 from bert_datagen.datagen.tfrecord import iter_tfrecords  # noqa: E402
 from bert_datagen.pipelines.pretraining.run import generate_dataset  # noqa: E402
-from bert_datagen.trainer.pretrain.data import open_pretraining_data, train_dataset  # noqa: E402
+from bert_datagen.trainer.pretrain.data import open_pretraining_data  # noqa: E402
 from bert_datagen.trainer.pretrain.dynamic_input import masking_config  # noqa: E402
+from bert_datagen.trainer.pretrain.earlier_runs_input import train_dataset  # noqa: E402
 from bert_datagen.trainer.pretrain.train import pretrain  # noqa: E402
 from bert_datagen.trainer.run import checkpoint as ckpt_lib  # noqa: E402
 from bert_datagen.trainer.run.config import TrainConfig  # noqa: E402

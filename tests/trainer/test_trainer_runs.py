@@ -18,7 +18,8 @@ tf = pytest.importorskip("tensorflow")
 from click.testing import CliRunner  # noqa: E402
 
 from bert_datagen.trainer.model.config import BertConfig  # noqa: E402
-from bert_datagen.trainer.pretrain.data import DataError, open_pretraining_data, train_dataset  # noqa: E402
+from bert_datagen.trainer.pretrain.data import DataError, open_pretraining_data  # noqa: E402
+from bert_datagen.trainer.pretrain.earlier_runs_input import train_dataset  # noqa: E402
 from bert_datagen.trainer.pretrain.train import TrainingError, pretrain  # noqa: E402
 from bert_datagen.trainer.run import checkpoint as ckpt_lib  # noqa: E402
 from bert_datagen.trainer.run.config import TrainConfig  # noqa: E402

@@ -73,10 +73,9 @@ def _check_data_options(ctx: click.Context, options: dict) -> None:
     reason = no_eval_split(options["data"], options["eval_data"])
     if reason:
         refuse_unused_options(ctx, {"eval_every": reason, "eval_batches": reason})
-    warning = unused_shuffle_buffer(options["shuffle_buffer"], reads_through_tf_data(options["out"]))
-    if warning:  # on stderr, once; the run then records none
-        click.echo(warning, err=True)
-        options["shuffle_buffer"] = None
+    reason = unused_shuffle_buffer(options["shuffle_buffer"], reads_through_tf_data(options["out"]))
+    if reason:
+        refuse_unused_options(ctx, {"shuffle_buffer": reason})
 
 
 @click.command("pretrain")

@@ -40,14 +40,14 @@ from bert_datagen.trainer.pretrain.data import (
     dataset_identity,
     find_bad_record,
     open_pretraining_data,
-    train_dataset,
     training_source,
     with_sequence_weights,
 )
+from bert_datagen.trainer.pretrain.earlier_runs_input import earlier_run_input
 from bert_datagen.trainer.pretrain.evaluate import evaluate_model
 from bert_datagen.trainer.pretrain.mixture_input import MIXTURE_FEATURE, check_resumed_mixture, mixed_batches
 from bert_datagen.trainer.pretrain.objective import losses_from_sums
-from bert_datagen.trainer.pretrain.options import as_run, legacy_shuffle_buffer, model_vocab_size
+from bert_datagen.trainer.pretrain.options import as_run, model_vocab_size
 from bert_datagen.trainer.pretrain.step import make_step_functions
 from bert_datagen.trainer.run import checkpoint as ckpt_lib
 from bert_datagen.trainer.run import cluster, rundir
@@ -124,15 +124,7 @@ class Run:
         self.cfg = cfg = as_run(cfg, self.legacy_input, log)
         self.world, self.rank = (1, 0) if self.legacy_input else cluster.worker_share()
         if self.legacy_input:
-            if cfg.skip_batches:
-                raise ConfigError(f"{self.run_dir}: the run was started by an earlier version that read its "
-                                  "input through tf.data; --skip-batches needs the global order of new runs")
-            if cfg.mix:
-                raise ConfigError(f"{self.run_dir}: the run was started by an earlier version that read its "
-                                  "input through tf.data; --mix needs the global order of new runs")
-            self.iterator = iter(train_dataset(self.info, cfg.batch_size, cfg.seed,
-                                               legacy_shuffle_buffer(self.run_dir, cfg.shuffle_buffer)))
-            self.iterator_ckpt = tf.train.Checkpoint(iterator=self.iterator)
+            self.iterator, self.iterator_ckpt = earlier_run_input(self.info, cfg, self.run_dir)
         elif cfg.mix:
             self.batches = mixed_batches(cfg, self.info, self.bert, self.world, self.rank)
         else:

@@ -58,7 +58,7 @@ class TrainConfig:
     vocab_size: int | None = None
     eval_data: str | None = None  # eval TFRecord glob for --data globs
     # Only runs started by an earlier version, which read through tf.data, use a shuffle buffer; they
-    # resume with the one they recorded (`legacy_shuffle_buffer`). None: the global order (no buffer).
+    # resume with the one they recorded (`recorded_shuffle_buffer`). None: the global order (no buffer).
     shuffle_buffer: int | None = None
     checkpoint_every: int = 1000
     keep_checkpoints: int = 3
@@ -177,7 +177,7 @@ class TrainConfig:
     # computes (how often it reports, which devices run it). `steps` is not one: it sets the
     # learning-rate decay. `extra` is a field that runs of earlier versions recorded. A run of an
     # earlier version reads with the shuffle buffer it recorded, whatever is given
-    # (`legacy_shuffle_buffer` refuses another); other runs have none.
+    # (`recorded_shuffle_buffer` refuses another); other runs have none.
     RESUMABLE_CHANGES: ClassVar[frozenset[str]] = frozenset({"out", "checkpoint_every", "keep_checkpoints", "eval_every",
                                    "eval_batches", "log_every", "strategy", "jit", "tpu", "extra",
                                    "skip_batches", "shuffle_buffer"})
