@@ -58,7 +58,7 @@ def finetune_stepper(data: str, out: str, model: str, batch_size: int, group_by_
 
     from bert_datagen.trainer.finetune.run import FinetuneConfig, FinetuneRun
     from bert_datagen.trainer.model.config import BertConfig
-    from bert_datagen.trainer.run.common import replica_slices
+    from bert_datagen.trainer.run.devices import replica_slices
     from tests.support.task_fixtures import write_pretrain_run
 
     init = write_pretrain_run(out + "-init", BertConfig.from_name(model, VOCAB))

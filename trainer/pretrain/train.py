@@ -51,24 +51,19 @@ from bert_datagen.trainer.pretrain.options import as_run, model_vocab_size
 from bert_datagen.trainer.pretrain.step import make_step_functions
 from bert_datagen.trainer.run import checkpoint as ckpt_lib
 from bert_datagen.trainer.run import cluster, rundir
-from bert_datagen.trainer.run.common import (
+from bert_datagen.trainer.run.checkpoint import checkpoint_arrays, restore_checkpoint_arrays
+from bert_datagen.trainer.run.config import TrainConfig
+from bert_datagen.trainer.run.devices import enable_determinism, make_run_strategy, replica_slices
+from bert_datagen.trainer.run.optimizer import learning_rate, loss_scale_for, make_optimizer
+from bert_datagen.trainer.run.ordered_input import INPUT_ORDER, OrderedInput, input_closed
+from bert_datagen.trainer.run.stopping import (
     LOST_WORKER_ERRORS,
-    checkpoint_arrays,
     interrupts_between_steps,
-    loss_scale_for,
     lost_worker_error,
-    make_run_strategy,
-    replica_slices,
-    restore_checkpoint_arrays,
     stop_interrupted,
     stop_on_non_finite_loss,
-    tensorboard_writers,
-    write_scalar,
 )
-from bert_datagen.trainer.run.config import TrainConfig
-from bert_datagen.trainer.run.devices import enable_determinism
-from bert_datagen.trainer.run.optimizer import learning_rate, make_optimizer
-from bert_datagen.trainer.run.ordered_input import INPUT_ORDER, OrderedInput, input_closed
+from bert_datagen.trainer.run.tensorboard import tensorboard_writers, write_scalar
 
 _TF_DATA_ERRORS = (tf.errors.DataLossError, tf.errors.InvalidArgumentError)
 

@@ -97,7 +97,7 @@ def make_train_step(objective: Objective, optimizer: AdamWeightDecay, strategy: 
         total = objective.whole_batch_total(batch)
         scale = loss_scale.scale if loss_scale is not None else None
         seed = tf.random.experimental.stateless_fold_in(base_seed, step, alg="philox")
-        # Replica r holds rows [r*n, (r+1)*n) of the global batch (`common.replica_slices`, the
+        # Replica r holds rows [r*n, (r+1)*n) of the global batch (`devices.replica_slices`, the
         # workers' shares of the global order), so its rows keep their global positions' masks.
         rows = tf.cast(tf.shape(batch["input_ids"])[0], tf.int64)
         first_row = tf.cast(ctx.replica_id_in_sync_group, tf.int64) * rows
