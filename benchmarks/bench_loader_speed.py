@@ -116,7 +116,7 @@ def _tfrecord_package(files: list[str], spec: dict, records: int) -> float | Non
 
 def _tf_data(files: list[str], spec: dict, shuffled: bool) -> Callable[[], int]:
     """Plain: the shards in file order. Shuffled: what the trainer read through before the global
-    order (trainer/pretrain/data.py `train_dataset`): interleaved files, a 10,000-record buffer."""
+    order (trainer/pretrain/earlier_runs_input.py `train_dataset`): interleaved files, a 10,000-record buffer."""
     import tensorflow as tf
 
     features = {k: tf.io.FixedLenFeature([c], tf.float32 if d == "float32" else tf.int64) for k, (d, c) in spec.items()}

@@ -1,6 +1,6 @@
 """Shuffle quality of the loaders' global order (bert_datagen.contract.loading.order) against today's
 tf.data pipeline of the trainer (seeded file shuffle, interleave of 8 files, shuffle buffer of 10,000:
-trainer/pretrain/data.py), on the same shards, and what computing the order costs per batch.
+trainer/pretrain/earlier_runs_input.py), on the same shards, and what computing the order costs per batch.
 
 "How far apart in the shards consecutive samples come from": each record's place in the dataset
 (shard-major, record-minor) is known; for pairs of samples ``lag`` apart in the stream we report how
@@ -72,7 +72,7 @@ def tf_data(seed: int, directory: str) -> dict[str, float]:
         with open(path, "wb") as f:
             f.write(frame_records([row.tobytes() for row in payloads]))
         files.append(path)
-    # The structure of trainer/pretrain/data.py's train_dataset (static masking).
+    # The structure of trainer/pretrain/earlier_runs_input.py's train_dataset (static masking).
     ds = tf.data.Dataset.from_tensor_slices(files).shuffle(len(files), seed=seed, reshuffle_each_iteration=True)
     ds = ds.repeat().interleave(lambda f: tf.data.TFRecordDataset(f, buffer_size=1 << 20),
                                 cycle_length=min(8, len(files)), block_length=1,

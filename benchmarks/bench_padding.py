@@ -57,8 +57,8 @@ def finetune_stepper(data: str, out: str, model: str, batch_size: int, group_by_
     import tensorflow as tf
 
     from bert_datagen.trainer.finetune.run import FinetuneConfig, FinetuneRun
-    from bert_datagen.trainer.run.common import replica_slices
-    from bert_datagen.trainer.run.config import BertConfig
+    from bert_datagen.trainer.model.config import BertConfig
+    from bert_datagen.trainer.run.devices import replica_slices
     from tests.support.task_fixtures import write_pretrain_run
 
     init = write_pretrain_run(out + "-init", BertConfig.from_name(model, VOCAB))
@@ -89,7 +89,7 @@ def transformers_stepper(model: str, batches: list[dict], warm: int = 3):
     from transformers import BertConfig as HFConfig
     from transformers import BertForSequenceClassification
 
-    from bert_datagen.trainer.run.config import BertConfig
+    from bert_datagen.trainer.model.config import BertConfig
 
     c = BertConfig.from_name(model, VOCAB)
     net = BertForSequenceClassification(HFConfig(
@@ -210,9 +210,10 @@ def pretraining_stepper(model: str, batches: list[dict], packed: bool, vocab_siz
     import tensorflow as tf
 
     from bert_datagen.trainer.model.bert import build_model, tf1_variable_map
-    from bert_datagen.trainer.run.config import BertConfig, TrainConfig
+    from bert_datagen.trainer.model.config import BertConfig
+    from bert_datagen.trainer.pretrain.step import make_step_functions
+    from bert_datagen.trainer.run.config import TrainConfig
     from bert_datagen.trainer.run.optimizer import make_optimizer
-    from bert_datagen.trainer.run.step import make_step_functions
 
     bert = BertConfig.from_name(model, vocab_size)
     cfg = TrainConfig(data="unused", out="unused", batch_size=len(batches[0]["input_ids"]))

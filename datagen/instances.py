@@ -45,7 +45,7 @@ import numpy as np
 from bert_datagen.datagen.config import DatagenConfig
 from bert_datagen.datagen.documents import TokenizedDocument, split_marks, unique_documents
 from bert_datagen.datagen.masking import mask_batch
-from bert_datagen.datagen.packing import PackedPlan, plan_packed_pass
+from bert_datagen.datagen.no_nsp import PackedPlan, plan_packed_pass
 from bert_datagen.datagen.records import InstanceBatch
 from bert_datagen.datagen.rng import GOLDEN, MASK64, derive_key, mix64_array, u64_for_keys
 
@@ -369,7 +369,7 @@ def plan_pool_pass(pool: Sequence[TokenizedDocument] | FlatPool, pass_index: int
 
     ``pool`` is sorted by ``doc_id`` with one document per identity (``unique_documents``): the
     pipeline dedupes each pool once, when it is built, not once per pass. Sentence pairs for
-    ``objective="nsp"``; packed sentences (``bert_datagen.datagen.packing``) otherwise. A ``FlatPool``
+    ``objective="nsp"``; packed sentences (``bert_datagen.datagen.no_nsp``) otherwise. A ``FlatPool``
     (the same documents, flattened) is taken as it is, for ``nsp`` only.
     """
     if not len(pool):

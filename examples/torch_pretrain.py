@@ -29,7 +29,7 @@ TOLERANCE = 1e-4
 def keras_model(vocab_size: int, seed: int, model: str = "tiny") -> Any:
     """Our Keras model as `bert-train pretrain --model MODEL --seed SEED` builds it before step 0."""
     from bert_datagen.trainer.model.bert import build_model
-    from bert_datagen.trainer.run.config import BertConfig
+    from bert_datagen.trainer.model.config import BertConfig
 
     return build_model(BertConfig.from_name(model, vocab_size), seed=seed)
 

@@ -15,7 +15,7 @@ STDERR_NOISE = quiet_tensorflow_logs(os.environ)
 
 COMMANDS = {
     "pretrain": "bert_datagen.trainer.pretrain.cli:pretrain_command",
-    "eval": "bert_datagen.trainer.pretrain.cli:eval_command",
+    "eval": "bert_datagen.trainer.eval_cli:eval_command",
     "export": "bert_datagen.trainer.interop.cli:export_command",
     "finetune": "bert_datagen.trainer.finetune.cli:finetune_command",
     "predict": "bert_datagen.trainer.finetune.cli:predict_command",

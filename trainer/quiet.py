@@ -20,7 +20,7 @@ from bert_datagen.contract.cli.plumbing import debug_requested, filter_process_s
 # absl INFO lines ("I0000 00:00:1796114780.736876  1234 port.cc:153] ..."), absl's own notice, and
 # the CUDA probing and registration complaints that every CPU-only or pip-installed TensorFlow prints.
 # Also the aborts a multi-worker step's collectives log (with gRPC's continuation lines) when a
-# worker is lost: the command's one line says which worker and where to resume (run/common.py).
+# worker is lost: the command's one line says which worker and where to resume (run/stopping.py).
 TF_NATIVE_NOISE = re.compile(
     rb"^(I\d{4} [\d:.]+ +\d+ [\w.]+:\d+\] "
     rb"|WARNING: All log messages before absl::InitializeLog\(\) is called"

@@ -16,10 +16,9 @@ from bert_datagen.contract.features import PRETRAINING, TASK
 from bert_datagen.datagen.config import DatagenConfig
 from bert_datagen.datagen.example_codec import decode_batch
 from bert_datagen.datagen.tasks.config import TaskConfig
-from bert_datagen.pipelines.pretraining.card_sections import render_pretraining_card
-from bert_datagen.pipelines.tasks import tools as task_tools
-from bert_datagen.pipelines.tasks.card import render_task_card
-from bert_datagen.pipelines.tools import inspection, stats, verify
+from bert_datagen.pipelines.tools import inspection, stats, task_datasets, verify
+from bert_datagen.pipelines.tools.card_sections import render_pretraining_card
+from bert_datagen.pipelines.tools.task_card import render_task_card
 
 View = tuple[dict | None, list[tuple[int, str]]]  # one record as plain data (None: unreadable), its problems
 
@@ -52,24 +51,24 @@ def _pretraining_defaults() -> dict:
 
 def _task_inspect(ds: Dataset, *, split: str | None, shard: int, index: int, count: int
                   ) -> tuple[ShardRef, list[dict], list[str]]:
-    ref, views = task_tools.inspect_task(ds, split=split, shard=shard, index=index, count=count)
+    ref, views = task_datasets.inspect_task(ds, split=split, shard=shard, index=index, count=count)
     return ref, views, []  # a record that does not parse is a RecordError, not a listed problem
 
 
 def _task_format_record(view: dict, shard_name: str, words: bool) -> str:
-    return task_tools.format_task_record(view, f"{shard_name} record {view['index']}")
+    return task_datasets.format_task_record(view, f"{shard_name} record {view['index']}")
 
 
 def _task_stats(ds: Dataset, *, split: str | None, workers: int | None, top: int) -> dict:
-    return task_tools.task_stats(ds, split)  # one process: a split is read as one column batch
+    return task_datasets.task_stats(ds, split)  # one process: a split is read as one column batch
 
 
 def _task_view(ds: Dataset, split: str, index: int, payload: bytes) -> View:
     try:
-        f = task_tools.decode_record(ds, split, payload)
+        f = task_datasets.decode_record(ds, split, payload)
     except ValueError as e:
         return None, [(0, str(e))]
-    return task_tools.record_view(ds, split, f, 0), []
+    return task_datasets.record_view(ds, split, f, 0), []
 
 
 def _task_defaults() -> dict:
@@ -86,8 +85,8 @@ TOOLS: dict[str, KindTools] = {
         stats=stats.compute_stats, format_stats=stats.format_stats, plot_stats=stats.plot_stats,
         record_view=_pretraining_view, config_defaults=_pretraining_defaults, card=render_pretraining_card),
     TASK: KindTools(
-        verify=task_tools.verify_task, inspect=_task_inspect, format_record=_task_format_record,
-        stats=_task_stats, format_stats=task_tools.format_task_stats, plot_stats=task_tools.plot_task_stats,
+        verify=task_datasets.verify_task, inspect=_task_inspect, format_record=_task_format_record,
+        stats=_task_stats, format_stats=task_datasets.format_task_stats, plot_stats=task_datasets.plot_task_stats,
         record_view=_task_view, config_defaults=_task_defaults, card=render_task_card),
 }
 

@@ -16,7 +16,7 @@ from bert_datagen.datagen.tasks.config import TaskConfig
 from bert_datagen.datagen.tasks.encode import encode_framed
 from bert_datagen.pipelines.cli import main
 from bert_datagen.pipelines.tasks.run import generate_task_dataset
-from bert_datagen.pipelines.tasks.tools import read_split
+from bert_datagen.pipelines.tools.task_datasets import read_split
 from tests.support.pipeline_corpus import write_vocab
 from tests.support.synthetic import write_index
 from tests.support.taskdata_corpus import write_conll, write_pair_tsv, write_squad
@@ -273,7 +273,7 @@ def test_stats_plot_of_a_task_dataset_is_safe(datasets, tmp_path, monkeypatch):
 
 def test_plot_draws_tags_and_regression_targets(datasets, tmp_path):
     from bert_datagen.contract.dataset import open_dataset
-    from bert_datagen.pipelines.tasks.tools import plot_task_stats, task_stats
+    from bert_datagen.pipelines.tools.task_datasets import plot_task_stats, task_stats
 
     st = task_stats(open_dataset(str(datasets["ner"]), LOCAL_FS))
     for s in st["splits"].values():

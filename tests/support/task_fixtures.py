@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from bert_datagen.trainer.model.config import BertConfig
 from bert_datagen.trainer.run import checkpoint as ckpt_lib
-from bert_datagen.trainer.run.config import BertConfig
 from tests.support.synthetic_task import write_task_dataset
 
 SPECIAL = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]

@@ -15,7 +15,7 @@ tf = pytest.importorskip("tensorflow")
 from click.testing import CliRunner  # noqa: E402
 
 from bert_datagen.trainer.cli import main  # noqa: E402
-from bert_datagen.trainer.run.config import BertConfig  # noqa: E402
+from bert_datagen.trainer.model.config import BertConfig  # noqa: E402
 from tests.support.task_fixtures import (  # noqa: E402
     classification_dataset,
     span_dataset,

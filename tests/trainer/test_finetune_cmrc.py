@@ -15,7 +15,7 @@ from click.testing import CliRunner  # noqa: E402
 from bert_datagen.contract.fs import LOCAL_FS  # noqa: E402
 from bert_datagen.contract.vocab_io import write_vocab  # noqa: E402
 from bert_datagen.trainer.cli import main  # noqa: E402
-from bert_datagen.trainer.run.config import BertConfig  # noqa: E402
+from bert_datagen.trainer.model.config import BertConfig  # noqa: E402
 from bert_datagen.vocab.train import train_vocab  # noqa: E402
 from tests.support.task_fixtures import write_pretrain_run  # noqa: E402
 
@@ -66,8 +66,8 @@ def test_cmrc_trial_finetunes_and_predicts_exact_characters(tmp_path):
 
 
 def test_span_metric_choice():
+    from bert_datagen.trainer.errors import DataError
     from bert_datagen.trainer.finetune.evaluate import span_metric_of
-    from bert_datagen.trainer.run.errors import DataError
 
     chinese, english = [{"words": ["北"], "word_starts": [0], "context": "北"}], [{"words": ["a"]}]
     assert span_metric_of(chinese, False) == "cmrc2018" and span_metric_of(english, False) == "squad"

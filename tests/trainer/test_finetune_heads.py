@@ -12,7 +12,7 @@ from bert_datagen.datagen.tasks import config as task_config  # noqa: E402
 from bert_datagen.trainer.interop.finetune_export import hf_task_config, hf_task_state  # noqa: E402
 from bert_datagen.trainer.model import heads  # noqa: E402
 from bert_datagen.trainer.model.bert import BertEncoder, BertPretrainer, build_model, tf1_variable_map  # noqa: E402
-from bert_datagen.trainer.run.config import BertConfig  # noqa: E402
+from bert_datagen.trainer.model.config import BertConfig  # noqa: E402
 
 TINY = BertConfig(vocab_size=30, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
                   intermediate_size=24, max_position_embeddings=32)

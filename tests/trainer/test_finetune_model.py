@@ -12,11 +12,11 @@ import pytest
 
 tf = pytest.importorskip("tensorflow")
 
+from bert_datagen.trainer.errors import CheckpointMismatchError  # noqa: E402
 from bert_datagen.trainer.finetune.init import init_checkpoint_config, initialise_encoder  # noqa: E402
 from bert_datagen.trainer.model import heads  # noqa: E402
 from bert_datagen.trainer.model.bert import gelu_exact  # noqa: E402
-from bert_datagen.trainer.run.config import BertConfig  # noqa: E402
-from bert_datagen.trainer.run.errors import CheckpointMismatchError  # noqa: E402
+from bert_datagen.trainer.model.config import BertConfig  # noqa: E402
 
 TINY = BertConfig(vocab_size=30, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
                   intermediate_size=24, max_position_embeddings=32)
@@ -171,8 +171,8 @@ def test_init_reports_every_missing_and_misshaped_weight(tmp_path):
 
 
 def test_word_predictions_take_each_word_from_the_window_that_owns_it():
+    from bert_datagen.trainer.errors import DataError
     from bert_datagen.trainer.finetune.evaluate import word_predictions
-    from bert_datagen.trainer.run.errors import DataError
 
     examples = [{"index": 0, "words": ["a", "b", "c", "d"]}, {"index": 1, "words": ["e"]}]
     windows = [{"example_index": 0, "word_ids": [-1, 0, 1, -1, -1]},  # [CLS] a b [SEP] pad

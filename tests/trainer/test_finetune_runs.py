@@ -12,9 +12,9 @@ tf = pytest.importorskip("tensorflow")
 
 pytestmark = pytest.mark.integration  # several short runs, ~1 min in all
 
+from bert_datagen.trainer.errors import DataError, TrainingError  # noqa: E402
 from bert_datagen.trainer.finetune.run import FinetuneConfig, finetune, finetune_seeds  # noqa: E402
 from bert_datagen.trainer.run import checkpoint as ckpt_lib  # noqa: E402
-from bert_datagen.trainer.run.errors import DataError, TrainingError  # noqa: E402
 from tests.support.task_fixtures import (  # noqa: E402
     classification_dataset,
     span_dataset,

@@ -136,8 +136,8 @@ def tuned_run(tmp_path_factory, task_data, init_run) -> Path:
 
 
 def test_finetune_resumes_only_on_its_dataset_and_settings(tmp_path, init_run):
+    from bert_datagen.trainer.errors import TrainingError
     from bert_datagen.trainer.finetune.run import FinetuneConfig, finetune
-    from bert_datagen.trainer.run.errors import TrainingError
 
     data = classification_dataset(str(tmp_path / "data"))
     cfg = FinetuneConfig(data=data, out=str(tmp_path / "run"), init_from=init_run, max_steps=4, batch_size=8,

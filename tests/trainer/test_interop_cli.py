@@ -12,11 +12,11 @@ tf = pytest.importorskip("tensorflow")
 from click.testing import CliRunner  # noqa: E402
 
 from bert_datagen.trainer.cli import main  # noqa: E402
+from bert_datagen.trainer.errors import ConfigError  # noqa: E402
 from bert_datagen.trainer.interop.loading import read_checkpoint_arrays  # noqa: E402
+from bert_datagen.trainer.model.config import BertConfig  # noqa: E402
 from bert_datagen.trainer.model.weights import expected_tf1_shapes  # noqa: E402
 from bert_datagen.trainer.run import checkpoint as ckpt_lib  # noqa: E402
-from bert_datagen.trainer.run.config import BertConfig  # noqa: E402
-from bert_datagen.trainer.run.errors import ConfigError  # noqa: E402
 from tests.support.interop_names import VOCAB, assert_bitwise_equal  # noqa: E402
 from tests.support.synthetic import write_synthetic_dataset  # noqa: E402
 

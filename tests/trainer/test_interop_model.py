@@ -7,18 +7,18 @@ import pytest
 
 tf = pytest.importorskip("tensorflow")
 
+from bert_datagen.trainer.errors import CheckpointMismatchError  # noqa: E402
 from bert_datagen.trainer.interop.export import export_hf, export_tf1  # noqa: E402
 from bert_datagen.trainer.interop.loading import init_checkpoint_config, load_init_checkpoint  # noqa: E402
 from bert_datagen.trainer.interop.tf1 import write_tf1_checkpoint  # noqa: E402
 from bert_datagen.trainer.model.bert import build_model  # noqa: E402
+from bert_datagen.trainer.model.config import BertConfig  # noqa: E402
 from bert_datagen.trainer.model.weights import (  # noqa: E402
     assign_tf1_arrays,
     expected_tf1_shapes,
     model_expected_shapes,
     model_tf1_arrays,
 )
-from bert_datagen.trainer.run.config import BertConfig  # noqa: E402
-from bert_datagen.trainer.run.errors import CheckpointMismatchError  # noqa: E402
 from tests.support.interop_names import VOCAB, assert_bitwise_equal, write_with_v1_saver  # noqa: E402
 
 CONFIG = BertConfig(vocab_size=len(VOCAB), hidden_size=16, num_hidden_layers=2, num_attention_heads=2,

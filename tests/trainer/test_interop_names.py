@@ -9,6 +9,7 @@ import pytest
 
 tf = pytest.importorskip("tensorflow")
 
+from bert_datagen.trainer.errors import CheckpointFormatError, CheckpointMismatchError  # noqa: E402
 from bert_datagen.trainer.interop.export import export_hf, export_tf1  # noqa: E402
 from bert_datagen.trainer.interop.hf import (  # noqa: E402
     bert_config_from_hf_config,
@@ -21,7 +22,6 @@ from bert_datagen.trainer.interop.hf import (  # noqa: E402
 from bert_datagen.trainer.interop.loading import init_checkpoint_config, read_checkpoint_arrays  # noqa: E402
 from bert_datagen.trainer.interop.tf1 import read_tf1_checkpoint, write_tf1_checkpoint  # noqa: E402
 from bert_datagen.trainer.model.weights import expected_tf1_shapes  # noqa: E402
-from bert_datagen.trainer.run.errors import CheckpointFormatError, CheckpointMismatchError  # noqa: E402
 from tests.support.interop_names import VOCAB, assert_bitwise_equal, write_with_v1_saver  # noqa: E402
 
 TINY = {

@@ -16,8 +16,9 @@ from bert_datagen.datagen.dynamic import mask_records  # noqa: E402
 from bert_datagen.datagen.example_exact import decode_example  # noqa: E402
 from bert_datagen.datagen.tfrecord import iter_tfrecords  # noqa: E402
 from bert_datagen.pipelines.pretraining.run import generate_dataset  # noqa: E402
-from bert_datagen.trainer.pretrain.data import open_pretraining_data, train_dataset  # noqa: E402
+from bert_datagen.trainer.pretrain.data import open_pretraining_data  # noqa: E402
 from bert_datagen.trainer.pretrain.dynamic_input import masking_config  # noqa: E402
+from bert_datagen.trainer.pretrain.earlier_runs_input import train_dataset  # noqa: E402
 from bert_datagen.trainer.pretrain.train import pretrain  # noqa: E402
 from bert_datagen.trainer.run import checkpoint as ckpt_lib  # noqa: E402
 from bert_datagen.trainer.run.config import TrainConfig  # noqa: E402
@@ -97,7 +98,7 @@ def test_dynamic_run_resumes_bitwise_mid_epoch_without_nsp(dataset, tmp_path):
 def test_accumulation_sees_the_same_masks(dataset, tmp_path):
     """Masks are drawn before a batch is cut into micro-steps: accumulation computes the same update
     (another mask would move the weights far more than the summation order does)."""
-    from bert_datagen.trainer.run.config import BertConfig
+    from bert_datagen.trainer.model.config import BertConfig
 
     bert = BertConfig.from_name("tiny", json_vocab_size(dataset)).to_dict()  # dropout on
 

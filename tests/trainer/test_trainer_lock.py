@@ -17,11 +17,11 @@ from click.testing import CliRunner  # noqa: E402
 
 from bert_datagen.contract.cli import lock  # noqa: E402
 from bert_datagen.trainer.cli import main  # noqa: E402
+from bert_datagen.trainer.errors import TrainingError  # noqa: E402
 from bert_datagen.trainer.finetune.cli import predict_run  # noqa: E402
 from bert_datagen.trainer.finetune.run import FinetuneConfig, finetune, finetune_seeds  # noqa: E402
 from bert_datagen.trainer.interop.export import write_export_dir  # noqa: E402
 from bert_datagen.trainer.run import rundir  # noqa: E402
-from bert_datagen.trainer.run.errors import TrainingError  # noqa: E402
 from tests.support.lock_holder import Holder  # noqa: E402
 from tests.support.pipeline_corpus import tree_snapshot  # noqa: E402
 

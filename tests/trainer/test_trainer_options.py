@@ -14,11 +14,12 @@ tf = pytest.importorskip("tensorflow")
 from click.testing import CliRunner  # noqa: E402
 
 from bert_datagen.trainer.cli import main  # noqa: E402
+from bert_datagen.trainer.errors import ConfigError  # noqa: E402
 from bert_datagen.trainer.finetune.config import FinetuneConfig  # noqa: E402
-from bert_datagen.trainer.pretrain.options import as_run, legacy_shuffle_buffer  # noqa: E402
+from bert_datagen.trainer.pretrain.earlier_runs_input import recorded_shuffle_buffer  # noqa: E402
+from bert_datagen.trainer.pretrain.options import as_run  # noqa: E402
 from bert_datagen.trainer.run import checkpoint as ckpt_lib  # noqa: E402
 from bert_datagen.trainer.run.config import TrainConfig  # noqa: E402
-from bert_datagen.trainer.run.errors import ConfigError  # noqa: E402
 from tests.support.synthetic import write_synthetic_dataset  # noqa: E402
 from tests.support.task_fixtures import classification_dataset, span_dataset  # noqa: E402
 
@@ -71,9 +72,8 @@ def test_lengths_that_contradict_the_manifest_are_refused(data, bert_config, tmp
 def test_what_a_run_records_is_what_ran(data, bert_config, tmp_path):
     out = tmp_path / "run"
     code, output = cli(*pretrain_args(data, out, bert_config, "--max-seq-length", 16,
-                                      "--max-predictions-per-seq", 3, "--shuffle-buffer", 50))
+                                      "--max-predictions-per-seq", 3))
     assert code == 0, output
-    assert output.count("warning: --shuffle-buffer 50 has no effect") == 1
     recorded = json.loads((out / "train_config.json").read_text())
     assert (recorded["max_seq_length"], recorded["max_predictions_per_seq"]) == (16, 3)  # the manifest's
     assert recorded["shuffle_buffer"] is None  # the global order has no buffer
@@ -119,13 +119,28 @@ def test_eval_options_without_an_eval_split_are_refused(no_eval, bert_config, tm
     assert code == 2 and f"{option} does not apply here: {no_eval}/manifest.json has no eval split" in output
 
 
+def test_a_shuffle_buffer_is_refused_where_it_reaches_nothing(data, bert_config, tmp_path, monkeypatch):
+    """Only the tf.data input of a run started by an earlier version has a buffer
+    (trainer/pretrain/earlier_runs_input.py); any other run reads the global order."""
+    code, output = cli(*pretrain_args(data, tmp_path / "new", bert_config, "--shuffle-buffer", 50))
+    assert code == 2, output
+    assert ("--shuffle-buffer does not apply here: the run reads the global order (its shuffle is a pure "
+            "function of --seed, with no buffer)") in output
+    assert not (tmp_path / "new").exists()
+    # A run of an earlier version reads through tf.data, with the buffer given (and records it).
+    monkeypatch.setattr(ckpt_lib, "reads_through_tf_data", lambda run_dir: True)
+    code, output = cli(*pretrain_args(data, tmp_path / "earlier", bert_config, "--shuffle-buffer", 50))
+    assert code == 0, output
+    assert json.loads((tmp_path / "earlier" / "train_config.json").read_text())["shuffle_buffer"] == 50
+
+
 def test_a_run_of_tf_data_resumes_with_the_shuffle_buffer_it_recorded(tmp_path):
     (tmp_path / "train_config.json").write_text(json.dumps({"shuffle_buffer": 50}))
-    assert legacy_shuffle_buffer(tmp_path, None) == 50 == legacy_shuffle_buffer(tmp_path, 50)
+    assert recorded_shuffle_buffer(tmp_path, None) == 50 == recorded_shuffle_buffer(tmp_path, 50)
     with pytest.raises(ConfigError, match=r"--shuffle-buffer 16: .*train_config.json records 50"):
-        legacy_shuffle_buffer(tmp_path, 16)
+        recorded_shuffle_buffer(tmp_path, 16)
     (tmp_path / "train_config.json").write_text(json.dumps({"steps": 3}))  # recorded before the field
-    assert legacy_shuffle_buffer(tmp_path, None) == 10000
+    assert recorded_shuffle_buffer(tmp_path, None) == 10000
     # Through the API too, a run of the global order records no buffer (and says so once).
     logged: list[str] = []
     cfg = TrainConfig(data="d", out="o", shuffle_buffer=50)

@@ -19,6 +19,7 @@ from click.testing import CliRunner  # noqa: E402
 
 from bert_datagen.contract.loading.batches import NumpyBatches  # noqa: E402
 from bert_datagen.contract.loading.source import open_source  # noqa: E402
+from bert_datagen.trainer.errors import ConfigError  # noqa: E402
 from bert_datagen.trainer.finetune.data import bucket_lengths  # noqa: E402
 from bert_datagen.trainer.finetune.ordered import FinetuneBatches  # noqa: E402
 from bert_datagen.trainer.pretrain import train as train_mod  # noqa: E402
@@ -26,7 +27,6 @@ from bert_datagen.trainer.pretrain.train import Run, pretrain  # noqa: E402
 from bert_datagen.trainer.run import checkpoint as ckpt_lib  # noqa: E402
 from bert_datagen.trainer.run import cluster  # noqa: E402
 from bert_datagen.trainer.run.config import TrainConfig  # noqa: E402
-from bert_datagen.trainer.run.errors import ConfigError  # noqa: E402
 from tests.support.synthetic import write_synthetic_dataset  # noqa: E402
 from tests.support.task_fixtures import classification_dataset  # noqa: E402
 

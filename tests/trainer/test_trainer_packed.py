@@ -11,9 +11,9 @@ import pytest
 tf = pytest.importorskip("tensorflow")
 
 from bert_datagen.trainer.model.bert import build_model  # noqa: E402
+from bert_datagen.trainer.model.config import BertConfig  # noqa: E402
 from bert_datagen.trainer.pretrain.objective import batch_sums, losses_from_sums  # noqa: E402
-from bert_datagen.trainer.run.config import BertConfig  # noqa: E402
-from bert_datagen.trainer.run.step import packed_pretraining_objective, pretraining_objective  # noqa: E402
+from bert_datagen.trainer.pretrain.step import packed_pretraining_objective, pretraining_objective  # noqa: E402
 from tests.support.packed_rows import pack_instances, unbatch  # noqa: E402
 from tests.support.synthetic import synthetic_batch  # noqa: E402
 

@@ -21,6 +21,7 @@ tf = pytest.importorskip("tensorflow")
 from click.testing import CliRunner  # noqa: E402
 
 from bert_datagen.trainer.cli import main  # noqa: E402
+from bert_datagen.trainer.errors import CheckpointFormatError, DataError, TrainingError  # noqa: E402
 from bert_datagen.trainer.interop.export import (  # noqa: E402
     EXPORT_MARK,
     TASK_FILE,
@@ -34,7 +35,6 @@ from bert_datagen.trainer.pretrain.data import open_pretraining_data  # noqa: E4
 from bert_datagen.trainer.pretrain.train import pretrain  # noqa: E402
 from bert_datagen.trainer.run import checkpoint as ckpt_lib  # noqa: E402
 from bert_datagen.trainer.run.config import TrainConfig  # noqa: E402
-from bert_datagen.trainer.run.errors import CheckpointFormatError, DataError, TrainingError  # noqa: E402
 from tests.support.synthetic import write_synthetic_dataset  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent.parent
@@ -456,7 +456,7 @@ def test_a_sigint_swallowed_during_start_up_stops_the_loop_before_its_first_step
     import threading
 
     from bert_datagen.contract.cli import plumbing as cliutil
-    from bert_datagen.trainer.run.common import interrupts_between_steps
+    from bert_datagen.trainer.run.stopping import interrupts_between_steps
 
     seen = threading.Event()
     seen.set()

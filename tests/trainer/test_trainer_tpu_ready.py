@@ -12,9 +12,10 @@ import pytest
 
 tf = pytest.importorskip("tensorflow")
 
+from bert_datagen.trainer.model.config import BertConfig  # noqa: E402
 from bert_datagen.trainer.pretrain.train import Run  # noqa: E402
 from bert_datagen.trainer.run import checkpoint as ckpt_lib  # noqa: E402
-from bert_datagen.trainer.run.config import BertConfig, TrainConfig  # noqa: E402
+from bert_datagen.trainer.run.config import TrainConfig  # noqa: E402
 from tests.support.synthetic import write_synthetic_dataset  # noqa: E402
 from tests.support.xla_checks import Recorded, assert_static_and_compiled, to_object_store  # noqa: E402
 

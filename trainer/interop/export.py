@@ -23,6 +23,7 @@ import numpy as np
 import tensorflow as tf
 
 from bert_datagen.contract.fs import TMP_MARKER, os_error_in, temp_name
+from bert_datagen.trainer.errors import CheckpointFormatError, ConfigError, TrainerError
 from bert_datagen.trainer.interop.hf import (
     HF_WEIGHTS,
     hf_config_from_bert_config,
@@ -33,9 +34,8 @@ from bert_datagen.trainer.interop.hf import (
 from bert_datagen.trainer.interop.loading import restore_model
 from bert_datagen.trainer.interop.tf1 import write_tf1_checkpoint
 from bert_datagen.trainer.model.weights import check_arrays, expected_tf1_shapes, model_tf1_arrays
-from bert_datagen.trainer.pretrain.data import load_dataset_manifest
 from bert_datagen.trainer.run import checkpoint as ckpt_lib
-from bert_datagen.trainer.run.errors import CheckpointFormatError, ConfigError, TrainerError
+from bert_datagen.trainer.run.dataset_dir import load_dataset_manifest
 from bert_datagen.trainer.run.rundir import output_lock
 from bert_datagen.vocab.vocab_file import SPECIAL_TOKENS
 

@@ -18,15 +18,16 @@ from pathlib import Path
 import numpy as np
 
 from bert_datagen.contract.manifest import MANIFEST_NAME
+from bert_datagen.trainer.errors import ConfigError
+from bert_datagen.trainer.model.config import BertConfig
 from bert_datagen.trainer.model.heads import (
     FineTuneModel,
     build_finetune_model,
     finetune_variable_map,
     head_class,
 )
-from bert_datagen.trainer.pretrain.data import load_dataset_manifest
 from bert_datagen.trainer.run import checkpoint as ckpt_lib
-from bert_datagen.trainer.run.config import BertConfig, ConfigError
+from bert_datagen.trainer.run.dataset_dir import load_dataset_manifest
 
 
 def is_finetune_run(path: str | Path) -> bool:

@@ -16,8 +16,8 @@ from pathlib import Path
 import numpy as np
 
 from bert_datagen.contract.fs import os_error_in
+from bert_datagen.trainer.errors import CheckpointFormatError, CheckpointMismatchError
 from bert_datagen.trainer.model.weights import LoadReport, as_float32, check_arrays
-from bert_datagen.trainer.run.errors import CheckpointFormatError, CheckpointMismatchError
 
 
 def _hf_name(tf1: str) -> tuple[str, bool]:

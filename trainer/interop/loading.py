@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
+from bert_datagen.trainer.errors import CheckpointFormatError
 from bert_datagen.trainer.interop.hf import (
     bert_config_from_hf_config,
     hf_to_tf1,
@@ -21,10 +22,9 @@ from bert_datagen.trainer.interop.hf import (
 )
 from bert_datagen.trainer.interop.tf1 import read_bert_config, read_tf1_checkpoint, resolve_tf1_prefix
 from bert_datagen.trainer.model.bert import BertPretrainer, build_model, tf1_variable_map
+from bert_datagen.trainer.model.config import BertConfig
 from bert_datagen.trainer.model.weights import LoadReport, assign_tf1_arrays, model_expected_shapes
 from bert_datagen.trainer.run import checkpoint as ckpt_lib
-from bert_datagen.trainer.run.config import BertConfig
-from bert_datagen.trainer.run.errors import CheckpointFormatError
 
 
 def dtype_policy(precision: str) -> str | None:

@@ -12,9 +12,9 @@ from pathlib import Path
 import numpy as np
 import tensorflow as tf
 
+from bert_datagen.trainer.errors import CheckpointFormatError
+from bert_datagen.trainer.model.config import BertConfig
 from bert_datagen.trainer.model.weights import LoadReport, as_float32, check_arrays, is_non_weight
-from bert_datagen.trainer.run.config import BertConfig
-from bert_datagen.trainer.run.errors import CheckpointFormatError
 
 
 def resolve_tf1_prefix(path: str | os.PathLike) -> str:

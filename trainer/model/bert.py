@@ -50,7 +50,7 @@ import tensorflow as tf
 from tensorflow.python.ops import gen_stateless_random_ops_v2
 
 from bert_datagen.datagen.rng import derive_key
-from bert_datagen.trainer.run.config import BertConfig
+from bert_datagen.trainer.model.config import BertConfig
 
 LAYER_NORM_EPSILON = 1e-12
 ATTENTION_MASK_VALUE = -10000.0

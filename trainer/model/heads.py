@@ -28,7 +28,7 @@ import keras
 import tensorflow as tf
 
 from bert_datagen.trainer.model.bert import BertEncoder, dropout, tf1_variable_map, truncated_normal
-from bert_datagen.trainer.run.config import BertConfig
+from bert_datagen.trainer.model.config import BertConfig
 
 HEAD_DROPOUT = 0.1  # the original's keep_prob 0.9, whatever the encoder's dropout
 HEAD_DROPOUT_SITE = 1_000_003  # a dropout site no encoder layer uses

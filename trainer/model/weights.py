@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from bert_datagen.trainer.errors import CheckpointFormatError, CheckpointMismatchError
 from bert_datagen.trainer.model.bert import BertPretrainer, tf1_variable_map
-from bert_datagen.trainer.run.errors import CheckpointFormatError, CheckpointMismatchError
 
 # --- expected TF1 layout -------------------------------------------------------------------------
 

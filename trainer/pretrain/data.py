@@ -1,9 +1,11 @@
-"""Input: a bert-datagen dataset (through its manifest) or TFRecord globs of the original tool.
+"""Pre-training data: a bert-datagen dataset (through its manifest) or TFRecord globs of the original
+tool, described (`DatasetInfo`) and checked before the first step (kind, shards and sizes, lengths,
+first records, token ids, fit with the model), and its train split as the global order reads it
+(`training_source`).
 
-The tf.data pipeline is deterministic for a seed: seeded file order (reshuffled each epoch from that
-seed), deterministic parallel interleave, a seeded shuffle buffer, batched parsing, prefetch. Its
-position is saved with each checkpoint (tf.data iterator state), so a resumed run reads exactly the
-batches the uninterrupted run would have read.
+Training batches of new runs come from the global order (`trainer/run/ordered_input.py`); tf.data
+here reads only the eval split (`eval_dataset`, in file order, once). The tf.data pipeline of runs
+started by an earlier version is `earlier_runs_input.py`, used for them alone.
 """
 
 from __future__ import annotations
@@ -16,19 +18,22 @@ from dataclasses import dataclass, field
 
 import tensorflow as tf
 
-from bert_datagen.contract.dataset import Dataset, DatasetError, manifest_identity, open_dataset
+from bert_datagen.contract.dataset import manifest_identity
 from bert_datagen.contract.features import PRETRAINING, TASK
-from bert_datagen.contract.fs import is_remote
 from bert_datagen.contract.loading.source import Source, files_source
-from bert_datagen.contract.manifest import MANIFEST_NAME, ManifestError
+from bert_datagen.contract.manifest import MANIFEST_NAME
 from bert_datagen.contract.vocab_io import load_vocab
 from bert_datagen.datagen import records
 from bert_datagen.datagen.example_exact import decode_example
 from bert_datagen.datagen.records import INSTANCE_KEY, feature_spec
 from bert_datagen.datagen.tfrecord import RecordError, iter_tfrecords, masked_crc32c
+from bert_datagen.trainer.errors import DataError
+from bert_datagen.trainer.model.config import BertConfig
 from bert_datagen.trainer.run import gfs
-from bert_datagen.trainer.run.config import BertConfig
-from bert_datagen.trainer.run.errors import DataError
+
+# open_manifest_dataset: read here, and by trainer/finetune/data.py. load_dataset_manifest: kept here only for
+# trainer/finetune/init.py's import until it names trainer.run.dataset_dir (issue #34).
+from bert_datagen.trainer.run.dataset_dir import load_dataset_manifest, open_manifest_dataset  # noqa: E402,F401
 from bert_datagen.trainer.run.gfs import GFILE_FS
 
 
@@ -128,28 +133,6 @@ def training_source(info: DatasetInfo) -> Source:
         masking = {"vocab": vocab, "mask_config": masking_config(info.manifest)}
     return files_source(info.source, info.train_files, counts, info.identity["fingerprint"], info.features(),
                        PRETRAINING, GFILE_FS, **masking)
-
-
-def open_manifest_dataset(directory: str) -> Dataset:
-    """A dataset directory through the contract (one manifest parser for pre-training and
-    fine-tuning): its manifest, kind and shards, no vocab read; DataError naming the file if not."""
-    try:
-        return open_dataset(directory, GFILE_FS, need_vocab=False)
-    except (ManifestError, DatasetError) as exc:
-        raise DataError(str(exc)) from exc
-    except (OSError, tf.errors.OpError) as exc:  # a directory we may not read
-        reason = getattr(exc, "message", None) or getattr(exc, "strerror", None) or exc
-        raise DataError(f"{directory}/{MANIFEST_NAME}: cannot read: {reason}") from exc
-
-
-def load_dataset_manifest(data: str) -> dict | None:
-    """The manifest of a dataset directory; None for TFRecord globs and unreadable manifests."""
-    if not is_remote(data) and not os.path.exists(os.path.join(data, MANIFEST_NAME)):
-        return None
-    try:
-        return open_manifest_dataset(data).manifest
-    except DataError:
-        return None
 
 
 def _from_manifest(directory: str) -> DatasetInfo:
@@ -409,35 +392,6 @@ def parse_batch(serialized: tf.Tensor, max_seq_length: int, max_predictions_per_
     return {k: tf.cast(v, tf.int32) if v.dtype == tf.int64 and k != INSTANCE_KEY else v for k, v in parsed.items()}
 
 
-def train_dataset(info: DatasetInfo, batch_size: int, seed: int, shuffle_buffer: int = 10000,
-                  cycle_length: int = 8, keep_identity: bool = False) -> tf.data.Dataset:
-    """Endless, deterministic, shuffled batches of the train split.
-
-    With dynamic masking each record travels with the epoch it was read in (the pass over the
-    files its file was read in), and each batch is masked from (seed, record identity, epoch).
-    """
-    n_files = len(info.train_files)
-    files = tf.data.Dataset.from_tensor_slices(info.train_files)
-    files = files.shuffle(n_files, seed=seed, reshuffle_each_iteration=True).repeat()
-    if info.masking == "dynamic":
-        from bert_datagen.trainer.pretrain.dynamic_input import dynamic_batches
-
-        records = files.enumerate().interleave(
-            lambda i, f: tf.data.TFRecordDataset(f, buffer_size=1 << 20).map(lambda r: (r, i // n_files)),
-            cycle_length=min(cycle_length, n_files), block_length=1,
-            num_parallel_calls=tf.data.AUTOTUNE, deterministic=True,
-        )
-        records = records.shuffle(shuffle_buffer, seed=seed + 1, reshuffle_each_iteration=True)
-        return dynamic_batches(records, info, batch_size, seed, parse_batch, keep_identity)
-    records = files.interleave(
-        lambda f: tf.data.TFRecordDataset(f, buffer_size=1 << 20),
-        cycle_length=min(cycle_length, n_files), block_length=1,
-        num_parallel_calls=tf.data.AUTOTUNE, deterministic=True,
-    )
-    records = records.shuffle(shuffle_buffer, seed=seed + 1, reshuffle_each_iteration=True)
-    return _batched(records, info, batch_size)
-
-
 def eval_dataset(info: DatasetInfo, batch_size: int, files: list[str] | None = None) -> tf.data.Dataset:
     """The eval split (or `files`) in file order, once, full batches only.
 
@@ -452,10 +406,10 @@ def eval_dataset(info: DatasetInfo, batch_size: int, files: list[str] | None = N
         seed = int((info.manifest or {}).get("config", {}).get("random_seed", 0))
         return dynamic_batches(records.map(lambda r: (r, tf.constant(0, tf.int64))), info, batch_size, seed,
                                parse_batch)
-    return _batched(records, info, batch_size)
+    return parsed_batches(records, info, batch_size)
 
 
-def _batched(records: tf.data.Dataset, info: DatasetInfo, batch_size: int) -> tf.data.Dataset:
+def parsed_batches(records: tf.data.Dataset, info: DatasetInfo, batch_size: int) -> tf.data.Dataset:
     ds = records.batch(batch_size, drop_remainder=True)
     spec = info.features()
     ds = ds.map(lambda s: with_sequence_weights(parse_batch(s, info.max_seq_length, info.max_predictions_per_seq,

@@ -8,9 +8,11 @@ from collections.abc import Callable
 
 import tensorflow as tf
 
+from bert_datagen.trainer.errors import DataError
 from bert_datagen.trainer.interop.loading import restore_external_model, restore_model
 from bert_datagen.trainer.interop.tf1 import checkpoint_step
 from bert_datagen.trainer.model.bert import BertPretrainer
+from bert_datagen.trainer.model.config import BertConfig
 from bert_datagen.trainer.pretrain.data import (
     DatasetInfo,
     check_fits,
@@ -20,9 +22,7 @@ from bert_datagen.trainer.pretrain.data import (
 )
 from bert_datagen.trainer.pretrain.objective import batch_sums, losses_from_sums
 from bert_datagen.trainer.run import checkpoint as ckpt_lib
-from bert_datagen.trainer.run.common import replica_slices
-from bert_datagen.trainer.run.config import BertConfig
-from bert_datagen.trainer.run.errors import DataError
+from bert_datagen.trainer.run.devices import replica_slices
 
 
 def evaluate_model(eval_step: Callable, strategy: tf.distribute.Strategy, info: DatasetInfo, batch_size: int,

@@ -5,6 +5,8 @@ and the mixture recorded with every checkpoint, so a resume reads the same strea
 from __future__ import annotations
 
 from bert_datagen.contract.loading.mixture import MIXTURE_FEATURE, MixedBatches, MixtureError
+from bert_datagen.trainer.errors import DataError, TrainingError
+from bert_datagen.trainer.model.config import BertConfig
 from bert_datagen.trainer.pretrain.data import (
     DatasetInfo,
     check_first_records,
@@ -14,8 +16,7 @@ from bert_datagen.trainer.pretrain.data import (
     open_pretraining_data,
     training_source,
 )
-from bert_datagen.trainer.run.config import BertConfig, TrainConfig
-from bert_datagen.trainer.run.errors import DataError, TrainingError
+from bert_datagen.trainer.run.config import TrainConfig
 
 __all__ = ["MIXTURE_FEATURE", "check_resumed_mixture", "mixed_batches"]
 

@@ -1,27 +1,22 @@
 """The options of `bert-train pretrain` and `eval` that only some data or runs use, checked against
 the data and run they meet: a value the data contradicts, or one this run would not use, is refused
-(or, where scripts have long passed it, dropped with a warning) before any work, so that the run's
-record (train_config.json) is what ran. The lengths and --eval-data a manifest contradicts are
+before any work (a library caller's unused shuffle buffer is dropped with a warning), so that the
+run's record (train_config.json) is what ran. The lengths and --eval-data a manifest contradicts are
 checked where the data is opened (`data.refuse_manifest_contradictions`).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 from collections.abc import Callable
-from pathlib import Path
 
 from bert_datagen.contract.manifest import MANIFEST_NAME
-from bert_datagen.trainer.pretrain.data import DatasetInfo, load_dataset_manifest
+from bert_datagen.trainer.errors import DataError
+from bert_datagen.trainer.pretrain.data import DatasetInfo
 from bert_datagen.trainer.run import gfs
 from bert_datagen.trainer.run.config import TrainConfig
-from bert_datagen.trainer.run.errors import ConfigError, DataError
-from bert_datagen.trainer.run.rundir import TRAIN_CONFIG_FILE
-
-# The shuffle buffer of runs of earlier versions that recorded none (their default then).
-LEGACY_SHUFFLE_BUFFER = 10000
+from bert_datagen.trainer.run.dataset_dir import load_dataset_manifest
 
 
 def model_vocab_size(info: DatasetInfo, vocab_size: int | None) -> int | None:
@@ -48,35 +43,20 @@ def no_eval_split(data: str, eval_data: str | None) -> str | None:
     return f"--data {data} has no manifest and no --eval-data is given, so there is no eval split"
 
 
-def legacy_shuffle_buffer(run_dir: str | Path, given: int | None) -> int:
-    """The shuffle buffer of a run started by an earlier version (it reads through tf.data): the one
-    it recorded; another given one is refused, as it would change the batches of the resumed run."""
-    path = Path(run_dir) / TRAIN_CONFIG_FILE
-    try:
-        recorded = json.loads(path.read_text()).get("shuffle_buffer")
-    except (OSError, ValueError, AttributeError):  # nothing recorded: the run starts reading now
-        return LEGACY_SHUFFLE_BUFFER if given is None else given
-    recorded = LEGACY_SHUFFLE_BUFFER if recorded is None else int(recorded)
-    if given is not None and given != recorded:
-        raise ConfigError(f"--shuffle-buffer {given}: {path} records {recorded}, the buffer this run (started by "
-                          "an earlier version, reading through tf.data) reads with; resume it with that")
-    return recorded
-
-
 def unused_shuffle_buffer(shuffle_buffer: int | None, reads_through_tf_data: bool) -> str | None:
-    """The warning for a shuffle buffer the run would not use (scripts have long passed one, so it is
-    dropped, not refused, and the run records none); None when there is none to drop."""
+    """Why a shuffle buffer reaches nothing in this run (it reads the global order); None when none is
+    given or the run (started by an earlier version) reads through tf.data, which uses it."""
     if shuffle_buffer is None or reads_through_tf_data:
         return None
-    return (f"warning: --shuffle-buffer {shuffle_buffer} has no effect: the run reads the global order (its "
-            "shuffle is a pure function of --seed); only runs started by an earlier version, which read "
-            "through tf.data, use a buffer")
+    return ("the run reads the global order (its shuffle is a pure function of --seed, with no buffer); only "
+            "a run started by an earlier version, which reads through tf.data, uses a buffer")
 
 
 def as_run(cfg: TrainConfig, reads_through_tf_data: bool, log: Callable[[str], None]) -> TrainConfig:
-    """`cfg` as the run records it: without a shuffle buffer it does not use (warned once)."""
-    warning = unused_shuffle_buffer(cfg.shuffle_buffer, reads_through_tf_data)
-    if warning is None:
+    """`cfg` as the run records it: without a shuffle buffer it does not use (warned once; the
+    command refuses one before this: `bert_datagen.trainer.pretrain.cli`)."""
+    reason = unused_shuffle_buffer(cfg.shuffle_buffer, reads_through_tf_data)
+    if reason is None:
         return cfg
-    log(warning)
+    log(f"warning: --shuffle-buffer {cfg.shuffle_buffer} has no effect: {reason}")
     return dataclasses.replace(cfg, shuffle_buffer=None)

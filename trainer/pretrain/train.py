@@ -1,4 +1,4 @@
-"""The pre-training loop (the model is `bert_datagen.trainer.model.bert`, one step `bert_datagen.trainer.run.step`): start or resume a
+"""The pre-training loop (the model is `bert_datagen.trainer.model.bert`, one step `bert_datagen.trainer.pretrain.step`): start or resume a
 run, feed batches, log, evaluate, checkpoint.
 
 Reproducibility: weights start from seeds derived per weight name, dropout masks are a pure function
@@ -27,8 +27,10 @@ from bert_datagen.contract.loading.mixture import MixedBatches
 from bert_datagen.contract.loading.skips import SkipError, add_ranges, batch_of_step
 from bert_datagen.datagen.packed import compact_predictions
 from bert_datagen.datagen.records import INSTANCE_KEY
+from bert_datagen.trainer.errors import CheckpointError, ConfigError, DataError, TrainingError
 from bert_datagen.trainer.interop.loading import dtype_policy, init_weights_from, load_init_checkpoint
 from bert_datagen.trainer.model.bert import build_model, tf1_variable_map
+from bert_datagen.trainer.model.config import BertConfig
 from bert_datagen.trainer.pretrain.data import (
     DatasetInfo,
     check_first_records,
@@ -38,36 +40,30 @@ from bert_datagen.trainer.pretrain.data import (
     dataset_identity,
     find_bad_record,
     open_pretraining_data,
-    train_dataset,
     training_source,
     with_sequence_weights,
 )
+from bert_datagen.trainer.pretrain.earlier_runs_input import earlier_run_input
 from bert_datagen.trainer.pretrain.evaluate import evaluate_model
 from bert_datagen.trainer.pretrain.mixture_input import MIXTURE_FEATURE, check_resumed_mixture, mixed_batches
 from bert_datagen.trainer.pretrain.objective import losses_from_sums
-from bert_datagen.trainer.pretrain.options import as_run, legacy_shuffle_buffer, model_vocab_size
+from bert_datagen.trainer.pretrain.options import as_run, model_vocab_size
+from bert_datagen.trainer.pretrain.step import make_step_functions
 from bert_datagen.trainer.run import checkpoint as ckpt_lib
 from bert_datagen.trainer.run import cluster, rundir
-from bert_datagen.trainer.run.common import (
+from bert_datagen.trainer.run.checkpoint import checkpoint_arrays, restore_checkpoint_arrays
+from bert_datagen.trainer.run.config import TrainConfig
+from bert_datagen.trainer.run.devices import enable_determinism, make_run_strategy, replica_slices
+from bert_datagen.trainer.run.optimizer import learning_rate, loss_scale_for, make_optimizer
+from bert_datagen.trainer.run.ordered_input import INPUT_ORDER, OrderedInput, input_closed
+from bert_datagen.trainer.run.stopping import (
     LOST_WORKER_ERRORS,
-    checkpoint_arrays,
     interrupts_between_steps,
-    loss_scale_for,
     lost_worker_error,
-    make_run_strategy,
-    replica_slices,
-    restore_checkpoint_arrays,
     stop_interrupted,
     stop_on_non_finite_loss,
-    tensorboard_writers,
-    write_scalar,
 )
-from bert_datagen.trainer.run.config import BertConfig, TrainConfig
-from bert_datagen.trainer.run.devices import enable_determinism
-from bert_datagen.trainer.run.errors import CheckpointError, ConfigError, DataError, TrainingError
-from bert_datagen.trainer.run.optimizer import learning_rate, make_optimizer
-from bert_datagen.trainer.run.ordered_input import INPUT_ORDER, OrderedInput, input_closed
-from bert_datagen.trainer.run.step import make_step_functions
+from bert_datagen.trainer.run.tensorboard import tensorboard_writers, write_scalar
 
 _TF_DATA_ERRORS = (tf.errors.DataLossError, tf.errors.InvalidArgumentError)
 
@@ -123,15 +119,7 @@ class Run:
         self.cfg = cfg = as_run(cfg, self.legacy_input, log)
         self.world, self.rank = (1, 0) if self.legacy_input else cluster.worker_share()
         if self.legacy_input:
-            if cfg.skip_batches:
-                raise ConfigError(f"{self.run_dir}: the run was started by an earlier version that read its "
-                                  "input through tf.data; --skip-batches needs the global order of new runs")
-            if cfg.mix:
-                raise ConfigError(f"{self.run_dir}: the run was started by an earlier version that read its "
-                                  "input through tf.data; --mix needs the global order of new runs")
-            self.iterator = iter(train_dataset(self.info, cfg.batch_size, cfg.seed,
-                                               legacy_shuffle_buffer(self.run_dir, cfg.shuffle_buffer)))
-            self.iterator_ckpt = tf.train.Checkpoint(iterator=self.iterator)
+            self.iterator, self.iterator_ckpt = earlier_run_input(self.info, cfg, self.run_dir)
         elif cfg.mix:
             self.batches = mixed_batches(cfg, self.info, self.bert, self.world, self.rank)
         else:

@@ -18,10 +18,14 @@ import tempfile
 import zipfile
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from bert_datagen.trainer.run.errors import CheckpointError
+from bert_datagen.trainer.errors import CheckpointError
+
+if TYPE_CHECKING:
+    from bert_datagen.trainer.run.optimizer import AdamWeightDecay, DynamicLossScale
 
 CKPT_RE = re.compile(r"^ckpt-(\d{8})$")
 MODEL_FILE = "model.npz"
@@ -160,3 +164,25 @@ def cleanup_partial(run_dir: str | Path) -> None:
         for child in run.iterdir():
             if child.name.startswith(TMP_PREFIX):
                 shutil.rmtree(child, ignore_errors=True)
+
+
+def checkpoint_arrays(named: dict, optimizer: AdamWeightDecay, loss_scale: DynamicLossScale | None,
+                      step: int) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """(model arrays by TF1 name, optimizer arrays: slots, global_step and the loss-scale state)."""
+    model_arrays = {name: var.numpy() for name, var in named.items()}
+    opt_arrays = optimizer.slot_arrays()
+    opt_arrays["global_step"] = np.asarray(step, dtype=np.int64)
+    if loss_scale is not None:
+        opt_arrays.update(loss_scale.state())
+    return model_arrays, opt_arrays
+
+
+def restore_checkpoint_arrays(path: Path, named: dict, optimizer: AdamWeightDecay,
+                              loss_scale: DynamicLossScale | None) -> None:
+    """Weights, optimizer slots and loss-scale state from checkpoint directory `path`."""
+    assign_named_weights(named, load_arrays(path, MODEL_FILE),
+                                  str(path / MODEL_FILE))
+    opt = load_arrays(path, OPTIMIZER_FILE)
+    optimizer.load_slot_arrays(opt, str(path / OPTIMIZER_FILE))
+    if loss_scale is not None:
+        loss_scale.load_state(opt)

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from bert_datagen.contract.cli.plumbing import unfiltered_stderr
-from bert_datagen.trainer.run.errors import ConfigError
+from bert_datagen.trainer.errors import ConfigError
 
 if TYPE_CHECKING:
     import tensorflow as tf

@@ -1,12 +1,13 @@
-"""Where a run computes: the tf.distribute strategy, and op determinism for bitwise-repeatable runs."""
+"""Where a run computes: the tf.distribute strategy (checked against the run's batch), a global batch cut
+into replica slices, and op determinism for bitwise-repeatable runs."""
 
 from __future__ import annotations
 
 import keras
 import tensorflow as tf
 
+from bert_datagen.trainer.errors import ConfigError
 from bert_datagen.trainer.run import cluster
-from bert_datagen.trainer.run.errors import ConfigError
 
 
 def enable_determinism(seed: int) -> None:
@@ -44,3 +45,32 @@ def make_strategy(name: str, tpu: str | None = None) -> tf.distribute.Strategy:
         tf.tpu.experimental.initialize_tpu_system(resolver)
         return tf.distribute.TPUStrategy(resolver)
     raise ConfigError(f"unknown strategy {name!r}")
+
+
+def make_run_strategy(name: str, tpu: str | None, batch_size: int, accumulation_steps: int) -> tf.distribute.Strategy:
+    """The strategy called `name`, refused (before any work) when the global batch does not split
+    evenly over its replicas and their micro-batches."""
+    strategy = make_strategy(name, tpu)
+    replicas = strategy.num_replicas_in_sync
+    if batch_size % (replicas * accumulation_steps):
+        raise ConfigError(f"batch size {batch_size} is not a multiple of replicas ({replicas}) x "
+                          f"accumulation steps ({accumulation_steps})")
+    return strategy
+
+
+def replica_slices(strategy: tf.distribute.Strategy, batch: dict[str, tf.Tensor],
+                   batch_size: int, workers: int = 1) -> dict[str, tf.Tensor]:
+    """``batch`` cut into consecutive per-replica slices of ``batch_size / replicas`` rows: the global
+    batch (``workers`` 1), or this worker's share of it when each of ``workers`` workers reads its own
+    (`ordered_input`). A tf.distribute iterator is not used: its position cannot be checkpointed."""
+    replicas = strategy.num_replicas_in_sync
+    if replicas == 1:
+        return batch
+    local = batch_size // replicas
+    per_worker = replicas // workers
+
+    def replica_slice(ctx):
+        start = ctx.replica_id_in_sync_group % per_worker * local
+        return {name: value[start:start + local] for name, value in batch.items()}
+
+    return strategy.experimental_distribute_values_from_function(replica_slice)

@@ -34,8 +34,8 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from bert_datagen.trainer.errors import CheckpointError
 from bert_datagen.trainer.run.config import OPTIMIZERS
-from bert_datagen.trainer.run.errors import CheckpointError
 
 EXCLUDE_FROM_WEIGHT_DECAY = ("LayerNorm", "layer_norm", "bias")
 LAMB_UPDATES_KEY = "lamb_updates"
@@ -252,3 +252,9 @@ class DynamicLossScale:
         if "loss_scale" in arrays:
             self.scale.assign(arrays["loss_scale"])
             self.good_steps.assign(arrays["loss_scale_good_steps"])
+
+
+def loss_scale_for(precision: str) -> DynamicLossScale | None:
+    """A dynamic loss scale for float16 (its gradients underflow without one); none otherwise
+    (bfloat16 has float32's exponent range). Create it inside the strategy's scope."""
+    return DynamicLossScale() if precision == "mixed_float16" else None

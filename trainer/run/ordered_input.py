@@ -7,7 +7,7 @@ fine-tuning step ``s`` reads batch ``s mod E`` of epoch ``s div E`` (E whole bat
 checkpoint holds no iterator state, a run resumes at any step on any number of workers, and the
 batches are, byte for byte, what the NumPy and PyTorch readers give for the same step. In a cluster
 of W workers worker w reads only rank w's share of every global batch (1/W of the bytes); its
-replicas then take consecutive slices of that share (`common.replica_slices`).
+replicas then take consecutive slices of that share (`devices.replica_slices`).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import numpy as np
 import tensorflow as tf
 
 from bert_datagen.contract.loading.source import LoadError
-from bert_datagen.trainer.run.errors import DataError
+from bert_datagen.trainer.errors import DataError
 
 # What a run records (checkpoint state and RUN files) about how it reads.
 INPUT_ORDER = "global-order-v1"

@@ -30,8 +30,8 @@ from typing import Any, ClassVar, Protocol
 from bert_datagen.contract import fs
 from bert_datagen.contract.cli.lock import INSIDE_LOCK_NAME, OutputLock, OutputLockError, lock_output
 from bert_datagen.contract.manifest import MANIFEST_NAME
+from bert_datagen.trainer.errors import ConfigError, TrainingError
 from bert_datagen.trainer.run import checkpoint as ckpt_lib
-from bert_datagen.trainer.run.errors import ConfigError, TrainingError
 
 TRAIN_CONFIG_FILE = "train_config.json"
 FINETUNE_CONFIG_FILE = "finetune_config.json"

@@ -1,4 +1,4 @@
-"""One optimizer step as a tf.function, distributed over replicas; the pre-training eval step.
+"""One optimizer step as a tf.function, distributed over replicas, for any `Objective`.
 
 One optimizer step = one global batch of `batch_size` sequences, split over replicas and then over
 `accumulation_steps` micro-batches. Every part's loss is normalised by a total of the WHOLE batch
@@ -9,9 +9,10 @@ Dropout masks are too: each row's mask is a pure function of (seed, step, the ro
 global batch) (`model.bert.dropout_key`), never of the replica, worker, micro-batch or `--jit`, so
 one process, N mirrored replicas, N workers and K accumulation steps draw the same masks.
 
-Pre-training and fine-tuning differ only in their `Objective` (what is minimised); the step around
-it (accumulation, all-reduce, loss-scale unscaling, skipped non-finite steps, clipping, the update)
-is the one `make_train_step` builds, so both keep the same numerics by construction.
+Pre-training and fine-tuning differ only in their `Objective` (what is minimised; theirs are in
+`trainer/pretrain/step.py` and `trainer/finetune/run.py`); the step around it (accumulation,
+all-reduce, loss-scale unscaling, skipped non-finite steps, clipping, the update) is the one
+`make_train_step` builds, so both keep the same numerics by construction.
 """
 
 from __future__ import annotations
@@ -22,13 +23,10 @@ from typing import Protocol
 
 import tensorflow as tf
 
-from bert_datagen.trainer.model.bert import BertPretrainer, dropout_key
-from bert_datagen.trainer.pretrain.objective import MLM_DENOMINATOR_EPSILON, batch_sums
-from bert_datagen.trainer.run.config import TrainConfig
+from bert_datagen.trainer.model.bert import dropout_key
 from bert_datagen.trainer.run.optimizer import AdamWeightDecay, DynamicLossScale, clip_by_global_norm
 
 SUM = tf.distribute.ReduceOp.SUM
-PRETRAINING_DROPOUT_SALT = 0x5EED
 
 Batch = dict[str, tf.Tensor]
 
@@ -57,12 +55,6 @@ class Objective:
     dropout_salt: int  # keeps the dropout streams of different kinds of runs apart
     # ZERO where a trained variable may take no part in the loss (pre-training without NSP data).
     unconnected: tf.UnconnectedGradients = tf.UnconnectedGradients.NONE
-
-
-@dataclass
-class StepFunctions:
-    train_step: Callable  # (global batch, lr, step) -> summed figures
-    eval_step: Callable  # batch -> summed figures
 
 
 def replica_sum(value: tf.Tensor) -> tf.Tensor:
@@ -105,7 +97,7 @@ def make_train_step(objective: Objective, optimizer: AdamWeightDecay, strategy: 
         total = objective.whole_batch_total(batch)
         scale = loss_scale.scale if loss_scale is not None else None
         seed = tf.random.experimental.stateless_fold_in(base_seed, step, alg="philox")
-        # Replica r holds rows [r*n, (r+1)*n) of the global batch (`common.replica_slices`, the
+        # Replica r holds rows [r*n, (r+1)*n) of the global batch (`devices.replica_slices`, the
         # workers' shares of the global order), so its rows keep their global positions' masks.
         rows = tf.cast(tf.shape(batch["input_ids"])[0], tf.int64)
         first_row = tf.cast(ctx.replica_id_in_sync_group, tf.int64) * rows
@@ -118,7 +110,7 @@ def make_train_step(objective: Objective, optimizer: AdamWeightDecay, strategy: 
         return totals
 
     def train_step(batch, lr, step):
-        return _summed_over_replicas(strategy, replica_step, batch, lr, step)
+        return summed_over_replicas(strategy, replica_step, batch, lr, step)
 
     # Length-grouped fine-tuning batches come at several lengths (finetune.data.bucket_lengths):
     # the second length traces once more with the length left open, and every later one reuses that
@@ -142,56 +134,7 @@ def _unscale_clip_apply(grads: list[tf.Tensor], scale: tf.Tensor | None, lr: tf.
     return finite, norm
 
 
-def _summed_over_replicas(strategy: tf.distribute.Strategy, fn: Callable, *args) -> dict[str, tf.Tensor]:
+def summed_over_replicas(strategy: tf.distribute.Strategy, fn: Callable, *args) -> dict[str, tf.Tensor]:
+    """`fn(*args)` run on every replica, each of its figures summed over them."""
     per_replica = strategy.run(fn, args=args)
     return {k: strategy.reduce(SUM, v, axis=None) for k, v in per_replica.items()}
-
-
-def pretraining_objective(model: BertPretrainer, batch_size: int) -> Objective:
-    """The original MLM + NSP loss: MLM cross-entropy over the batch's MLM weight sum, NSP over its
-    example count."""
-    global_examples = float(batch_size)
-
-    def whole_batch_total(batch):
-        return replica_sum(tf.reduce_sum(batch["masked_lm_weights"]))
-
-    def micro_loss(part, weight_total, seed):
-        out = model(part, training=True, dropout_seed=seed)
-        sums = batch_sums(out, part)
-        # This part's share of the whole batch's loss (see module docstring).
-        return sums["mlm_ce"] / (weight_total + MLM_DENOMINATOR_EPSILON) + sums["nsp_ce"] / global_examples, sums
-
-    # Without NSP data the pooler and NSP head take no part in the loss: zero gradients.
-    return Objective(whole_batch_total, micro_loss, PRETRAINING_DROPOUT_SALT, tf.UnconnectedGradients.ZERO)
-
-
-def packed_pretraining_objective(model: BertPretrainer) -> Objective:
-    """The same loss over packed rows: MLM over the batch's MLM weight sum, NSP over the number of
-    sequences in the batch (not rows), so a packed step equals the unpacked step over the same
-    instances."""
-
-    def whole_batch_total(batch):
-        return tf.stack([replica_sum(tf.reduce_sum(batch["masked_lm_weights"])),
-                         replica_sum(tf.reduce_sum(tf.cast(batch["next_sentence_weights"], tf.float32)))])
-
-    def micro_loss(part, totals, seed):
-        out = model(part, training=True, dropout_seed=seed)
-        sums = batch_sums(out, part)
-        return (sums["mlm_ce"] / (totals[0] + MLM_DENOMINATOR_EPSILON)
-                + sums["nsp_ce"] / tf.maximum(totals[1], 1.0)), sums
-
-    return Objective(whole_batch_total, micro_loss, PRETRAINING_DROPOUT_SALT, tf.UnconnectedGradients.ZERO)
-
-
-def make_step_functions(model: BertPretrainer, optimizer: AdamWeightDecay, strategy: tf.distribute.Strategy,
-                        cfg: TrainConfig, loss_scale: DynamicLossScale | None, packed: bool = False) -> StepFunctions:
-    objective = packed_pretraining_objective(model) if packed else pretraining_objective(model, cfg.batch_size)
-    train_step = make_train_step(objective, optimizer, strategy, cfg, loss_scale)
-
-    def replica_eval(batch):
-        return batch_sums(model(batch, training=False), batch)
-
-    def eval_step(batch):
-        return _summed_over_replicas(strategy, replica_eval, batch)
-
-    return StepFunctions(train_step=train_step, eval_step=tf.function(eval_step))

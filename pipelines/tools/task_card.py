@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from bert_datagen.contract.manifest import split_names
-from bert_datagen.pipelines.pretraining.card_sections import config_table, provenance
+from bert_datagen.pipelines.tools.card_sections import config_table, provenance
 
 
 def _task(manifest: dict) -> list[str]:

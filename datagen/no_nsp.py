@@ -1,4 +1,5 @@
-"""Inputs without NSP (RECIPE.md section 11): contiguous sentences packed up to the length limit.
+"""Sentence packing for the objectives without NSP (RECIPE.md section 11): contiguous sentences packed up
+to the length limit. (Not `packed.py`: the rows of several whole instances that `--packing` writes.)
 
 ``objective="doc-sentences"``: each instance is ``[CLS] s_i ... s_j [SEP]``, the most consecutive
 sentences of ONE document that fit in ``max_seq_length - 2`` tokens (greedy, in document order);

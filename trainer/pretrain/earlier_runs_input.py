@@ -1,0 +1,80 @@
+"""The input of a run started by an earlier version, which read through tf.data, and of no other run.
+
+Such a run's checkpoints hold a tf.data iterator state (`trainer/run/checkpoint.py`'s
+`reads_through_tf_data`), so it resumes on the batches it would have read only through the same
+pipeline: seeded file order (reshuffled each epoch from that seed), deterministic parallel
+interleave, the seeded shuffle buffer it recorded, batched parsing, prefetch. New runs read the
+global order instead (`trainer/run/ordered_input.py`), which has no buffer: `--shuffle-buffer`
+reaches this module only.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import tensorflow as tf
+
+from bert_datagen.trainer.errors import ConfigError
+from bert_datagen.trainer.pretrain.data import DatasetInfo, parse_batch, parsed_batches
+from bert_datagen.trainer.run.config import TrainConfig
+from bert_datagen.trainer.run.rundir import TRAIN_CONFIG_FILE
+
+# The shuffle buffer of runs of earlier versions that recorded none (their default then).
+EARLIER_RUNS_SHUFFLE_BUFFER = 10000
+
+
+def earlier_run_input(info: DatasetInfo, cfg: TrainConfig, run_dir: Path) -> tuple[Iterator, tf.train.Checkpoint]:
+    """The batches of the run in `run_dir` (started by an earlier version) and the checkpoint of their
+    position; ConfigError for what only the global order of new runs can do."""
+    for option, given in (("--skip-batches", cfg.skip_batches), ("--mix", cfg.mix)):
+        if given:
+            raise ConfigError(f"{run_dir}: the run was started by an earlier version that read its "
+                              f"input through tf.data; {option} needs the global order of new runs")
+    iterator = iter(train_dataset(info, cfg.batch_size, cfg.seed, recorded_shuffle_buffer(run_dir, cfg.shuffle_buffer)))
+    return iterator, tf.train.Checkpoint(iterator=iterator)
+
+
+def recorded_shuffle_buffer(run_dir: str | Path, given: int | None) -> int:
+    """The shuffle buffer of a run started by an earlier version (it reads through tf.data): the one
+    it recorded; another given one is refused, as it would change the batches of the resumed run."""
+    path = Path(run_dir) / TRAIN_CONFIG_FILE
+    try:
+        recorded = json.loads(path.read_text()).get("shuffle_buffer")
+    except (OSError, ValueError, AttributeError):  # nothing recorded: the run starts reading now
+        return EARLIER_RUNS_SHUFFLE_BUFFER if given is None else given
+    recorded = EARLIER_RUNS_SHUFFLE_BUFFER if recorded is None else int(recorded)
+    if given is not None and given != recorded:
+        raise ConfigError(f"--shuffle-buffer {given}: {path} records {recorded}, the buffer this run (started by "
+                          "an earlier version, reading through tf.data) reads with; resume it with that")
+    return recorded
+
+
+def train_dataset(info: DatasetInfo, batch_size: int, seed: int, shuffle_buffer: int = 10000,
+                  cycle_length: int = 8, keep_identity: bool = False) -> tf.data.Dataset:
+    """Endless, deterministic, shuffled batches of the train split.
+
+    With dynamic masking each record travels with the epoch it was read in (the pass over the
+    files its file was read in), and each batch is masked from (seed, record identity, epoch).
+    """
+    n_files = len(info.train_files)
+    files = tf.data.Dataset.from_tensor_slices(info.train_files)
+    files = files.shuffle(n_files, seed=seed, reshuffle_each_iteration=True).repeat()
+    if info.masking == "dynamic":
+        from bert_datagen.trainer.pretrain.dynamic_input import dynamic_batches
+
+        records = files.enumerate().interleave(
+            lambda i, f: tf.data.TFRecordDataset(f, buffer_size=1 << 20).map(lambda r: (r, i // n_files)),
+            cycle_length=min(cycle_length, n_files), block_length=1,
+            num_parallel_calls=tf.data.AUTOTUNE, deterministic=True,
+        )
+        records = records.shuffle(shuffle_buffer, seed=seed + 1, reshuffle_each_iteration=True)
+        return dynamic_batches(records, info, batch_size, seed, parse_batch, keep_identity)
+    records = files.interleave(
+        lambda f: tf.data.TFRecordDataset(f, buffer_size=1 << 20),
+        cycle_length=min(cycle_length, n_files), block_length=1,
+        num_parallel_calls=tf.data.AUTOTUNE, deterministic=True,
+    )
+    records = records.shuffle(shuffle_buffer, seed=seed + 1, reshuffle_each_iteration=True)
+    return parsed_batches(records, info, batch_size)

@@ -1,0 +1,73 @@
+"""The pre-training step: the original MLM + NSP loss (`objective.py`) as the `Objective` the generic
+step minimises (`trainer/run/step.py`), unpacked or over packed rows, and the eval step beside it."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import tensorflow as tf
+
+from bert_datagen.trainer.model.bert import BertPretrainer
+from bert_datagen.trainer.pretrain.objective import MLM_DENOMINATOR_EPSILON, batch_sums
+from bert_datagen.trainer.run.config import TrainConfig
+from bert_datagen.trainer.run.optimizer import AdamWeightDecay, DynamicLossScale
+from bert_datagen.trainer.run.step import Objective, make_train_step, replica_sum, summed_over_replicas
+
+PRETRAINING_DROPOUT_SALT = 0x5EED
+
+
+@dataclass
+class StepFunctions:
+    train_step: Callable  # (global batch, lr, step) -> summed figures
+    eval_step: Callable  # batch -> summed figures
+
+
+def pretraining_objective(model: BertPretrainer, batch_size: int) -> Objective:
+    """The original MLM + NSP loss: MLM cross-entropy over the batch's MLM weight sum, NSP over its
+    example count."""
+    global_examples = float(batch_size)
+
+    def whole_batch_total(batch):
+        return replica_sum(tf.reduce_sum(batch["masked_lm_weights"]))
+
+    def micro_loss(part, weight_total, seed):
+        out = model(part, training=True, dropout_seed=seed)
+        sums = batch_sums(out, part)
+        # This part's share of the whole batch's loss (trainer/run/step.py says why).
+        return sums["mlm_ce"] / (weight_total + MLM_DENOMINATOR_EPSILON) + sums["nsp_ce"] / global_examples, sums
+
+    # Without NSP data the pooler and NSP head take no part in the loss: zero gradients.
+    return Objective(whole_batch_total, micro_loss, PRETRAINING_DROPOUT_SALT, tf.UnconnectedGradients.ZERO)
+
+
+def packed_pretraining_objective(model: BertPretrainer) -> Objective:
+    """The same loss over packed rows: MLM over the batch's MLM weight sum, NSP over the number of
+    sequences in the batch (not rows), so a packed step equals the unpacked step over the same
+    instances."""
+
+    def whole_batch_total(batch):
+        return tf.stack([replica_sum(tf.reduce_sum(batch["masked_lm_weights"])),
+                         replica_sum(tf.reduce_sum(tf.cast(batch["next_sentence_weights"], tf.float32)))])
+
+    def micro_loss(part, totals, seed):
+        out = model(part, training=True, dropout_seed=seed)
+        sums = batch_sums(out, part)
+        return (sums["mlm_ce"] / (totals[0] + MLM_DENOMINATOR_EPSILON)
+                + sums["nsp_ce"] / tf.maximum(totals[1], 1.0)), sums
+
+    return Objective(whole_batch_total, micro_loss, PRETRAINING_DROPOUT_SALT, tf.UnconnectedGradients.ZERO)
+
+
+def make_step_functions(model: BertPretrainer, optimizer: AdamWeightDecay, strategy: tf.distribute.Strategy,
+                        cfg: TrainConfig, loss_scale: DynamicLossScale | None, packed: bool = False) -> StepFunctions:
+    objective = packed_pretraining_objective(model) if packed else pretraining_objective(model, cfg.batch_size)
+    train_step = make_train_step(objective, optimizer, strategy, cfg, loss_scale)
+
+    def replica_eval(batch):
+        return batch_sums(model(batch, training=False), batch)
+
+    def eval_step(batch):
+        return summed_over_replicas(strategy, replica_eval, batch)
+
+    return StepFunctions(train_step=train_step, eval_step=tf.function(eval_step))
