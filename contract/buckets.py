@@ -26,9 +26,9 @@ from typing import Any, BinaryIO
 SCHEMES = {"s3": ("s3fs", "s3"), "gs": ("gcsfs", "gcs"), "gcs": ("gcsfs", "gcs")}
 
 
-def is_bucket_path(path: str) -> bool:
+def is_bucket_path(path: str | os.PathLike) -> bool:
     """Whether ``path`` is an object in a bucket this module serves (s3://, gs://, gcs://)."""
-    scheme, sep, _ = path.partition("://")
+    scheme, sep, _ = os.fspath(path).partition("://")
     return bool(sep) and scheme in SCHEMES
 
 

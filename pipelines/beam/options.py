@@ -169,9 +169,9 @@ def summary_lines(rows: list[tuple[str, str]]) -> str:
 def driver_errors() -> Iterator[None]:
     """A driver's refusal (bad input, runner, config or output) as the command's `Error:` line, exit 1."""
     from bert_datagen.datagen.config import ConfigError
+    from bert_datagen.pipelines.beam.errors import DatagenError
     from bert_datagen.pipelines.beam.outputs import OutputError
     from bert_datagen.pipelines.beam.runners import RunnerError
-    from bert_datagen.pipelines.pretraining.run import DatagenError
 
     try:
         yield

@@ -58,6 +58,7 @@ from bert_datagen.contract.fs import is_remote
 from bert_datagen.datagen.config import DatagenConfig
 from bert_datagen.datagen.placement import num_pools_for, shard_counts_of, splits_of
 from bert_datagen.pipelines.beam import fsio, outputs
+from bert_datagen.pipelines.beam.errors import DatagenError  # noqa: F401 - raised here, caught by the CLIs
 from bert_datagen.pipelines.beam.runners import DIRECT, RunnerOptions, RunnerSetup, runner_setup
 from bert_datagen.pipelines.beam.split_checks import empty_split_error, run_warnings
 from bert_datagen.pipelines.pretraining.transforms import (
@@ -77,10 +78,6 @@ from bert_datagen.pipelines.pretraining.transforms import (
 
 if TYPE_CHECKING:
     from bert_datagen.vocab.vocab_file import Vocab
-
-
-class DatagenError(RuntimeError):
-    """A run that cannot produce a dataset; the message names the file or option and the reason."""
 
 
 DEFAULT_READ_CHUNK_MB = 64.0

@@ -110,7 +110,7 @@ def task_command(ctx: click.Context, **options) -> None:
         options["train_splits"] = parse_labels(options["train_splits"])
     with usage_errors():
         config = TaskConfig(**options)
-    from bert_datagen.pipelines.pretraining.run import DatagenError
+    from bert_datagen.pipelines.beam.errors import DatagenError
     from bert_datagen.pipelines.tasks.graph import parse_split
 
     try:

@@ -45,7 +45,7 @@ from bert_datagen.datagen.tasks.encode import encode_framed
 from bert_datagen.datagen.tasks.features import TaskRecords, combine_side, unique_ids
 from bert_datagen.datagen.tfrecord_index import index_name, index_of_lengths
 from bert_datagen.pipelines.beam import fsio
-from bert_datagen.pipelines.pretraining.run import DatagenError
+from bert_datagen.pipelines.beam.errors import DatagenError
 from bert_datagen.pipelines.pretraining.transforms import BUSY_PREFIX, input_error
 
 # A split is a directory beside these files (casefolded: case-insensitive filesystems clash too).

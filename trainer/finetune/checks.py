@@ -4,11 +4,11 @@ the task the model was fine-tuned for."""
 
 from __future__ import annotations
 
+from bert_datagen.trainer.errors import DataError
 from bert_datagen.trainer.finetune.data import TaskDataset
 from bert_datagen.trainer.finetune.init import init_vocab, same_vocab
+from bert_datagen.trainer.model.config import BertConfig
 from bert_datagen.trainer.model.heads import head_class
-from bert_datagen.trainer.run.config import BertConfig
-from bert_datagen.trainer.run.errors import DataError
 
 
 def check_data_fits(dataset: TaskDataset, bert: BertConfig, what: str) -> None:

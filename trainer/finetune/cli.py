@@ -13,7 +13,7 @@ from bert_datagen.trainer.run.config import PRECISIONS, STRATEGIES, ConfigError
 
 
 def _user_errors() -> tuple[type[Exception], ...]:
-    from bert_datagen.trainer.run.errors import TrainerError
+    from bert_datagen.trainer.errors import TrainerError
 
     return (TrainerError,)
 
@@ -146,7 +146,7 @@ def predict_run(run: str, data: str, split: str, out: str | None, batch_size: in
                 allow_other_task: bool = False, overwrite: bool = False,
                 allow_vocab_mismatch: bool = False, span_metric: str = "auto") -> dict:
     """Predictions (and metrics, for labelled splits) of a fine-tuned run on a split of a task dataset;
-    `out`, when given, is checked before any work (`task_eval.check_predictions_out`) and locked
+    `out`, when given, is checked before any work (`evaluate.check_predictions_out`) and locked
     from the start to the end (reading a run takes no lock)."""
     import contextlib
 

@@ -19,6 +19,7 @@ from bert_datagen.contract.dataset import manifest_identity
 from bert_datagen.contract.features import TASK
 from bert_datagen.contract.loading.task_batches import GROUP_WINDOW, bucket_lengths
 from bert_datagen.contract.manifest import MANIFEST_NAME
+from bert_datagen.trainer.errors import DataError
 from bert_datagen.trainer.model.heads import TASK_TYPES
 from bert_datagen.trainer.pretrain.data import (
     check_first_record,
@@ -27,7 +28,6 @@ from bert_datagen.trainer.pretrain.data import (
     open_manifest_dataset,
 )
 from bert_datagen.trainer.run import gfs
-from bert_datagen.trainer.run.errors import DataError
 
 
 @dataclass

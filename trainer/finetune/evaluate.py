@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 import tensorflow as tf
 
+from bert_datagen.trainer.errors import ConfigError, DataError
 from bert_datagen.trainer.finetune import cmrc_eval, squad_eval, squad_postprocess
 from bert_datagen.trainer.finetune import metrics as metric_lib
 from bert_datagen.trainer.finetune.data import (
@@ -36,7 +37,6 @@ from bert_datagen.trainer.finetune.data import (
     trim_batch,
 )
 from bert_datagen.trainer.run import rundir
-from bert_datagen.trainer.run.errors import ConfigError, DataError
 from bert_datagen.trainer.run.rundir import write_atomic
 
 

@@ -19,9 +19,9 @@ from pathlib import Path
 
 import numpy as np
 
+from bert_datagen.trainer.model.config import BertConfig
 from bert_datagen.trainer.model.heads import FineTuneModel, encoder_variable_map
 from bert_datagen.trainer.run import checkpoint as ckpt_lib
-from bert_datagen.trainer.run.config import BertConfig
 
 
 def encoder_shapes(model: FineTuneModel) -> dict[str, tuple[int, ...]]:
@@ -136,7 +136,7 @@ def init_vocab(init_from: str | None, init_checkpoint: str | None) -> VocabRef |
 def _unchanged_manifest(data: str, fingerprint: str | None) -> dict | None:
     """The manifest of the dataset a run recorded, if it is still the same dataset."""
     from bert_datagen.contract.dataset import manifest_identity
-    from bert_datagen.trainer.pretrain.data import load_dataset_manifest
+    from bert_datagen.trainer.run.dataset_dir import load_dataset_manifest
 
     manifest = load_dataset_manifest(data) if data else None
     if manifest is None:

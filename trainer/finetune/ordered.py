@@ -10,7 +10,7 @@ import numpy as np
 from bert_datagen.contract.loading.order import GlobalOrder
 from bert_datagen.contract.loading.source import LoadError, open_source
 from bert_datagen.contract.loading.task_batches import BLOCK_SIZE, TaskBatches
-from bert_datagen.trainer.run.errors import DataError
+from bert_datagen.trainer.errors import DataError
 from bert_datagen.trainer.run.gfs import GFILE_FS
 
 __all__ = ["BLOCK_SIZE", "FinetuneBatches"]

@@ -33,6 +33,7 @@ from typing import Any
 
 import tensorflow as tf
 
+from bert_datagen.trainer.errors import DataError, TrainingError
 from bert_datagen.trainer.finetune.checks import check_data_fits, check_vocab, task_summary
 from bert_datagen.trainer.finetune.config import FinetuneConfig
 from bert_datagen.trainer.finetune.data import (
@@ -50,6 +51,7 @@ from bert_datagen.trainer.finetune.init import (
 )
 from bert_datagen.trainer.finetune.ordered import BLOCK_SIZE, FinetuneBatches
 from bert_datagen.trainer.interop.loading import dtype_policy
+from bert_datagen.trainer.model.config import BertConfig
 from bert_datagen.trainer.model.heads import (
     FineTuneModel,
     build_finetune_model,
@@ -59,27 +61,20 @@ from bert_datagen.trainer.model.heads import (
 )
 from bert_datagen.trainer.run import checkpoint as ckpt_lib
 from bert_datagen.trainer.run import cluster, rundir
-from bert_datagen.trainer.run.common import (
-    LOST_WORKER_ERRORS,
-    checkpoint_arrays,
-    interrupts_between_steps,
-    loss_scale_for,
-    lost_worker_error,
-    make_run_strategy,
-    replica_slices,
-    restore_checkpoint_arrays,
-    stop_interrupted,
-    stop_on_non_finite_loss,
-    tensorboard_writers,
-    write_scalar,
-)
-from bert_datagen.trainer.run.config import BertConfig
-from bert_datagen.trainer.run.devices import enable_determinism
-from bert_datagen.trainer.run.errors import DataError, TrainingError
-from bert_datagen.trainer.run.optimizer import AdamWeightDecay, learning_rate
+from bert_datagen.trainer.run.checkpoint import checkpoint_arrays, restore_checkpoint_arrays
+from bert_datagen.trainer.run.devices import enable_determinism, make_run_strategy, replica_slices
+from bert_datagen.trainer.run.optimizer import AdamWeightDecay, learning_rate, loss_scale_for
 from bert_datagen.trainer.run.ordered_input import INPUT_ORDER, OrderedInput, input_closed
 from bert_datagen.trainer.run.rundir import cleanup_temp, write_atomic
 from bert_datagen.trainer.run.step import Objective, make_train_step, replica_sum
+from bert_datagen.trainer.run.stopping import (
+    LOST_WORKER_ERRORS,
+    interrupts_between_steps,
+    lost_worker_error,
+    stop_interrupted,
+    stop_on_non_finite_loss,
+)
+from bert_datagen.trainer.run.tensorboard import tensorboard_writers, write_scalar
 
 FINETUNING_DROPOUT_SALT = 0xF17E  # other dropout masks than pre-training's at the same seed and step
 CONFIG_FILE = rundir.FINETUNE_CONFIG_FILE

@@ -30,10 +30,7 @@ from bert_datagen.datagen.tfrecord import RecordError, iter_tfrecords, masked_cr
 from bert_datagen.trainer.errors import DataError
 from bert_datagen.trainer.model.config import BertConfig
 from bert_datagen.trainer.run import gfs
-
-# open_manifest_dataset: read here, and by trainer/finetune/data.py. load_dataset_manifest: kept here only for
-# trainer/finetune/init.py's import until it names trainer.run.dataset_dir (issue #34).
-from bert_datagen.trainer.run.dataset_dir import load_dataset_manifest, open_manifest_dataset  # noqa: E402,F401
+from bert_datagen.trainer.run.dataset_dir import open_manifest_dataset
 from bert_datagen.trainer.run.gfs import GFILE_FS
 
 

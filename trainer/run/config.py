@@ -13,9 +13,7 @@ from typing import Any, ClassVar
 
 from bert_datagen.contract.ranges import MAX_SEED, max_batches
 from bert_datagen.trainer.errors import ConfigError
-
-# BertConfig: kept here only for trainer/finetune/'s imports until they name trainer.model.config (#34).
-from bert_datagen.trainer.model.config import MODEL_SIZES, BertConfig  # noqa: F401
+from bert_datagen.trainer.model.config import MODEL_SIZES
 
 
 def check_seed(value: object, option: str) -> None:
