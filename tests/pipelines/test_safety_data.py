@@ -174,7 +174,7 @@ def test_vocab_too_small_message_reads_right(corpus, tmp_path) -> None:
     code, output = cli("vocab", "--input", str(corpus["root"] / "in" / "*.txt"), "--output", str(tmp_path / "v.txt"),
                        "--vocab-size", "40")
     assert code == 1
-    assert "(each character alone and as '##' continuation); raise it or lower --limit-alphabet" in output
+    assert "single-character pieces (each character alone and" in output and "raise it, or lower --limit-alphabet" in output
 
 
 def test_json_error_column_reads_right(corpus, tmp_path) -> None:
