@@ -1,4 +1,4 @@
-"""Brief pre-training runs on real text, for the learning tests (tests/trainer/test_trainer_learning.py)
+"""Brief pre-training runs on real text, for the learning benchmark (benchmarks/bench_learning.py)
 and their full-size versions (benchmarks/bench_learning.py): datasets built by the real pipeline
 (`bert-datagen vocab` + `bert-datagen run`) from ../shared/corpora, a tiny model trained for the
 first steps of a schedule, and its held-out figures."""

@@ -45,6 +45,7 @@ def test_pretraining_reads_a_dataset_in_a_bucket_as_it_reads_the_local_copy(buck
     assert runs["local"]["eval"] == runs["remote"]["eval"] and runs["remote"]["eval"]
 
 
+@pytest.mark.parametrize("bucket", ["s3"], indirect=True)  # gs:// reads through the same code (pretraining's test)
 def test_finetuning_and_prediction_read_a_task_dataset_in_a_bucket(bucket, tmp_path) -> None:
     init = write_pretrain_run(str(tmp_path / "pre"))
     local = classification_dataset(str(tmp_path / "task"), n_train=32, n_dev=16)
