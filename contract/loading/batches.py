@@ -10,7 +10,6 @@ Its state is one number, the next global step, so it resumes at any step and int
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
@@ -25,6 +24,7 @@ from bert_datagen.contract.loading.order import (
     positions_array,
 )
 from bert_datagen.contract.loading.source import Fetched, LoadError, Source
+from bert_datagen.contract.loading.stepping import Stepping
 from bert_datagen.contract.ranges import check_int, max_batches
 from bert_datagen.datagen.dynamic import mask_records
 from bert_datagen.datagen.records import INSTANCE_KEY
@@ -32,7 +32,7 @@ from bert_datagen.datagen.records import INSTANCE_KEY
 STATE_VERSION = 1
 
 
-class NumpyBatches:
+class NumpyBatches(Stepping):
     """Batches ``start, start + stride, ...`` (below ``stop`` when given) of a rank's share.
 
     ``stride``/``offset`` let DataLoader workers split a rank's batches (worker w of W takes steps
@@ -79,25 +79,6 @@ class NumpyBatches:
         self._pending: tuple[list[tuple[int, int, int]], Future] | None = None  # (ranges, their fetch)
 
     # ------------------------------------------------------------ iteration
-
-    def __iter__(self) -> Iterator[dict[str, np.ndarray]]:
-        return self
-
-    def __next__(self) -> dict[str, np.ndarray]:
-        if self.stop is not None and self.step >= self.stop:
-            raise StopIteration
-        batch = self.batch_at(self.step)
-        self.step += 1
-        return batch
-
-    def steps(self, start: int, stride: int) -> Iterator[dict[str, np.ndarray]]:
-        """Batches start, start + stride, ... (below ``stop``): one DataLoader worker's part."""
-        check_step(start, self.order.batch_size)
-        check_int(stride, "stride", 1)
-        step = start
-        while self.stop is None or step < self.stop:
-            yield self.batch_at(step)
-            step += stride
 
     def batch_at(self, step: int) -> dict[str, np.ndarray]:
         """This rank's share of global batch ``step`` (any step, in any order)."""

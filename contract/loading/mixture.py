@@ -25,7 +25,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from functools import lru_cache
 
 import numpy as np
@@ -40,6 +40,7 @@ from bert_datagen.contract.loading.order import (
     positions_array,
 )
 from bert_datagen.contract.loading.source import LoadError, Source
+from bert_datagen.contract.loading.stepping import Stepping
 from bert_datagen.contract.manifest import ManifestError, load_manifest
 from bert_datagen.contract.ranges import check_int, max_batches
 from bert_datagen.datagen.rng import derive_key
@@ -115,7 +116,7 @@ def _vocab_sha(source: Source) -> str | None:
         raise LoadError(f"{source.root}: cannot read its vocab's digest: {e}") from e
 
 
-class MixedBatches:
+class MixedBatches(Stepping):
     """Rank ``rank`` of ``world_size``'s share of every global batch of the mixture (see the module
     docstring); the interface of `NumpyBatches`: iteration, ``batch_at``, ``read_positions``, state."""
 
@@ -159,16 +160,6 @@ class MixedBatches:
         return dataset, sub
 
     # ------------------------------------------------------------ iteration
-
-    def __iter__(self) -> Iterator[dict[str, np.ndarray]]:
-        return self
-
-    def __next__(self) -> dict[str, np.ndarray]:
-        if self.stop is not None and self.step >= self.stop:
-            raise StopIteration
-        batch = self.batch_at(self.step)
-        self.step += 1
-        return batch
 
     def batch_at(self, step: int) -> dict[str, np.ndarray]:
         check_step(step, self.batch_size)

@@ -20,12 +20,11 @@ millisecond, which a batch at a time would pay every step), each shard's records
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import numpy as np
 
 from bert_datagen.contract.loading.order import GlobalOrder, check_order, check_step, check_world, permutation
 from bert_datagen.contract.loading.source import LoadError, Source
+from bert_datagen.contract.loading.stepping import Stepping
 from bert_datagen.contract.ranges import check_int, max_batches
 from bert_datagen.datagen.rng import derive_key
 
@@ -66,7 +65,7 @@ def read_positions(source: Source, order: GlobalOrder, positions: np.ndarray) ->
     return source.read_ranges(ranges, model_inputs=True, order=rows)
 
 
-class TaskBatches:
+class TaskBatches(Stepping):
     """Rank ``rank`` of ``world_size``'s share of fine-tuning's batch at every step (see the module
     docstring); iterates steps ``start, start + 1, ...`` (below ``stop``); its state is the step."""
 
@@ -92,25 +91,6 @@ class TaskBatches:
         self._window: tuple[tuple[int, int], list[tuple[np.ndarray, dict[str, np.ndarray]]]] | None = None
 
     # ------------------------------------------------------------ iteration
-
-    def __iter__(self) -> Iterator[dict[str, np.ndarray]]:
-        return self
-
-    def __next__(self) -> dict[str, np.ndarray]:
-        if self.stop is not None and self.step >= self.stop:
-            raise StopIteration
-        batch = self.batch_at(self.step)
-        self.step += 1
-        return batch
-
-    def steps(self, start: int, stride: int) -> Iterator[dict[str, np.ndarray]]:
-        """Batches start, start + stride, ... (below ``stop``): one DataLoader worker's part."""
-        check_step(start, self.order.batch_size)
-        check_int(stride, "stride", 1)
-        step = start
-        while self.stop is None or step < self.stop:
-            yield self.batch_at(step)
-            step += stride
 
     def batch_at(self, step: int) -> dict[str, np.ndarray]:
         """This rank's share of training step ``step``'s batch (a copy: the caller may change it)."""
