@@ -29,7 +29,8 @@ from bert_datagen.contract.loading.source import Source
 from bert_datagen.contract.loading.torch_workers import grouped_batches
 
 
-def _world(world_size: int | None, rank: int | None) -> tuple[int, int]:
+def torch_world(world_size: int | None, rank: int | None) -> tuple[int, int]:
+    """The world size and rank given, else torch.distributed's when it is initialised, else (1, 0)."""
     if world_size is not None and rank is not None:
         return world_size, rank
     dist = torch.distributed
@@ -47,7 +48,7 @@ def torch_batches(source: Source, *, seed: int, batch_size: int, world_size: int
     batches of a task split, ``group_by_length`` as `bert-train finetune --group-by-length`);
     ``epoch_size`` (samples, a multiple of ``batch_size``): ``len(ds)`` is the steps of an epoch and
     each iteration gives the rest of the current epoch (`readers.Epochs`)."""
-    world_size, rank = _world(world_size, rank)
+    world_size, rank = torch_world(world_size, rank)
     return TorchBatches(source, seed=seed, batch_size=batch_size, world_size=world_size, rank=rank,
                         block_size=block_size, start=start, stop=stop, group_by_length=group_by_length,
                         epoch_size=epoch_size)

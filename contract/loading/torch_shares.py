@@ -32,6 +32,7 @@ from bert_datagen.contract.loading.batches import NumpyBatches
 from bert_datagen.contract.loading.hf import hf_inputs
 from bert_datagen.contract.loading.order import DEFAULT_BLOCK_SIZE, check_step, check_world
 from bert_datagen.contract.loading.source import Source
+from bert_datagen.contract.loading.torch_adapter import torch_world
 from bert_datagen.contract.ranges import check_int, max_batches
 
 _WHOLE_BATCHES = ("share_loader(...) hands out whole batches of this rank's share: iterate it as it is "
@@ -164,15 +165,6 @@ class ShareLoader(DataLoader):
         self.step = int(state["step"])
 
 
-def _world(world_size: int | None, rank: int | None) -> tuple[int, int]:
-    if world_size is not None and rank is not None:
-        return world_size, rank
-    dist = torch.distributed
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_world_size(), dist.get_rank()
-    return 1, 0
-
-
 def share_loader(source: Source | PositionReader, *, seed: int | None = None, batch_size: int | None = None,
                  world_size: int | None = None, rank: int | None = None, block_size: int = DEFAULT_BLOCK_SIZE,
                  start: int = 0, stop: int | None = None, hf: bool = True, nsp: bool = True,
@@ -182,7 +174,7 @@ def share_loader(source: Source | PositionReader, *, seed: int | None = None, ba
     ``batch_size``) or a reader already made (a mixture); ``world_size``/``rank`` default to
     torch.distributed's. Other keyword arguments (``num_workers``, ``pin_memory``,
     ``multiprocessing_context``, ...) go to the DataLoader."""
-    world_size, rank = _world(world_size, rank)
+    world_size, rank = torch_world(world_size, rank)
     if isinstance(source, Source):
         if seed is None or batch_size is None:
             raise TypeError("share_loader(source, ...) needs seed= and batch_size= (the global batch)")
