@@ -24,6 +24,7 @@ import json
 import os
 import random
 import re
+import signal
 import subprocess
 import sys
 import tempfile
@@ -36,6 +37,7 @@ from benchmarks.bench_datagen import corpus_files, tokenize_floor, train_vocab, 
 
 REPO = Path(__file__).resolve().parent.parent
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z\"'(])")
+RUN_TIMEOUT_S = 3 * 3600  # one run of the largest scale on 2 cores takes well under this
 _HEADING = re.compile(r"^[^.]{1,80}\.$")
 
 
@@ -99,18 +101,29 @@ def run_datagen(inputs: list[Path], vocab: Path, out: Path, extra: list[str], du
            "--vocab", str(vocab), "--output", str(out), "--input-format", "sentences", "--max-seq-length", "128",
            "--max-predictions-per-seq", "20", "--dupe-factor", str(dupe_factor), "--overwrite", *extra]
     start = time.perf_counter()
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
-    ps = psutil.Process(proc.pid)
-    peak = 0
-    cpu_seen: dict[int, float] = {}
-    while proc.poll() is None:
-        rss = tree_sample(ps, cpu_seen)
-        peak = max(peak, rss)
-        if trace is not None:
-            trace.append((round(time.perf_counter() - start, 2), rss))
-        time.sleep(0.1)
-    wall = time.perf_counter() - start
-    _, err = proc.communicate()
+    # stderr to a file: the run's progress lines would fill a pipe nobody reads while we sample.
+    with tempfile.TemporaryFile("w+") as err_file:
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err_file, text=True, cwd=REPO,
+                                start_new_session=True)
+        try:
+            ps = psutil.Process(proc.pid)
+            peak = 0
+            cpu_seen: dict[int, float] = {}
+            while proc.poll() is None:
+                if time.perf_counter() - start > RUN_TIMEOUT_S:
+                    raise RuntimeError(f"bert-datagen run did not finish within {RUN_TIMEOUT_S} s")
+                rss = tree_sample(ps, cpu_seen)
+                peak = max(peak, rss)
+                if trace is not None:
+                    trace.append((round(time.perf_counter() - start, 2), rss))
+                time.sleep(0.1)
+            wall = time.perf_counter() - start
+        finally:
+            if proc.poll() is None:  # the run and its workers (a Dask cluster) with it
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(30)
+        err_file.seek(0)
+        err = err_file.read()
     if proc.returncode != 0:
         raise RuntimeError(f"bert-datagen run failed ({proc.returncode}):\n{err[-4000:]}")
     manifest = json.loads((out / "manifest.json").read_text())

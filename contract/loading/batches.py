@@ -18,14 +18,12 @@ from bert_datagen.contract.features import TASK
 from bert_datagen.contract.loading.order import (
     DEFAULT_BLOCK_SIZE,
     GlobalOrder,
-    check_order,
     check_step,
     check_world,
     positions_array,
 )
 from bert_datagen.contract.loading.source import Fetched, LoadError, Source
-from bert_datagen.contract.loading.stepping import Stepping
-from bert_datagen.contract.ranges import check_int, max_batches
+from bert_datagen.contract.loading.stepping import Stepping, check_reader_arguments
 from bert_datagen.datagen.dynamic import mask_records
 from bert_datagen.datagen.records import INSTANCE_KEY
 
@@ -47,12 +45,7 @@ class NumpyBatches(Stepping):
                  block_size: int = DEFAULT_BLOCK_SIZE, start: int = 0, stop: int | None = None,
                  prefetch: bool = True) -> None:
         # The arguments first (ArgumentError, naming the argument), then whether the split holds a batch.
-        check_order(seed, batch_size, block_size)
-        check_int(world_size, "world_size", 1)
-        check_int(rank, "rank", 0)
-        check_step(start, batch_size)
-        if stop is not None:
-            check_int(stop, "stop", 0, max_batches(batch_size))
+        check_reader_arguments(seed, batch_size, block_size, world_size, rank, start, stop)
         if source.kind == TASK:  # pre-training's order over task data is not what fine-tuning reads
             raise LoadError(f"{source.root} (split {source.split}): a task dataset; read it in fine-tuning's "
                             "order (epochs, length groups) with readers.batches_for or task_batches.TaskBatches")

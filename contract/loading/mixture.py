@@ -33,16 +33,15 @@ import numpy as np
 from bert_datagen.contract.loading.batches import NumpyBatches
 from bert_datagen.contract.loading.order import (
     DEFAULT_BLOCK_SIZE,
-    check_order,
     check_step,
     check_world,
     permutation,
     positions_array,
 )
 from bert_datagen.contract.loading.source import LoadError, Source
-from bert_datagen.contract.loading.stepping import Stepping
+from bert_datagen.contract.loading.stepping import Stepping, check_reader_arguments
 from bert_datagen.contract.manifest import ManifestError, load_manifest
-from bert_datagen.contract.ranges import check_int, max_batches
+from bert_datagen.contract.ranges import check_int
 from bert_datagen.datagen.rng import derive_key
 
 MIX_VERSION = "loader-mix-v1"
@@ -123,12 +122,7 @@ class MixedBatches(Stepping):
     def __init__(self, sources: Sequence[Source], weights: Sequence[float], *, seed: int, batch_size: int,
                  world_size: int = 1, rank: int = 0, block_size: int = DEFAULT_BLOCK_SIZE, start: int = 0,
                  stop: int | None = None, window: int = DEFAULT_MIX_WINDOW) -> None:
-        check_order(seed, batch_size, block_size)
-        check_int(world_size, "world_size", 1)
-        check_int(rank, "rank", 0)
-        check_step(start, batch_size)
-        if stop is not None:
-            check_int(stop, "stop", 0, max_batches(batch_size))
+        check_reader_arguments(seed, batch_size, block_size, world_size, rank, start, stop)
         check_world(batch_size, world_size, rank)
         if len(weights) != len(sources):
             raise MixtureError(f"{len(weights)} weights for {len(sources)} datasets: give one per dataset")

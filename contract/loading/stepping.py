@@ -12,8 +12,20 @@ from typing import Any
 
 import numpy as np
 
-from bert_datagen.contract.loading.order import check_step
-from bert_datagen.contract.ranges import check_int
+from bert_datagen.contract.loading.order import check_order, check_step
+from bert_datagen.contract.ranges import check_int, max_batches
+
+
+def check_reader_arguments(seed: int, batch_size: int, block_size: int, world_size: int, rank: int, start: int,
+                           stop: int | None) -> None:
+    """The arguments every reader takes, each checked with an ArgumentError naming it (before any data
+    is looked at)."""
+    check_order(seed, batch_size, block_size)
+    check_int(world_size, "world_size", 1)
+    check_int(rank, "rank", 0)
+    check_step(start, batch_size)
+    if stop is not None:
+        check_int(stop, "stop", 0, max_batches(batch_size))
 
 
 class Stepping:

@@ -22,10 +22,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from bert_datagen.contract.loading.order import GlobalOrder, check_order, check_step, check_world, permutation
+from bert_datagen.contract.loading.order import GlobalOrder, check_step, check_world, permutation
 from bert_datagen.contract.loading.source import LoadError, Source
-from bert_datagen.contract.loading.stepping import Stepping
-from bert_datagen.contract.ranges import check_int, max_batches
+from bert_datagen.contract.loading.stepping import Stepping, check_reader_arguments
 from bert_datagen.datagen.rng import derive_key
 
 BLOCK_SIZE = 1  # a full shuffle per epoch: task splits are small, and examples are often sorted
@@ -71,12 +70,7 @@ class TaskBatches(Stepping):
 
     def __init__(self, source: Source, *, seed: int, batch_size: int, world_size: int = 1, rank: int = 0,
                  group_by_length: bool = False, start: int = 0, stop: int | None = None) -> None:
-        check_order(seed, batch_size, BLOCK_SIZE)
-        check_int(world_size, "world_size", 1)
-        check_int(rank, "rank", 0)
-        check_step(start, batch_size)
-        if stop is not None:
-            check_int(stop, "stop", 0, max_batches(batch_size))
+        check_reader_arguments(seed, batch_size, BLOCK_SIZE, world_size, rank, start, stop)
         try:
             check_world(batch_size, world_size, rank)
             self.order = GlobalOrder(source.counts, source.fingerprint, seed, batch_size, BLOCK_SIZE)
