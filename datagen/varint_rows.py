@@ -59,6 +59,9 @@ def _decode_block(buf: np.ndarray, start: np.ndarray, end: np.ndarray, count: in
         m = rows_at(buf, start, count)
         if (m < 0x80).all():  # one byte per value everywhere (masks, segment ids, short positions)
             return m.astype(dtype)
+    short = _short_varints(buf, start, lengths, width, count)
+    if short is not None:
+        return short.astype(dtype)
     # One leading zero column: the byte before every row's first varint is then never a
     # continuation byte, so decoding backwards from a varint's end stops inside its own row.
     if int(start.min()) >= 1:
@@ -89,6 +92,48 @@ def _decode_block(buf: np.ndarray, start: np.ndarray, end: np.ndarray, count: in
         values = values.reshape(-1, count)[~long_rows]
     out[ok] = values.reshape(-1, count)
     return out
+
+
+_U32 = np.uint32
+
+
+def _short_varints(buf: np.ndarray, start: np.ndarray, lengths: np.ndarray, width: int, count: int
+                   ) -> np.ndarray | None:
+    """The rows' values when every row holds exactly ``count`` varints of at most four bytes (token
+    ids, positions: any value below 2**28), else None (the general path then settles each row).
+
+    Each varint's first byte follows the end of the one before (a byte below 0x80); the four bytes
+    from there are read as one little-endian word, the bytes past the varint's end cleared, and its
+    7-bit groups packed together: a fixed number of array operations per value, whatever its length."""
+    n = len(start)
+    # Leading zero columns: a row's first varint then follows an "end" too; trailing ones keep the
+    # four-byte word of a row's last varint inside the matrix.
+    m = rows_at(np.concatenate([np.zeros(_LEAD, np.uint8), buf]), start, width + _LEAD + 3) if int(
+        start.min()) < _LEAD else rows_at(buf, start - _LEAD, width + _LEAD + 3)
+    m[:, :_LEAD] = 0
+    flat = m.ravel()
+    starts = np.empty(len(flat), bool)
+    np.less(flat[:-1], 0x80, out=starts[1:])
+    starts = starts.reshape(m.shape)
+    starts[:, :_LEAD] = False
+    starts[:, _LEAD:] &= np.arange(1, m.shape[1] - _LEAD + 1, dtype=np.int32) <= lengths.astype(np.int32)[:, None]
+    at = np.flatnonzero(starts)
+    if len(at) != n * count or not (m[np.arange(n), lengths + _LEAD - 1] < 0x80).all():
+        return None
+    rows = at.reshape(n, count) // m.shape[1]
+    if not ((rows[:, 0] == np.arange(n)) & (rows[:, -1] == np.arange(n))).all():
+        return None  # some row has more, another fewer
+    words = np.ndarray((len(flat) - 3,), "<u4", flat, strides=(1,)).take(at)
+    stops = (words & _U32(0x80808080)) ^ _U32(0x80808080)  # the high bit of each byte that ends a varint
+    if not stops.all():
+        return None  # a varint of over four bytes
+    first_stop = stops & (_U32(0) - stops)
+    words &= (first_stop << _U32(1)) - _U32(1)  # (wraps to all ones when the fourth byte ends it)
+    pairs = (words & _U32(0x007F007F)) | ((words & _U32(0x7F007F00)) >> _U32(1))
+    return ((pairs & _U32(0x3FFF)) | ((pairs >> _U32(2)) & _U32(0xFFFC000))).reshape(n, count)
+
+
+_LEAD = 1
 
 
 def _values_at_ends(flat: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -136,24 +136,40 @@ class Source:
         """The bytes of several ``(shard, start, stop)`` record ranges, every record's frame located:
         the only I/O of a read (a loader runs it ahead, on another thread). Through the shards'
         indexes, just the index lines and bytes of these records are fetched; adjacent ranges of a
-        shard are joined into one read; the shards are read concurrently."""
+        shard are joined into one read; the shards are read concurrently. Records are placed with
+        array operations, not a step per range: fine-tuning's order reads ranges of one record."""
         ranges = [(int(a), int(b), int(c)) for a, b, c in ranges]
-        lines = self._index_lines([r for r in ranges if self._uses_index(r[0])])
-        queues = {shard: iter(found) for shard, found in lines.items()}
-        at, frames = [], []  # each range's records: byte offset in the shard, frame length
-        for shard, start, stop in ranges:
-            if shard in queues:
-                offsets, lengths = next(queues[shard])
+        table = np.asarray(ranges, np.int64).reshape(-1, 3)
+        shard, sizes = table[:, 0], table[:, 2] - table[:, 1]
+        firsts = np.cumsum(sizes) - sizes
+        rec_shard = np.repeat(shard, sizes)  # every record of the ranges, in the ranges' order
+        rec_index = np.arange(len(rec_shard), dtype=np.int64) + np.repeat(table[:, 1] - firsts, sizes)
+        at, frames = np.zeros(len(rec_shard), np.int64), np.zeros(len(rec_shard), np.int64)
+        shards = np.unique(shard[sizes > 0]).tolist()
+        mine = {s: np.flatnonzero(rec_shard == s) for s in shards}
+        lines = self._index_lines({s: table[(shard == s) & (sizes > 0), 1:] for s in shards if self._uses_index(s)})
+        for s in shards:
+            records = rec_index[mine[s]]
+            if s in lines:
+                line = _placed(*lines[s][:2], records)
+                at[mine[s]], frames[mine[s]] = lines[s][2][line], lines[s][3][line]
             else:
-                table = self.offsets(shard)
-                offsets, lengths = table[start:stop], np.diff(table[start:stop + 1])
-            at.append(offsets)
-            frames.append(lengths)
-        spans = [(int(a[0]), int(a[-1] + f[-1])) if len(a) else (0, 0) for a, f in zip(at, frames, strict=True)]
-        datas = self._read_spans([r[0] for r in ranges], spans, "shard")
-        blob_at = np.cumsum([0] + [len(d) for d in datas])
-        heads = [a - b + blob_at[i] for i, (a, (b, _)) in enumerate(zip(at, spans, strict=True))]
-        return Fetched(ranges, b"".join(datas), _joined(heads), _joined(frames) - FRAME_OVERHEAD, _joined(at))
+                offsets = self.offsets(s)
+                at[mine[s]] = offsets[records]
+                frames[mine[s]] = offsets[records + 1] - offsets[records]
+        full = sizes > 0
+        last = firsts + sizes - 1
+        spans = {s: np.stack([at[firsts[sel]], at[last[sel]] + frames[last[sel]]], axis=1)
+                 for s in shards for sel in [full & (shard == s)]}
+        heads = np.zeros(len(at), np.int64)
+        datas: list[bytes] = []
+        for s, (begins, parts) in self._read_files(spans, "shard").items():
+            sizes_read = np.array([len(p) for p in parts], np.int64)
+            bases = sum(len(d) for d in datas) + np.cumsum(sizes_read) - sizes_read
+            heads[mine[s]] = _placed(begins, bases, at[mine[s]])
+            datas.extend(parts)
+        blob = datas[0] if len(datas) == 1 else b"".join(datas)
+        return Fetched(ranges, blob, heads, frames - FRAME_OVERHEAD, at)
 
     def _uses_index(self, shard: int) -> bool:
         return self.shards[shard].index is not None and shard not in self._offsets
@@ -184,66 +200,60 @@ class Source:
             parts.append(batch.features)
         return parts
 
-    def _index_lines(self, ranges: list[tuple[int, int, int]]) -> dict[int, list[tuple[np.ndarray, np.ndarray]]]:
-        """(offsets, frame lengths) of each range's records from its shard's index, one list per
-        shard in the ranges' order; the lines checked against each other and the shard's size."""
-        if not ranges:
-            return {}
+    def _index_lines(self, wanted: dict[int, np.ndarray]) -> dict[int, tuple[np.ndarray, np.ndarray, np.ndarray,
+                                                                              np.ndarray]]:
+        """For each shard, the index lines of its ``(start, stop)`` record ranges, read in as few reads
+        as `coalesce` makes of them: (each read's first line, where its lines start in the arrays,
+        the lines' offsets, their frame lengths), for `_placed`; every read's lines checked against
+        each other and the shard's size."""
         widths = {}
-        for shard in {r[0] for r in ranges}:
+        for shard in wanted:
             path, entry = self.shards[shard].index  # type: ignore[misc]
             try:
                 widths[shard] = line_width(int(entry["bytes"]), self.counts[shard])
             except RecordIndexError as e:
                 raise LoadError(f"{path}: corrupt index: {e} (bert-datagen verify tells more)") from e
-        spans = [(start * widths[shard], stop * widths[shard]) for shard, start, stop in ranges]
-        datas = self._read_spans([r[0] for r in ranges], spans, "index")
-        out: dict[int, list[tuple[np.ndarray, np.ndarray]]] = {}
-        for (shard, start, stop), data in zip(ranges, datas, strict=True):
+        got = self._read_files({s: r * widths[s] for s, r in wanted.items()}, "index")
+        out = {}
+        for shard, (begins, parts) in got.items():
             path = self.shards[shard].index[0]  # type: ignore[index]
             size = int(self.shards[shard].expected["bytes"])  # type: ignore[index]
-            try:
-                offsets, lengths = parse_lines(data, widths[shard], start, path)
-                check_run(offsets, lengths, stop == self.counts[shard], size, start, path)
-            except RecordIndexError as e:
-                raise LoadError(f"corrupt index: {e} (bert-datagen verify tells more)") from e
-            out.setdefault(shard, []).append((offsets, lengths))
+            width, found = widths[shard], []
+            for begin, data in zip(begins.tolist(), parts, strict=True):
+                first = begin // width
+                try:
+                    offsets, lengths = parse_lines(data, width, first, path)
+                    check_run(offsets, lengths, first + len(offsets) == self.counts[shard], size, first, path)
+                except RecordIndexError as e:
+                    raise LoadError(f"corrupt index: {e} (bert-datagen verify tells more)") from e
+                found.append((offsets, lengths))
+            counts = np.array([len(o) for o, _ in found], np.int64)
+            out[shard] = (begins // width, np.cumsum(counts) - counts, _joined([o for o, _ in found]),
+                          _joined([n for _, n in found]))
         return out
 
-    def _read_spans(self, shards: list[int], spans: list[tuple[int, int]], what: str) -> list[bytes]:
-        """The bytes ``[begin, end)`` of each span of a shard (``what``: "shard", or "index" for its
-        index file), in the order given: spans of a file that touch or nearly touch are joined into
-        one read, and the files are read concurrently when they are remote."""
-        paths = [self.shards[s].path if what == "shard" else self.shards[s].index[0] for s in shards]  # type: ignore[index]
-        of_path: dict[str, list[int]] = {}
-        for i, path in enumerate(paths):
-            if spans[i][1] > spans[i][0]:
-                of_path.setdefault(path, []).append(i)
-        reads = {path: coalesce([spans[i] for i in indices], _JOIN_GAP) for path, indices in of_path.items()}
+    def _read_files(self, wanted: dict[int, np.ndarray], what: str) -> dict[int, tuple[np.ndarray, list[bytes]]]:
+        """The bytes of each shard's ``[begin, end)`` spans (``what``: "shard", or "index" for its
+        index file) as the reads `coalesce` makes of them: (their begins, their bytes) per shard;
+        the files are read concurrently when they are remote."""
+        reads = {s: coalesce(spans, _JOIN_GAP) for s, spans in wanted.items() if len(spans)}
 
-        def read(path: str) -> list[bytes]:
+        def read(shard: int) -> list[bytes]:
+            path = self.shards[shard].path if what == "shard" else self.shards[shard].index[0]  # type: ignore[index]
             try:
-                return self.fs.read_ranges(path, reads[path])
+                return self.fs.read_ranges(path, reads[shard])
             except FileNotFoundError as e:
                 raise LoadError(f"{path}: {what} listed in the manifest is missing") from e
             except OSError as e:
                 raise LoadError(f"{path}: cannot read {what}: {e}") from e
 
-        remote = [p for p in reads if is_remote(p)]
+        remote = [s for s in reads if is_remote(self.shards[s].path)]
         if len(remote) > 1:
             with ThreadPoolExecutor(min(len(reads), _CONCURRENT_FILES)) as pool:
                 got = dict(zip(reads, pool.map(read, list(reads)), strict=True))
         else:
-            got = {path: read(path) for path in reads}
-        out = [b""] * len(spans)
-        for path, indices in of_path.items():
-            joined = reads[path]
-            for i in indices:
-                begin, end = spans[i]
-                j = int(np.searchsorted([b for b, _ in joined], begin, side="right")) - 1
-                base = joined[j][0]
-                out[i] = got[path][j][begin - base:end - base]
-        return out
+            got = {s: read(s) for s in reads}
+        return {s: (np.array([b for b, _ in reads[s]], np.int64), got[s]) for s in reads}
 
     @staticmethod
     def _locate(ranges: list[tuple[int, int, int]], firsts: np.ndarray, index: int) -> tuple[int, int]:
@@ -265,18 +275,34 @@ def _joined(arrays: list[np.ndarray]) -> np.ndarray:
     return np.concatenate(arrays).astype(np.int64) if arrays else np.zeros(0, np.int64)
 
 
-def coalesce(spans: list[tuple[int, int]], gap: int) -> list[tuple[int, int]]:
+def _placed(begins: np.ndarray, bases: np.ndarray, at: np.ndarray) -> np.ndarray:
+    """Where each of ``at`` lies in pieces laid end to end, piece j holding what starts at
+    ``begins[j]`` (sorted) and laid from ``bases[j]`` on."""
+    j = np.searchsorted(begins, at, side="right") - 1
+    return bases[j] + at - begins[j]
+
+
+def coalesce(spans: np.ndarray | list[tuple[int, int]], gap: int) -> list[tuple[int, int]]:
     """Byte spans of one file, sorted, joined where they overlap or touch, or lie at most ``gap``
     bytes apart and the bytes between are at most an eighth of the two spans': a read of a few
     bytes between costs less than another request, and what is read but not used stays under
     1/8 of what is (the loaders' target: at most 1.2x their share of the dataset)."""
+    spans = np.asarray(spans, np.int64).reshape(-1, 2)
+    if not len(spans):
+        return []
+    spans = spans[np.argsort(spans[:, 0], kind="stable")]
+    # Spans that overlap or touch are one read whatever the rule: joined at once (fine-tuning's
+    # order asks for thousands of one-record spans, most of them next to another).
+    reach = np.maximum.accumulate(spans[:, 1])
+    runs = np.flatnonzero(np.concatenate([[True], spans[1:, 0] > reach[:-1]]))
     out: list[list[int]] = []
-    for begin, end in sorted(spans):
+    for begin, end in zip(spans[runs, 0].tolist(), np.maximum.reduceat(spans[:, 1], runs).tolist(), strict=True):
         if out and begin - out[-1][1] <= min(gap, (out[-1][1] - out[-1][0] + end - begin) // 8):
             out[-1][1] = max(out[-1][1], end)
         else:
             out.append([begin, end])
     return [(b, e) for b, e in out]
+
 
 
 def _index_shard(ref: ShardRef, count: int, fs: FileSystem) -> np.ndarray:

@@ -92,3 +92,43 @@ def test_blocks_and_narrow_dtype_give_the_same_values(monkeypatch):
     narrow = decode_varint_rows(buf, start, end, 6, bad, np.int32)
     assert not bad.any() and whole.tolist() == blocks.tolist() == values.tolist()
     assert narrow.dtype == np.int32 and narrow.tolist() == values.astype(np.int32).tolist()
+
+
+def test_varints_of_up_to_four_bytes_take_the_word_path(monkeypatch):
+    import bert_datagen.datagen.varint_rows as varint_rows
+
+    def general_path(*args):
+        raise AssertionError("rows of short varints went through the byte-at-a-time path")
+
+    monkeypatch.setattr(varint_rows, "_values_at_ends", general_path)
+    rng = np.random.default_rng(4)
+    values = rng.integers(0, 1 << rng.integers(1, 29, (400, 1)), (400, 9))  # each row its own range
+    values[0] = [0, 127, 128, 16383, 16384, (1 << 21) - 1, 1 << 21, (1 << 28) - 1, 5]
+    buf, start, end = _layout([_packed(v.tolist()) for v in values], rng)
+    bad = np.zeros(len(values), bool)
+    got = decode_varint_rows(buf, start, end, 9, bad, np.int32)
+    assert not bad.any() and got.dtype == np.int32 and got.tolist() == values.tolist()
+    # A row at the very start of the buffer, and one that ends it.
+    buf = np.frombuffer(_packed([300, 2, 70000]) + _packed([1 << 27, 1, 1]), np.uint8)
+    got = decode_varint_rows(buf, np.array([0, 6]), np.array([6, len(buf)]), 3, np.zeros(2, bool))
+    assert got.tolist() == [[300, 2, 70000], [1 << 27, 1, 1]]
+
+
+def test_rows_the_word_path_declines_are_still_decoded_or_flagged():
+    rng = np.random.default_rng(5)
+    rows = {
+        "one value too many, then one too few": [_packed([1, 300, 3, 4]), _packed([1, 300])],
+        "a five-byte varint": [_packed([1 << 30, 300, 3])],
+        "ends inside a varint": [_packed([1, 300, 3])[:-1] + b"\x85"],
+    }
+    good = [[7, 300, 70000]] * 3
+    for what, broken in rows.items():
+        layout = [_packed(good[0])] + broken + [_packed(v) for v in good[1:]]
+        buf, start, end = _layout(layout, rng)
+        bad = np.zeros(len(layout), bool)
+        got = decode_varint_rows(buf, start, end, 3, bad)
+        if what == "a five-byte varint":
+            assert not bad.any() and got[1].tolist() == [1 << 30, 300, 3], what
+        else:
+            assert bad.tolist() == [False] + [True] * len(broken) + [False, False], what
+        assert got[[0, -2, -1]].tolist() == good, what
