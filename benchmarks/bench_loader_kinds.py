@@ -35,7 +35,7 @@ from bert_datagen.datagen.config import DatagenConfig
 from bert_datagen.datagen.packed import pack
 from bert_datagen.datagen.tasks.encode import encode_framed
 from bert_datagen.datagen.tasks.features import task_feature_spec
-from tests.support.synthetic import synthetic_batch, write_synthetic_dataset
+from tests.support.synthetic import synthetic_batch, write_index, write_synthetic_dataset
 
 SHARDS, PER_SHARD, SEQ, PREDS, BATCH, PASSES, STREAM_PASSES = 4, 4096, 128, 20, 256, 3, 8
 WORKERS = 2
@@ -49,8 +49,9 @@ def _write_shards(directory: str, split: str, shards: list[dict[str, np.ndarray]
         rel = f"{split}/part-{i:05d}-of-{len(shards):05d}.tfrecord"
         with open(os.path.join(directory, rel), "wb") as f:
             f.write(data)
-        out.append({"path": rel, "records": len(next(iter(columns.values()))), "bytes": len(data),
-                    "sha256": hashlib.sha256(data).hexdigest()})
+        records = len(next(iter(columns.values())))
+        out.append({"path": rel, "records": records, "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest(),
+                    "index": write_index(directory, rel, data, records)})  # as `run` and `task` write them
     return out
 
 

@@ -22,7 +22,7 @@ import numpy as np
 
 from bert_datagen.datagen.example_exact import FeatureSpec, RecordSpec, decode_exact, read_varint, spec_dict
 from bert_datagen.datagen.tfrecord import RawBatch, RecordError
-from bert_datagen.datagen.varint_rows import decode_varint_rows, rows_at
+from bert_datagen.datagen.varint_rows import all_equal_at, decode_varint_rows, rows_at
 
 # ---------------------------------------------------------------- vectorized Example parsing
 #
@@ -189,46 +189,56 @@ def decode_batch(payloads: list[bytes], indices: list[int], spec: RecordSpec | F
 def _regular_columns(data: bytes, f_start: np.ndarray, f_end: np.ndarray, names: _NameTable
                      ) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]] | None:
     """Where each feature's packed values are, for the layout one writer gives every record: the
-    spec's features once each, in one order shared by all records, each a single packed list. Walks
-    all records in step, a map entry at a time; None as soon as any record differs (the general
-    walk then sorts the records out)."""
+    spec's features once each, in one order shared by all records, each a single packed list. The
+    first record's entries are parsed in Python; all records are then walked in step, an entry at a
+    time: where every record's entry starts with the first one's key and headers (so has its size:
+    its lengths are among those bytes), that comparison is all the entry costs, and the entries whose
+    size varies (token ids) are parsed record by record in arrays. None as soon as any record
+    differs (the general walk then sorts the records out)."""
     n, k = len(f_start), len(names.names)
-    if n == 0:
+    template = _first_layout(data, int(f_start[0]), int(f_end[0]), names) if n else None
+    if template is None or len(template) != k:
         return None
     buf = np.frombuffer(data, np.uint8)
-    entries, pos = [], f_start
-    for _ in range(k):
-        e_s, e_e, ok = _ld_at(buf, pos, f_end, 0x0A)
-        if not ok.all():
-            return None
-        entries.append((e_s, e_e))
-        pos = e_e
-    if not (pos == f_end).all():
-        return None
     recs = np.arange(n)
     columns: list[tuple[np.ndarray, np.ndarray, np.ndarray] | None] = [None] * k
-    for e_s, e_e in entries:
-        size = e_e - e_s
-        if (size == size[0]).all():
-            # Every record's entry has one size, so its key and headers are the same bytes at the
-            # same place: parse the first record's (in Python: one entry), then compare that
-            # prefix in all at once.
-            found = _plain_entry(data, int(e_s[0]), int(e_e[0]), names)
-            if found is None:
-                return None
-            j, prefix = found
-            if not (rows_at(buf, e_s, prefix) == buf[e_s[0]:e_s[0] + prefix]).all():
-                return None
-            d_s, d_e = e_s + prefix, e_e
+    pos = f_start
+    for j, size, prefix in template:
+        first = int(pos[0])
+        if (pos + size <= f_end).all() and all_equal_at(buf, pos, buf[first:first + prefix]):
+            d_s, d_e = pos + prefix, pos + size
         else:
-            found = _entry_values(buf, e_s, e_e, names)
-            if found is None:
+            e_s, e_e, ok = _ld_at(buf, pos, f_end, 0x0A)
+            found = _entry_values(buf, e_s, e_e, names) if ok.all() else None
+            if found is None or found[0] != j:
                 return None
-            j, d_s, d_e = found
+            _, d_s, d_e = found
         if columns[j] is not None:
             return None
         columns[j] = (recs, d_s, d_e)
+        pos = d_e
+    if not (pos == f_end).all():
+        return None
     return columns  # type: ignore[return-value]  # k distinct names filled k slots
+
+
+def _first_layout(data: bytes, start: int, end: int, names: _NameTable) -> list[tuple[int, int, int]] | None:
+    """The map entries of one record's Features ``data[start:end]``, each (its feature's index, its
+    size, the bytes before its packed values), when all are the plain layout; else None."""
+    out = []
+    try:
+        while start < end:
+            if data[start] != 0x0A:
+                return None
+            size, at = read_varint(data, start + 1)
+            found = _plain_entry(data, at, at + size, names) if at + size <= end else None
+            if found is None:
+                return None
+            out.append((found[0], at + size - start, at - start + found[1]))
+            start = at + size
+    except (IndexError, RecordError):
+        return None
+    return out
 
 
 def _plain_entry(data: bytes, start: int, end: int, names: _NameTable) -> tuple[int, int] | None:
@@ -261,7 +271,7 @@ def _entry_values(buf: np.ndarray, e_s: np.ndarray, e_e: np.ndarray, names: _Nam
     if not ok.all() or not (key_e - key_s == key_len).all() or not names.at < key_len < len(names.guess):
         return None
     j = int(names.guess[key_len, buf[key_s[0] + names.at]])
-    if j < 0 or names.lengths[j] != key_len or not (rows_at(buf, key_s, key_len) == names.table[j, :key_len]).all():
+    if j < 0 or names.lengths[j] != key_len or not all_equal_at(buf, key_s, names.table[j, :key_len]):
         return None
     v_s, v_e, ok_v = _ld_at(buf, key_e, e_e, 0x12)
     l_s, l_e, ok_l = _ld_at(buf, v_s, v_e, int(names.tags[j]))

@@ -109,3 +109,25 @@ def check_run(offsets: np.ndarray, lengths: np.ndarray, last: bool, shard_size: 
         raise RecordIndexError(f"{name}: the first record starts at byte {int(offsets[0])}, not 0")
     if shard_size is not None and (int(ends[-1]) > shard_size or last and int(ends[-1]) != shard_size):
         raise RecordIndexError(f"{name}: the records end at byte {int(ends[-1])}, the shard has {shard_size} bytes")
+
+
+def check_runs(offsets: np.ndarray, lengths: np.ndarray, firsts: np.ndarray, sizes: np.ndarray, records: int,
+               shard_size: int | None, name: str = "<index>") -> None:
+    """`check_run` on several runs of index lines laid end to end (run i: ``sizes[i]`` lines from
+    line ``firsts[i]`` of a shard of ``records`` records) at once; the first run that fails raises
+    check_run's own error."""
+    if not len(offsets):
+        return
+    ends = offsets + lengths
+    run_of = np.repeat(np.arange(len(sizes)), sizes)
+    broken = lengths < FRAME_OVERHEAD
+    broken[:-1] |= (ends[:-1] != offsets[1:]) & (run_of[:-1] == run_of[1:])
+    first_line = np.cumsum(sizes) - sizes
+    last_line = first_line + sizes - 1
+    bad = np.bincount(run_of[broken], minlength=len(sizes)) > 0
+    bad |= (firsts == 0) & (offsets[first_line] != 0)
+    if shard_size is not None:
+        bad |= (ends[last_line] > shard_size) | ((firsts + sizes == records) & (ends[last_line] != shard_size))
+    for i in np.flatnonzero(bad)[:1].tolist():
+        a, b = int(first_line[i]), int(last_line[i]) + 1
+        check_run(offsets[a:b], lengths[a:b], int(firsts[i] + sizes[i]) == records, shard_size, int(firsts[i]), name)

@@ -31,6 +31,7 @@ from bert_datagen.datagen.tfrecord_index import (
     FRAME_OVERHEAD,
     RecordIndexError,
     check_run,
+    check_runs,
     line_width,
     parse_lines,
 )
@@ -218,18 +219,19 @@ class Source:
         for shard, (begins, parts) in got.items():
             path = self.shards[shard].index[0]  # type: ignore[index]
             size = int(self.shards[shard].expected["bytes"])  # type: ignore[index]
-            width, found = widths[shard], []
-            for begin, data in zip(begins.tolist(), parts, strict=True):
-                first = begin // width
-                try:
-                    offsets, lengths = parse_lines(data, width, first, path)
-                    check_run(offsets, lengths, first + len(offsets) == self.counts[shard], size, first, path)
-                except RecordIndexError as e:
-                    raise LoadError(f"corrupt index: {e} (bert-datagen verify tells more)") from e
-                found.append((offsets, lengths))
-            counts = np.array([len(o) for o, _ in found], np.int64)
-            out[shard] = (begins // width, np.cumsum(counts) - counts, _joined([o for o, _ in found]),
-                          _joined([n for _, n in found]))
+            width = widths[shard]
+            firsts, sizes = begins // width, np.array([len(d) // width for d in parts], np.int64)
+            try:
+                try:  # the reads' lines at once; read by read only to name a malformed line
+                    offsets, lengths = parse_lines(b"".join(parts), width, 0, path)
+                except RecordIndexError:
+                    for first, data in zip(firsts.tolist(), parts, strict=True):
+                        parse_lines(data, width, first, path)
+                    raise
+                check_runs(offsets, lengths, firsts, sizes, self.counts[shard], size, path)
+            except RecordIndexError as e:
+                raise LoadError(f"corrupt index: {e} (bert-datagen verify tells more)") from e
+            out[shard] = (firsts, np.cumsum(sizes) - sizes, offsets, lengths)
         return out
 
     def _read_files(self, wanted: dict[int, np.ndarray], what: str) -> dict[int, tuple[np.ndarray, list[bytes]]]:

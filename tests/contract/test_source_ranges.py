@@ -74,3 +74,35 @@ def test_coalesce_joins_touching_spans_and_near_ones_within_an_eighth():
     assert coalesce(np.array([[0, 80], [82, 100], [300, 310]]), 100) == [(0, 100), (300, 310)]
     assert coalesce([(0, 10), (15, 25)], 100) == [(0, 10), (15, 25)]  # 5 bytes between > 20 / 8
     assert coalesce([(0, 5), (5, 10), (10, 15), (15, 20), (22, 30)], 100) == [(0, 30)]  # runs count whole
+
+
+def test_runs_of_index_lines_are_checked_at_once_with_each_runs_own_message():
+    from bert_datagen.datagen.tfrecord_index import RecordIndexError, check_runs
+
+    frames = np.array([20, 30, 25, 40, 20, 33, 21, 50], np.int64)
+    offsets = np.concatenate([[0], np.cumsum(frames)[:-1]])
+    size = int(frames.sum())
+    runs = [(0, 2), (3, 3), (7, 1)]  # (first line, lines): lines 0-1, 3-5 and the last
+
+    def lines(off: np.ndarray, length: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        pick = np.concatenate([np.arange(a, a + n) for a, n in runs])
+        return off[pick].copy(), length[pick].copy()
+
+    firsts, sizes = np.array([a for a, _ in runs]), np.array([n for _, n in runs])
+    check_runs(*lines(offsets, frames), firsts, sizes, len(frames), size)  # sound: no error
+    o, n = lines(offsets, frames)
+    o[[2, 4]] += 3  # lines 3 and 5 (the two runs' ends no longer meet) -> the first is named
+    with pytest.raises(RecordIndexError, match="line 3 does not end where the next record starts"):
+        check_runs(o, n, firsts, sizes, len(frames), size)
+    o, n = lines(offsets, frames)
+    n[-1] += 1  # the last run ends past the shard
+    with pytest.raises(RecordIndexError, match=f"the records end at byte {size + 1}, the shard has {size}"):
+        check_runs(o, n, firsts, sizes, len(frames), size)
+    o, n = lines(offsets, frames)
+    o[:2] += 5
+    with pytest.raises(RecordIndexError, match="the first record starts at byte 5"):
+        check_runs(o, n, firsts, sizes, len(frames), size)
+    o, n = lines(offsets, frames)
+    n[1] = 2  # line 1: shorter than a frame's header and CRCs
+    with pytest.raises(RecordIndexError, match="line 1 does not end"):
+        check_runs(o, n, firsts, sizes, len(frames), size)
