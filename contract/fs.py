@@ -36,6 +36,7 @@ from typing import BinaryIO, Protocol
 from bert_datagen.contract.buckets import BUCKETS, is_bucket_path
 
 TMP_MARKER = ".tmp-"
+_LOCAL_GAP = 64 << 10  # bytes between two ranges of a local file that one read spans
 # The one temp-name form: a 32-hex id (unique per write) makes it ours, the final name stays last
 # (so writers that insist on an extension, numpy's .npz, keep it).
 TEMP_NAME = re.compile(rf"^{re.escape(TMP_MARKER)}[0-9a-f]{{32}}-.+$")
@@ -269,15 +270,25 @@ class PathFS:
         concurrent ranged requests: nothing else of the object is fetched)."""
         if is_bucket_path(path):
             return BUCKETS.read_ranges(path, ranges)
-        out = []
+        # A local file's ranges that lie close together in order are one read, cut: a read costs
+        # more than copying the bytes between (a loader may ask for thousands of one-record ranges).
+        gap = _LOCAL_GAP if not is_remote(path) else -1
+        out: list[bytes] = []
         with self.open_read(path) as f:
-            for begin, end in ranges:
+            i = 0
+            while i < len(ranges):
+                begin, end = ranges[i]
+                j = i + 1
+                while j < len(ranges) and end <= ranges[j][0] <= end + gap:
+                    end = max(end, ranges[j][1])
+                    j += 1
                 f.seek(begin)
                 data = f.read(end - begin)
                 if len(data) != end - begin:
                     raise OSError(5, f"bytes [{begin}, {end}) lie past the end of the file "
                                   f"({begin + len(data)} bytes read)", path)
-                out.append(data)
+                out.extend([data] if j == i + 1 else [data[b - begin:e - begin] for b, e in ranges[i:j]])
+                i = j
         return out
 
     def version(self, path: str) -> str:

@@ -15,6 +15,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 import numpy as np
 
 from bert_datagen.contract.features import TASK
+from bert_datagen.contract.fs import is_remote
 from bert_datagen.contract.loading.order import (
     DEFAULT_BLOCK_SIZE,
     GlobalOrder,
@@ -37,13 +38,17 @@ class NumpyBatches(Stepping):
     start + w, start + w + W, ...); plain use leaves them at 1 and 0.
 
     ``prefetch``: while a window's batches are used, a background thread fetches the rank's share of
-    the next window (its bytes, undecoded: memory for one more window share of raw records).
+    the next window (its bytes, undecoded: memory for one more window share of raw records). The
+    default, None, reads ahead where the shards are remote, whose requests wait on the network;
+    local shards are read when needed: the OS reads ahead in a file by itself, and the thread would
+    only add work on the same cores (its own allocations cost an epoch of pre-training rows some
+    25,000 page faults more, 0.1 s of a 0.2 s epoch on one core: benchmarks/bench_loader_kinds.py).
     At each window the dataset is checked to be the one opened (`Source.check_unchanged`).
     """
 
     def __init__(self, source: Source, *, seed: int, batch_size: int, world_size: int = 1, rank: int = 0,
                  block_size: int = DEFAULT_BLOCK_SIZE, start: int = 0, stop: int | None = None,
-                 prefetch: bool = True) -> None:
+                 prefetch: bool | None = None) -> None:
         # The arguments first (ArgumentError, naming the argument), then whether the split holds a batch.
         check_reader_arguments(seed, batch_size, block_size, world_size, rank, start, stop)
         if source.kind == TASK:  # pre-training's order over task data is not what fine-tuning reads
@@ -67,7 +72,7 @@ class NumpyBatches(Stepping):
         self._stores: dict[int, dict[str, np.ndarray]] = {}
         self._next_store = 0
         self._oldest_window = -1
-        self.prefetch = prefetch
+        self.prefetch = any(is_remote(s.path) for s in source.shards) if prefetch is None else bool(prefetch)
         self._pool: tuple[int, ThreadPoolExecutor] | None = None  # (the process it belongs to, the pool)
         self._pending: tuple[list[tuple[int, int, int]], Future] | None = None  # (ranges, their fetch)
 

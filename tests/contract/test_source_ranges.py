@@ -106,3 +106,24 @@ def test_runs_of_index_lines_are_checked_at_once_with_each_runs_own_message():
     n[1] = 2  # line 1: shorter than a frame's header and CRCs
     with pytest.raises(RecordIndexError, match="line 1 does not end"):
         check_runs(o, n, firsts, sizes, len(frames), size)
+
+
+def test_close_ranges_of_a_local_file_are_one_read_cut(tmp_path, monkeypatch):
+    data = bytes(range(256)) * 1024
+    path = tmp_path / "f"
+    path.write_bytes(data)
+    reads = []
+    real_open = DEFAULT_FS.local.open_read
+
+    def counting_open(p):
+        f = real_open(p)
+        read = f.read
+        f.read = lambda n=-1: reads.append(n) or read(n)
+        return f
+
+    monkeypatch.setattr(DEFAULT_FS.local, "open_read", counting_open)
+    ranges = [(0, 10), (10, 20), (30, 40), (200_000, 200_001), (200_001, 200_100)]
+    assert DEFAULT_FS.read_ranges(str(path), ranges) == [data[b:e] for b, e in ranges]
+    assert reads == [40, 100]  # 30 bytes apart: one read; ~200 KB apart: another
+    with pytest.raises(OSError, match=r"bytes \[200000, 262145\) lie past the end"):
+        DEFAULT_FS.read_ranges(str(path), [(200_000, 200_010), (262_140, 262_145)])

@@ -174,10 +174,22 @@ def test_loaders_fetch_only_their_records_through_the_index(dataset, tmp_path) -
 
 
 def test_reading_ahead_gives_the_same_batches(dataset) -> None:
-    ahead = _epoch(open_source(str(dataset)), 1, 0)
+    ahead = _epoch(open_source(str(dataset)), 1, 0, prefetch=True)  # (local shards: only when asked for)
     plain = _epoch(open_source(str(dataset)), 1, 0, prefetch=False)
     for a, b in zip(ahead, plain, strict=True):
         assert all(np.array_equal(a[k], b[k]) for k in a)
+
+
+def test_reading_ahead_is_for_remote_shards_unless_asked(dataset) -> None:
+    from bert_datagen.contract.loading.source import files_source
+
+    local = open_source(str(dataset))
+    assert not NumpyBatches(local, seed=3, batch_size=B).prefetch
+    assert NumpyBatches(local, seed=3, batch_size=B, prefetch=True).prefetch
+    remote = files_source("s3://bucket/ds", ["s3://bucket/ds/a.tfrecord", "s3://bucket/ds/b.tfrecord"],
+                          [40, 40], local.fingerprint, local.spec, local.kind)
+    assert NumpyBatches(remote, seed=3, batch_size=B).prefetch
+    assert not NumpyBatches(remote, seed=3, batch_size=B, prefetch=False).prefetch
 
 
 def test_a_corrupt_index_is_a_load_error_naming_it(dataset, tmp_path) -> None:
