@@ -29,6 +29,7 @@ from bert_datagen.datagen.dynamic import mask_records
 from bert_datagen.datagen.records import INSTANCE_KEY
 
 STATE_VERSION = 1
+_STORE_ROWS = 4096  # records of a window decoded together (a decode call has a fixed cost)
 
 
 class NumpyBatches(Stepping):
@@ -69,7 +70,8 @@ class NumpyBatches(Stepping):
         self._per_epoch = -(-self.order.total // block_size)
         self._keys = np.zeros(0, np.int64)
         self._where = np.zeros((0, 2), np.int64)
-        self._stores: dict[int, dict[str, np.ndarray]] = {}
+        self._raw: dict[int, tuple[Fetched, np.ndarray]] = {}  # every store: its bytes and rows
+        self._stores: dict[int, dict[str, np.ndarray]] = {}  # the last stores decoded
         self._next_store = 0
         self._oldest_window = -1
         self.prefetch = any(is_remote(s.path) for s in source.shards) if prefetch is None else bool(prefetch)
@@ -96,19 +98,21 @@ class NumpyBatches(Stepping):
             self._load(self._with_window_share(np.unique(codes).tolist()))
             at, found = self._find(positions)
         store, rows = self._where[at, 0], self._where[at, 1]
+        needed = np.unique(store).tolist()
+        stores = {s: self._decoded(s, len(needed) + 1) for s in needed}
         first = int(rows[0])
-        if (store == store[0]).all() and (rows == np.arange(first, first + len(rows))).all():
+        if len(stores) == 1 and (rows == np.arange(first, first + len(rows))).all():
             # The usual case: the share of a batch is one run of rows (a copy, not a view: a caller
             # may change its batch in place, and the cache must not see it).
-            features = {k: v[first:first + len(rows)].copy() for k, v in self._stores[int(store[0])].items()}
+            features = {k: v[first:first + len(rows)].copy() for k, v in stores[int(store[0])].items()}
         else:
             features = {}
             for name in self.source.spec:
-                first_store = self._stores[int(store[0])][name]
+                first_store = stores[int(store[0])][name]
                 out = np.empty((len(rows),) + first_store.shape[1:], first_store.dtype)
-                for s in np.unique(store).tolist():
+                for s, arrays in stores.items():
                     sel = store == s
-                    out[sel] = self._stores[s][name][rows[sel]]
+                    out[sel] = arrays[name][rows[sel]]
                 features[name] = out
         self._evict(positions)
         if self.source.dynamic:
@@ -173,15 +177,15 @@ class NumpyBatches(Stepping):
             # The bytes are in hand: they are of the dataset opened only if its manifest is still the
             # one read then (a replacement retires the old manifest first and places the new one last).
             src.check_unchanged()
-            pieces = src.decode(fetched, model_inputs=True, order=rows)
+            src.check(fetched)
         except LoadError:
             src.check_unchanged()  # a shard that changed under us reads as corrupt: say what happened
             raise
         where = []
-        for piece in pieces:  # a store each: rows 0.. of a piece
-            n = len(next(iter(piece.values())))
-            where.append(np.stack([np.full(n, self._next_store), np.arange(n)], axis=1))
-            self._stores[self._next_store] = piece
+        for a in range(0, len(rows), _STORE_ROWS):  # a store each, decoded when first asked for
+            piece = rows[a:a + _STORE_ROWS]
+            where.append(np.stack([np.full(len(piece), self._next_store), np.arange(len(piece))], axis=1))
+            self._raw[self._next_store] = (fetched, piece)
             self._next_store += 1
         keys = np.concatenate([self._keys, position[rows]])
         where = np.concatenate([self._where, *where])
@@ -262,8 +266,27 @@ class NumpyBatches(Stepping):
         keep = self.order.window_of(self._keys) >= oldest
         self._keys, self._where = self._keys[keep], self._where[keep]
         used = set(np.unique(self._where[:, 0]).tolist())
-        for store in [s for s in self._stores if s not in used]:
-            del self._stores[store]
+        for store in [s for s in self._raw if s not in used]:
+            del self._raw[store]
+            self._stores.pop(store, None)
+
+    def _decoded(self, store: int, keep: int) -> dict[str, np.ndarray]:
+        """A store's records, decoded: the last ``keep`` stores asked for are kept decoded, the
+        others as the fetched bytes they are decoded from again when asked for (a run moves forward,
+        so that is rare; a window's decoded share would be 2-3 times its bytes, and as many page
+        faults each time memory that large is taken anew)."""
+        arrays = self._stores.pop(store, None)
+        if arrays is None:
+            fetched, rows = self._raw[store]
+            try:
+                arrays = self.source.decode_rows(fetched, rows, model_inputs=True)
+            except LoadError:
+                self.source.check_unchanged()
+                raise
+        self._stores[store] = arrays  # the most recent last
+        for old in list(self._stores)[:-keep]:
+            del self._stores[old]
+        return arrays
 
     def _mask(self, features: dict[str, np.ndarray], epochs: np.ndarray) -> dict[str, np.ndarray]:
         src = self.source

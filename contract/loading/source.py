@@ -180,26 +180,32 @@ class Source:
         """Fetched records: every frame and CRC checked, then decoded (a decode call has a fixed
         cost, so a window's chunks are decoded together) in pieces of at most _DECODE_RECORDS rows;
         LoadError names the shard and record."""
-        ranges, blob, heads, lengths = fetched.ranges, fetched.blob, fetched.heads, fetched.lengths
-        sizes = np.asarray([c - b for _, b, c in ranges], np.int64)
-        firsts = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
-        count = int(firsts[-1])
-        problems = check_frames_at(blob, heads, lengths)
+        self.check(fetched)
+        rows = np.arange(len(fetched.heads)) if order is None else np.asarray(order, np.int64)
+        # In pieces whose work stays in the caches.
+        return [self.decode_rows(fetched, rows[a:a + _DECODE_RECORDS], model_inputs)
+                for a in range(0, max(len(rows), 1), _DECODE_RECORDS)]
+
+    def check(self, fetched: Fetched) -> None:
+        """Every frame and CRC of fetched records checked; LoadError names the shard and record."""
+        problems = check_frames_at(fetched.blob, fetched.heads, fetched.lengths)
         if problems:
-            at, record = self._locate(ranges, firsts, problems[0][0])
+            at, record = self._locate(fetched.ranges, problems[0][0])
             raise LoadError(f"{self.shards[at].path}: corrupt shard: record {record} at byte "
                             f"{int(fetched.at[problems[0][0]])}: {problems[0][1]}")
+
+    def decode_rows(self, fetched: Fetched, rows: np.ndarray, model_inputs: bool = False) -> dict[str, np.ndarray]:
+        """Fetched records ``rows`` (indices into the ranges' records laid end to end), decoded in
+        that order, their frames `check`-ed before; LoadError names the shard and record.
+        ``model_inputs``: integer features as int32, as the Keras trainer parses them (a record's
+        64-bit identity stays int64)."""
         narrow = [k for k, (d, _) in self.spec.items() if d == "int64" and k != INSTANCE_KEY] if model_inputs else ()
-        rows = np.arange(count) if order is None else np.asarray(order, np.int64)
-        parts = []
-        for a in range(0, max(count, 1), _DECODE_RECORDS):  # in pieces whose work stays in the caches
-            part = rows[a:a + _DECODE_RECORDS]
-            batch, problems = decode_raw(RawBatch(part, blob, heads[part] + 12, lengths[part]), self.spec, narrow)
-            if problems:
-                at, record = self._locate(ranges, firsts, problems[0][0])
-                raise LoadError(f"{self.shards[at].path}: record {record}: {problems[0][1]}")
-            parts.append(batch.features)
-        return parts
+        batch, problems = decode_raw(RawBatch(rows, fetched.blob, fetched.heads[rows] + 12, fetched.lengths[rows]),
+                                     self.spec, narrow)
+        if problems:
+            at, record = self._locate(fetched.ranges, problems[0][0])
+            raise LoadError(f"{self.shards[at].path}: record {record}: {problems[0][1]}")
+        return batch.features
 
     def _index_lines(self, wanted: dict[int, np.ndarray]) -> dict[int, tuple[np.ndarray, np.ndarray, np.ndarray,
                                                                               np.ndarray]]:
@@ -258,8 +264,9 @@ class Source:
         return {s: (np.array([b for b, _ in reads[s]], np.int64), got[s]) for s in reads}
 
     @staticmethod
-    def _locate(ranges: list[tuple[int, int, int]], firsts: np.ndarray, index: int) -> tuple[int, int]:
+    def _locate(ranges: list[tuple[int, int, int]], index: int) -> tuple[int, int]:
         """(shard, record) of the ``index``-th record of the ranges laid end to end."""
+        firsts = np.concatenate([[0], np.cumsum([c - b for _, b, c in ranges])]).astype(np.int64)
         r = int(np.searchsorted(firsts, index, side="right")) - 1
         shard, start, _ = ranges[r]
         return shard, start + index - int(firsts[r])
