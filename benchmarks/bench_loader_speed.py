@@ -44,17 +44,24 @@ VOCABS = (4000, 30522)
 
 
 def _rates(runs: dict[str, tuple[int, Callable[[], int]]]) -> dict[str, float]:
-    """records per CPU second of each reader, best of PASSES; the passes go round the readers in
-    turn, so a change in the machine's load touches them all alike."""
-    best = dict.fromkeys(runs, float("inf"))
-    for _ in range(PASSES):
-        for name, (records, run) in runs.items():
+    """records per CPU second of each reader, best of PASSES (see `_times`)."""
+    return {name: runs[name][0] / min(t) for name, t in _times(runs, PASSES).items()}
+
+
+def _times(runs: dict[str, tuple[int, Callable[[], int]]], passes: int) -> dict[str, list[float]]:
+    """CPU seconds of each reader's run in each of ``passes`` passes. The passes go round the readers
+    in turn, every other pass backwards, so a change in the machine's load, and whatever one run
+    leaves behind for the next (caches, the allocator's free memory), touches them all alike."""
+    times: dict[str, list[float]] = {name: [] for name in runs}
+    for p in range(passes):
+        for name in list(runs)[::-1 if p % 2 else 1]:
+            records, run = runs[name]
             start = time.process_time()
             got = run()
-            best[name] = min(best[name], time.process_time() - start)
+            times[name].append(time.process_time() - start)
             if got != records:
                 raise AssertionError(f"{name} read {got} records, expected {records}")
-    return {name: runs[name][0] / t for name, t in best.items()}
+    return times
 
 
 def _numpy_read(data: str) -> int:

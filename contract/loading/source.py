@@ -64,7 +64,7 @@ class Fetched:
     """The bytes of record ranges laid end to end, every record's frame located: what `Source.fetch`
     reads and `Source.decode` checks and decodes."""
 
-    ranges: list[tuple[int, int, int]]
+    ranges: np.ndarray  # (shard, start, stop) of each range, a row each
     blob: bytes
     heads: np.ndarray  # each record's frame in ``blob``, records in the ranges' order
     lengths: np.ndarray  # each record's payload length
@@ -117,7 +117,7 @@ class Source:
         """Records [start, stop) of a shard, decoded (rows in shard order); LoadError names the shard."""
         return self.read_ranges([(shard, start, stop)])
 
-    def read_ranges(self, ranges: list[tuple[int, int, int]], model_inputs: bool = False,
+    def read_ranges(self, ranges: list[tuple[int, int, int]] | np.ndarray, model_inputs: bool = False,
                     order: np.ndarray | None = None) -> dict[str, np.ndarray]:
         """The records of several ``(shard, start, stop)`` ranges, rows in the ranges' order (or row i
         is their record ``order[i]``): one read per range (a shard opened once), then every frame and
@@ -127,19 +127,18 @@ class Source:
         parts = self.read_pieces(ranges, model_inputs, order)
         return parts[0] if len(parts) == 1 else {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
 
-    def read_pieces(self, ranges: list[tuple[int, int, int]], model_inputs: bool = False,
+    def read_pieces(self, ranges: list[tuple[int, int, int]] | np.ndarray, model_inputs: bool = False,
                     order: np.ndarray | None = None) -> list[dict[str, np.ndarray]]:
         """``read_ranges`` as consecutive pieces of at most _DECODE_RECORDS rows, not joined (a
         reader that can use the pieces as they are saves copying them all once more)."""
         return self.decode(self.fetch(ranges), model_inputs, order)
 
-    def fetch(self, ranges: list[tuple[int, int, int]]) -> Fetched:
+    def fetch(self, ranges: list[tuple[int, int, int]] | np.ndarray) -> Fetched:
         """The bytes of several ``(shard, start, stop)`` record ranges, every record's frame located:
         the only I/O of a read (a loader runs it ahead, on another thread). Through the shards'
         indexes, just the index lines and bytes of these records are fetched; adjacent ranges of a
         shard are joined into one read; the shards are read concurrently. Records are placed with
         array operations, not a step per range: fine-tuning's order reads ranges of one record."""
-        ranges = [(int(a), int(b), int(c)) for a, b, c in ranges]
         table = np.asarray(ranges, np.int64).reshape(-1, 3)
         shard, sizes = table[:, 0], table[:, 2] - table[:, 1]
         firsts = np.cumsum(sizes) - sizes
@@ -170,7 +169,7 @@ class Source:
             heads[mine[s]] = _placed(begins, bases, at[mine[s]])
             datas.extend(parts)
         blob = datas[0] if len(datas) == 1 else b"".join(datas)
-        return Fetched(ranges, blob, heads, frames - FRAME_OVERHEAD, at)
+        return Fetched(table, blob, heads, frames - FRAME_OVERHEAD, at)
 
     def _uses_index(self, shard: int) -> bool:
         return self.shards[shard].index is not None and shard not in self._offsets
@@ -264,12 +263,11 @@ class Source:
         return {s: (np.array([b for b, _ in reads[s]], np.int64), got[s]) for s in reads}
 
     @staticmethod
-    def _locate(ranges: list[tuple[int, int, int]], index: int) -> tuple[int, int]:
+    def _locate(ranges: np.ndarray, index: int) -> tuple[int, int]:
         """(shard, record) of the ``index``-th record of the ranges laid end to end."""
-        firsts = np.concatenate([[0], np.cumsum([c - b for _, b, c in ranges])]).astype(np.int64)
+        firsts = np.concatenate([[0], np.cumsum(ranges[:, 2] - ranges[:, 1])]).astype(np.int64)
         r = int(np.searchsorted(firsts, index, side="right")) - 1
-        shard, start, _ = ranges[r]
-        return shard, start + index - int(firsts[r])
+        return int(ranges[r, 0]), int(ranges[r, 1]) + index - int(firsts[r])
 
     def offsets(self, shard: int) -> np.ndarray:
         """Byte offset of every record of the shard, and its size last (count + 1 entries): from the

@@ -58,7 +58,7 @@ class SplitRecords:
         index = ordered - self._firsts[shard]
         run = np.flatnonzero(np.concatenate([[True], (np.diff(ordered) != 1) | (np.diff(shard) != 0)]))
         length = np.diff(np.append(run, len(ordered)))
-        ranges = list(zip(shard[run].tolist(), index[run].tolist(), (index[run] + length).tolist(), strict=True))
+        ranges = np.stack([shard[run], index[run], index[run] + length], axis=1)
         rows = np.empty(len(indices), np.int64)
         rows[by_file] = np.arange(len(indices))
         return self.source.read_ranges(ranges, model_inputs=True, order=rows)

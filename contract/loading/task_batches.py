@@ -50,18 +50,42 @@ def bucket_length(longest: int, max_seq_length: int) -> int:
     return next(n for n in bucket_lengths(max_seq_length) if n >= longest)
 
 
-def read_positions(source: Source, order: GlobalOrder, positions: np.ndarray) -> dict[str, np.ndarray]:
-    """The records at these positions of the run's sequence (row i: position i), read in file order
-    (each shard's records in runs of consecutive ones) and decoded in the trainer's dtypes."""
+def read_positions(source: Source, order: GlobalOrder, positions: np.ndarray) -> list[dict[str, np.ndarray]]:
+    """The records at these positions of the run's sequence, in pieces of consecutive rows (row i:
+    position i), read in file order (each shard's records in runs of consecutive ones) and decoded
+    in the trainer's dtypes."""
     placed = order.place(positions)
     by_file = np.lexsort((placed.index, placed.shard))
     shard, index = placed.shard[by_file], placed.index[by_file]
     run = np.flatnonzero(np.concatenate([[True], (np.diff(shard) != 0) | (np.diff(index) != 1)]))
     length = np.diff(np.append(run, len(shard)))
-    ranges = list(zip(shard[run].tolist(), index[run].tolist(), (index[run] + length).tolist(), strict=True))
+    ranges = np.stack([shard[run], index[run], index[run] + length], axis=1)
     rows = np.empty(len(by_file), np.int64)
     rows[by_file] = np.arange(len(by_file))  # position i is the rows[i]-th record in file order
-    return source.read_ranges(ranges, model_inputs=True, order=rows)
+    return source.read_pieces(ranges, model_inputs=True, order=rows)
+
+
+def _gather(pieces: list[dict[str, np.ndarray]], rows: np.ndarray, width: int | None, seq: int) -> dict[str, np.ndarray]:
+    """Rows ``rows`` of the pieces laid end to end, as new arrays (a caller may change its batch);
+    sequence features cut to ``width`` columns when given."""
+    sizes = np.array([len(next(iter(p.values()))) for p in pieces], np.int64)
+    firsts = np.cumsum(sizes) - sizes
+    piece = np.searchsorted(firsts, rows, side="right") - 1
+    at = rows - firsts[piece]
+
+    def cut(v: np.ndarray) -> np.ndarray:
+        return v[:, :width] if width is not None and v.ndim == 2 and v.shape[1] == seq else v
+
+    if (piece == piece[0]).all() and (at == np.arange(at[0], at[0] + len(at))).all():  # one run: a copy of it
+        return {k: cut(v[at[0]:at[0] + len(at)]).copy() for k, v in pieces[int(piece[0])].items()}
+    out = {}
+    for name, first in pieces[int(piece[0])].items():
+        values = np.empty((len(rows),) + cut(first).shape[1:], first.dtype)
+        for p in np.unique(piece).tolist():
+            sel = piece == p
+            values[sel] = cut(pieces[p][name])[at[sel]]
+        out[name] = values
+    return out
 
 
 class TaskBatches(Stepping):
@@ -81,20 +105,20 @@ class TaskBatches(Stepping):
         self.step, self.stop = start, stop
         self.per_epoch = self.order.total // batch_size
         self.max_seq_length = int(source.spec["input_ids"][1])
-        # The window last read: (epoch, window) -> per batch, its rows' positions and features.
-        self._window: tuple[tuple[int, int], list[tuple[np.ndarray, dict[str, np.ndarray]]]] | None = None
+        # The window last read: ((epoch, window), its records in pieces, per batch (positions, rows, width)).
+        self._window: tuple | None = None
 
     # ------------------------------------------------------------ iteration
 
     def batch_at(self, step: int) -> dict[str, np.ndarray]:
         """This rank's share of training step ``step``'s batch (a copy: the caller may change it)."""
-        _, features = self._entry(step)
-        return {k: v.copy() for k, v in features.items()}
+        pieces, (_, rows, width) = self._entry(step)
+        return _gather(pieces, rows, width, self.max_seq_length)
 
     def positions_at(self, step: int) -> np.ndarray:
         """The positions in the run's sequence (``GlobalOrder.place`` names their records) of the rows
         of this rank's share of step ``step``'s batch, in row order."""
-        return self._entry(step)[0].copy()
+        return self._entry(step)[1][0].copy()
 
     def group_end(self, step: int) -> int:
         """The first step after the window ``step`` is in (a window is read at once)."""
@@ -123,15 +147,20 @@ class TaskBatches(Stepping):
 
     # ------------------------------------------------------------ reading
 
-    def _entry(self, step: int) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    def _entry(self, step: int) -> tuple[list[dict[str, np.ndarray]], tuple[np.ndarray, np.ndarray, int | None]]:
+        """The window's records of ``step`` (in pieces), and its batch: (positions, rows, width)."""
         epoch, index = divmod(check_step(step, self.order.batch_size), self.per_epoch)
         window, within = divmod(index, GROUP_WINDOW)
         if self._window is None or self._window[0] != (epoch, window):
             self._window = None  # the old window's memory goes before the new one is read
-            self._window = ((epoch, window), self._read_window(epoch, window))
-        return self._window[1][within]
+            self._window = ((epoch, window), *self._read_window(epoch, window))
+        return self._window[1], self._window[2][within]
 
-    def _read_window(self, epoch: int, window: int) -> list[tuple[np.ndarray, dict[str, np.ndarray]]]:
+    def _read_window(self, epoch: int, window: int) -> tuple[list[dict[str, np.ndarray]],
+                                                            list[tuple[np.ndarray, np.ndarray, int | None]]]:
+        """A window's records, and each of its batches: this rank's positions, their rows in the
+        records, and the width its sequence features are cut to (None: not cut). A batch's arrays
+        are gathered when it is asked for, so each is copied once."""
         B, T = self.order.batch_size, self.order.total
         first_batch = window * GROUP_WINDOW
         batches = min(GROUP_WINDOW, self.per_epoch - first_batch)
@@ -140,12 +169,13 @@ class TaskBatches(Stepping):
         if not self.grouped:
             starts = base + np.arange(batches, dtype=np.int64) * B + self.rank * share
             positions = (starts[:, None] + np.arange(share, dtype=np.int64)[None, :]).reshape(-1)
-            records = read_positions(self.source, self.order, positions)
-            return [(positions[b * share:(b + 1) * share], {k: v[b * share:(b + 1) * share] for k, v in records.items()})
-                    for b in range(batches)]
+            pieces = read_positions(self.source, self.order, positions)
+            rows = np.arange(len(positions), dtype=np.int64)
+            return pieces, [(positions[b * share:(b + 1) * share], rows[b * share:(b + 1) * share], None)
+                            for b in range(batches)]
         positions = np.arange(base, base + batches * B, dtype=np.int64)
-        records = read_positions(self.source, self.order, positions)
-        lengths = records["input_mask"].sum(axis=1)
+        pieces = read_positions(self.source, self.order, positions)
+        lengths = np.concatenate([p["input_mask"].sum(axis=1) for p in pieces])
         by_length = np.argsort(lengths, kind="stable")
         key = derive_key(self.order.seed, "finetune-length-groups", self.order.fingerprint, epoch, window)
         seq = self.max_seq_length
@@ -153,8 +183,6 @@ class TaskBatches(Stepping):
         for b in permutation(key, batches).tolist():
             rows = by_length[b * B:(b + 1) * B]
             width = bucket_length(int(lengths[rows].max()), seq)  # the whole batch's, on every rank
-            mine = rows[self.rank * share:(self.rank + 1) * share]
-            # Only this rank's rows and the columns the batch keeps are gathered.
-            out.append((positions[mine], {k: v[mine, :width] if v.ndim == 2 and v.shape[1] == seq else v[mine]
-                                          for k, v in records.items()}))
-        return out
+            mine = rows[self.rank * share:(self.rank + 1) * share]  # only this rank's rows are gathered
+            out.append((positions[mine], mine, width))
+        return pieces, out

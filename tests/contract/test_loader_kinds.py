@@ -69,7 +69,12 @@ def test_pretraining_kinds_read_the_manifests_features(kinds, kind):
 
 @pytest.mark.parametrize("kind", TASK_KINDS)
 @pytest.mark.parametrize("grouped", [False, True])
-def test_task_kinds_read_in_finetunings_order(kinds, kind, grouped):
+@pytest.mark.parametrize("piece", [4096, 5])
+def test_task_kinds_read_in_finetunings_order(kinds, kind, grouped, piece, monkeypatch):
+    # Pieces of 5 records: a window's records are many decoded pieces, and batches gather across them.
+    from bert_datagen.contract.loading import source as source_module
+
+    monkeypatch.setattr(source_module, "_DECODE_RECORDS", piece)
     source = open_source(kinds[kind])
     reader = batches_for(source, seed=SEED, batch_size=B, group_by_length=grouped)
     assert isinstance(reader, TaskBatches)
