@@ -163,11 +163,12 @@ class Source:
                  for s in shards for sel in [full & (shard == s)]}
         heads = np.zeros(len(at), np.int64)
         datas: list[bytes] = []
+        base = 0
         for s, (begins, parts) in self._read_files(spans, "shard").items():
             sizes_read = np.array([len(p) for p in parts], np.int64)
-            bases = sum(len(d) for d in datas) + np.cumsum(sizes_read) - sizes_read
-            heads[mine[s]] = _placed(begins, bases, at[mine[s]])
+            heads[mine[s]] = _placed(begins, base + np.cumsum(sizes_read) - sizes_read, at[mine[s]])
             datas.extend(parts)
+            base += int(sizes_read.sum())
         blob = datas[0] if len(datas) == 1 else b"".join(datas)
         return Fetched(table, blob, heads, frames - FRAME_OVERHEAD, at)
 
@@ -302,13 +303,17 @@ def coalesce(spans: np.ndarray | list[tuple[int, int]], gap: int) -> list[tuple[
     # order asks for thousands of one-record spans, most of them next to another).
     reach = np.maximum.accumulate(spans[:, 1])
     runs = np.flatnonzero(np.concatenate([[True], spans[1:, 0] > reach[:-1]]))
-    out: list[list[int]] = []
-    for begin, end in zip(spans[runs, 0].tolist(), np.maximum.reduceat(spans[:, 1], runs).tolist(), strict=True):
-        if out and begin - out[-1][1] <= min(gap, (out[-1][1] - out[-1][0] + end - begin) // 8):
-            out[-1][1] = max(out[-1][1], end)
+    begins, ends = spans[runs, 0].tolist(), np.maximum.reduceat(spans[:, 1], runs).tolist()
+    out: list[tuple[int, int]] = []
+    first, last = begins[0], ends[0]  # the read being built (runs neither overlap nor touch now)
+    for begin, end in zip(begins[1:], ends[1:], strict=True):
+        if begin - last <= gap and 8 * (begin - last) <= last - first + end - begin:
+            last = end
         else:
-            out.append([begin, end])
-    return [(b, e) for b, e in out]
+            out.append((first, last))
+            first, last = begin, end
+    out.append((first, last))
+    return out
 
 
 

@@ -175,7 +175,9 @@ class TaskBatches(Stepping):
                             for b in range(batches)]
         positions = np.arange(base, base + batches * B, dtype=np.int64)
         pieces = read_positions(self.source, self.order, positions)
-        lengths = np.concatenate([p["input_mask"].sum(axis=1) for p in pieces])
+        if len(pieces) > 1:  # a grouped batch's rows lie all over the window: one array set to gather from
+            pieces = [{k: np.concatenate([p[k] for p in pieces]) for k in pieces[0]}]
+        lengths = pieces[0]["input_mask"].sum(axis=1)
         by_length = np.argsort(lengths, kind="stable")
         key = derive_key(self.order.seed, "finetune-length-groups", self.order.fingerprint, epoch, window)
         seq = self.max_seq_length
