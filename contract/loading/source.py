@@ -128,10 +128,10 @@ class Source:
         return parts[0] if len(parts) == 1 else {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
 
     def read_pieces(self, ranges: list[tuple[int, int, int]] | np.ndarray, model_inputs: bool = False,
-                    order: np.ndarray | None = None) -> list[dict[str, np.ndarray]]:
-        """``read_ranges`` as consecutive pieces of at most _DECODE_RECORDS rows, not joined (a
-        reader that can use the pieces as they are saves copying them all once more)."""
-        return self.decode(self.fetch(ranges), model_inputs, order)
+                    order: np.ndarray | None = None, piece: int | None = None) -> list[dict[str, np.ndarray]]:
+        """``read_ranges`` as consecutive pieces of at most ``piece`` rows (default _DECODE_RECORDS),
+        not joined (a reader that can use the pieces as they are saves copying them all once more)."""
+        return self.decode(self.fetch(ranges), model_inputs, order, piece)
 
     def fetch(self, ranges: list[tuple[int, int, int]] | np.ndarray) -> Fetched:
         """The bytes of several ``(shard, start, stop)`` record ranges, every record's frame located:
@@ -175,16 +175,15 @@ class Source:
     def _uses_index(self, shard: int) -> bool:
         return self.shards[shard].index is not None and shard not in self._offsets
 
-    def decode(self, fetched: Fetched, model_inputs: bool = False,
-               order: np.ndarray | None = None) -> list[dict[str, np.ndarray]]:
+    def decode(self, fetched: Fetched, model_inputs: bool = False, order: np.ndarray | None = None,
+               piece: int | None = None) -> list[dict[str, np.ndarray]]:
         """Fetched records: every frame and CRC checked, then decoded (a decode call has a fixed
-        cost, so a window's chunks are decoded together) in pieces of at most _DECODE_RECORDS rows;
-        LoadError names the shard and record."""
+        cost, so a window's chunks are decoded together) in pieces of at most ``piece`` rows
+        (default _DECODE_RECORDS); LoadError names the shard and record."""
         self.check(fetched)
         rows = np.arange(len(fetched.heads)) if order is None else np.asarray(order, np.int64)
-        # In pieces whose work stays in the caches.
-        return [self.decode_rows(fetched, rows[a:a + _DECODE_RECORDS], model_inputs)
-                for a in range(0, max(len(rows), 1), _DECODE_RECORDS)]
+        step = piece or _DECODE_RECORDS
+        return [self.decode_rows(fetched, rows[a:a + step], model_inputs) for a in range(0, max(len(rows), 1), step)]
 
     def check(self, fetched: Fetched) -> None:
         """Every frame and CRC of fetched records checked; LoadError names the shard and record."""

@@ -50,10 +50,11 @@ def bucket_length(longest: int, max_seq_length: int) -> int:
     return next(n for n in bucket_lengths(max_seq_length) if n >= longest)
 
 
-def read_positions(source: Source, order: GlobalOrder, positions: np.ndarray) -> list[dict[str, np.ndarray]]:
+def read_positions(source: Source, order: GlobalOrder, positions: np.ndarray,
+                   piece: int | None = None) -> list[dict[str, np.ndarray]]:
     """The records at these positions of the run's sequence, in pieces of consecutive rows (row i:
-    position i), read in file order (each shard's records in runs of consecutive ones) and decoded
-    in the trainer's dtypes."""
+    position i; ``piece``: `Source.read_pieces`'), read in file order (each shard's records in runs
+    of consecutive ones) and decoded in the trainer's dtypes."""
     placed = order.place(positions)
     by_file = np.lexsort((placed.index, placed.shard))
     shard, index = placed.shard[by_file], placed.index[by_file]
@@ -62,7 +63,7 @@ def read_positions(source: Source, order: GlobalOrder, positions: np.ndarray) ->
     ranges = np.stack([shard[run], index[run], index[run] + length], axis=1)
     rows = np.empty(len(by_file), np.int64)
     rows[by_file] = np.arange(len(by_file))  # position i is the rows[i]-th record in file order
-    return source.read_pieces(ranges, model_inputs=True, order=rows)
+    return source.read_pieces(ranges, model_inputs=True, order=rows, piece=piece)
 
 
 def _gather(pieces: list[dict[str, np.ndarray]], rows: np.ndarray, width: int | None, seq: int) -> dict[str, np.ndarray]:
@@ -76,8 +77,11 @@ def _gather(pieces: list[dict[str, np.ndarray]], rows: np.ndarray, width: int | 
     def cut(v: np.ndarray) -> np.ndarray:
         return v[:, :width] if width is not None and v.ndim == 2 and v.shape[1] == seq else v
 
-    if (piece == piece[0]).all() and (at == np.arange(at[0], at[0] + len(at))).all():  # one run: a copy of it
-        return {k: cut(v[at[0]:at[0] + len(at)]).copy() for k, v in pieces[int(piece[0])].items()}
+    if (piece == piece[0]).all():
+        arrays = pieces[int(piece[0])]
+        if (at == np.arange(at[0], at[0] + len(at))).all():  # one run: a copy of it
+            return {k: cut(v[at[0]:at[0] + len(at)]).copy() for k, v in arrays.items()}
+        return {k: cut(v)[at] for k, v in arrays.items()}  # an index makes new arrays
     out = {}
     for name, first in pieces[int(piece[0])].items():
         values = np.empty((len(rows),) + cut(first).shape[1:], first.dtype)
@@ -174,9 +178,8 @@ class TaskBatches(Stepping):
             return pieces, [(positions[b * share:(b + 1) * share], rows[b * share:(b + 1) * share], None)
                             for b in range(batches)]
         positions = np.arange(base, base + batches * B, dtype=np.int64)
-        pieces = read_positions(self.source, self.order, positions)
-        if len(pieces) > 1:  # a grouped batch's rows lie all over the window: one array set to gather from
-            pieces = [{k: np.concatenate([p[k] for p in pieces]) for k in pieces[0]}]
+        # A grouped batch's rows lie all over the window: decoded as one piece, to gather from.
+        pieces = read_positions(self.source, self.order, positions, piece=len(positions))
         lengths = pieces[0]["input_mask"].sum(axis=1)
         by_length = np.argsort(lengths, kind="stable")
         key = derive_key(self.order.seed, "finetune-length-groups", self.order.fingerprint, epoch, window)
