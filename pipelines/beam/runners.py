@@ -7,7 +7,9 @@ Runner options never change the bytes of a dataset; they only decide where the w
 - DaskRunner: ``--dask-scheduler ADDRESS`` connects to a running ``dask.distributed`` scheduler;
   without it a local cluster of ``--dask-workers`` processes is started for the run and closed after.
   Beam's Dask translation puts everything created by ``beam.Create`` into one partition unless told
-  otherwise, so ``--dask_npartitions`` defaults to enough partitions to keep every worker busy.
+  otherwise, and every later stage keeps the partitions it was given (a GroupByKey shuffles into as
+  many), so ``--dask_npartitions`` defaults to 4 a worker: a Create of fewer elements gets one
+  partition each.
 - DataflowRunner: this package must be installed on the workers. Unless the user passes
   ``--setup_file`` or ``--extra_package`` already, a wheel of this package is built into a temporary
   directory and shipped with ``--extra_package``.
@@ -42,6 +44,7 @@ _ALIASES = {name.lower(): name for name in RUNNERS} | {
 # Beam resolves only its built-in runners by short name; Dask needs the qualified class path.
 DASK_RUNNER_PATH = "apache_beam.runners.dask.dask_runner.DaskRunner"
 PACKAGE_ROOT = Path(__file__).resolve().parent.parent.parent
+DASK_PARTITIONS_PER_WORKER = 4  # small tasks, so a worker that finishes early takes another
 
 
 class RunnerError(ValueError):
@@ -182,12 +185,8 @@ def local_dask_cluster(workers: int) -> Iterator[str]:
 
 
 @contextlib.contextmanager
-def runner_setup(options: RunnerOptions, parallel_elements: int = 1) -> Iterator[RunnerSetup]:
-    """PipelineOptions for ``options.runner`` (plus a local Dask cluster when needed), cleaned up on exit.
-
-    ``parallel_elements`` is how many independent elements the pipeline starts from (input files);
-    Dask gets at least that many partitions, capped at 4 per worker.
-    """
+def runner_setup(options: RunnerOptions) -> Iterator[RunnerSetup]:
+    """PipelineOptions for ``options.runner`` (plus a local Dask cluster when needed), cleaned up on exit."""
     runner = canonical_runner(options.runner)
     args = list(options.beam_args)
     dask_scheduler, dask_workers = options.dask_scheduler, options.dask_workers
@@ -203,7 +202,7 @@ def runner_setup(options: RunnerOptions, parallel_elements: int = 1) -> Iterator
                 args.append(f"--dask_client_address={address}")
             workers = dask_workers
             if not _has_flag(args, "--dask_npartitions", "--dask_partition_size"):
-                args.append(f"--dask_npartitions={max(1, min(parallel_elements, 4 * workers))}")
+                args.append(f"--dask_npartitions={DASK_PARTITIONS_PER_WORKER * workers}")
             local = dask_scheduler is None
         elif runner == "DataflowRunner":
             wheel_dir = stack.enter_context(tempfile.TemporaryDirectory(prefix="bert-datagen-wheel-"))
