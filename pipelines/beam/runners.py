@@ -176,8 +176,17 @@ def local_dask_cluster(workers: int) -> Iterator[str]:
 
     for name in ("distributed", "distributed.scheduler", "distributed.nanny", "distributed.core"):
         logging.getLogger(name).setLevel(logging.WARNING)
-    cluster = LocalCluster(n_workers=workers, threads_per_worker=1, processes=True,
-                           dashboard_address=None, silence_logs=40)
+    import dask
+
+    # Dask's nannies give each worker MALLOC_TRIM_THRESHOLD_=65536, and any explicit trim threshold
+    # turns off glibc's sliding mmap threshold: every large array the pipeline frees and allocates
+    # again per block becomes a fresh mmap and its page faults (4x enwiki, one worker: 12.3 s of
+    # system time against 4.3 s without it, 43 against 31 CPU s in all).
+    environ = {k: v for k, v in dask.config.get("distributed.nanny.pre-spawn-environ", {}).items()
+               if k != "MALLOC_TRIM_THRESHOLD_"}
+    with dask.config.set({"distributed.nanny.pre-spawn-environ": environ}):
+        cluster = LocalCluster(n_workers=workers, threads_per_worker=1, processes=True,
+                               dashboard_address=None, silence_logs=40)
     try:
         yield cluster.scheduler_address
     finally:

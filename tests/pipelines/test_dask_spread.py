@@ -62,3 +62,17 @@ def test_spread_hands_one_partitions_tasks_to_every_dask_worker(tmp_path) -> Non
     marks = [name.split("-") for name in os.listdir(tmp_path)]
     assert sorted(int(m[1]) for m in marks) == list(range(20))  # each task once
     assert len({m[3] for m in marks}) == 2, "every task ran in one worker"
+
+
+def _trim_threshold() -> str | None:
+    return os.environ.get("MALLOC_TRIM_THRESHOLD_")
+
+
+def test_local_cluster_workers_keep_glibcs_sliding_mmap_threshold() -> None:
+    """Dask's default MALLOC_TRIM_THRESHOLD_ made every large array a fresh mmap: 3x the system time."""
+    pytest.importorskip("distributed")
+    from distributed import Client
+
+    with local_dask_cluster(1) as address:
+        with Client(address) as client:
+            assert set(client.run(_trim_threshold).values()) == {None}
