@@ -102,8 +102,9 @@ def _tokenize_once(vocab: Path, files: list[Path]) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def tree_sample(proc: psutil.Process, cpu_seen: dict[int, float]) -> int:
-    """RSS summed over the process tree now; records each process's latest CPU seconds."""
+def tree_sample(proc: psutil.Process, cpu_seen: dict[int, float], peaks: dict[int, int] | None = None) -> int:
+    """RSS summed over the process tree now; records each process's latest CPU seconds (and, given
+    ``peaks``, each process's largest RSS so far)."""
     total = 0
     try:
         procs = [proc, *proc.children(recursive=True)]
@@ -112,7 +113,10 @@ def tree_sample(proc: psutil.Process, cpu_seen: dict[int, float]) -> int:
     for p in procs:
         try:
             with p.oneshot():
-                total += p.memory_info().rss
+                rss = p.memory_info().rss
+                total += rss
+                if peaks is not None:
+                    peaks[p.pid] = max(peaks.get(p.pid, 0), rss)
                 times = p.cpu_times()
                 cpu_seen[p.pid] = times.user + times.system
         except (psutil.NoSuchProcess, psutil.AccessDenied):

@@ -10,11 +10,13 @@ documents followed by N-1 seeded variants of each (its sentences in another orde
 is a new document with its own identity), written as ``--files`` files of equal size.
 
 Runs, each a fresh ``bert-datagen run`` process: the default (in-memory DirectRunner, one worker),
-and with ``--dask`` the DaskRunner on a local cluster of 2 workers. Peak RSS is the largest sum of
-RSS over the process and all its children, sampled every 0.1 s. The floor: tokenizing the same text
+and at ``--dask-scales`` the DirectRunner with 2 worker processes and the DaskRunner on a local
+cluster of 2 workers (speedups against the one-worker run). Peak RSS is the largest sum of RSS over
+the process and all its children, sampled every 0.1 s; ``largest_process_rss_mb`` the largest one
+process reached (a Dask worker's bound). The floor: tokenizing the same text
 once with plain ``tokenizers`` on one thread (``bench_datagen``'s floor).
 
-Run: ``python -m benchmarks.bench_scale [--scales 1,10,20] [--dask] [--files 1]``.
+Run: ``python -m benchmarks.bench_scale [--scales 1,10,100] [--dask-scales 10] [--files 1]``.
 """
 
 from __future__ import annotations
@@ -109,10 +111,11 @@ def run_datagen(inputs: list[Path], vocab: Path, out: Path, extra: list[str], du
             ps = psutil.Process(proc.pid)
             peak = 0
             cpu_seen: dict[int, float] = {}
+            peaks: dict[int, int] = {}
             while proc.poll() is None:
                 if time.perf_counter() - start > RUN_TIMEOUT_S:
                     raise RuntimeError(f"bert-datagen run did not finish within {RUN_TIMEOUT_S} s")
-                rss = tree_sample(ps, cpu_seen)
+                rss = tree_sample(ps, cpu_seen, peaks)
                 peak = max(peak, rss)
                 if trace is not None:
                     trace.append((round(time.perf_counter() - start, 2), rss))
@@ -127,8 +130,8 @@ def run_datagen(inputs: list[Path], vocab: Path, out: Path, extra: list[str], du
     if proc.returncode != 0:
         raise RuntimeError(f"bert-datagen run failed ({proc.returncode}):\n{err[-4000:]}")
     manifest = json.loads((out / "manifest.json").read_text())
-    return {"wall_s": wall, "cpu_s": sum(cpu_seen.values()), "peak_rss_mb": peak / 2**20, "manifest": manifest,
-            "stderr": err}
+    return {"wall_s": wall, "cpu_s": sum(cpu_seen.values()), "peak_rss_mb": peak / 2**20,
+            "largest_process_rss_mb": max(peaks.values(), default=0) / 2**20, "manifest": manifest, "stderr": err}
 
 
 def measure(scales: list[int], dask_scales: list[int], files: int, base_mb: float, dupe_factor: int,
@@ -143,12 +146,14 @@ def measure(scales: list[int], dask_scales: list[int], files: int, base_mb: floa
         row: dict = {"input_mb": round(mb, 2), "floor_s": round(floor["seconds"], 2),
                      "floor_cpu_s": round(floor["cpu_seconds"], 2)}
         runs = {"direct": ["--direct_num_workers=1"]} if scale in scales else {}
-        if scale in dask_scales:
+        if scale in dask_scales:  # 2 workers each way, for what Dask itself costs
+            runs["direct-2"] = ["--direct_num_workers=2"]
             runs["dask-2"] = ["--runner", "DaskRunner", "--dask-workers", "2"]
         for name, extra in runs.items():
             r = run_datagen(inputs, vocab, root / f"out-{scale}-{name}", extra, dupe_factor)
             row[name] = {"wall_s": round(r["wall_s"], 1), "cpu_s": round(r["cpu_s"], 1),
                          "s_per_mb": round(r["wall_s"] / mb, 3), "peak_rss_mb": round(r["peak_rss_mb"]),
+                         "largest_process_rss_mb": round(r["largest_process_rss_mb"]),
                          "x_floor": round(r["wall_s"] / floor["seconds"], 2),
                          "cpu_x_floor": round(r["cpu_s"] / floor["cpu_seconds"], 2),
                          "documents": r["manifest"]["totals"]["documents"],
@@ -157,8 +162,9 @@ def measure(scales: list[int], dask_scales: list[int], files: int, base_mb: floa
                          "reads": read_count(r["stderr"])}
             print(f"{scale}x {name}: {json.dumps({k: v for k, v in row[name].items() if k != 'shards'})}", flush=True)
         if "direct" in row and "dask-2" in row:
-            row["dask_speedup"] = round(row["direct"]["wall_s"] / row["dask-2"]["wall_s"], 2)
-            row["identical_shards"] = row["direct"]["shards"] == row["dask-2"]["shards"]
+            for name in ("dask-2", "direct-2"):
+                row[f"{name}_speedup"] = round(row["direct"]["wall_s"] / row[name]["wall_s"], 2)
+            row["identical_shards"] = row["direct"]["shards"] == row["dask-2"]["shards"] == row["direct-2"]["shards"]
         for name in runs:
             row[name].pop("shards")
         results["scales"][str(scale)] = row

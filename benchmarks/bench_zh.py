@@ -14,7 +14,9 @@ In one run:
 - over DUPE_PASSES passes with jieba: the share of masked CJK characters whose whole segmented
   word (in the document, not only in the row) is masked, and why the others are not (truncation
   cut the word at the edge of A or B; the greedy scan never takes part of a group, so the
-  prediction cap cuts none), against the same share with character masking.
+  prediction cap cuts none), against the same share with character masking;
+- the same share with `--masking dynamic`: one unmasked copy of the records with their
+  `word_continues_bits`, masked as the loaders mask them (`mask_records`) in DUPE_PASSES epochs.
 """
 
 from __future__ import annotations
@@ -88,6 +90,21 @@ def whole_word_share(plan, batch, vocab) -> dict[str, int]:
     return counts
 
 
+def _dynamic_share(raws, tokenizer, config, vocab) -> dict[str, int]:
+    """``whole_word_share`` of dynamic masking's records over DUPE_PASSES epochs of masks."""
+    from bert_datagen.datagen.dynamic import mask_records
+
+    config = dataclasses.replace(config, masking="dynamic", dupe_factor=1)
+    [(plan, batch)] = _build(raws, tokenizer, config, vocab)
+    total = dict.fromkeys(("masked_cjk", "whole", "cut_by_truncation", "partly_masked"), 0)
+    for epoch in range(DUPE_PASSES):
+        masked = mask_records(batch.input_ids, batch.input_mask, batch.instance_key, epoch, config.random_seed,
+                              config, vocab, batch.word_continues_bits)
+        for k, v in whole_word_share(plan, masked, vocab).items():
+            total[k] += v
+    return total
+
+
 def _cmrc() -> dict:
     import json
 
@@ -158,6 +175,7 @@ def main() -> dict:
             for k, v in whole_word_share(plan, batch, vocab).items():
                 total[k] += v
         shares[name] = total
+    shares["dynamic_jieba"] = _dynamic_share(raws, tokenizer, seg, vocab)
 
     figures = {
         "corpus_mb": round(megabytes, 3), "vocab_tokens": vocab.size, "vocab_seconds": round(vocab_s, 2),

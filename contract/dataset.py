@@ -13,7 +13,7 @@ import json
 import os
 from dataclasses import dataclass
 
-from bert_datagen.contract.features import DEFAULT_KIND, PRETRAINING, TASK
+from bert_datagen.contract.features import DEFAULT_KIND, PRETRAINING, TASK, word_segmented
 from bert_datagen.contract.fs import FileSystem, is_remote
 from bert_datagen.contract.manifest import (
     MANIFEST_NAME,
@@ -91,7 +91,8 @@ def record_shape(vocab: Vocab, max_seq_length: int, max_predictions: int, config
                        float(prob) if prob is not None else None,
                        bool(config.get("whole_word_mask", False)),
                        str(config.get("objective", "nsp")), str(config.get("masking", "static")),
-                       int(config.get("max_sequences_per_row", 0)) if config.get("packing") else 0)
+                       int(config.get("max_sequences_per_row", 0)) if config.get("packing") else 0,
+                       word_segmented(config))
 
 
 def is_dataset_dir(path: str, fs: FileSystem) -> bool:

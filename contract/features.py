@@ -41,8 +41,15 @@ def required_features(kind: str, config: dict | None) -> tuple[str, ...]:
     if objective not in OBJECTIVES or masking not in MASKINGS:
         return REQUIRED_FEATURES
     # Packed rows (config "packing": true): bert_datagen.datagen.records.packed_feature_spec.
-    return tuple(feature_spec(1, 1, objective, masking, 1 if config.get("packing") else 0))
+    return tuple(feature_spec(1, 1, objective, masking, 1 if config.get("packing") else 0, word_segmented(config)))
+
+
+def word_segmented(config: dict | None) -> bool:
+    """Whether a pre-training config names a word segmenter (dynamic masking's records then carry
+    ``word_continues_bits``: ``feature_spec``'s ``word_bits``)."""
+    return isinstance(config, dict) and config.get("word_segmenter") is not None
 
 
 __all__ = ["DEFAULT_KIND", "PRETRAINING", "REQUIRED_FEATURES", "REQUIRED_FEATURES_BY_KIND",
-           "REQUIRED_TOP_BY_KIND", "TASK", "feature_spec", "packed_feature_spec", "required_features"]
+           "REQUIRED_TOP_BY_KIND", "TASK", "feature_spec", "packed_feature_spec", "required_features",
+           "word_segmented"]

@@ -135,9 +135,6 @@ class DatagenConfig:
         if self.masking_unit == "token":
             raise ConfigError("--word-segmenter groups characters into whole words: it needs --whole-word-mask "
                               "(or --masking-unit span)")
-        if self.masking == "dynamic":
-            raise ConfigError("--word-segmenter with --masking dynamic is not supported yet: the segmented "
-                              "words are not stored in the unmasked records (use --masking static)")
 
     def _validate_packing(self) -> None:
         if not self.packing:

@@ -4,7 +4,8 @@ pure function of (seed, record identity, epoch).
 Data generated with dynamic masking is written once and unmasked, each record with its
 ``instance_key`` (the 64-bit identity key of the instance). The trainer masks every record it
 reads with ``mask_records``: exactly the static rule of ``bert_datagen.datagen.masking`` (candidates,
-``num_to_predict``, token / word / span groups, ``mask_ratios``), drawn from the mask key
+``num_to_predict``, token / word / span groups, ``mask_ratios``; with a word segmenter its words,
+which such records carry as ``word_continues_bits``), drawn from the mask key
 
     mix64(mix64(derive_key(seed, "dynamic-mask-v1") ^ instance_key) + (epoch + 1) * GOLDEN)
 
@@ -22,6 +23,7 @@ import numpy as np
 
 from bert_datagen.datagen.config import DatagenConfig
 from bert_datagen.datagen.masking import MaskedBatch, mask_batch
+from bert_datagen.datagen.records import WORD_BITS, unpack_word_bits
 from bert_datagen.datagen.rng import GOLDEN, MASK64, derive_key, mix64_array
 
 
@@ -36,8 +38,20 @@ def dynamic_mask_keys(seed: int, instance_keys: np.ndarray, epochs: np.ndarray |
 
 
 def mask_records(input_ids: np.ndarray, input_mask: np.ndarray, instance_keys: np.ndarray,
-                 epochs: np.ndarray | int, seed: int, config: DatagenConfig, vocab: Any) -> MaskedBatch:
-    """Mask unmasked records as static masking would with their epoch's key (vectorized)."""
+                 epochs: np.ndarray | int, seed: int, config: DatagenConfig, vocab: Any,
+                 word_bits: np.ndarray | None = None) -> MaskedBatch:
+    """Mask unmasked records as static masking would with their epoch's key (vectorized).
+
+    ``word_bits``: the records' ``word_continues_bits``, which data of a word segmenter
+    (``config.word_segmenter``) carries and must be given: its whole words are the segmented ones.
+    """
+    ids = np.asarray(input_ids)
+    continues = None
+    if config.word_segmenter is not None:
+        if word_bits is None:
+            raise ValueError(f"records of data segmented with {config.word_segmenter!r} are masked by its words: "
+                             f"pass their {WORD_BITS}")
+        continues = unpack_word_bits(word_bits, ids.shape[1])
     lengths = np.asarray(input_mask).sum(axis=1).astype(np.int64)
     keys = dynamic_mask_keys(seed, instance_keys, epochs)
-    return mask_batch(np.asarray(input_ids), lengths, keys, config, vocab)
+    return mask_batch(ids, lengths, keys, config, vocab, continues)

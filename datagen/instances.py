@@ -46,7 +46,7 @@ from bert_datagen.datagen.config import DatagenConfig
 from bert_datagen.datagen.documents import TokenizedDocument, split_marks, unique_documents
 from bert_datagen.datagen.masking import mask_batch
 from bert_datagen.datagen.no_nsp import PackedPlan, plan_packed_pass
-from bert_datagen.datagen.records import InstanceBatch
+from bert_datagen.datagen.records import InstanceBatch, pack_word_bits, word_bits_length
 from bert_datagen.datagen.rng import GOLDEN, MASK64, derive_key, mix64_array, u64_for_keys
 
 if TYPE_CHECKING:
@@ -336,8 +336,10 @@ def _masked_block(plan: PoolPlan | PackedPlan, take: np.ndarray, config: Datagen
         next_sentence_labels=None if plan.labels is None else plan.labels[take],
     )
     if config.masking == "dynamic":
+        # The trainer masks these records: they keep the segmented words static masking would group.
         return InstanceBatch(input_ids=ids.astype(np.int32, copy=False), **common,
-                             instance_key=plan.keys[take].view(np.int64))
+                             instance_key=plan.keys[take].view(np.int64),
+                             word_continues_bits=None if continues is None else pack_word_bits(continues))
     masked = mask_batch(ids, lengths, plan.mask_keys[take], config, vocab, continues)
     return InstanceBatch(
         input_ids=masked.input_ids,
@@ -360,6 +362,8 @@ def empty_batch(config: DatagenConfig) -> InstanceBatch:
         masked_lm_weights=None if dynamic else np.zeros((0, p), np.float32),
         next_sentence_labels=np.zeros((0,), np.int32) if config.objective == "nsp" else None,
         instance_key=np.zeros((0,), np.int64) if dynamic else None,
+        word_continues_bits=(np.zeros((0, word_bits_length(s)), np.int64)
+                             if dynamic and config.word_segmenter is not None else None),
     )
 
 

@@ -13,7 +13,13 @@ from dataclasses import dataclass
 import numpy as np
 
 from bert_datagen.datagen.example_codec import Batch
-from bert_datagen.datagen.records import feature_spec
+from bert_datagen.datagen.records import (
+    WORD_BITS,
+    WORD_BITS_PER_VALUE,
+    feature_spec,
+    pack_word_bits,
+    unpack_word_bits,
+)
 
 MAX_PROBLEMS_PER_SHARD = 20
 
@@ -36,11 +42,12 @@ class RecordShape:
     objective: str = "nsp"  # nsp: [CLS] A [SEP] B [SEP]; doc-/full-sentences: [CLS] text [SEP], no label
     masking: str = "static"  # dynamic: unmasked records with an instance_key, in key order
     max_sequences_per_row: int = 0  # > 0: packed rows of up to this many instances (bert_datagen.datagen.packed)
+    word_bits: bool = False  # data of a word segmenter: dynamic masking's records carry word_continues_bits
 
     def spec(self) -> dict[str, tuple[str, int]]:
         """The features these records carry (``bert_datagen.datagen.records.feature_spec``)."""
         return feature_spec(self.max_seq_length, self.max_predictions, self.objective, self.masking,
-                            self.max_sequences_per_row)
+                            self.max_sequences_per_row, self.word_bits)
 
     def instance_shape(self) -> RecordShape:
         """The shape of one instance of a packed row (itself for unpacked records)."""
@@ -155,6 +162,8 @@ def check_batch(batch: Batch, shape: RecordShape, layout: Layout | None = None,
         down[1:] = (key[1:] <= key[:-1]) & (index[1:] == index[:-1] + 1)
         checks.append((down, lambda r: f"instance_key {int(key[r]):#018x} is not above the previous record's "
                        "(records are written in key order, keys are unique)"))
+    if WORD_BITS in f:
+        checks += _word_bits_checks(f[WORD_BITS], inside & (orig != shape.cls_id) & (orig != shape.sep_id))
 
     problems = []
     total = 0
@@ -164,6 +173,22 @@ def check_batch(batch: Batch, shape: RecordShape, layout: Layout | None = None,
         for r in rows_failed[:limit]:
             problems.append((int(batch.index[r]), message(int(r))))
     return problems, total
+
+
+def _word_bits_checks(bits: np.ndarray, text: np.ndarray) -> list[tuple[np.ndarray, Callable[[int], str]]]:
+    """The checks of ``word_continues_bits``: only bits of positions in the row, and a word goes on
+    only over text tokens (``text``: inside the row, not [CLS] or [SEP])."""
+    continues = unpack_word_bits(bits, text.shape[1])
+    odd = pack_word_bits(continues) != bits
+    off_text = continues & ~text
+
+    def first(m: np.ndarray, r: int) -> int:
+        return int(np.argmax(m[r]))
+
+    return [(odd.any(1), lambda r: f"{WORD_BITS}[{first(odd, r)}]={int(bits[r, first(odd, r)])} holds bits of "
+             f"no position (each value holds {WORD_BITS_PER_VALUE} positions, up to max_seq_length)"),
+            (off_text.any(1), lambda r: f"{WORD_BITS} continues a word at position {first(off_text, r)}, which is "
+             "not a text token (padding, [CLS] or [SEP])")]
 
 
 def _masking_checks(f: dict[str, np.ndarray], shape: RecordShape, lay: Layout, layout_ok: np.ndarray,

@@ -33,16 +33,26 @@ FEATURE_ORDER = tuple(sorted(INT_FEATURES + FLOAT_FEATURES))
 # carry no masked_lm_* features: the trainer masks them, keyed by this identity.
 INSTANCE_KEY = "instance_key"
 MASKED_LM_FEATURES = ("masked_lm_positions", "masked_lm_ids", "masked_lm_weights")
+# Records of dynamic masking with a word segmenter (docs/chinese.md): which tokens continue a
+# segmented word, the one thing the trainer's masks need that the token ids do not say. A bitmap,
+# bit j of value k for position 28k + j: 28 bits fill four varint bytes exactly (a record grows by
+# about max_seq_length / 7 bytes, not by max_seq_length), and every value fits the int32 that the
+# loaders and the trainer narrow integer features to.
+WORD_BITS = "word_continues_bits"
+WORD_BITS_PER_VALUE = 28
 OBJECTIVES = ("nsp", "doc-sentences", "full-sentences")  # the original pairs + NSP; RoBERTa's two
 MASKINGS = ("static", "dynamic")
 
 
 def feature_spec(max_seq_length: int, max_predictions_per_seq: int, objective: str = "nsp",
-                 masking: str = "static", max_sequences_per_row: int = 0) -> dict[str, tuple[str, int]]:
+                 masking: str = "static", max_sequences_per_row: int = 0,
+                 word_bits: bool = False) -> dict[str, tuple[str, int]]:
     """Name -> (dtype, length) of every feature, as the original trainer parses them.
 
     The defaults are the original record. Without NSP there is no ``next_sentence_labels``; with
-    dynamic masking there are no ``masked_lm_*`` features but an ``instance_key``.
+    dynamic masking there are no ``masked_lm_*`` features but an ``instance_key``, and with
+    ``word_bits`` (data of a word segmenter) the ``word_continues_bits`` its masks are drawn from
+    (static masking needs none: its masks are made before the words are dropped).
     ``max_sequences_per_row`` > 0: packed rows (``packed_feature_spec``).
     """
     if max_sequences_per_row:
@@ -67,7 +77,32 @@ def feature_spec(max_seq_length: int, max_predictions_per_seq: int, objective: s
         for name in MASKED_LM_FEATURES:
             del spec[name]
         spec[INSTANCE_KEY] = ("int64", 1)
+        if word_bits:
+            spec[WORD_BITS] = ("int64", word_bits_length(s))
     return spec
+
+
+def word_bits_length(max_seq_length: int) -> int:
+    """The values of a record's ``word_continues_bits``."""
+    return -(-max_seq_length // WORD_BITS_PER_VALUE)
+
+
+def pack_word_bits(continues: np.ndarray) -> np.ndarray:
+    """``word_continues_bits`` (n, word_bits_length(L)) int64 of a (n, L) boolean mask."""
+    continues = np.asarray(continues, dtype=bool)
+    n, length = continues.shape
+    width = word_bits_length(length)
+    padded = np.zeros((n, width * WORD_BITS_PER_VALUE), dtype=np.int64)
+    padded[:, :length] = continues
+    weights = np.int64(1) << np.arange(WORD_BITS_PER_VALUE, dtype=np.int64)
+    return (padded.reshape(n, width, WORD_BITS_PER_VALUE) * weights).sum(axis=2)
+
+
+def unpack_word_bits(values: np.ndarray, max_seq_length: int) -> np.ndarray:
+    """The (n, max_seq_length) boolean mask of ``word_continues_bits`` (int64 or int32 values)."""
+    values = np.asarray(values, dtype=np.int64)
+    bits = (values[:, :, None] >> np.arange(WORD_BITS_PER_VALUE, dtype=np.int64)) & 1
+    return bits.reshape(values.shape[0], -1)[:, :max_seq_length].astype(bool)
 
 
 # Packed rows (docs/packing.md): per token, which sequence (1..n, 0 on padding) and its position in it.
@@ -112,7 +147,8 @@ class InstanceBatch:
     """Padded instances, one row each (the record's features, before encoding).
 
     A feature left ``None`` is not in the records (no NSP label without NSP, no masked_lm_* with
-    dynamic masking); ``instance_key`` is only written for dynamic masking.
+    dynamic masking); ``instance_key`` is only written for dynamic masking, ``word_continues_bits``
+    only for dynamic masking with a word segmenter.
     """
 
     input_ids: np.ndarray  # (n, max_seq_length) int
@@ -123,6 +159,7 @@ class InstanceBatch:
     masked_lm_weights: np.ndarray | None = None  # (n, max_predictions) float32
     next_sentence_labels: np.ndarray | None = None  # (n,) 0/1
     instance_key: np.ndarray | None = None  # (n,) int64 (the uint64 key's bits)
+    word_continues_bits: np.ndarray | None = None  # (n, word_bits_length(max_seq_length)) int64
 
     def __len__(self) -> int:
         return int(self.input_ids.shape[0])
@@ -130,7 +167,8 @@ class InstanceBatch:
     @property
     def feature_names(self) -> tuple[str, ...]:
         """The features of these records, in serialization (key) order."""
-        return tuple(sorted(name for name in (*FEATURE_ORDER, INSTANCE_KEY) if getattr(self, name) is not None))
+        return tuple(sorted(name for name in (*FEATURE_ORDER, INSTANCE_KEY, WORD_BITS)
+                            if getattr(self, name) is not None))
 
     def row(self, i: int) -> dict[str, np.ndarray]:
         return {name: np.atleast_1d(getattr(self, name)[i]) for name in self.feature_names}
@@ -153,7 +191,8 @@ def _length_delimited(field: int, payload: bytes) -> bytes:
     return _varint((field << 3) | 2) + _varint(len(payload)) + payload
 
 
-_KEY_BYTES = {name: b"\x0a" + _varint(len(name)) + name.encode() for name in (*FEATURE_ORDER, INSTANCE_KEY)}
+_KEY_BYTES = {name: b"\x0a" + _varint(len(name)) + name.encode()
+              for name in (*FEATURE_ORDER, INSTANCE_KEY, WORD_BITS)}
 
 # ---------------------------------------------------------------- slot encoding
 # A batch is encoded as one (rows x slots) byte matrix with a same-shaped "keep" mask: every row

@@ -26,7 +26,7 @@ from bert_datagen.contract.loading.order import (
 from bert_datagen.contract.loading.source import Fetched, LoadError, Source
 from bert_datagen.contract.loading.stepping import Stepping, check_reader_arguments
 from bert_datagen.datagen.dynamic import mask_records
-from bert_datagen.datagen.records import INSTANCE_KEY
+from bert_datagen.datagen.records import INSTANCE_KEY, WORD_BITS
 
 STATE_VERSION = 1
 # Records of a window decoded together: a decode call has a fixed cost, but a store's arrays (a
@@ -295,7 +295,7 @@ class NumpyBatches(Stepping):
     def _mask(self, features: dict[str, np.ndarray], epochs: np.ndarray) -> dict[str, np.ndarray]:
         src = self.source
         masked = mask_records(features["input_ids"], features["input_mask"], features[INSTANCE_KEY][:, 0],
-                              epochs, self.order.seed, src.mask_config, src.vocab)
+                              epochs, self.order.seed, src.mask_config, src.vocab, features.get(WORD_BITS))
         out = dict(features)
         out["input_ids"] = masked.input_ids.astype(np.int32)
         out["masked_lm_positions"] = masked.masked_lm_positions.astype(np.int32)

@@ -8,7 +8,9 @@
 | `masked_lm_positions/ids/weights` | `labels` | `[B, L]`: the masked token's id at each position whose weight is > 0, -100 (what Hugging Face's cross-entropy skips) elsewhere |
 | `next_sentence_labels` | `next_sentence_label` | `[B]` |
 | packed `position_ids` | `position_ids` | as is: positions restart at each sequence's `[CLS]` |
-| task `label_ids` | `labels` | `[B]` (classification, regression) or `[B, L]` (tagging) |
+| task `label_ids` | `labels` | classification: `[B]` int64; regression: `[B]` float32; tagging: `[B, L]` int64, -100 where ours is -1 (no label: `[CLS]`, `[SEP]`, a word's later pieces, padding) |
+| task `start_positions`, `end_positions` | the same | span: `[B]` int64 each (an unanswerable window's are 0, `[CLS]`, as Hugging Face's) |
+| `is_real_example`, `is_impossible`, `unique_ids` | (left out) | fine-tuning's loss reads none of them (`trainer/model/heads.py`) |
 
 Packed rows and NSP: `BertForPreTraining`'s NSP head reads the row's first `[CLS]` only, and a
 packed row holds one NSP label per sequence, so `hf_inputs` refuses it (`nsp=False` leaves the label
@@ -19,8 +21,14 @@ from __future__ import annotations
 
 import numpy as np
 
+from bert_datagen.datagen.tasks.config import CLASSIFICATION, REGRESSION, SPAN, TAGGING
+
 IGNORE_INDEX = -100  # Hugging Face's cross-entropy skips these labels
 PACKED_FEATURE = "sequence_ids"  # only packed rows carry it
+TASK_IGNORE = -1  # a tagging position without a label in our records (`trainer/model/heads.py` IGNORE_LABEL)
+# Per task type: the features fine-tuning's head trains on (`trainer/model/heads.py`).
+TASK_LABELS = {CLASSIFICATION: ("label_ids",), REGRESSION: ("label_ids",), SPAN: ("start_positions", "end_positions"),
+               TAGGING: ("label_ids",)}
 
 
 class HFMappingError(ValueError):
@@ -43,10 +51,8 @@ def hf_inputs(batch: dict[str, np.ndarray], nsp: bool = True) -> dict[str, np.nd
     if "masked_lm_positions" in batch:
         out["labels"] = mlm_labels(ids.shape, batch["masked_lm_positions"], batch["masked_lm_ids"],
                                    batch["masked_lm_weights"])
-    elif "label_ids" in batch:
-        out["labels"] = np.asarray(batch["label_ids"])
-        if out["labels"].ndim == 2 and out["labels"].shape[1] == 1:  # one label a record
-            out["labels"] = out["labels"][:, 0]
+    elif "label_ids" in batch or "start_positions" in batch or "end_positions" in batch:
+        out.update(task_labels(batch))
     if nsp and "next_sentence_labels" in batch:
         labels = np.asarray(batch["next_sentence_labels"], np.int64)
         if packed and labels.shape[-1] > 1:
@@ -55,6 +61,36 @@ def hf_inputs(batch: dict[str, np.ndarray], nsp: bool = True) -> dict[str, np.nd
                 "the row's first [CLS]: pass nsp=False (masked LM only) or read unpacked data for NSP")
         out["next_sentence_label"] = labels.reshape(-1)
     return out
+
+
+def task_labels(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The Hugging Face label arguments of a task batch (see the module docstring); HFMappingError,
+    naming what the batch holds, for labels that have no faithful form."""
+    width = np.shape(batch["input_ids"])[1]
+    if "start_positions" in batch or "end_positions" in batch:
+        if "label_ids" in batch or not {"start_positions", "end_positions"} <= set(batch):
+            raise HFMappingError(f"a span batch needs start_positions and end_positions and no label_ids, this one "
+                                 f"has {sorted(k for k in batch if k in ('label_ids', 'start_positions', 'end_positions'))}")
+        return {name: _one_per_record(batch[name], name, "i") for name in ("start_positions", "end_positions")}
+    labels = np.asarray(batch["label_ids"])
+    if labels.ndim == 2 and labels.shape[1] == 1:  # one label a record: classification (int64), regression (float32)
+        return {"labels": _one_per_record(labels, "label_ids", "if")}
+    if labels.ndim == 2 and labels.shape[1] == width and width > 1 and labels.dtype.kind == "i":
+        if labels.size and labels.min() < TASK_IGNORE:
+            raise HFMappingError(f"tagging label_ids hold {int(labels.min())}: a label is >= 0, or {TASK_IGNORE} "
+                                 "where a token has none")
+        return {"labels": np.where(labels == TASK_IGNORE, IGNORE_INDEX, labels).astype(np.int64)}
+    raise HFMappingError(f"label_ids of shape {labels.shape} and dtype {labels.dtype} beside input_ids of width {width}: "
+                         "neither one label a record (classification, regression) nor one a token (tagging)")
+
+
+def _one_per_record(values: np.ndarray, name: str, kinds: str) -> np.ndarray:
+    """``[B, 1]`` -> ``[B]``: int64 for integer labels, float32 for a regression's."""
+    values = np.asarray(values)
+    if values.ndim != 2 or values.shape[1] != 1 or values.dtype.kind not in kinds:
+        raise HFMappingError(f"{name} of shape {values.shape} and dtype {values.dtype}: one "
+                             f"{'integer' if kinds == 'i' else 'number'} a record expected")
+    return values[:, 0].astype(np.int64 if values.dtype.kind == "i" else np.float32)
 
 
 def mlm_labels(shape: tuple[int, ...], positions: np.ndarray, ids: np.ndarray, weights: np.ndarray) -> np.ndarray:

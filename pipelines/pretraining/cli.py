@@ -142,9 +142,10 @@ def summary_table(manifest: dict, wall_seconds: float, cpu_seconds: dict[str, fl
               help="With --whole-word-mask or --masking-unit span: mask the words of this segmenter (jieba: "
                    "Chinese) whole, not single CJK characters; token ids are unchanged. Needs the [zh] extra.")
 @click.option("--strict", "strict_utf8", is_flag=True, default=False, help="Fail on invalid UTF-8 instead of replacing it.")
-@click.option("--read-chunk-mb", type=FiniteFloat(0, min_open=True), default=64.0, show_default=True,
+@click.option("--read-chunk-mb", type=FiniteFloat(0, min_open=True), default=None,
               help="Read bigger uncompressed jsonl, sentences and wikiextractor files as byte ranges of "
-                   "this size, one task each (never changes the output).")
+                   "this size, one task each (never changes the output). Default: 64, or smaller where "
+                   "several workers share few files (4 tasks a worker, ranges of at least 1 MB).")
 @click.option("--packing", is_flag=True, default=False,
               help="Write packed rows: several whole instances per --max-seq-length row, with sequence and "
                    "position ids (docs/packing.md). Static masking only.")

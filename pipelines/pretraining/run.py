@@ -21,8 +21,8 @@ pipelines run one after the other:
    its runs read back, sorted by ``doc_id``, duplicates collapsed (``unique_documents``, the only
    dedupe), and written once to a staging file. Neither the file layout nor the worker count can
    change a pool.
-4. ``FanOutPasses`` + ``Reshuffle``: one small task per (pool, pass) names the pool file, so even
-   a one-pool corpus keeps several workers busy; ``BuildInstances`` turns the pass into records in
+4. ``FanOutPasses`` + ``Spread``: one small task per (pool, pass) names the pool file, so even
+   a one-pool corpus keeps several workers busy (on Dask too, where ``Reshuffle`` does nothing); ``BuildInstances`` turns the pass into records in
    key order (``bert_datagen.datagen.framed.encode_pool_pass``: plan, lay out, mask, encode, frame,
    a block at a time) and cuts them by shard = ``(key * num_shards) >> 64`` (contiguous ranges of
    the 64-bit key space) into staging fragments: only paths and counts go through the runner's shuffle.
@@ -61,6 +61,7 @@ from bert_datagen.pipelines.beam import fsio, outputs
 from bert_datagen.pipelines.beam.errors import DatagenError  # noqa: F401 - raised here, caught by the CLIs
 from bert_datagen.pipelines.beam.runners import DIRECT, RunnerOptions, RunnerSetup, runner_setup
 from bert_datagen.pipelines.beam.split_checks import empty_split_error, run_warnings
+from bert_datagen.pipelines.beam.spread import Spread
 from bert_datagen.pipelines.pretraining.transforms import (
     BUSY_PREFIX,
     TOTAL_KEYS,
@@ -81,6 +82,27 @@ if TYPE_CHECKING:
 
 
 DEFAULT_READ_CHUNK_MB = 64.0
+READ_TASKS_PER_WORKER = 4  # read tasks each worker should get at least, where the input can be cut
+MIN_AUTO_CHUNK_MB = 1.0  # smaller ranges cost more in per-task start-up than they win in balance
+
+
+def read_chunk_mb_for(files: list[tuple[str, int]], input_format: str, workers: int,
+                      chunk_mb: float | None) -> float:
+    """The byte-range size of the read tasks: ``chunk_mb`` when given; else 64 MB, or less where
+    several workers would otherwise wait for one task (one 43 MB file on a 2-worker Dask cluster
+    was read and tokenized by one worker, a third of the run): enough ranges for
+    ``READ_TASKS_PER_WORKER`` tasks a worker. The ranges never change a byte of the dataset."""
+    from bert_datagen.datagen.ranges import splittable
+
+    if chunk_mb is not None:
+        return chunk_mb
+    if workers <= 1:
+        return DEFAULT_READ_CHUNK_MB
+    cuttable = sum(size for path, size in files if splittable(path, input_format))
+    if cuttable == 0:
+        return DEFAULT_READ_CHUNK_MB
+    per_task = cuttable / (READ_TASKS_PER_WORKER * workers) / 2**20
+    return min(DEFAULT_READ_CHUNK_MB, max(MIN_AUTO_CHUNK_MB, per_task))
 
 
 def read_tasks(files: list[tuple[str, int]], input_format: str,
@@ -177,7 +199,7 @@ def build_pipeline(p: beam.Pipeline, plan: PipelinePlan, read: ReadSummary) -> N
     parts = (
         staged
         | "FanOutPasses" >> beam.FlatMap(fan_out_passes, config.dupe_factor)
-        | "SpreadTasks" >> beam.Reshuffle()
+        | "SpreadTasks" >> Spread()
         | "BuildInstances" >> beam.ParDo(BuildInstances(config, plan.vocab, plan.staging_dir, read.num_shards,
                                                         plan.show_progress))
     )
@@ -232,15 +254,15 @@ def generate_dataset(
     runner: RunnerOptions = DIRECT,
     overwrite: bool = False,
     show_progress: bool = False,
-    read_chunk_mb: float = DEFAULT_READ_CHUNK_MB,
+    read_chunk_mb: float | None = None,
 ) -> RunResult:
     """Run the pipeline on ``runner`` and write vocab.txt, the dataset card and, last, manifest.json.
 
-    ``read_chunk_mb`` is the largest piece of one file a read task takes (see ``read_tasks``);
-    like the runner options, it never changes a byte of the dataset.
+    ``read_chunk_mb`` is the largest piece of one file a read task takes (see ``read_tasks``; None:
+    ``read_chunk_mb_for``'s choice); like the runner options, it never changes a byte of the dataset.
     """
     start = time.monotonic()
-    if not read_chunk_mb > 0:
+    if read_chunk_mb is not None and not read_chunk_mb > 0:
         raise DatagenError(f"--read-chunk-mb {read_chunk_mb} must be > 0")
     # Workers may run in another directory (Dask): local paths become absolute here.
     inputs = [local_abspath(p) for p in inputs]
@@ -250,13 +272,13 @@ def generate_dataset(
     except fsio.InputNotFoundError as e:
         raise DatagenError(str(e)) from e
     vocab, vocab_path, vocab_bytes = read_vocab(vocab_path)
-    tasks = read_tasks([(f.path, f.size) for f in files], config.input_format, read_chunk_mb)
     with staged_dataset(output_dir, overwrite, inputs=[vocab_path, *(f.path for f in files)]) as out:
-        return _generate_into(out, config, files, tasks, vocab, vocab_bytes, inputs, runner, show_progress, start)
+        return _generate_into(out, config, files, read_chunk_mb, vocab, vocab_bytes, inputs, runner, show_progress,
+                              start)
 
 
 def _generate_into(out: outputs.DatasetOutput, config: DatagenConfig, files: list[fsio.FileInfo],
-                   tasks: list[tuple[str, int, int, int | None]], vocab: Vocab, vocab_bytes: bytes,
+                   read_chunk_mb: float | None, vocab: Vocab, vocab_bytes: bytes,
                    inputs: list[str], runner: RunnerOptions, show_progress: bool, start: float) -> RunResult:
     """Run the pipeline and write the complete dataset into ``out.staging``, manifest last."""
     from bert_datagen.contract.manifest import build_manifest
@@ -264,9 +286,11 @@ def _generate_into(out: outputs.DatasetOutput, config: DatagenConfig, files: lis
 
     staging = out.staging
     summary_path = fsio.join(staging, "work", "summary.json")
-    plan = PipelinePlan(config=config, vocab=vocab, files=tasks, output_dir=staging, summary_path=summary_path,
-                        staging_dir=fsio.join(staging, "work"))
-    with runner_setup(runner, parallel_elements=len(tasks)) as setup:
+    sizes = [(f.path, f.size) for f in files]
+    with runner_setup(runner) as setup:
+        chunk_mb = read_chunk_mb_for(sizes, config.input_format, setup.workers, read_chunk_mb)
+        plan = PipelinePlan(config=config, vocab=vocab, files=read_tasks(sizes, config.input_format, chunk_mb),
+                            output_dir=staging, summary_path=summary_path, staging_dir=fsio.join(staging, "work"))
         plan.show_progress = show_progress and setup.local
         # The only worker of a local run may spread tokenizing over the idle cores; where there
         # are several workers (or a cluster's), each is one core and tokenizes on one thread.
@@ -293,7 +317,8 @@ def _generate_into(out: outputs.DatasetOutput, config: DatagenConfig, files: lis
         input_info={"patterns": list(inputs), "files": len(files),
                     "bytes": int(sum(f.size for f in files)), "fingerprint": summary["fingerprint"]},
         features=feature_spec(config.max_seq_length, config.max_predictions_per_seq, config.objective,
-                              config.masking, config.max_sequences_per_row if config.packing else 0),
+                              config.masking, config.max_sequences_per_row if config.packing else 0,
+                              config.word_segmenter is not None),
         splits=splits,
         totals=totals,
         **provenance(setup, vocab, vocab_bytes, config.do_lower_case),

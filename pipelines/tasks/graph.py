@@ -7,7 +7,7 @@ Stages (coarse elements: a split, a part of a split, a split's records):
    every line (`bert_datagen.datagen.tasks.build.read_split`).
 2. ``Labels``: the label list (official, ``--labels``, or the sorted labels of the first split), a
    singleton side input.
-3. ``PlanParts`` + ``Reshuffle``: labels resolved to ids (errors name the file and line); the
+3. ``PlanParts`` + ``Spread``: labels resolved to ids (errors name the file and line); the
    training splits (`train`, or --train-splits) put in their seeded order (`train_order`), every
    other split kept in input order; each split cut into parts of consecutive examples, spread
    over the workers.
@@ -46,6 +46,7 @@ from bert_datagen.datagen.tasks.features import TaskRecords, combine_side, uniqu
 from bert_datagen.datagen.tfrecord_index import index_name, index_of_lengths
 from bert_datagen.pipelines.beam import fsio
 from bert_datagen.pipelines.beam.errors import DatagenError
+from bert_datagen.pipelines.beam.spread import Spread
 from bert_datagen.pipelines.pretraining.transforms import BUSY_PREFIX, input_error
 
 # A split is a directory beside these files (casefolded: case-insensitive filesystems clash too).
@@ -259,7 +260,7 @@ def build_pipeline(p: beam.Pipeline, plan: TaskPlan) -> None:
                   | "Labels" >> beam.Map(split_labels, config))
         parts = read | "PlanParts" >> beam.FlatMap(plan_parts, AsSingleton(labels), config, size)
     written = (parts
-               | "SpreadParts" >> beam.Reshuffle()
+               | "SpreadParts" >> Spread()
                | "BuildPart" >> beam.ParDo(BuildPart(config, plan.vocab, plan.single_thread_tokenizer))
                | "GroupSplit" >> beam.GroupByKey()
                | "WriteSplit" >> beam.ParDo(WriteSplit(config, plan.output_dir, int(plan.vocab.unk_id),

@@ -117,7 +117,7 @@ def _generate_into(out, config: TaskConfig, split_files: list[tuple[str, list[st
     plan = TaskPlan(config=config, vocab=vocab, splits=split_files, output_dir=staging, summary_path=summary_path,
                     part_examples=part_examples)
     pipeline_start = time.monotonic()
-    with runner_setup(runner, parallel_elements=len(split_files)) as setup:
+    with runner_setup(runner) as setup:
         plan.single_thread_tokenizer = not (setup.runner == "DirectRunner" and setup.workers == 1)
         run_pipeline(setup, lambda pipeline: build_pipeline(pipeline, plan))
     pipeline_seconds = time.monotonic() - pipeline_start

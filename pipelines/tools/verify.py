@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from bert_datagen.contract.dataset import Dataset, ShardRef
+from bert_datagen.contract.features import word_segmented
 from bert_datagen.contract.manifest import CARD_NAME, MANIFEST_NAME, VOCAB_NAME, shape_from_manifest
 from bert_datagen.datagen.example_codec import decode_raw
 from bert_datagen.datagen.packed_rules import check_packed_batch
@@ -152,7 +153,7 @@ def _manifest_problems(ds: Dataset, vocab_bytes: bytes | None) -> list[str]:
         problems.append(f"{src}: seed {m['seed']} disagrees with config.random_seed {cfg['random_seed']}")
     objective, masking = cfg.get("objective", "nsp"), cfg.get("masking", "static")
     packed = int(cfg.get("max_sequences_per_row", 0)) if cfg.get("packing") else 0
-    for name, (dtype, count) in feature_spec(seq, preds, objective, masking, packed).items():
+    for name, (dtype, count) in feature_spec(seq, preds, objective, masking, packed, word_segmented(cfg)).items():
         if list(m["features"][name]) != [dtype, count]:
             problems.append(f"{src}: features.{name} is {m['features'][name]}, expected {[dtype, count]}")
     seen: set[str] = set()

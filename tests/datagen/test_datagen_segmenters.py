@@ -11,8 +11,13 @@ import pytest
 
 from bert_datagen.datagen.config import ConfigError, DatagenConfig
 from bert_datagen.datagen.documents import WORD_CONTINUES, split_marks, tokenize_documents
+from bert_datagen.datagen.dynamic import dynamic_mask_keys, mask_records
+from bert_datagen.datagen.example_codec import Batch
 from bert_datagen.datagen.instances import masked_rows, plan_pool_pass
+from bert_datagen.datagen.masking import mask_batch
 from bert_datagen.datagen.readers import RawDocument
+from bert_datagen.datagen.record_rules import RecordShape, check_batch
+from bert_datagen.datagen.records import WORD_BITS, feature_spec, pack_word_bits, unpack_word_bits
 from bert_datagen.datagen.segmenters import SegmenterError, get_segmenter, segmenter_info
 from bert_datagen.vocab.tokenizer import BertTokenizer
 from bert_datagen.vocab.train import train_vocab
@@ -118,5 +123,72 @@ def test_config_records_the_segmenter_and_refuses_what_it_cannot_do():
         DatagenConfig(word_segmenter="jieba")
     with pytest.raises(ConfigError, match="not one of jieba"):
         DatagenConfig(whole_word_mask=True, word_segmenter="nope")
-    with pytest.raises(ConfigError, match="--masking dynamic is not supported"):
-        DatagenConfig(whole_word_mask=True, word_segmenter="jieba", masking="dynamic", dupe_factor=1)
+    dynamic = DatagenConfig(whole_word_mask=True, word_segmenter="jieba", masking="dynamic", dupe_factor=1)
+    assert DatagenConfig.from_recorded(dynamic.to_dict()) == dynamic
+    with pytest.raises(ConfigError, match="--packing with --masking dynamic is not supported"):
+        dataclasses.replace(dynamic, packing=True)
+
+
+def test_word_bits_hold_each_position_once():
+    continues = np.random.default_rng(1).random((50, 65)) < 0.4
+    bits = pack_word_bits(continues)
+    assert bits.shape == (50, 3) and bits.min() >= 0 and bits.max() < 1 << 28
+    assert np.array_equal(unpack_word_bits(bits, 65), continues)
+    assert np.array_equal(unpack_word_bits(bits.astype(np.int32), 65), continues)  # as the loaders narrow them
+    assert pack_word_bits(np.eye(1, 65, 29, dtype=bool)).tolist() == [[0, 2, 0]]
+    assert feature_spec(64, 10, masking="dynamic", word_bits=True)[WORD_BITS] == ("int64", 3)
+    for masking, packed in (("static", 0), ("static", 3)):  # static masks are made before the words are dropped
+        assert WORD_BITS not in feature_spec(64, 10, masking=masking, max_sequences_per_row=packed, word_bits=True)
+    assert WORD_BITS not in feature_spec(64, 10, masking="dynamic")
+
+
+@pytest.mark.parametrize("unit", ["word", "span"])
+def test_dynamic_masks_group_segmented_words_as_static_masking_does(vocab, unit):
+    """Unmasked records keep their segmented words; each epoch's mask is static masking's rule over
+    them (with the record's key of that epoch), so every masked word is masked whole."""
+    tok = BertTokenizer(vocab)
+    dynamic = DatagenConfig(max_seq_length=64, max_predictions_per_seq=10, masking_unit=unit, word_segmenter="jieba",
+                            masking="dynamic", dupe_factor=1)
+    static = dataclasses.replace(dynamic, masking="static", dupe_factor=10)
+    docs = sorted(tokenize_documents(raws(40), tok, dynamic, {}), key=lambda d: d.doc_id)
+    plan = plan_pool_pass(docs, 0, dynamic)
+    rows = np.arange(len(plan))
+    batch = masked_rows(plan, rows, dynamic, vocab)
+    marked, lengths, _ = plan.layout(rows, 64, vocab)
+    ids, continues = split_marks(marked)
+    assert np.array_equal(batch.input_ids, ids) and np.array_equal(unpack_word_bits(batch.word_continues_bits, 64),
+                                                                   continues)
+    positions = {}
+    for epoch in (0, 1):
+        got = mask_records(batch.input_ids, batch.input_mask, batch.instance_key, epoch, 5, dynamic, vocab,
+                           batch.word_continues_bits)
+        want = mask_batch(ids, lengths, dynamic_mask_keys(5, batch.instance_key, epoch), static, vocab, continues)
+        for name in ("input_ids", "masked_lm_positions", "masked_lm_ids", "masked_lm_weights"):
+            assert np.array_equal(getattr(got, name), getattr(want, name)), name
+        counts = whole_word_counts(marked, lengths, got.masked_lm_positions, got.masked_lm_weights, vocab)
+        assert counts["masked_cjk"] > 200 and counts["whole_word"] == counts["masked_cjk"]
+        assert counts["in_multi_char_words"] > 0.5 * counts["masked_cjk"]
+        assert got.masked_lm_weights.sum(axis=1).max() <= 10
+        positions[epoch] = got.masked_lm_positions
+    assert (positions[0] != positions[1]).any(axis=1).mean() > 0.8
+    with pytest.raises(ValueError, match="pass their word_continues_bits"):
+        mask_records(batch.input_ids, batch.input_mask, batch.instance_key, 0, 5, dynamic, vocab)
+
+
+def test_record_rules_check_the_word_bits(vocab):
+    config = DatagenConfig(max_seq_length=64, max_predictions_per_seq=10, whole_word_mask=True, word_segmenter="jieba",
+                           masking="dynamic", dupe_factor=1)
+    docs = sorted(tokenize_documents(raws(5), BertTokenizer(vocab), config, {}), key=lambda d: d.doc_id)  # unique
+    plan = plan_pool_pass(docs, 0, config)
+    batch = masked_rows(plan, np.argsort(plan.keys), config, vocab)  # in key order, as shards hold them
+    shape = RecordShape(64, 10, len(vocab), vocab.cls_id, vocab.sep_id, vocab.mask_id, vocab.pad_id, vocab.unk_id,
+                        masking="dynamic", word_bits=True)
+    features = {k: np.asarray(getattr(batch, k)).reshape(len(batch), -1) for k in batch.feature_names}
+    assert check_batch(Batch(np.arange(len(batch)), features), shape) == ([], 0)
+    features[WORD_BITS][1, 0] |= 1  # position 0: [CLS]
+    features[WORD_BITS][2, 2] |= 1 << 8  # position 64: past the row
+    problems, total = check_batch(Batch(np.arange(len(batch)), features), shape)
+    assert total == 2
+    assert "continues a word at position 0, which is not a text token" in problems[1][1]
+    assert problems[0][0] == 2 and "word_continues_bits[2]=" in problems[0][1] and "holds bits of no position" in \
+        problems[0][1]

@@ -175,8 +175,7 @@ def test_unknown_runner_and_runner_as_beam_flag_are_rejected() -> None:
 
 
 def test_dask_runner_with_scheduler_address_starts_no_cluster() -> None:
-    with runners.runner_setup(runners.RunnerOptions("DaskRunner", dask_scheduler="tcp://127.0.0.1:8786"),
-                              parallel_elements=16) as s:
+    with runners.runner_setup(runners.RunnerOptions("DaskRunner", dask_scheduler="tcp://127.0.0.1:8786")) as s:
         opts = s.options.get_all_options()
         assert opts["runner"] == runners.DASK_RUNNER_PATH
         assert s.options.get_all_options(retain_unknown_options=True)

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 import tensorflow as tf
 
 from bert_datagen.contract.dataset import manifest_identity
-from bert_datagen.contract.features import PRETRAINING, TASK
+from bert_datagen.contract.features import PRETRAINING, TASK, word_segmented
 from bert_datagen.contract.loading.source import Source, files_source
 from bert_datagen.contract.manifest import MANIFEST_NAME
 from bert_datagen.contract.vocab_io import load_vocab
@@ -51,6 +51,8 @@ class DatasetInfo:
     masking: str = "static"  # static | dynamic (the input pipeline masks, bert_datagen.trainer.pretrain.dynamic_input)
     # Packed rows (`bert-datagen run --packing`): the most sequences per row; 0 = one per record.
     sequences_per_row: int = 0
+    # Data of a word segmenter: with dynamic masking its records carry `word_continues_bits`.
+    word_segmented: bool = False
 
     @property
     def has_nsp(self) -> bool:
@@ -64,7 +66,8 @@ class DatasetInfo:
         if self.packed:
             return packed_feature_spec(self.max_seq_length, self.max_predictions_per_seq,
                                        self.sequences_per_row, self.objective)
-        return feature_spec(self.max_seq_length, self.max_predictions_per_seq, self.objective, self.masking)
+        return feature_spec(self.max_seq_length, self.max_predictions_per_seq, self.objective, self.masking,
+                            word_bits=self.word_segmented)
 
 
 def packed_feature_spec(row_length: int, max_predictions: int, sequences: int,
@@ -149,8 +152,9 @@ def _from_manifest(directory: str) -> DatasetInfo:
     if sequences:
         # Per sequence, from the row's MLM slots: whatever the manifest's config calls its lengths.
         max_pred = int(manifest["features"].get("masked_lm_positions", [None, 0])[1]) // sequences
+    segmented = word_segmented(manifest.get("config"))
     expected = (packed_feature_spec(seq_len, max_pred, sequences, objective) if sequences
-                else feature_spec(seq_len, max_pred, objective, masking))
+                else feature_spec(seq_len, max_pred, objective, masking, word_bits=segmented))
     got = {k: (v[0], int(v[1])) for k, v in manifest["features"].items()}
     for name, spec in expected.items():
         if got.get(name) != spec:
@@ -171,7 +175,7 @@ def _from_manifest(directory: str) -> DatasetInfo:
                        train_files=train, eval_files=evals, vocab_size=int(vocab["size"]),
                        train_records=n_train, train_counts=[int(r.expected["records"]) for r in ds.split_shards("train")],
                        eval_records=n_eval, manifest=manifest, objective=objective, masking=masking,
-                       sequences_per_row=sequences)
+                       sequences_per_row=sequences, word_segmented=segmented)
 
 
 def packed_sequences(manifest: dict, where: str) -> int:

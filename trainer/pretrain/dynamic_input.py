@@ -3,7 +3,8 @@
 Each batch of unmasked records is masked by `bert_datagen.datagen.dynamic.mask_records`, the same NumPy function
 the tests call: the recipe's selection rule of static masking (with the dataset's own masking
 options and vocab), keyed by (run seed, record identity, epoch). It runs as one vectorized
-`tf.numpy_function` per batch, on the host, before the batch is cut into replicas and micro-steps,
+`tf.numpy_function` per batch (a word segmenter's data passes its records' `word_continues_bits`
+too), on the host, before the batch is cut into replicas and micro-steps,
 so neither changes a mask; the tf.data iterator state saved with each checkpoint holds each
 pending record's epoch, so a resumed run sees the masks the uninterrupted one would have.
 """
@@ -18,7 +19,7 @@ import tensorflow as tf
 
 from bert_datagen.datagen.config import DatagenConfig
 from bert_datagen.datagen.dynamic import mask_records
-from bert_datagen.datagen.records import INSTANCE_KEY
+from bert_datagen.datagen.records import INSTANCE_KEY, WORD_BITS
 
 
 class DynamicMaskError(ValueError):
@@ -47,18 +48,20 @@ def dynamic_batches(records: tf.data.Dataset, info, batch_size: int, seed: int, 
     seq, preds = info.max_seq_length, info.max_predictions_per_seq
     spec = info.features()
 
-    def mask_numpy(input_ids, input_mask, identity, epoch):
-        masked = mask_records(input_ids, input_mask, identity, epoch, seed, config, vocab)
+    def mask_numpy(input_ids, input_mask, identity, epoch, *word_bits):
+        masked = mask_records(input_ids, input_mask, identity, epoch, seed, config, vocab, *word_bits)
         return (masked.input_ids.astype(np.int32), masked.masked_lm_positions.astype(np.int32),
                 masked.masked_lm_ids.astype(np.int32), masked.masked_lm_weights.astype(np.float32))
 
     def parse_and_mask(serialized, epoch):
         batch = parse_batch(serialized, seq, preds, spec)
         identity = batch.pop(INSTANCE_KEY)[:, 0]
+        # The words of a segmenter's data: for the masks only, the model does not read them.
+        word_bits = [batch.pop(WORD_BITS)] if WORD_BITS in batch else []
         if keep_identity:
             batch[INSTANCE_KEY], batch["epoch"] = identity, epoch
         ids, positions, labels, weights = tf.numpy_function(
-            mask_numpy, [batch["input_ids"], batch["input_mask"], identity, epoch],
+            mask_numpy, [batch["input_ids"], batch["input_mask"], identity, epoch, *word_bits],
             [tf.int32, tf.int32, tf.int32, tf.float32], stateful=False)
         batch["input_ids"] = tf.ensure_shape(ids, [None, seq])
         batch["masked_lm_positions"] = tf.ensure_shape(positions, [None, preds])

@@ -26,7 +26,7 @@ from bert_datagen.contract.loading.batches import NumpyBatches
 from bert_datagen.contract.loading.mixture import MixedBatches
 from bert_datagen.contract.loading.skips import SkipError, add_ranges, batch_of_step
 from bert_datagen.datagen.packed import compact_predictions
-from bert_datagen.datagen.records import INSTANCE_KEY
+from bert_datagen.datagen.records import INSTANCE_KEY, WORD_BITS
 from bert_datagen.trainer.errors import CheckpointError, ConfigError, DataError, TrainingError
 from bert_datagen.trainer.interop.loading import dtype_policy, init_weights_from, load_init_checkpoint
 from bert_datagen.trainer.model.bert import build_model, tf1_variable_map
@@ -183,8 +183,9 @@ class Run:
         batch = self.batches.batch_at(batch_of_step(step, self.skipped))
         if self.info.packed:  # the MLM head then computes only the slots some row of the batch uses
             batch = compact_predictions(batch, self.info.max_predictions_per_seq)
-        if self.info.masking == "dynamic":
-            batch.pop(INSTANCE_KEY)  # the masks are made; the model does not read it
+        if self.info.masking == "dynamic":  # the masks are made; the model reads neither
+            batch.pop(INSTANCE_KEY)
+            batch.pop(WORD_BITS, None)
         batch.pop(MIXTURE_FEATURE, None)  # which dataset: for the record and `batches`, not the model
         return batch
 
