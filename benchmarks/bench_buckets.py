@@ -204,7 +204,7 @@ def _speed(local: str, tmp: str, env: dict) -> dict:
     if mds:
         npz = os.path.join(tmp, "records.npz")
         np.savez(npz, **columns)
-        shard_bytes = sum(s.expected["bytes"] for s in source.shards) // SHARDS  # MDS shards of our shards' size
+        shard_bytes = sum(s.expected.bytes for s in source.shards) // SHARDS  # MDS shards of our shards' size
         _mds("write", env, npz=npz, local=os.path.join(tmp, "mds-out"), remote=f"s3://{BUCKET}/mds",
              size_limit=int(shard_bytes))
     ours, theirs = [], []
@@ -241,7 +241,7 @@ def main() -> dict:
             s3 = s3fs.S3FileSystem(skip_instance_cache=True)
             s3.mkdir(BUCKET)
             s3.put(local.rstrip("/") + "/", f"{BUCKET}/{PREFIX}/", recursive=True)
-            dataset_bytes = sum(s.expected["bytes"] for s in open_source(local).shards)
+            dataset_bytes = sum(s.expected.bytes for s in open_source(local).shards)
             out: dict = {"dataset_bytes": dataset_bytes, "shares": _shares(dataset_bytes)}
             old = os.path.join(tmp, "old")
             shutil.copytree(local, old)

@@ -15,7 +15,7 @@ import time
 
 import numpy as np
 
-from bert_datagen.contract.manifest import VOCAB_NAME, build_manifest, write_manifest
+from bert_datagen.contract.manifest import VOCAB_NAME, Manifest
 from bert_datagen.datagen import rng
 from bert_datagen.datagen.config import DatagenConfig
 from bert_datagen.datagen.records import InstanceBatch, encode_batch, feature_spec
@@ -89,7 +89,7 @@ def fixture_instances(seed: int, first: int, n: int, max_seq_length: int, max_pr
 
 def make_dataset(out_dir: str, *, seed: int = 12345, records: int = 200, shards: int = 2,
                  eval_records: int = 0, max_seq_length: int = 64, max_predictions: int = 10,
-                 batch_records: int = 4096) -> dict:
+                 batch_records: int = 4096) -> Manifest:
     """Write a complete synthetic dataset (shards, vocab.txt, README.md, manifest.json last)."""
     vocab = fixture_vocab()
     vocab_bytes = ("\n".join(vocab) + "\n").encode()
@@ -123,7 +123,7 @@ def make_dataset(out_dir: str, *, seed: int = 12345, records: int = 200, shards:
         first += count
     notnext = totals.pop("notnext")
     totals["notnext_fraction"] = notnext / max(1, totals["instances"])
-    manifest = build_manifest(
+    manifest = Manifest.build(
         config=config.to_dict(),
         vocab={"path": VOCAB_NAME, "sha256": hashlib.sha256(vocab_bytes).hexdigest(), "size": len(vocab),
                "do_lower_case": True},
@@ -134,7 +134,7 @@ def make_dataset(out_dir: str, *, seed: int = 12345, records: int = 200, shards:
         created_by={"writer": "benchmarks.bench_verify.make_dataset"},
     )
     write_card(out_dir, manifest)
-    write_manifest(out_dir, manifest, fsio.BEAM_FS)
+    manifest.write(out_dir, fsio.BEAM_FS)
     return manifest
 
 
@@ -169,7 +169,7 @@ def main(records: int = 60_000, shards: int = 4) -> dict:
         t0 = time.perf_counter()
         manifest = make_dataset(tmp, records=records, shards=shards, max_seq_length=128, max_predictions=20)
         gen_s = time.perf_counter() - t0
-        paths = [os.path.join(tmp, s["path"]) for s in manifest["splits"]["train"]["shards"]]
+        paths = [os.path.join(tmp, s.path) for s in manifest.splits["train"].shards]
         mb = sum(os.path.getsize(p) for p in paths) / 1e6
         sha_s = _sha256_files(paths)  # also warms the page cache for the runs below
         sha_s = min(sha_s, _sha256_files(paths))

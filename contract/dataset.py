@@ -8,8 +8,6 @@ a manifest (checksums, counts) are then the caller's to skip.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
 from dataclasses import dataclass
 
@@ -17,11 +15,11 @@ from bert_datagen.contract.features import DEFAULT_KIND, PRETRAINING, TASK, word
 from bert_datagen.contract.fs import FileSystem, is_remote
 from bert_datagen.contract.manifest import (
     MANIFEST_NAME,
+    IndexInfo,
+    Manifest,
     ManifestError,
-    load_manifest,
-    manifest_kind,
-    shape_from_manifest,
-    split_names,
+    ShardInfo,
+    manifest_identity,
 )
 from bert_datagen.contract.vocab_io import load_vocab
 from bert_datagen.datagen.record_rules import RecordShape
@@ -37,22 +35,22 @@ class ShardRef:
     split: str
     name: str  # as the manifest lists it (relative), or the file path for data without a manifest
     path: str  # full path to open
-    expected: dict | None = None  # the manifest's entry
+    expected: ShardInfo | None = None  # the manifest's entry
 
     @property
-    def index(self) -> tuple[str, dict] | None:
+    def index(self) -> tuple[str, IndexInfo] | None:
         """(full path, manifest entry) of the shard's record index (datagen/tfrecord_index.py);
         None for a dataset written before indexes (readers then walk the shard's headers)."""
-        entry = (self.expected or {}).get("index")
-        if not isinstance(entry, dict) or not self.path.endswith(self.name):
+        entry = self.expected.index if self.expected is not None else None
+        if entry is None or not self.path.endswith(self.name):
             return None
-        return self.path[:len(self.path) - len(self.name)] + entry["path"], entry
+        return self.path[:len(self.path) - len(self.name)] + entry.path, entry
 
 
 @dataclass
 class Dataset:
     root: str | None  # None for a glob of files without a manifest
-    manifest: dict | None
+    manifest: Manifest | None
     shards: list[ShardRef]
     vocab: Vocab | None  # None only when the caller asked for no vocab (need_vocab=False)
     shape: RecordShape | None  # pre-training record shape; None when vocab is None and for task datasets
@@ -131,17 +129,17 @@ def open_dataset(
                 f"{target} has a manifest; --max-seq-length/--max-predictions-per-seq are only for "
                 "data without one"
             )
-        manifest = load_manifest(target, fs)
-        kind = manifest_kind(manifest, fs.join(target, MANIFEST_NAME))
+        manifest = Manifest.load(target, fs)
+        kind = manifest.kind
         task = kind == TASK
         # A task dataset has no masked-LM features: its record rules are bert_datagen.datagen.tasks.rules'.
-        seq, preds = (int(manifest["features"]["input_ids"][1]), 0) if task else shape_from_manifest(manifest)
-        shards = [ShardRef(split, s["path"], fs.join(target, *s["path"].split("/")), s)
-                  for split in split_names(manifest) for s in manifest["splits"][split]["shards"]]
+        seq, preds = (manifest.max_seq_length, 0) if task else manifest.shape
+        shards = [ShardRef(split, s.path, fs.join(target, *s.path.split("/")), s)
+                  for split in manifest.split_names for s in manifest.splits[split].shards]
         if not need_vocab:
             return Dataset(target, manifest, shards, None, None, seq, preds, kind)
-        vocab = read_vocab(vocab_path or fs.join(target, manifest["vocab"]["path"]), fs)
-        shape = None if task else record_shape(vocab, seq, preds, manifest["config"])
+        vocab = read_vocab(vocab_path or fs.join(target, manifest.vocab.path), fs)
+        shape = None if task else record_shape(vocab, seq, preds, manifest.config)
         return Dataset(target, manifest, shards, vocab, shape, seq, preds, kind)
     if not legacy:
         if is_dataset_dir(target, fs):
@@ -174,22 +172,5 @@ def _is_hidden(path: str) -> bool:
     return path.rstrip("/").rsplit("/", 1)[-1].startswith(".")
 
 
-# What describes the records beside the shards, per kind: a pre-training dataset's features, a task
-# dataset's task (its features follow from it). Task datasets list side files (examples.jsonl, ...)
-# too; pre-training manifests have none, so one formula covers both.
-_IDENTITY_KEY = {PRETRAINING: "features", TASK: "task"}
-
-
-def manifest_identity(manifest: dict) -> dict:
-    """What a dataset IS, independent of how its path is spelled: every shard's and side file's split,
-    relative path, record count and sha256, the vocab's sha256 and the features (pre-training) or
-    the task (fine-tuning); ``{"fingerprint": sha256 of that, "shards": [...]}``. Runs record it
-    and resume only on the same fingerprint, so the formula is frozen: a change would refuse every
-    recorded run."""
-    key = _IDENTITY_KEY[manifest_kind(manifest)]
-    shards = [{"split": name, "path": s["path"], "records": int(s.get("records", 0)), "sha256": s.get("sha256")}
-              for name in sorted(manifest["splits"]) for part in ("shards", "side")
-              for s in manifest["splits"][name].get(part, [])]
-    content = {key: manifest.get(key), "vocab_sha256": manifest["vocab"].get("sha256"), "shards": shards}
-    digest = hashlib.sha256(json.dumps(content, sort_keys=True).encode()).hexdigest()
-    return {"fingerprint": digest, "shards": shards}
+__all__ = ["Dataset", "DatasetError", "ShardRef", "is_dataset_dir", "manifest_identity", "open_dataset",
+           "read_vocab", "record_shape"]

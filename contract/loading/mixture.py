@@ -40,7 +40,7 @@ from bert_datagen.contract.loading.order import (
 )
 from bert_datagen.contract.loading.source import LoadError, Source
 from bert_datagen.contract.loading.stepping import Stepping, check_reader_arguments
-from bert_datagen.contract.manifest import ManifestError, load_manifest
+from bert_datagen.contract.manifest import Manifest, ManifestError
 from bert_datagen.contract.ranges import check_int
 from bert_datagen.datagen.rng import derive_key
 
@@ -110,7 +110,7 @@ def check_compatible(sources: Sequence[Source]) -> None:
 
 def _vocab_sha(source: Source) -> str | None:
     try:
-        return load_manifest(source.root, source.fs)["vocab"].get("sha256")
+        return Manifest.load(source.root, source.fs).vocab.sha256
     except (ManifestError, OSError, KeyError) as e:
         raise LoadError(f"{source.root}: cannot read its vocab's digest: {e}") from e
 

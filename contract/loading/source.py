@@ -18,10 +18,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from bert_datagen.contract.dataset import DatasetError, ShardRef, manifest_identity, open_dataset
+from bert_datagen.contract.dataset import DatasetError, ShardRef, open_dataset
 from bert_datagen.contract.features import TASK
 from bert_datagen.contract.fs import DEFAULT_FS, FileSystem, is_remote
-from bert_datagen.contract.manifest import MANIFEST_NAME, ManifestError, manifest_kind
+from bert_datagen.contract.manifest import MANIFEST_NAME, Manifest, ManifestError
 from bert_datagen.contract.vocab_io import load_vocab
 from bert_datagen.datagen.config import DatagenConfig
 from bert_datagen.datagen.example_codec import FeatureSpec, decode_raw
@@ -42,14 +42,9 @@ class LoadError(ValueError):
     """A dataset a loader cannot read (missing or corrupt shard, unusable manifest); names the file."""
 
 
-def dataset_fingerprint(manifest: dict) -> str:
-    """What the dataset is, whatever its path: the fingerprint `bert-train` records for a run."""
-    return manifest_identity(manifest)["fingerprint"]
-
-
-def masking_config(manifest: dict) -> DatagenConfig:
+def masking_config(manifest: Manifest) -> DatagenConfig:
     """The dataset's masking options, from its manifest config (as the trainer's dynamic input reads them)."""
-    return DatagenConfig.from_recorded(manifest.get("config", {}))
+    return DatagenConfig.from_recorded(manifest.config)
 
 
 _DECODE_RECORDS = 4096  # per decode call: larger ones run slower, their arrays outgrowing the caches
@@ -216,14 +211,14 @@ class Source:
         for shard in wanted:
             path, entry = self.shards[shard].index  # type: ignore[misc]
             try:
-                widths[shard] = line_width(int(entry["bytes"]), self.counts[shard])
+                widths[shard] = line_width(entry.bytes, self.counts[shard])
             except RecordIndexError as e:
                 raise LoadError(f"{path}: corrupt index: {e} (bert-datagen verify tells more)") from e
         got = self._read_files({s: r * widths[s] for s, r in wanted.items()}, "index")
         out = {}
         for shard, (begins, parts) in got.items():
             path = self.shards[shard].index[0]  # type: ignore[index]
-            size = int(self.shards[shard].expected["bytes"])  # type: ignore[index]
+            size = self.shards[shard].expected.bytes  # type: ignore[union-attr]
             width = widths[shard]
             firsts, sizes = begins // width, np.array([len(d) // width for d in parts], np.int64)
             try:
@@ -317,7 +312,7 @@ def coalesce(spans: np.ndarray | list[tuple[int, int]], gap: int) -> list[tuple[
 
 
 def _index_shard(ref: ShardRef, count: int, fs: FileSystem) -> np.ndarray:
-    size = int(ref.expected["bytes"]) if ref.expected else None
+    size = ref.expected.bytes if ref.expected else None
     if ref.index is not None:
         path, _ = ref.index
         try:
@@ -363,26 +358,26 @@ def open_source(target: str, split: str = "train", fs: FileSystem = DEFAULT_FS) 
     manifest = ds.manifest
     if manifest is None:
         raise LoadError(f"{target}: the loaders need a dataset with a manifest")
-    kind = manifest_kind(manifest)
+    kind = manifest.kind
     refs = ds.split_shards(split)
     if not refs:
         raise LoadError(f"{target}: no shards in split {split!r} (splits: {', '.join(ds.splits)})")
-    config = manifest.get("config", {})
+    config = manifest.config
     # The manifest's own feature list, whatever the kind: packed rows carry sequence and position ids
     # and per-sequence slots, task splits their own fields (validate_manifest checked it holds what
     # the kind requires).
-    features = manifest["splits"][split]["features"] if kind == TASK else manifest["features"]
-    spec = {k: (str(v[0]), int(v[1])) for k, v in features.items()}
+    features = manifest.splits[split].features if kind == TASK else manifest.features
+    spec = dict(features)  # type: ignore[arg-type]
     dynamic = kind != TASK and config.get("masking", "static") == "dynamic"
     vocab = mask_config = None
     if dynamic:
         try:
-            vocab = load_vocab(fs.join(target, manifest["vocab"]["path"]), fs)
+            vocab = load_vocab(fs.join(target, manifest.vocab.path), fs)
             mask_config = masking_config(manifest)
         except (VocabError, TypeError, ValueError) as e:
             raise LoadError(f"{target}: cannot set up dynamic masking: {e}") from e
-    counts = tuple(int(r.expected["records"]) for r in refs)  # type: ignore[index]
-    return Source(target, split, refs, counts, dataset_fingerprint(manifest), spec, kind, dynamic, fs,
+    counts = tuple(r.expected.records for r in refs)  # type: ignore[union-attr]
+    return Source(target, split, refs, counts, manifest.fingerprint, spec, kind, dynamic, fs,
                   vocab, mask_config, version)
 
 

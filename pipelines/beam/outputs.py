@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from bert_datagen.contract.cli.lock import INSIDE_LOCK_NAME, LOCK_PREFIX, OutputLock, OutputLockError
 from bert_datagen.contract.cli.lock import lock_output as _lock_output
 from bert_datagen.contract.fs import TEMP_NAME, is_remote
-from bert_datagen.contract.manifest import CARD_NAME, MANIFEST_NAME
+from bert_datagen.contract.manifest import CARD_NAME, MANIFEST_NAME, Manifest, ManifestError
 from bert_datagen.pipelines.beam import fsio
 
 MARK = ".bert-datagen-"
@@ -136,14 +136,12 @@ def _is_our_card(path: str) -> bool:
         return False
 
 
-def manifest_files(manifest: dict) -> list[str]:
+def manifest_files(manifest: Manifest) -> list[str]:
     """Relative paths a dataset's manifest makes ours: its shards and their indexes, side files (task
     datasets) and vocab copy, and the manifest."""
-    files = [MANIFEST_NAME, str(manifest.get("vocab", {}).get("path", "vocab.txt"))]
-    files += [s["path"] for split in manifest.get("splits", {}).values()
-              for s in split.get("shards", []) + split.get("side", [])]
-    files += [s["index"]["path"] for split in manifest.get("splits", {}).values()
-              for s in split.get("shards", []) if isinstance(s.get("index"), dict)]
+    files = [MANIFEST_NAME, manifest.vocab.path]
+    files += [f.path for split in manifest.splits.values() for f in (*split.shards, *split.side)]
+    files += [s.index.path for split in manifest.splits.values() for s in split.shards if s.index is not None]
     return sorted(set(files))
 
 
@@ -187,8 +185,6 @@ def prepare_dataset_output(directory: str, overwrite: bool, inputs: Iterable[str
     ``split_dirs`` and ``side_names``: the split directories and side-file names the new dataset
     writes besides shards (task datasets: any split names, examples.jsonl, windows.jsonl)."""
     split_dirs, inputs = tuple(split_dirs), list(inputs)
-    from bert_datagen.contract.manifest import ManifestError, load_manifest
-
     if _exists(directory) and not _is_dir(directory) and _local(directory):
         raise OutputError(f"--output {directory}: exists and is not a directory")
     recover(directory)
@@ -198,7 +194,7 @@ def prepare_dataset_output(directory: str, overwrite: bool, inputs: Iterable[str
             raise OutputError(f"{directory}: already holds a dataset ({MANIFEST_NAME}); pass --overwrite "
                               "to replace it or choose another --output")
         try:
-            owned = manifest_files(load_manifest(directory, fsio.BEAM_FS))
+            owned = manifest_files(Manifest.load(directory, fsio.BEAM_FS))
         except ManifestError as e:
             raise OutputError(f"{e}; cannot tell which files belong to the old dataset, so nothing is "
                               "replaced: move the directory away or choose another --output") from e
@@ -260,9 +256,7 @@ def _check_not_foreign(directory: str, inputs: Iterable[str]) -> None:
 
 
 def _new_files(out: DatasetOutput) -> list[str]:
-    from bert_datagen.contract.manifest import load_manifest
-
-    files = manifest_files(load_manifest(out.staging, fsio.BEAM_FS)) + [CARD_NAME]
+    files = manifest_files(Manifest.load(out.staging, fsio.BEAM_FS)) + [CARD_NAME]
     return [f for f in files if _exists(fsio.join(out.staging, f))]
 
 

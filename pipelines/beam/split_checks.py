@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from bert_datagen.contract.manifest import Manifest
 from bert_datagen.datagen.config import DatagenConfig
 
 # Below this many records, eval metrics move by whole points from one record to the next.
@@ -13,13 +14,12 @@ MIN_EVAL_RECORDS = 300
 MAX_UNK_RATE = 0.01
 
 
-def empty_split_error(manifest: dict[str, Any], config: DatagenConfig) -> str | None:
+def empty_split_error(manifest: Manifest, config: DatagenConfig) -> str | None:
     """Why this dataset cannot be trained on, or None."""
-    train = manifest["splits"].get("train", {"records": 0})
-    if train["records"] > 0:
+    if manifest.split_records("train") > 0:
         return None
-    documents = manifest["totals"]["documents"]
-    eval_records = manifest["splits"].get("eval", {}).get("records", 0)
+    documents = manifest.totals["documents"]
+    eval_records = manifest.split_records("eval")
     if config.eval_fraction > 0:
         return (f"--eval-fraction {config.eval_fraction} put every one of the {documents:,} document(s) in the "
                 f"eval split ({eval_records:,} records): the train split would be empty; lower "
@@ -48,23 +48,23 @@ def unk_warning(tokens: int, unk: int, do_lower_case: bool, what: str, source: s
             f"and of {source}'s language, or train one with `bert-datagen vocab`")
 
 
-def run_warnings(manifest: dict[str, Any], config: DatagenConfig, raw_totals: dict[str, Any]) -> list[str]:
+def run_warnings(manifest: Manifest, config: DatagenConfig, raw_totals: dict[str, Any]) -> list[str]:
     """Warnings for the run summary (they do not change the dataset)."""
     warnings = []
-    eval_split = manifest["splits"].get("eval")
-    if config.eval_fraction > 0 and eval_split is not None and eval_split["records"] < MIN_EVAL_RECORDS:
+    eval_split = manifest.splits.get("eval")
+    if config.eval_fraction > 0 and eval_split is not None and eval_split.records < MIN_EVAL_RECORDS:
         documents = raw_totals.get("read_docs/eval", 0)
         warnings.append(
-            f"the eval split has only {eval_split['records']:,} records (from {documents:,} of "
-            f"{manifest['totals']['documents']:,} documents, --eval-fraction {config.eval_fraction}); "
+            f"the eval split has only {eval_split.records:,} records (from {documents:,} of "
+            f"{manifest.totals['documents']:,} documents, --eval-fraction {config.eval_fraction}); "
             f"eval metrics on fewer than {MIN_EVAL_RECORDS} records are mostly noise: raise --eval-fraction")
     unk = unk_warning(int(raw_totals.get("read_tokens", 0)), int(raw_totals.get("unk_tokens", 0)),
                       config.do_lower_case, "input tokens", "the corpus")
     if unk:
         warnings.append(unk)
-    for split, info in manifest["splits"].items():
-        shards = len(info["shards"])
-        if split == "train" and shards > info["records"]:  # eval is sized by --target-shard-mb alone
-            warnings.append(f"{split}: {shards} shards for {info['records']:,} records, so "
-                            f"{shards - info['records']} or more are empty: lower --num-shards")
+    for split, info in manifest.splits.items():
+        shards = len(info.shards)
+        if split == "train" and shards > info.records:  # eval is sized by --target-shard-mb alone
+            warnings.append(f"{split}: {shards} shards for {info.records:,} records, so "
+                            f"{shards - info.records} or more are empty: lower --num-shards")
     return warnings

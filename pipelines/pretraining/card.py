@@ -7,19 +7,19 @@ with a card but no manifest is still recognisably incomplete. Each kind of datas
 
 from __future__ import annotations
 
-from bert_datagen.contract.manifest import CARD_NAME, MANIFEST_NAME, manifest_kind, validate_manifest
+from bert_datagen.contract.manifest import CARD_NAME, MANIFEST_NAME, Manifest
 from bert_datagen.pipelines.beam import fsio
 from bert_datagen.pipelines.tools.kinds import tools_for
 
 
-def render_card(dataset_dir: str, manifest: dict) -> str:
-    """The card's Markdown text."""
-    source = f"{dataset_dir}/{MANIFEST_NAME}"
-    validate_manifest(manifest, source)
-    return tools_for(manifest_kind(manifest, source)).card(dataset_dir, manifest)
+def render_card(dataset_dir: str, manifest: Manifest | dict) -> str:
+    """The card's Markdown text (of a manifest's JSON object too, validated first)."""
+    if not isinstance(manifest, Manifest):
+        manifest = Manifest.from_dict(manifest, f"{dataset_dir}/{MANIFEST_NAME}")
+    return tools_for(manifest.kind).card(dataset_dir, manifest)
 
 
-def write_card(dataset_dir: str, manifest: dict) -> str:
+def write_card(dataset_dir: str, manifest: Manifest) -> str:
     """Write DIR/README.md atomically; returns its path. Call before write_manifest."""
     path = fsio.join(dataset_dir, CARD_NAME)
     fsio.write_atomic(path, render_card(dataset_dir, manifest).encode("utf-8"))

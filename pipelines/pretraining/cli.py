@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from typing import TYPE_CHECKING
 
 import click
 
@@ -23,6 +24,9 @@ from bert_datagen.pipelines.beam.options import (
     summary_lines,
     usage_errors,
 )
+
+if TYPE_CHECKING:
+    from bert_datagen.contract.manifest import Manifest
 
 
 def parse_mask_ratios(text: str) -> tuple[float, float, float]:
@@ -59,11 +63,11 @@ def _unused_options(objective: str, input_format: str, packing: bool = False,
     return unused
 
 
-def summary_table(manifest: dict, wall_seconds: float, cpu_seconds: dict[str, float] | None = None) -> str:
-    totals = manifest["totals"]
+def summary_table(manifest: Manifest, wall_seconds: float, cpu_seconds: dict[str, float] | None = None) -> str:
+    totals = manifest.totals
     rows = [
-        ("input files", f"{manifest['input']['files']:,}"),
-        ("input MB", f"{manifest['input']['bytes'] / 1e6:,.2f}"),
+        ("input files", f"{manifest.input['files']:,}"),
+        ("input MB", f"{manifest.input['bytes'] / 1e6:,.2f}"),
         ("documents", f"{totals['documents']:,}"),
         ("duplicate documents", f"{totals['duplicate_documents']:,}"),
         ("dropped documents", f"{totals['dropped_documents']:,}"),
@@ -72,7 +76,7 @@ def summary_table(manifest: dict, wall_seconds: float, cpu_seconds: dict[str, fl
         ("tokens", f"{totals['tokens']:,}"),
         ("instances", f"{totals['instances']:,}"),
     ]
-    config = manifest.get("config", {})
+    config = manifest.config
     if config.get("objective", "nsp") == "nsp":
         rows.append(("NotNext fraction", f"{totals['notnext_fraction']:.4f}"))
     else:
@@ -86,14 +90,14 @@ def summary_table(manifest: dict, wall_seconds: float, cpu_seconds: dict[str, fl
         rows.append(("word segmenter", f"{seg['name']} {seg['version']}: {totals.get('segmented_sentences', 0):,} "
                                        f"sentences segmented, {totals.get('segmenter_unaligned_sentences', 0):,} "
                                        "left unsegmented (words cut inside a WordPiece word)"))
-    for split, info in manifest["splits"].items():
+    for split, info in manifest.splits.items():
         rows.append((f"{split} shards / records / MB",
-                     f"{len(info['shards'])} / {info['records']:,} / {info['bytes'] / 1e6:,.2f}"))
+                     f"{len(info.shards)} / {info.records:,} / {info.bytes / 1e6:,.2f}"))
     rate = totals["instances"] / wall_seconds if wall_seconds > 0 else 0.0
     rows += [("wall seconds", f"{wall_seconds:,.1f}"), ("instances/s", f"{rate:,.0f}")]
     if cpu_seconds:
         rows.append(("CPU seconds in tasks", ", ".join(f"{k} {v:,.1f}" for k, v in cpu_seconds.items())))
-    rows.append(("input fingerprint", manifest["input"]["fingerprint"][:16] + "..."))
+    rows.append(("input fingerprint", manifest.input["fingerprint"][:16] + "..."))
     return summary_lines(rows)
 
 

@@ -78,6 +78,7 @@ from bert_datagen.pipelines.pretraining.transforms import (
 )
 
 if TYPE_CHECKING:
+    from bert_datagen.contract.manifest import Manifest
     from bert_datagen.vocab.vocab_file import Vocab
 
 
@@ -239,7 +240,7 @@ def finalize_totals(totals: dict[str, Any]) -> dict[str, Any]:
 @dataclass
 class RunResult:
     output_dir: str
-    manifest: dict[str, Any]
+    manifest: Manifest
     wall_seconds: float
     cpu_seconds: dict[str, float] = field(default_factory=dict)  # per kind of task, summed over workers
     warnings: list[str] = field(default_factory=list)  # for the run summary (bert_datagen.pipelines.beam.split_checks)
@@ -281,7 +282,7 @@ def _generate_into(out: outputs.DatasetOutput, config: DatagenConfig, files: lis
                    read_chunk_mb: float | None, vocab: Vocab, vocab_bytes: bytes,
                    inputs: list[str], runner: RunnerOptions, show_progress: bool, start: float) -> RunResult:
     """Run the pipeline and write the complete dataset into ``out.staging``, manifest last."""
-    from bert_datagen.contract.manifest import build_manifest
+    from bert_datagen.contract.manifest import Manifest
     from bert_datagen.datagen.records import feature_spec
 
     staging = out.staging
@@ -312,7 +313,7 @@ def _generate_into(out: outputs.DatasetOutput, config: DatagenConfig, files: lis
             f"({config.input_format}) and the files"
         )
     splits = {split: {"shards": summary["shards"].get(split, [])} for split in splits_of(config)}
-    manifest = build_manifest(
+    manifest = Manifest.build(
         config=config.to_dict(),
         input_info={"patterns": list(inputs), "files": len(files),
                     "bytes": int(sum(f.size for f in files)), "fingerprint": summary["fingerprint"]},
@@ -400,7 +401,7 @@ def run_pipeline(setup: RunnerSetup, build: Callable[[beam.Pipeline], None]) -> 
 
 
 def provenance(setup: RunnerSetup, vocab: Vocab, vocab_bytes: bytes, do_lower_case: bool) -> dict[str, dict]:
-    """The manifest's "vocab" and "created_by" fields (keyword arguments of build_manifest)."""
+    """The manifest's "vocab" and "created_by" fields (keyword arguments of Manifest.build)."""
     from bert_datagen.contract.manifest import VOCAB_NAME
 
     return {"vocab": {"path": VOCAB_NAME, "sha256": hashlib.sha256(vocab_bytes).hexdigest(),
@@ -408,11 +409,11 @@ def provenance(setup: RunnerSetup, vocab: Vocab, vocab_bytes: bytes, do_lower_ca
             "created_by": {"runner": setup.runner, "python": platform.python_version()}}
 
 
-def write_dataset_files(out: outputs.DatasetOutput, manifest: dict, vocab_bytes: bytes) -> None:
+def write_dataset_files(out: outputs.DatasetOutput, manifest: Manifest, vocab_bytes: bytes) -> None:
     """vocab.txt, the dataset card, then manifest.json, into the staging directory (the shards are there)."""
-    from bert_datagen.contract.manifest import CARD_NAME, VOCAB_NAME, write_manifest
+    from bert_datagen.contract.manifest import CARD_NAME, VOCAB_NAME
     from bert_datagen.pipelines.pretraining.card import render_card
 
     fsio.write_atomic(fsio.join(out.staging, VOCAB_NAME), vocab_bytes)
     fsio.write_atomic(fsio.join(out.staging, CARD_NAME), render_card(out.directory, manifest).encode("utf-8"))
-    write_manifest(out.staging, manifest, fsio.BEAM_FS)
+    manifest.write(out.staging, fsio.BEAM_FS)

@@ -46,12 +46,12 @@ _SQUAD_COUNTS = (("character_word_contexts", "contexts split into characters"),
 
 def summary_table(result) -> str:
     manifest = result.manifest
-    rows = [("task", f"{manifest['task']['kind']} ({manifest['task']['type']})"),
-            ("input files / MB", f"{manifest['input']['files']} / {manifest['input']['bytes'] / 1e6:,.2f}")]
-    for split, info in manifest["splits"].items():
-        counts = info["counts"]
-        rows.append((f"{split} ({info['mode']})", f"{counts.get('examples', 0):,} examples, {info['records']:,} "
-                     f"records, {len(info['shards'])} shard(s), {counts.get('truncated_examples', 0):,} truncated"
+    rows = [("task", f"{manifest.task['kind']} ({manifest.task['type']})"),
+            ("input files / MB", f"{manifest.input['files']} / {manifest.input['bytes'] / 1e6:,.2f}")]
+    for split, info in manifest.splits.items():
+        counts = info.counts
+        rows.append((f"{split} ({info.mode})", f"{counts.get('examples', 0):,} examples, {info.records:,} "
+                     f"records, {len(info.shards)} shard(s), {counts.get('truncated_examples', 0):,} truncated"
                      + (f", {counts['skipped_answers']:,} skipped answers" if counts.get("skipped_answers") else "")
                      + "".join(f", {counts[key]:,} {what}" for key, what in _SQUAD_COUNTS if counts.get(key))))
     rows.append(("wall seconds", f"{result.wall_seconds:,.1f} (pipeline {result.pipeline_seconds:,.1f})"))

@@ -12,7 +12,7 @@ import json
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from bert_datagen.datagen.tasks import build
 from bert_datagen.datagen.tasks.config import TaskConfig
@@ -38,11 +38,14 @@ from bert_datagen.pipelines.tasks.graph import (
     parse_split,
 )
 
+if TYPE_CHECKING:
+    from bert_datagen.contract.manifest import Manifest
+
 
 @dataclass
 class TaskResult:
     output_dir: str
-    manifest: dict[str, Any]
+    manifest: Manifest
     wall_seconds: float
     pipeline_seconds: float
     cpu_seconds: dict[str, float] = field(default_factory=dict)
@@ -110,7 +113,7 @@ def generate_task_dataset(config: TaskConfig, *, splits: list[str], vocab_path: 
 
 def _generate_into(out, config: TaskConfig, split_files: list[tuple[str, list[str]]], vocab, vocab_bytes: bytes,
                    splits: list[str], runner: RunnerOptions, part_examples: int | None, start: float) -> TaskResult:
-    from bert_datagen.contract.manifest import build_manifest
+    from bert_datagen.contract.manifest import Manifest
 
     staging = out.staging
     summary_path = fsio.join(staging, "work", f"{SUMMARY_PREFIX}{uuid.uuid4().hex}.json")
@@ -131,7 +134,7 @@ def _generate_into(out, config: TaskConfig, split_files: list[tuple[str, list[st
     inputs = {name: summary["inputs"][name] for name, _ in split_files}
     all_inputs = [f for files in inputs.values() for f in files]
     fingerprint = hashlib.sha256("".join(f"{f['sha256']}\n" for f in all_inputs).encode()).hexdigest()
-    manifest = build_manifest(
+    manifest = Manifest.build(
         config=config.to_dict(),
         input_info={"patterns": list(splits), "files": len(all_inputs), "bytes": sum(f["bytes"] for f in all_inputs),
                     "fingerprint": fingerprint, "splits": inputs},

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from bert_datagen.contract.manifest import MANIFEST_NAME, shape_from_manifest, split_names
+from bert_datagen.contract.manifest import MANIFEST_NAME, SCHEMA, Manifest
 
 
 def _fmt_value(value) -> str:
@@ -12,52 +12,52 @@ def _fmt_value(value) -> str:
     return "`" + json.dumps(value, sort_keys=True) + "`"
 
 
-def provenance(manifest: dict) -> list[str]:
-    tool = manifest["tool"]
-    vocab = manifest["vocab"]
-    inp = manifest["input"]
+def provenance(manifest: Manifest) -> list[str]:
+    tool = manifest.tool
+    vocab = manifest.vocab
+    inp = manifest.input
     lines = [
         "## Provenance",
         "",
         f"- Tool: {tool.get('name', 'bert-datagen')} {tool.get('version', '?')} "
-        f"(manifest schema {manifest['schema']} v{manifest['schema_version']})",
-        f"- Seed: `{manifest['seed']}`",
-        f"- Vocabulary: `{vocab['path']}`, {vocab['size']} entries, sha256 `{vocab['sha256']}`"
-        + (f", do_lower_case={vocab['do_lower_case']}" if "do_lower_case" in vocab else ""),
+        f"(manifest schema {SCHEMA} v{manifest.schema_version})",
+        f"- Seed: `{manifest.seed}`",
+        f"- Vocabulary: `{vocab.path}`, {vocab.size} entries, sha256 `{vocab.sha256}`"
+        + (f", do_lower_case={vocab.do_lower_case}" if vocab.do_lower_case is not None else ""),
     ]
     if inp:
         patterns = ", ".join(f"`{p}`" for p in inp.get("patterns", []))
         lines.append(f"- Input: {patterns or '(not recorded)'}; {inp.get('files', '?')} files, "
                      f"{inp.get('bytes', '?')} bytes; fingerprint `{inp.get('fingerprint', '?')}`")
-    created = manifest.get("created_by") or {}
+    created = manifest.created_by
     if created:
         lines.append("- Created by: " + ", ".join(f"{k}={v}" for k, v in sorted(created.items())))
     return lines + [""]
 
 
-def config_table(manifest: dict) -> list[str]:
+def config_table(manifest: Manifest) -> list[str]:
     lines = ["## Config", "", "| field | value |", "|---|---|"]
-    lines += [f"| {k} | {_fmt_value(v)} |" for k, v in sorted(manifest["config"].items())]
+    lines += [f"| {k} | {_fmt_value(v)} |" for k, v in sorted(manifest.config.items())]
     return lines + [""]
 
 
-def _counts(manifest: dict) -> list[str]:
-    seq, preds = shape_from_manifest(manifest)
+def _counts(manifest: Manifest) -> list[str]:
+    seq, preds = manifest.shape
     lines = ["## Counts", "", f"Records: `max_seq_length` {seq}, `max_predictions_per_seq` {preds}.", "",
              "| split | shards | records | bytes |", "|---|---|---|---|"]
-    for split in split_names(manifest):
-        info = manifest["splits"][split]
-        lines.append(f"| {split} | {len(info['shards'])} | {info['records']} | {info['bytes']} |")
+    for split in manifest.split_names:
+        info = manifest.splits[split]
+        lines.append(f"| {split} | {len(info.shards)} | {info.records} | {info.bytes} |")
     lines += ["", "| total | value |", "|---|---|"]
-    lines += [f"| {k} | {v} |" for k, v in sorted(manifest["totals"].items())]
+    lines += [f"| {k} | {v} |" for k, v in sorted(manifest.totals.items())]
     return lines + [""]
 
 
-def _checksums(manifest: dict) -> list[str]:
+def _checksums(manifest: Manifest) -> list[str]:
     lines = ["## Checksums (sha256)", "", "| shard | records | bytes | sha256 |", "|---|---|---|---|"]
-    for split in split_names(manifest):
-        for s in manifest["splits"][split]["shards"]:
-            lines.append(f"| `{s['path']}` | {s['records']} | {s['bytes']} | `{s['sha256']}` |")
+    for split in manifest.split_names:
+        for s in manifest.splits[split].shards:
+            lines.append(f"| `{s.path}` | {s.records} | {s.bytes} | `{s.sha256}` |")
     return lines + [""]
 
 
@@ -87,10 +87,10 @@ def _usage(dataset_dir: str) -> list[str]:
     ]
 
 
-def render_pretraining_card(dataset_dir: str, manifest: dict) -> str:
-    """The card's Markdown text for a (validated) pre-training manifest."""
+def render_pretraining_card(dataset_dir: str, manifest: Manifest) -> str:
+    """The card's Markdown text for a pre-training manifest."""
     name = dataset_dir.rstrip("/").rsplit("/", 1)[-1] or dataset_dir
-    total = sum(info["records"] for info in manifest["splits"].values())
+    total = sum(info.records for info in manifest.splits.values())
     head = [
         f"# Dataset `{name}`",
         "",
@@ -99,10 +99,10 @@ def render_pretraining_card(dataset_dir: str, manifest: dict) -> str:
         "source of everything below.",
         "",
     ]
-    config = manifest.get("config", {})
+    config = manifest.config
     if config.get("packing"):  # a trainer must know the layout (bert-datagen's docs/packing.md)
         head[4:4] = [f"Packed: each record is a row of up to {config.get('max_sequences_per_row')} whole "
-                     f"instances ({manifest.get('totals', {}).get('instances', '?')} instances in all), with "
+                     f"instances ({manifest.totals.get('instances', '?')} instances in all), with "
                      "`sequence_ids` and `position_ids` per token; a trainer needs block-diagonal attention "
                      "to read it (docs/packing.md).", ""]
     body = head + provenance(manifest) + _counts(manifest) + _usage(dataset_dir)

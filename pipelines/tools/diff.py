@@ -72,8 +72,8 @@ def _first_difference(a: Dataset, b: Dataset, splits: list[str]) -> dict | None:
 def _with_config_defaults(ds: Dataset) -> dict:
     """A config field added after a dataset was made has its default there (it made no difference).
     The defaults are those of the dataset's own kind: a task dataset's config has no dupe_factor."""
-    manifest = ds.manifest
-    assert manifest is not None
+    assert ds.manifest is not None
+    manifest = ds.manifest.to_dict()
     return {**manifest, "config": {**tools_for(ds.kind).config_defaults(), **manifest.get("config", {})}}
 
 
@@ -85,8 +85,8 @@ def diff_datasets(a: Dataset, b: Dataset, *, records: bool = True) -> DiffReport
     differ = [(k, fa.get(k), fb.get(k)) for k in sorted(set(fa) | set(fb)) if fa.get(k) != fb.get(k)]
     info = [d for d in differ if any(d[0] == p or d[0].startswith(p + ".") for p in INFORMATIONAL)]
     fields = [d for d in differ if d not in info]
-    sha_a = {s.name: s.expected["sha256"] for s in a.shards if s.expected}
-    sha_b = {s.name: s.expected["sha256"] for s in b.shards if s.expected}
+    sha_a = {s.name: s.expected.sha256 for s in a.shards if s.expected}
+    sha_b = {s.name: s.expected.sha256 for s in b.shards if s.expected}
     shards = [(p, sha_a.get(p), sha_b.get(p)) for p in sorted(set(sha_a) | set(sha_b), key=_shard_order(a, b))
               if sha_a.get(p) != sha_b.get(p)]
     report = DiffReport(fields, shards, notes=info)

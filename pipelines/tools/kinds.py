@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from bert_datagen.contract.dataset import Dataset, DatasetError, ShardRef
 from bert_datagen.contract.features import PRETRAINING, TASK
+from bert_datagen.contract.manifest import Manifest
 from bert_datagen.datagen.config import DatagenConfig
 from bert_datagen.datagen.example_codec import decode_batch
 from bert_datagen.datagen.tasks.config import TaskConfig
@@ -37,7 +38,7 @@ class KindTools:
     plot_stats: Callable[[dict, str], str]  # (figures, PNG path) -> path
     record_view: Callable[[Dataset, str, int, bytes], View]  # (ds, split, index in its shard, payload)
     config_defaults: Callable[[], dict]  # a config field added after a dataset was made: its value there
-    card: Callable[[str, dict], str]  # (dataset dir, manifest) -> the card's Markdown
+    card: Callable[[str, Manifest], str]  # (dataset dir, manifest) -> the card's Markdown
 
 
 def _pretraining_view(ds: Dataset, split: str, index: int, payload: bytes) -> View:

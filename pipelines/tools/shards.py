@@ -90,18 +90,18 @@ def _indexed_payloads(ref: ShardRef, start: int, count: int) -> tuple[list[int],
     """(indices, payloads) of records [start, start+count) read through the shard's index: its
     lines of those records, then their bytes, frames and CRCs checked; None when there is no index
     or anything does not check out."""
-    if ref.index is None or not ref.expected:
+    if ref.index is None or ref.expected is None:
         return None
     path, entry = ref.index
-    records = int(ref.expected["records"])
+    records = ref.expected.records
     stop = min(start + count, records)
     if start >= stop:
         return None
     try:
-        width = line_width(int(entry["bytes"]), records)
+        width = line_width(entry.bytes, records)
         [lines] = fsio.BEAM_FS.read_ranges(path, [(start * width, stop * width)])
         offsets, lengths = parse_lines(lines, width, start, path)
-        check_run(offsets, lengths, stop == records, int(ref.expected["bytes"]), start, path)
+        check_run(offsets, lengths, stop == records, ref.expected.bytes, start, path)
         [data] = fsio.BEAM_FS.read_ranges(ref.path, [(int(offsets[0]), int(offsets[-1] + lengths[-1]))])
         payloads = list(iter_tfrecords(io.BytesIO(data), ref.name))
     except (RecordIndexError, RecordError, OSError):

@@ -28,12 +28,12 @@ from bert_datagen.pipelines.tools.verify import ShardTask, VerifyReport, verify_
 
 
 def split_spec(ds: Dataset, split: str) -> dict[str, tuple[str, int]]:
-    return {k: (v[0], int(v[1])) for k, v in ds.manifest["splits"][split]["features"].items()}  # type: ignore[index]
+    return dict(ds.manifest.splits[split].features)  # type: ignore[union-attr, arg-type]
 
 
 def task_shape(ds: Dataset, split: str) -> TaskShape:
-    task = ds.manifest["task"]  # type: ignore[index]
-    training = "start_positions" in ds.manifest["splits"][split]["features"]  # type: ignore[index]
+    task = ds.manifest.task  # type: ignore[union-attr]
+    training = "start_positions" in ds.manifest.splits[split].features  # type: ignore[union-attr, operator]
     v = ds.vocab
     return TaskShape(task["type"], len(task["labels"]), len(v), v.cls_id, v.sep_id, training)  # type: ignore[union-attr]
 
@@ -67,38 +67,40 @@ def _manifest_problems(ds: Dataset) -> list[str]:
     m = ds.manifest
     assert m is not None and ds.root is not None
     src = fsio.join(ds.root, MANIFEST_NAME)
-    task = m["task"]
+    task = m.task
     problems = []
     digest = hashlib.sha256(fsio.read_bytes(ds.vocab.path)).hexdigest()  # type: ignore[union-attr]
-    if digest != m["vocab"]["sha256"]:
-        problems.append(f"{ds.vocab.path}: sha256 is {digest}, manifest says {m['vocab']['sha256']}")  # type: ignore[union-attr]
+    if digest != m.vocab.sha256:
+        problems.append(f"{ds.vocab.path}: sha256 is {digest}, manifest says {m.vocab.sha256}")  # type: ignore[union-attr]
     listed = set()
-    for split, info in m["splits"].items():
-        training = info.get("mode") == "train" and task["type"] == SPAN
+    for split, info in m.splits.items():
+        training = info.mode == "train" and task["type"] == SPAN
         want = {k: list(v) for k, v in task_feature_spec(task["type"], task["max_seq_length"], training).items()}
-        if info.get("features") != want:
-            problems.append(f"{src}: splits.{split}.features is {info.get('features')}, expected {want}")
-        if info.get("counts", {}).get("features") != info["records"]:
-            problems.append(f"{src}: splits.{split}.counts.features disagrees with its {info['records']} records")
-        for s in info["shards"] + info.get("side", []):
-            listed.add(s["path"])
-            if isinstance(s.get("index"), dict):
-                listed.add(s["index"]["path"])
-        for s in info.get("side", []):
-            path = fsio.join(ds.root, *s["path"].split("/"))
+        got = {k: list(v) for k, v in info.features.items()} if info.features is not None else None
+        if got != want:
+            problems.append(f"{src}: splits.{split}.features is {got}, expected {want}")
+        if info.counts.get("features") != info.records:
+            problems.append(f"{src}: splits.{split}.counts.features disagrees with its {info.records} records")
+        for s in info.shards:
+            listed.add(s.path)
+            if s.index is not None:
+                listed.add(s.index.path)
+        for f in info.side:
+            listed.add(f.path)
+            path = fsio.join(ds.root, *f.path.split("/"))
             if not fsio.exists(path):
-                problems.append(f"{s['path']}: side file is missing")
+                problems.append(f"{f.path}: side file is missing")
                 continue
             data = fsio.read_bytes(path)
-            if len(data) != s["bytes"] or hashlib.sha256(data).hexdigest() != s["sha256"]:
-                problems.append(f"{s['path']}: size or sha256 differs from the manifest")
+            if len(data) != f.bytes or hashlib.sha256(data).hexdigest() != f.sha256:
+                problems.append(f"{f.path}: size or sha256 differs from the manifest")
         for path in fsio.listdir(fsio.join(ds.root, split)):
             rel = f"{split}/{path.rstrip('/').rsplit('/', 1)[-1]}"
             if rel not in listed:
                 problems.append(f"{rel}: stray file not listed in the manifest")
     for path in fsio.listdir(ds.root):
         name = path.rstrip("/").rsplit("/", 1)[-1]
-        if name not in (MANIFEST_NAME, CARD_NAME, VOCAB_NAME, m["vocab"]["path"], *m["splits"]):
+        if name not in (MANIFEST_NAME, CARD_NAME, VOCAB_NAME, m.vocab.path, *m.splits):
             problems.append(f"{name}: stray file not listed in the manifest")
     return problems
 
@@ -109,13 +111,13 @@ def _record_problems(ds: Dataset, split: str, refs: list[ShardRef], limit: int) 
         return problems
     shape = task_shape(ds, split)
     found = check_records(columns, shape, limit)
-    info = ds.manifest["splits"][split]  # type: ignore[index]
-    names = [f["path"].rsplit("/", 1)[-1] for f in info.get("side", [])]
+    info = ds.manifest.splits[split]  # type: ignore[union-attr]
+    names = [f.path.rsplit("/", 1)[-1] for f in info.side]
     if "windows.jsonl" in names and "examples.jsonl" in names:
         found += check_side(columns, shape, _side_lines(ds, split, "examples.jsonl"),
                             _side_lines(ds, split, "windows.jsonl"), ds.vocab.tokens, limit)  # type: ignore[union-attr]
     # Shard record counts: verify has already compared them with the files.
-    starts = np.cumsum([0] + [int(ref.expected["records"]) if ref.expected else 0 for ref in refs])
+    starts = np.cumsum([0] + [ref.expected.records if ref.expected else 0 for ref in refs])
 
     def where(i: int) -> str:
         if i < 0:
@@ -155,7 +157,7 @@ def float32_value(x: float | np.floating) -> float:
 
 def record_view(ds: Dataset, split: str, f: dict[str, np.ndarray], row: int) -> dict:
     """One record as plain data: its pieces by segment and its label, answer span or word tags."""
-    task = ds.manifest["task"]  # type: ignore[index]
+    task = ds.manifest.task  # type: ignore[union-attr]
     vocab = ds.vocab
     length, boundary = (int(x[0]) for x in sequence_layout({k: v[row:row + 1] for k, v in f.items()}))
     pieces = [vocab.display_token(int(t)) for t in f["input_ids"][row, :length]]  # type: ignore[union-attr]
@@ -215,13 +217,13 @@ def inspect_task(ds: Dataset, *, split: str | None, shard: int, index: int, coun
 def task_stats(ds: Dataset, split: str | None = None) -> dict:
     """Per split: lengths, truncation, label balance, windows per example, and the histograms
     `plot_task_stats` draws (lengths of the non-padding tokens; labels, tags, targets or answers)."""
-    task = ds.manifest["task"]  # type: ignore[index]
+    task = ds.manifest.task  # type: ignore[union-attr]
     out: dict = {"task": task["kind"], "type": task["type"], "splits": {}, "problems": []}
     for name in ([split] if split else ds.splits):
         f, problems = read_split(ds, name)
         out["problems"] += problems
-        info = ds.manifest["splits"][name]  # type: ignore[index]
-        counts = info.get("counts", {})
+        info = ds.manifest.splits[name]  # type: ignore[union-attr]
+        counts = info.counts
         real = f["input_mask"].sum(axis=1)
         lengths = real if len(real) else np.zeros(1, np.int64)
         s = {"records": int(len(f["input_ids"])), "examples": counts.get("examples"),
@@ -230,7 +232,7 @@ def task_stats(ds: Dataset, split: str | None = None) -> dict:
                         "max": int(lengths.max())},
              "full_length_share": round(float((lengths == task["max_seq_length"]).mean()), 4),
              "truncated_share": round(counts.get("truncated_examples", 0) / max(counts.get("examples") or 1, 1), 4),
-             "windows_per_example": info.get("windows_per_example", {})}
+             "windows_per_example": info.windows_per_example}
         if task["type"] == CLASSIFICATION:
             s["labels"] = dict(sorted(Counter(task["labels"][int(i)] if 0 <= i < len(task["labels"]) else str(i)
                                               for i in f["label_ids"][:, 0].tolist()).items()))
@@ -243,7 +245,7 @@ def task_stats(ds: Dataset, split: str | None = None) -> dict:
                                                                           strict=True)}
         elif "start_positions" in f:
             s["windows_with_answer_share"] = round(float((f["start_positions"][:, 0] > 0).mean()), 4)
-        s["histograms"] = _histograms(f, real, task, bool(info.get("labelled", True)), s.get("labels"))
+        s["histograms"] = _histograms(f, real, task, info.labelled is not False, s.get("labels"))
         out["splits"][name] = s
     return out
 

@@ -15,7 +15,7 @@ import numpy as np
 
 from bert_datagen.contract.dataset import Dataset, ShardRef
 from bert_datagen.contract.features import word_segmented
-from bert_datagen.contract.manifest import CARD_NAME, MANIFEST_NAME, VOCAB_NAME, shape_from_manifest
+from bert_datagen.contract.manifest import CARD_NAME, MANIFEST_NAME, VOCAB_NAME, IndexInfo
 from bert_datagen.datagen.example_codec import decode_raw
 from bert_datagen.datagen.packed_rules import check_packed_batch
 from bert_datagen.datagen.record_rules import MAX_PROBLEMS_PER_SHARD, RecordShape, check_batch
@@ -90,12 +90,12 @@ def verify_shard(task: ShardTask) -> ShardResult:
     res.records, res.bytes, res.sha256 = stream.records, stream.bytes, stream.hexdigest()
     exp = ref.expected
     if exp is not None:
-        if res.bytes != exp["bytes"]:
-            _add(res, None, f"size is {res.bytes} bytes, manifest says {exp['bytes']}", task.max_problems)
-        if res.sha256 != exp["sha256"]:
-            _add(res, None, f"sha256 is {res.sha256}, manifest says {exp['sha256']}", task.max_problems)
-        if res.records != exp["records"]:
-            _add(res, None, f"holds {res.records} records, manifest says {exp['records']}", task.max_problems)
+        if res.bytes != exp.bytes:
+            _add(res, None, f"size is {res.bytes} bytes, manifest says {exp.bytes}", task.max_problems)
+        if res.sha256 != exp.sha256:
+            _add(res, None, f"sha256 is {res.sha256}, manifest says {exp.sha256}", task.max_problems)
+        if res.records != exp.records:
+            _add(res, None, f"holds {res.records} records, manifest says {exp.records}", task.max_problems)
         if ref.index is not None and not stream.problems:
             frames = np.concatenate([np.zeros(0, np.int64), *lengths]) + FRAME_OVERHEAD
             for problem in index_problems(ref.index[1], ref.index[0], frames):
@@ -104,13 +104,13 @@ def verify_shard(task: ShardTask) -> ShardResult:
     return res
 
 
-def index_problems(entry: dict, path: str, frames: np.ndarray) -> list[str]:
+def index_problems(entry: IndexInfo, path: str, frames: np.ndarray) -> list[str]:
     """The shard's record index (``path``) against its manifest entry and the frames the shard holds."""
-    name = entry["path"]
+    name = entry.path
     if not fsio.exists(path):
         return [f"index {name} is missing (readers fall back to walking the shard)"]
     data = fsio.read_bytes(path)
-    if len(data) != entry["bytes"] or hashlib.sha256(data).hexdigest() != entry["sha256"]:
+    if len(data) != entry.bytes or hashlib.sha256(data).hexdigest() != entry.sha256:
         return [f"index {name}: size or sha256 differs from the manifest"]
     if data != index_of_lengths(frames):
         return [f"index {name}: does not describe the shard's records (offsets or lengths differ)"]
@@ -144,43 +144,42 @@ def _manifest_problems(ds: Dataset, vocab_bytes: bytes | None) -> list[str]:
     assert m is not None and ds.root is not None
     src = fsio.join(ds.root, MANIFEST_NAME)
     problems = []
-    cfg = m["config"]
-    seq, preds = shape_from_manifest(m)
+    cfg = m.config
+    seq, preds = m.shape
     if cfg.get("max_seq_length", seq) != seq or cfg.get("max_predictions_per_seq", preds) != preds:
         problems.append(f"{src}: config max_seq_length/max_predictions_per_seq ({cfg.get('max_seq_length')}/"
                         f"{cfg.get('max_predictions_per_seq')}) disagree with features ({seq}/{preds})")
-    if "random_seed" in cfg and m["seed"] != cfg["random_seed"]:
-        problems.append(f"{src}: seed {m['seed']} disagrees with config.random_seed {cfg['random_seed']}")
+    if "random_seed" in cfg and m.seed != cfg["random_seed"]:
+        problems.append(f"{src}: seed {m.seed} disagrees with config.random_seed {cfg['random_seed']}")
     objective, masking = cfg.get("objective", "nsp"), cfg.get("masking", "static")
     packed = int(cfg.get("max_sequences_per_row", 0)) if cfg.get("packing") else 0
     for name, (dtype, count) in feature_spec(seq, preds, objective, masking, packed, word_segmented(cfg)).items():
-        if list(m["features"][name]) != [dtype, count]:
-            problems.append(f"{src}: features.{name} is {m['features'][name]}, expected {[dtype, count]}")
+        if m.features[name] != (dtype, count):
+            problems.append(f"{src}: features.{name} is {list(m.features[name])}, expected {[dtype, count]}")
     seen: set[str] = set()
-    for split, info in m["splits"].items():
-        shards = info["shards"]
-        for s in shards:
-            if s["path"] in seen:
-                problems.append(f"{src}: shard {s['path']} is listed twice")
-            seen.add(s["path"])
-            if isinstance(s.get("index"), dict):
-                seen.add(s["index"]["path"])
-            if not s["path"].startswith(split + "/"):
-                problems.append(f"{src}: shard {s['path']} of split {split} is not under {split}/")
-        for key in ("records", "bytes"):
-            total = sum(s[key] for s in shards)
-            if info[key] != total:
-                problems.append(f"{src}: splits.{split}.{key} is {info[key]} but its shards sum to {total}")
-    vocab = m["vocab"]
+    for split, info in m.splits.items():
+        for s in info.shards:
+            if s.path in seen:
+                problems.append(f"{src}: shard {s.path} is listed twice")
+            seen.add(s.path)
+            if s.index is not None:
+                seen.add(s.index.path)
+            if not s.path.startswith(split + "/"):
+                problems.append(f"{src}: shard {s.path} of split {split} is not under {split}/")
+        for key, listed in (("records", info.records), ("bytes", info.bytes)):
+            total = sum(getattr(s, key) for s in info.shards)
+            if listed != total:
+                problems.append(f"{src}: splits.{split}.{key} is {listed} but its shards sum to {total}")
+    vocab = m.vocab
     if vocab_bytes is not None:
         digest = hashlib.sha256(vocab_bytes).hexdigest()
-        if digest != vocab["sha256"]:
-            problems.append(f"{ds.vocab.path}: sha256 is {digest}, manifest says {vocab['sha256']}")
-        if len(ds.vocab) != vocab["size"]:
-            problems.append(f"{ds.vocab.path}: {len(ds.vocab)} tokens, manifest says vocab.size {vocab['size']}")
+        if digest != vocab.sha256:
+            problems.append(f"{ds.vocab.path}: sha256 is {digest}, manifest says {vocab.sha256}")
+        if len(ds.vocab) != vocab.size:
+            problems.append(f"{ds.vocab.path}: {len(ds.vocab)} tokens, manifest says vocab.size {vocab.size}")
     # Files in the split directories that the manifest does not list (and shards it lists that are gone
     # show up per shard as missing).
-    for split in m["splits"]:
+    for split in m.splits:
         split_dir = fsio.join(ds.root, split)
         for path in fsio.listdir(split_dir):
             rel = f"{split}/{path.rstrip('/').rsplit('/', 1)[-1]}"
@@ -190,7 +189,7 @@ def _manifest_problems(ds: Dataset, vocab_bytes: bytes | None) -> list[str]:
                 problems.append(f"{rel}: {kind}")
     for path in fsio.listdir(ds.root):
         name = path.rstrip("/").rsplit("/", 1)[-1]
-        if name not in (MANIFEST_NAME, CARD_NAME, vocab["path"], VOCAB_NAME):
+        if name not in (MANIFEST_NAME, CARD_NAME, vocab.path, VOCAB_NAME):
             problems.append(f"{name}: stray file not listed in the manifest")
     return problems
 
@@ -200,10 +199,10 @@ def _totals_problems(ds: Dataset, shards: list[ShardResult], records_checked: bo
     m = ds.manifest
     assert m is not None and ds.root is not None
     src = fsio.join(ds.root, MANIFEST_NAME)
-    totals = m["totals"]
+    totals = m.totals
     records = sum(s.records for s in shards)
     problems = []
-    packed = bool(m["config"].get("packing"))
+    packed = bool(m.config.get("packing"))
     if packed and totals.get("packed_rows", records) != records:
         problems.append(f"{src}: totals.packed_rows is {totals['packed_rows']} but the shards hold {records} rows")
     if "instances" in totals and not packed and totals["instances"] != records:

@@ -44,7 +44,7 @@ def test_cmrc_trial_finetunes_and_predicts_exact_characters(tmp_path):
     written = generate_task_dataset(TaskConfig(kind="squad", max_seq_length=96, doc_stride=48),
                                     splits=[f"train={tmp_path / 'cmrc.json'}", f"dev={tmp_path / 'cmrc.json'}"],
                                     vocab_path=str(tmp_path / "vocab.txt"), output_dir=str(tmp_path / "cmrc"))
-    assert written.manifest["splits"]["dev"]["counts"]["character_word_contexts"] > 0
+    assert written.manifest.splits["dev"].counts["character_word_contexts"] > 0
     bert = BertConfig(vocab_size=vocab.size, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
                       intermediate_size=32, max_position_embeddings=128)
     init = write_pretrain_run(str(tmp_path / "pre"), bert)

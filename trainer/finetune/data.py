@@ -15,10 +15,10 @@ from dataclasses import dataclass, field
 
 import tensorflow as tf
 
-from bert_datagen.contract.dataset import manifest_identity
 from bert_datagen.contract.features import TASK
 from bert_datagen.contract.loading.task_batches import GROUP_WINDOW, bucket_lengths
 from bert_datagen.contract.manifest import MANIFEST_NAME
+from bert_datagen.contract.manifest import SplitInfo as ManifestSplit
 from bert_datagen.trainer.errors import DataError
 from bert_datagen.trainer.model.heads import TASK_TYPES
 from bert_datagen.trainer.pretrain.data import (
@@ -78,38 +78,39 @@ def open_task_dataset(directory: str) -> TaskDataset:
                         "not a task dataset; fine-tune on the output of `bert-datagen task`, or pre-train "
                         "on this one with `bert-train pretrain`")
     try:
-        task = manifest["task"]
+        task = manifest.task
         task_type = task["type"]
         if task_type not in TASK_TYPES:
             raise DataError(f"{path}: task type {task_type!r} is not one of {', '.join(TASK_TYPES)}")
-        vocab = manifest["vocab"]
-        splits = {name: _split_info(directory, name, info, path) for name, info in manifest["splits"].items()}
+        vocab = manifest.vocab
+        splits = {name: _split_info(directory, name, info, path) for name, info in manifest.splits.items()}
         # docs/tasks.md records it in "task"; older writers only beside the vocab or in the config.
-        do_lower_case = bool(task.get("do_lower_case", vocab.get("do_lower_case",
-                                                                 manifest.get("config", {}).get("do_lower_case", True))))
+        recorded = vocab.do_lower_case if vocab.do_lower_case is not None else manifest.config.get("do_lower_case", True)
+        do_lower_case = bool(task.get("do_lower_case", recorded))
         return TaskDataset(source=directory, task_kind=str(task["kind"]), task_type=task_type,
                            labels=[str(x) for x in task.get("labels", [])],
-                           max_seq_length=int(task["max_seq_length"]), vocab_size=int(vocab["size"]),
-                           vocab_path=os.path.join(directory, vocab["path"]), do_lower_case=do_lower_case,
-                           splits=splits, task=dict(task), vocab_sha256=str(vocab["sha256"]),
-                           identity=manifest_identity(manifest))
+                           max_seq_length=int(task["max_seq_length"]), vocab_size=vocab.size,
+                           vocab_path=os.path.join(directory, vocab.path), do_lower_case=do_lower_case,
+                           splits=splits, task=dict(task), vocab_sha256=str(vocab.sha256),
+                           identity=manifest.identity())
     except (KeyError, TypeError, ValueError) as exc:
         if isinstance(exc, DataError):
             raise
         raise DataError(f"{path}: not a valid task manifest ({type(exc).__name__}: {exc})") from exc
 
 
-def _split_info(directory: str, name: str, info: dict, manifest_path: str) -> SplitInfo:
-    files = [os.path.join(directory, s["path"]) for s in info.get("shards", [])]
+def _split_info(directory: str, name: str, info: ManifestSplit, manifest_path: str) -> SplitInfo:
+    files = [os.path.join(directory, s.path) for s in info.shards]
     for f in files:
         if not gfs.exists(f):
             raise DataError(f"{f}: shard listed in {manifest_path} is missing")
-    side = {os.path.basename(s["path"]): os.path.join(directory, s["path"]) for s in info.get("side", [])}
-    features = {k: (str(v[0]), int(v[1])) for k, v in info["features"].items()}
-    sizes = {path: int(s["bytes"]) for path, s in zip(files, info.get("shards", []), strict=True)}
-    return SplitInfo(name=name, files=files, records=int(info.get("records", 0)),
-                     labelled=bool(info.get("labelled", True)), mode=str(info.get("mode", "predict")),
-                     features=features, side=side, sizes=sizes)
+    side = {os.path.basename(f.path): os.path.join(directory, f.path) for f in info.side}
+    if info.features is None:
+        raise DataError(f"{manifest_path}: not a valid task manifest (split {name!r} lists no features)")
+    sizes = {path: s.bytes for path, s in zip(files, info.shards, strict=True)}
+    return SplitInfo(name=name, files=files, records=info.records, labelled=info.labelled is not False,
+                     mode=str(info.mode if info.mode is not None else "predict"), features=dict(info.features),
+                     side=side, sizes=sizes)
 
 
 def check_split_files(dataset: TaskDataset, splits: list[SplitInfo | None]) -> None:

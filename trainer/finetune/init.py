@@ -16,12 +16,16 @@ import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from bert_datagen.trainer.model.config import BertConfig
 from bert_datagen.trainer.model.heads import FineTuneModel, encoder_variable_map
 from bert_datagen.trainer.run import checkpoint as ckpt_lib
+
+if TYPE_CHECKING:
+    from bert_datagen.contract.manifest import Manifest
 
 
 def encoder_shapes(model: FineTuneModel) -> dict[str, tuple[int, ...]]:
@@ -126,25 +130,19 @@ def init_vocab(init_from: str | None, init_checkpoint: str | None) -> VocabRef |
         return None
     data = str(recorded.get("data", ""))
     manifest = _unchanged_manifest(data, recorded.get("fingerprint"))
-    sha = recorded.get("vocab_sha256") or (manifest or {}).get("vocab", {}).get("sha256")
+    sha = recorded.get("vocab_sha256") or (manifest.vocab.sha256 if manifest else None)
     if not sha:
         return None
-    path = str(Path(data) / manifest["vocab"]["path"]) if manifest else None
+    path = str(Path(data) / manifest.vocab.path) if manifest else None
     return VocabRef(str(sha), path, f"the vocab of {run}'s pre-training dataset {data}")
 
 
-def _unchanged_manifest(data: str, fingerprint: str | None) -> dict | None:
+def _unchanged_manifest(data: str, fingerprint: str | None) -> Manifest | None:
     """The manifest of the dataset a run recorded, if it is still the same dataset."""
-    from bert_datagen.contract.dataset import manifest_identity
     from bert_datagen.trainer.run.dataset_dir import load_dataset_manifest
 
     manifest = load_dataset_manifest(data) if data else None
-    if manifest is None:
-        return None
-    try:
-        return manifest if manifest_identity(manifest)["fingerprint"] == fingerprint else None
-    except (KeyError, TypeError):
-        return None
+    return manifest if manifest is not None and manifest.fingerprint == fingerprint else None
 
 
 def same_vocab(a: VocabRef, b_sha256: str, b_path: str) -> bool:

@@ -103,12 +103,12 @@ def dataset_vocab(data: str) -> VocabSource | None:
     manifest = load_dataset_manifest(data)
     if manifest is None:
         return None
-    vocab = manifest["vocab"]
-    path = os.path.join(data, vocab["path"])
+    vocab = manifest.vocab
+    path = os.path.join(data, vocab.path)
     content = _read(path)
-    if hashlib.sha256(content).hexdigest() != vocab["sha256"]:
+    if hashlib.sha256(content).hexdigest() != vocab.sha256:
         raise ConfigError(f"{path}: does not match the sha256 in {data}/manifest.json; pass --vocab")
-    return VocabSource(content, path, vocab.get("do_lower_case"))
+    return VocabSource(content, path, vocab.do_lower_case)
 
 
 def resolve_vocab(cfg: ExportConfig, data: str | None) -> VocabSource:

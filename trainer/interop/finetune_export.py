@@ -64,10 +64,10 @@ def task_vocab(task: dict, vocab_path: str | None) -> bytes:
     manifest = load_dataset_manifest(data) if data and manifest_path.is_file() else None
     if manifest is None:
         raise ConfigError(f"the run's dataset ({data}) is not available to take its vocab from: pass --vocab FILE")
-    entry = manifest["vocab"]
-    content = (Path(data) / entry["path"]).read_bytes()
-    if hashlib.sha256(content).hexdigest() != entry["sha256"]:
-        raise ConfigError(f"{Path(data) / entry['path']}: does not match the sha256 in {manifest_path}; pass --vocab")
+    entry = manifest.vocab
+    content = (Path(data) / entry.path).read_bytes()
+    if hashlib.sha256(content).hexdigest() != entry.sha256:
+        raise ConfigError(f"{Path(data) / entry.path}: does not match the sha256 in {manifest_path}; pass --vocab")
     return content
 
 

@@ -18,10 +18,9 @@ from dataclasses import dataclass, field
 
 import tensorflow as tf
 
-from bert_datagen.contract.dataset import manifest_identity
 from bert_datagen.contract.features import PRETRAINING, TASK, word_segmented
 from bert_datagen.contract.loading.source import Source, files_source
-from bert_datagen.contract.manifest import MANIFEST_NAME
+from bert_datagen.contract.manifest import MANIFEST_NAME, Manifest
 from bert_datagen.contract.vocab_io import load_vocab
 from bert_datagen.datagen import records
 from bert_datagen.datagen.example_exact import decode_example
@@ -45,7 +44,7 @@ class DatasetInfo:
     train_records: int | None = None
     eval_records: int | None = None
     train_counts: list[int] | None = None  # records of each train file (manifest, else counted once)
-    manifest: dict | None = None
+    manifest: Manifest | None = None
     identity: dict = field(default_factory=dict)  # {"fingerprint", "shards"}: see dataset_identity
     objective: str = "nsp"  # from the manifest's config: nsp | doc-sentences | full-sentences
     masking: str = "static"  # static | dynamic (the input pipeline masks, bert_datagen.trainer.pretrain.dynamic_input)
@@ -129,7 +128,7 @@ def training_source(info: DatasetInfo) -> Source:
         from bert_datagen.trainer.pretrain.dynamic_input import masking_config
 
         assert info.manifest is not None  # dynamic data is always a dataset of ours
-        vocab = load_vocab(os.path.join(info.source, info.manifest["vocab"]["path"]), GFILE_FS)
+        vocab = load_vocab(os.path.join(info.source, info.manifest.vocab.path), GFILE_FS)
         masking = {"vocab": vocab, "mask_config": masking_config(info.manifest)}
     return files_source(info.source, info.train_files, counts, info.identity["fingerprint"], info.features(),
                        PRETRAINING, GFILE_FS, **masking)
@@ -151,17 +150,17 @@ def _from_manifest(directory: str) -> DatasetInfo:
                         "reads packed data with static masks only")
     if sequences:
         # Per sequence, from the row's MLM slots: whatever the manifest's config calls its lengths.
-        max_pred = int(manifest["features"].get("masked_lm_positions", [None, 0])[1]) // sequences
-    segmented = word_segmented(manifest.get("config"))
+        max_pred = manifest.features.get("masked_lm_positions", ("", 0))[1] // sequences
+    segmented = word_segmented(manifest.config)
     expected = (packed_feature_spec(seq_len, max_pred, sequences, objective) if sequences
                 else feature_spec(seq_len, max_pred, objective, masking, word_bits=segmented))
-    got = {k: (v[0], int(v[1])) for k, v in manifest["features"].items()}
+    got = manifest.features
     for name, spec in expected.items():
         if got.get(name) != spec:
             raise DataError(f"{directory}/manifest.json: feature {name} is {got.get(name)}, expected {spec}")
 
     def split_files(split: str) -> tuple[list[str], int]:
-        records = int(manifest["splits"].get(split, {"records": 0})["records"])
+        records = manifest.split_records(split)
         return [ref.path for ref in ds.split_shards(split)], records
 
     train, n_train = split_files("train")
@@ -169,28 +168,28 @@ def _from_manifest(directory: str) -> DatasetInfo:
     if not train:
         raise DataError(f"{directory}/manifest.json: the train split has no shards")
     for ref in ds.split_shards("train") + ds.split_shards("eval"):
-        check_shard_file(ref.path, int(ref.expected["bytes"]), f"{directory}/{MANIFEST_NAME}")
-    vocab = manifest["vocab"]
+        check_shard_file(ref.path, ref.expected.bytes, f"{directory}/{MANIFEST_NAME}")  # type: ignore[union-attr]
+    vocab = manifest.vocab
     return DatasetInfo(source=directory, max_seq_length=seq_len, max_predictions_per_seq=max_pred,
-                       train_files=train, eval_files=evals, vocab_size=int(vocab["size"]),
-                       train_records=n_train, train_counts=[int(r.expected["records"]) for r in ds.split_shards("train")],
+                       train_files=train, eval_files=evals, vocab_size=vocab.size,
+                       train_records=n_train, train_counts=[r.expected.records for r in ds.split_shards("train")],  # type: ignore[union-attr]
                        eval_records=n_eval, manifest=manifest, objective=objective, masking=masking,
                        sequences_per_row=sequences, word_segmented=segmented)
 
 
-def packed_sequences(manifest: dict, where: str) -> int:
+def packed_sequences(manifest: Manifest, where: str) -> int:
     """The most sequences per row of a packed dataset (its `cls_positions` length), 0 unpacked."""
-    if not manifest.get("config", {}).get("packing"):
+    if not manifest.config.get("packing"):
         return 0
-    spec = manifest["features"].get("cls_positions")
-    if not spec or int(spec[1]) < 1:
+    spec = manifest.features.get("cls_positions")
+    if not spec or spec[1] < 1:
         raise DataError(f"{where}: packed data without a cls_positions feature")
-    return int(spec[1])
+    return spec[1]
 
 
-def data_kind(manifest: dict) -> tuple[str, str]:
+def data_kind(manifest: Manifest) -> tuple[str, str]:
     """(objective, masking) of a dataset; manifests from before these options are nsp + static."""
-    config = manifest.get("config", {})
+    config = manifest.config
     return str(config.get("objective", "nsp")), str(config.get("masking", "static"))
 
 
@@ -232,13 +231,13 @@ def check_shard_file(path: str, size: int, manifest: str) -> None:
 def dataset_identity(info: DatasetInfo) -> dict:
     """What the dataset IS, independent of how its path is spelled.
 
-    With a manifest: `bert_datagen.contract.dataset.manifest_identity` (fine-tuning's too). For TFRecord
+    With a manifest: `bert_datagen.contract.manifest.manifest_identity` (fine-tuning's too). For TFRecord
     globs (no checksums without reading everything): file names and sizes.
     """
     if info.manifest is not None:
         # Outside the fingerprint (runs recorded before it keep theirs): what fine-tuning from the
         # run compares its task dataset's vocab with.
-        return {**manifest_identity(info.manifest), "vocab_sha256": info.manifest["vocab"]["sha256"]}
+        return {**info.manifest.identity(), "vocab_sha256": info.manifest.vocab.sha256}
     shards = [{"split": split, "path": os.path.basename(path), "bytes": _size(path)}
               for split, files in (("train", info.train_files), ("eval", info.eval_files)) for path in files]
     content = {"max_seq_length": info.max_seq_length,
@@ -404,7 +403,7 @@ def eval_dataset(info: DatasetInfo, batch_size: int, files: list[str] | None = N
     if info.masking == "dynamic":
         from bert_datagen.trainer.pretrain.dynamic_input import dynamic_batches
 
-        seed = int((info.manifest or {}).get("config", {}).get("random_seed", 0))
+        seed = int(info.manifest.config.get("random_seed", 0) if info.manifest else 0)
         return dynamic_batches(records.map(lambda r: (r, tf.constant(0, tf.int64))), info, batch_size, seed,
                                parse_batch)
     return parsed_batches(records, info, batch_size)

@@ -17,6 +17,7 @@ from collections.abc import Callable
 import numpy as np
 import tensorflow as tf
 
+from bert_datagen.contract.manifest import Manifest
 from bert_datagen.datagen.config import DatagenConfig
 from bert_datagen.datagen.dynamic import mask_records
 from bert_datagen.datagen.records import INSTANCE_KEY, WORD_BITS
@@ -26,10 +27,10 @@ class DynamicMaskError(ValueError):
     """A dynamic-masking dataset whose manifest or vocab cannot say how to mask it."""
 
 
-def masking_config(manifest: dict) -> DatagenConfig:
+def masking_config(manifest: Manifest) -> DatagenConfig:
     """The dataset's masking options (masked_lm_prob, max predictions, ratios, unit) from its manifest."""
     try:
-        return DatagenConfig.from_recorded(manifest.get("config", {}))
+        return DatagenConfig.from_recorded(manifest.config)
     except (TypeError, ValueError) as exc:
         raise DynamicMaskError(f"manifest config cannot be used for dynamic masking: {exc}") from exc
 
@@ -44,7 +45,7 @@ def dynamic_batches(records: tf.data.Dataset, info, batch_size: int, seed: int, 
     if info.manifest is None:
         raise DynamicMaskError(f"{info.source}: dynamic masking needs the dataset's manifest and vocab")
     config = masking_config(info.manifest)
-    vocab = load_vocab(os.path.join(info.source, info.manifest["vocab"]["path"]), GFILE_FS)
+    vocab = load_vocab(os.path.join(info.source, info.manifest.vocab.path), GFILE_FS)
     seq, preds = info.max_seq_length, info.max_predictions_per_seq
     spec = info.features()
 

@@ -35,7 +35,7 @@ def no_eval_split(data: str, eval_data: str | None) -> str | None:
     manifest_path = os.path.join(data, MANIFEST_NAME)
     if gfs.isdir(data) and gfs.exists(manifest_path):
         manifest = load_dataset_manifest(data)
-        if manifest is None or manifest.get("splits", {}).get("eval", {}).get("shards"):
+        if manifest is None or manifest.splits.get("eval") is not None and manifest.splits["eval"].shards:
             return None
         return f"{manifest_path} has no eval split (`bert-datagen run --eval-fraction` makes one)"
     if not gfs.isdir(data) and not any(gfs.glob(p.strip()) for p in data.split(",")):

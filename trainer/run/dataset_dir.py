@@ -9,7 +9,7 @@ import tensorflow as tf
 
 from bert_datagen.contract.dataset import Dataset, DatasetError, open_dataset
 from bert_datagen.contract.fs import is_remote
-from bert_datagen.contract.manifest import MANIFEST_NAME, ManifestError
+from bert_datagen.contract.manifest import MANIFEST_NAME, Manifest, ManifestError
 from bert_datagen.trainer.errors import DataError
 from bert_datagen.trainer.run.gfs import GFILE_FS
 
@@ -26,7 +26,7 @@ def open_manifest_dataset(directory: str) -> Dataset:
         raise DataError(f"{directory}/{MANIFEST_NAME}: cannot read: {reason}") from exc
 
 
-def load_dataset_manifest(data: str) -> dict | None:
+def load_dataset_manifest(data: str) -> Manifest | None:
     """The manifest of a dataset directory; None for TFRecord globs and unreadable manifests."""
     if not is_remote(data) and not os.path.exists(os.path.join(data, MANIFEST_NAME)):
         return None
