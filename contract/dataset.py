@@ -108,23 +108,23 @@ def open_dataset(
     max_predictions_per_seq: int | None = None,
     vocab_path: str | None = None,
     need_vocab: bool = True,
-    legacy: bool = True,
+    original_data: bool = True,
 ) -> Dataset:
     """A dataset directory with a manifest, or (given the record shape and vocab) TFRecords without one.
 
     Without a manifest, ``target`` is a file glob, or a directory whose files are all shards.
-    ``need_vocab=False`` (the trainer) neither reads the vocab nor asks for one. ``legacy=False``
-    (a caller without the options that describe such data: the loaders, `bert-datagen batches`)
+    ``need_vocab=False`` (the trainer) neither reads the vocab nor asks for one. ``original_data=False``
+    (a caller without the options that describe the original tool's data: the loaders, `bert-datagen batches`)
     opens only datasets with a manifest, and its refusal advises no options.
     """
-    legacy_opts = (max_seq_length, max_predictions_per_seq, vocab_path if need_vocab else 0)
+    original_opts = (max_seq_length, max_predictions_per_seq, vocab_path if need_vocab else 0)
     if is_remote(target) and not any(c in target for c in "*?[") and not is_dataset_dir(target, fs) \
             and not fs.exists(target):
         getattr(fs, "check_container", lambda _: None)(target)  # a missing bucket, named as such
         raise DatasetError(f"{target}: nothing at this path (no {MANIFEST_NAME}, no object)")
     has_manifest = fs.exists(fs.join(target, MANIFEST_NAME)) if is_dataset_dir(target, fs) else False
     if has_manifest:
-        if any(v is not None for v in legacy_opts[:2]):
+        if any(v is not None for v in original_opts[:2]):
             raise DatasetError(
                 f"{target} has a manifest; --max-seq-length/--max-predictions-per-seq are only for "
                 "data without one"
@@ -141,14 +141,14 @@ def open_dataset(
         vocab = read_vocab(vocab_path or fs.join(target, manifest.vocab.path), fs)
         shape = None if task else record_shape(vocab, seq, preds, manifest.config)
         return Dataset(target, manifest, shards, vocab, shape, seq, preds, kind)
-    if not legacy:
+    if not original_data:
         if is_dataset_dir(target, fs):
             raise ManifestError(f"{fs.join(target, MANIFEST_NAME)}: no manifest: not a bert-datagen dataset "
                                 "(or an incomplete one: an interrupted run)")
         what = "not a directory" if fs.exists(target) else "no such directory"
         raise DatasetError(f"{target}: {what}; a bert-datagen dataset is a directory with a {MANIFEST_NAME}")
     options = "--max-seq-length, --max-predictions-per-seq" + (" and --vocab" if need_vocab else "")
-    if any(v is None for v in legacy_opts):
+    if any(v is None for v in original_opts):
         if is_dataset_dir(target, fs):
             raise ManifestError(
                 f"{fs.join(target, MANIFEST_NAME)}: no manifest: not a complete bert-datagen dataset. "

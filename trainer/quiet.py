@@ -2,10 +2,10 @@
 TensorFlow (`bert-train`, and the `make pretrain` / `make finetune` demos run with `python -m`).
 
 The lines (oneDNN notices, CUDA and TPU probing, CPU instruction sets, TFRecord buffer defaults)
-carry no information for a user. The legacy ones obey TF_CPP_MIN_LOG_LEVEL, which must be set
-before TensorFlow is imported; the absl ones ignore it (absl writes everything to fd 2 until
-InitializeLog, which TensorFlow never calls) and are dropped by a filter of the process's stderr. A
-user who set TF_CPP_MIN_LOG_LEVEL sees what it lets through. Nothing here imports TensorFlow.
+carry no information for a user. TensorFlow's own C++ log lines obey TF_CPP_MIN_LOG_LEVEL, which
+must be set before TensorFlow is imported; the absl ones ignore it (absl writes everything to fd 2
+until InitializeLog, which TensorFlow never calls) and are dropped by a filter of the process's
+stderr. A user who set TF_CPP_MIN_LOG_LEVEL sees what it lets through. Nothing here imports TensorFlow.
 """
 
 from __future__ import annotations

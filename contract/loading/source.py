@@ -352,7 +352,7 @@ def open_source(target: str, split: str = "train", fs: FileSystem = DEFAULT_FS) 
         with contextlib.suppress(OSError):
             version = fs.version(fs.join(target, MANIFEST_NAME))
     try:
-        ds = open_dataset(target, fs, need_vocab=False, legacy=False)
+        ds = open_dataset(target, fs, need_vocab=False, original_data=False)
     except (DatasetError, ManifestError) as e:
         raise LoadError(str(e)) from e
     manifest = ds.manifest

@@ -19,7 +19,7 @@ from bert_datagen.pipelines.tools.diff import diff_datasets, format_diff
 from bert_datagen.pipelines.tools.kinds import KindTools, tools_for
 
 
-def _legacy_options(f):
+def _original_data_options(f):
     """Options for TFRecords made without a manifest (e.g. by the original tool)."""
     f = click.option("--vocab", "vocab_path", default=None,
                      help="Vocab file (one token per line). Needed without a manifest; with one, "
@@ -32,12 +32,13 @@ def _legacy_options(f):
 
 
 def _open(target: str, max_seq_length, max_predictions_per_seq, vocab_path,
-          legacy: bool = True) -> tuple[Dataset, KindTools]:
-    """The dataset and, looked up once by its kind, what each command does with it; ``legacy``:
+          original_data: bool = True) -> tuple[Dataset, KindTools]:
+    """The dataset and, looked up once by its kind, what each command does with it; ``original_data``:
     whether the command has the options that describe TFRecords without a manifest."""
     try:
         ds = open_dataset(target, fsio.BEAM_FS, max_seq_length=max_seq_length,
-                          max_predictions_per_seq=max_predictions_per_seq, vocab_path=vocab_path, legacy=legacy)
+                          max_predictions_per_seq=max_predictions_per_seq, vocab_path=vocab_path,
+                          original_data=original_data)
         return ds, tools_for(ds.kind)
     except (DatasetError, ManifestError) as e:
         raise click.ClickException(str(e)) from e
@@ -49,7 +50,7 @@ _workers = click.option("--workers", type=Int(1), default=None,
 
 @click.command("verify")
 @click.argument("target")
-@_legacy_options
+@_original_data_options
 @_workers
 @click.option("--max-problems", type=Int(1), default=MAX_PROBLEMS_PER_SHARD,
               show_default=True, help="Problems listed per shard (all are counted).")
@@ -107,7 +108,7 @@ def verify_command(target, max_seq_length, max_predictions_per_seq, vocab_path, 
 @click.option("--index", type=Int(0), default=0, show_default=True,
               help="First record (0-based, within the shard).")
 @click.option("-n", "count", type=Int(1), default=5, show_default=True, help="Records to show.")
-@_legacy_options
+@_original_data_options
 @click.option("--words", is_flag=True, help="Join ## word pieces into words (masked pieces keep their marker).")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per record.")
 @click.pass_context
@@ -149,7 +150,7 @@ def inspect_command(ctx: click.Context, target, split, shard, index, count, max_
 @click.option("--overwrite", is_flag=True, default=False, help="Replace an existing --plot file.")
 @click.option("--top", type=Int(1), default=20, show_default=True,
               help="Most frequent tokens to list.")
-@_legacy_options
+@_original_data_options
 @_workers
 def stats_command(target, split, as_json, plot_path, overwrite, top, max_seq_length, max_predictions_per_seq,
                   vocab_path, workers) -> None:
@@ -212,7 +213,7 @@ def diff_command(a, b, no_records) -> None:
     (where the documents came from) are listed but do not make datasets different. diff trusts the
     manifests' checksums: run verify to prove the files match them.
     """
-    (da, _), (db, _) = _open(a, None, None, None, legacy=False), _open(b, None, None, None, legacy=False)
+    (da, _), (db, _) = (_open(d, None, None, None, original_data=False) for d in (a, b))
     try:
         report = diff_datasets(da, db, records=not no_records)
     except DatasetError as e:

@@ -156,7 +156,7 @@ class FinetuneRun:
         self.step = 0
         self.saved_step: int | None = None
         self.history: list[dict] = []
-        self.legacy_input = False  # set on resume: a run of an earlier version reads through tf.data
+        self.tf_data_input = False  # set on resume: a run of an earlier version reads through tf.data
         self.world, self.rank = cluster.worker_share()
         self.input: OrderedInput | None = None
         # Before the chief writes anything: all workers run the same configuration, or none runs.
@@ -189,7 +189,7 @@ class FinetuneRun:
         self.step = self.saved_step = step
         self.history = list(state.get("history", []))
         # Checkpoints of earlier versions record no input: their runs go on reading through tf.data.
-        self.legacy_input = "input" not in state
+        self.tf_data_input = "input" not in state
         return f"resumed from {path} (step {step})"
 
     def save(self) -> Path | None:
@@ -200,7 +200,7 @@ class FinetuneRun:
         state = {"step": self.step, "bert_config": self.bert.to_dict(), "task": self.task_record(),
                  "history": self.history, "data": self.data.source, "total_steps": self.total_steps,
                  "steps_per_epoch": self.steps_per_epoch}
-        if not self.legacy_input:
+        if not self.tf_data_input:
             state["input"] = {"order": INPUT_ORDER, "block_size": BLOCK_SIZE}
         try:
             path = ckpt_lib.save_checkpoint(self.run_dir, self.step, model_arrays, opt_arrays, state,
@@ -224,7 +224,7 @@ class FinetuneRun:
 
     def _train_input(self) -> tuple[Callable[[], dict], int]:
         """(the next training batch, from the current step on; the workers it is shared over)."""
-        if self.legacy_input:
+        if self.tf_data_input:
             batches = self.batches_from(self.step)
             return (lambda: self._next_batch(batches)), 1
         cfg = self.cfg

@@ -115,10 +115,10 @@ class Run:
         self.input: OrderedInput | None = None
         # Runs started before the global order read through tf.data to the end, from the iterator
         # state their checkpoints hold, so that they resume on the batches they would have read.
-        self.legacy_input = ckpt_lib.reads_through_tf_data(self.run_dir)
-        self.cfg = cfg = as_run(cfg, self.legacy_input, log)
-        self.world, self.rank = (1, 0) if self.legacy_input else cluster.worker_share()
-        if self.legacy_input:
+        self.tf_data_input = ckpt_lib.reads_through_tf_data(self.run_dir)
+        self.cfg = cfg = as_run(cfg, self.tf_data_input, log)
+        self.world, self.rank = (1, 0) if self.tf_data_input else cluster.worker_share()
+        if self.tf_data_input:
             self.iterator, self.iterator_ckpt = earlier_run_input(self.info, cfg, self.run_dir)
         elif cfg.mix:
             self.batches = mixed_batches(cfg, self.info, self.bert, self.world, self.rank)
@@ -138,10 +138,10 @@ class Run:
         self._set_skipped(ckpt_lib.load_state(found[-1][1]) if found else {}, found[-1][0] if found else 0)
         if found:
             step, path = found[-1]
-            if not self.legacy_input:
+            if not self.tf_data_input:
                 check_resumed_mixture(ckpt_lib.load_state(path).get("input"), self.batches, str(path))
             restore_checkpoint_arrays(path, self.named, self.optimizer, self.loss_scale)
-            if self.legacy_input:
+            if self.tf_data_input:
                 try:
                     self.iterator_ckpt.read(str(path / ckpt_lib.INPUT_PREFIX)).assert_consumed()
                 except (tf.errors.OpError, AssertionError, ValueError) as exc:
@@ -198,11 +198,11 @@ class Run:
                  "data": self.info.source, "data_fingerprint": self.info.identity["fingerprint"],
                  "max_seq_length": self.info.max_seq_length,
                  "max_predictions_per_seq": self.info.max_predictions_per_seq}
-        if not self.legacy_input:
+        if not self.tf_data_input:
             state["input"] = self.input_record()
         try:
             path = ckpt_lib.save_checkpoint(self.run_dir, self.step, model_arrays, opt_arrays, state,
-                                            iterator_saver=self.iterator_ckpt.write if self.legacy_input else None,
+                                            iterator_saver=self.iterator_ckpt.write if self.tf_data_input else None,
                                             keep=self.cfg.keep_checkpoints)
         except OSError as exc:
             raise TrainingError(f"{self.run_dir}: cannot write the checkpoint of step {self.step}: "
@@ -213,7 +213,7 @@ class Run:
     # -- loop
 
     def next_batch(self) -> dict[str, tf.Tensor]:
-        if not self.legacy_input:
+        if not self.tf_data_input:
             if self.input is None:
                 self.input = OrderedInput(self._batch_for_step, self.step)
             return replica_slices(self.strategy, with_sequence_weights(self.input.next()), self.cfg.batch_size,
