@@ -40,7 +40,7 @@ test-fast: $(VENV)/.stamp-dev
 	$(PY) -m pytest -n 2 -m "not integration" $(PYTEST_ARGS)
 
 lint: $(VENV)/.stamp-dev
-	$(VENV)/bin/ruff check datagen pipelines vocab trainer contract tests benchmarks examples
+	$(VENV)/bin/ruff check datagen pipelines vocab trainer contract cli tests benchmarks examples
 
 bench: $(VENV)/.stamp-dev
 	$(PY) -m benchmarks.run_all

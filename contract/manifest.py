@@ -44,8 +44,8 @@ REQUIRED_INDEX = ("path", "bytes", "sha256")
 REQUIRED_SIDE = ("path", "bytes", "sha256")  # a task split's side files
 __all__ = ["CARD_NAME", "MANIFEST_NAME", "REQUIRED_FEATURES", "SCHEMA", "SCHEMA_VERSION", "VOCAB_NAME",
            "FeatureSpec", "IndexInfo", "Manifest", "ManifestError", "ShardInfo", "SideFile", "SplitInfo",
-           "VocabInfo", "build_manifest", "load_manifest", "manifest_bytes", "manifest_identity", "manifest_kind",
-           "validate_manifest", "write_manifest"]
+           "VocabInfo", "build_manifest", "load_manifest", "manifest_bytes", "manifest_identity",
+           "manifest_kind", "validate_manifest", "write_manifest"]
 
 FeatureSpec = tuple[str, int]  # (dtype, length) of one feature: ("int64", 128)
 
@@ -260,7 +260,7 @@ def _features(specs: Any, where: str, source: str) -> dict[str, FeatureSpec]:
 def _split(name: str, info: dict, source: str) -> SplitInfo:
     where = f"splits.{name}"
     shards = tuple(ShardInfo(s["path"], s["records"], s["bytes"], s["sha256"],
-                             IndexInfo(**{k: s["index"][k] for k in REQUIRED_INDEX}) if "index" in s else None)
+                             IndexInfo(*(s["index"][k] for k in REQUIRED_INDEX)) if "index" in s else None)
                    for s in info["shards"])
     features = _features(info["features"], f"{where}.features", source) if "features" in info else None
     side = info.get("side", [])
@@ -268,8 +268,9 @@ def _split(name: str, info: dict, source: str) -> SplitInfo:
         raise ManifestError(f"{source}: field {where}.side must be a list")
     for i, entry in enumerate(side):
         _require(entry, REQUIRED_SIDE, f"{where}.side[{i}]", source)
-    return SplitInfo(name, shards, info["records"], info["bytes"], features, info.get("mode"), info.get("labelled"),
-                     info.get("counts", {}), tuple(SideFile(f["path"], f["bytes"], f["sha256"]) for f in side),
+    return SplitInfo(name, shards, info["records"], info["bytes"], features, info.get("mode"),
+                     info.get("labelled"), info.get("counts", {}),
+                     tuple(SideFile(f["path"], f["bytes"], f["sha256"]) for f in side),
                      info.get("windows_per_example", {}))
 
 

@@ -14,7 +14,7 @@ import os
 import sys
 import time
 
-from bert_datagen.contract.cli.plumbing import EXIT_INTERRUPTED
+from bert_datagen.cli.plumbing import EXIT_INTERRUPTED
 
 
 def _bert_datagen(args: list[str]) -> None:

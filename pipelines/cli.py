@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from bert_datagen.contract.cli.plumbing import DEBUG_HELP, CommandGroup
+from bert_datagen.cli.plumbing import DEBUG_HELP, CommandGroup
 from bert_datagen.datagen import __version__
 
 COMMANDS = {
@@ -20,7 +20,7 @@ COMMANDS = {
 
 
 class DatagenGroup(CommandGroup):
-    # Every data command cleans up after SIGTERM as after Ctrl-C (one mechanism, `bert_datagen.contract.cli.plumbing`).
+    # Every data command cleans up after SIGTERM as after Ctrl-C (one mechanism, `bert_datagen.cli.plumbing`).
     sigterm_interrupts = True
 
 

@@ -6,7 +6,7 @@ import os
 
 import click
 
-from bert_datagen.contract.cli.plumbing import DEBUG_HELP, CommandGroup
+from bert_datagen.cli.plumbing import DEBUG_HELP, CommandGroup
 from bert_datagen.trainer.quiet import quiet_tensorflow_logs
 
 # Before any command imports TensorFlow (trainer/quiet.py says why); None where the user set

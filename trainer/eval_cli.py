@@ -8,7 +8,7 @@ import json
 
 import click
 
-from bert_datagen.contract.cli.plumbing import Int, refuse_unused_options
+from bert_datagen.cli.plumbing import Int, refuse_unused_options
 from bert_datagen.contract.ranges import INT32_MAX
 from bert_datagen.trainer.errors import ConfigError, TrainerError
 from bert_datagen.trainer.finetune.cli import ALLOW_OTHER_TASK_HELP, ALLOW_VOCAB_MISMATCH_HELP

@@ -15,7 +15,7 @@ import re
 import sys
 from collections.abc import Callable, MutableMapping
 
-from bert_datagen.contract.cli.plumbing import debug_requested, filter_process_stderr
+from bert_datagen.cli.plumbing import debug_requested, filter_process_stderr
 
 # absl INFO lines ("I0000 00:00:1796114780.736876  1234 port.cc:153] ..."), absl's own notice, and
 # the CUDA probing and registration complaints that every CPU-only or pip-installed TensorFlow prints,

@@ -17,7 +17,7 @@ from typing import TypeVar
 
 import click
 
-from bert_datagen.contract.cli.plumbing import Int, closest_option, refuse_unused_options
+from bert_datagen.cli.plumbing import Int, closest_option, refuse_unused_options
 from bert_datagen.pipelines.beam.runners import RUNNERS, RunnerError, RunnerOptions
 
 F = TypeVar("F", bound=Callable[..., object])

@@ -22,7 +22,7 @@ unless its commit point was reached, in which case it only finishes the clean-up
 program or person put in DIR are never moved or deleted; a file the new dataset would replace and
 no manifest lists is an error before any work. What happens on object stores: docs/pipeline.md.
 
-Every output is written under its exclusive lock (`lock_output`, `bert_datagen.contract.cli.lock`): a second command
+Every output is written under its exclusive lock (`lock_output`, `bert_datagen.cli.lock`): a second command
 on the same path is refused before it changes anything (its recovery would otherwise delete the
 first one's staging directory).
 """
@@ -36,8 +36,8 @@ import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from bert_datagen.contract.cli.lock import INSIDE_LOCK_NAME, LOCK_PREFIX, OutputLock, OutputLockError
-from bert_datagen.contract.cli.lock import lock_output as _lock_output
+from bert_datagen.cli.lock import INSIDE_LOCK_NAME, LOCK_PREFIX, OutputLock, OutputLockError
+from bert_datagen.cli.lock import lock_output as _lock_output
 from bert_datagen.contract.fs import TEMP_NAME, is_remote
 from bert_datagen.contract.manifest import CARD_NAME, MANIFEST_NAME, Manifest, ManifestError
 from bert_datagen.pipelines.beam import fsio
@@ -82,7 +82,7 @@ _exists = _FS.lexists
 
 
 def lock_output(path: str, option: str = "--output") -> OutputLock:
-    """The exclusive lock of an output file or dataset directory (`bert_datagen.contract.cli.lock`; none on object
+    """The exclusive lock of an output file or dataset directory (`bert_datagen.cli.lock`; none on object
     stores), held by the caller until it is done with the output; OutputError when another command
     holds it. A dataset directory is never replaced whole, so its lock may live inside it."""
     try:

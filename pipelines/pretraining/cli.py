@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 import click
 
-from bert_datagen.contract.cli.plumbing import FiniteFloat, Int, refuse_unused_options
+from bert_datagen.cli.plumbing import FiniteFloat, Int, refuse_unused_options
 from bert_datagen.datagen.config import (
     INPUT_FORMATS,
     MASKING_UNITS,

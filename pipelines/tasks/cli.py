@@ -6,7 +6,7 @@ import sys
 
 import click
 
-from bert_datagen.contract.cli.plumbing import FiniteFloat, Int, refuse_unused_options
+from bert_datagen.cli.plumbing import FiniteFloat, Int, refuse_unused_options
 from bert_datagen.datagen.tasks.config import (
     KINDS,
     SCHEMES,

@@ -10,7 +10,7 @@ import json
 import click
 import numpy as np
 
-from bert_datagen.contract.cli.plumbing import Int, refuse_unused_options
+from bert_datagen.cli.plumbing import Int, refuse_unused_options
 from bert_datagen.contract.features import TASK
 from bert_datagen.contract.loading.mixture import DEFAULT_MIX_WINDOW, MixtureError, parse_weights
 from bert_datagen.contract.loading.order import DEFAULT_BLOCK_SIZE, GlobalOrder, check_order, check_step

@@ -8,7 +8,7 @@ import sys
 
 import click
 
-from bert_datagen.contract.cli.plumbing import Int, refuse_unused_options
+from bert_datagen.cli.plumbing import Int, refuse_unused_options
 from bert_datagen.contract.dataset import Dataset, DatasetError, open_dataset
 from bert_datagen.contract.features import TASK
 from bert_datagen.contract.manifest import ManifestError

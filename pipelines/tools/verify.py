@@ -166,8 +166,8 @@ def _manifest_problems(ds: Dataset, vocab_bytes: bytes | None) -> list[str]:
                 seen.add(s.index.path)
             if not s.path.startswith(split + "/"):
                 problems.append(f"{src}: shard {s.path} of split {split} is not under {split}/")
-        for key, listed in (("records", info.records), ("bytes", info.bytes)):
-            total = sum(getattr(s, key) for s in info.shards)
+        for key, listed, total in (("records", info.records, sum(s.records for s in info.shards)),
+                                   ("bytes", info.bytes, sum(s.bytes for s in info.shards))):
             if listed != total:
                 problems.append(f"{src}: splits.{split}.{key} is {listed} but its shards sum to {total}")
     vocab = m.vocab

@@ -1,4 +1,5 @@
-"""contract.manifest.Manifest: one typed reader and writer of manifest.json, whose bytes it keeps."""
+"""`Manifest` (bert_datagen.contract.manifest): one typed reader and writer of manifest.json, whose
+bytes it keeps."""
 
 from __future__ import annotations
 
@@ -15,12 +16,14 @@ from tests.support.synthetic import write_synthetic_dataset
 def _task_json() -> dict:
     spec = {"input_ids": ["int64", 16], "input_mask": ["int64", 16], "segment_ids": ["int64", 16],
             "label_ids": ["int64", 1]}
-    split = {"shards": [{"path": "dev/part-00000-of-00001.tfrecord", "records": 4, "bytes": 40, "sha256": "d"}],
+    shard = {"path": "dev/part-00000-of-00001.tfrecord", "records": 4, "bytes": 40, "sha256": "d"}
+    split = {"shards": [shard],
              "mode": "predict", "labelled": False, "features": spec, "counts": {"examples": 4},
              "side": [{"path": "dev/examples.jsonl", "bytes": 9, "sha256": "e"}]}
+    task = {"kind": "tsv", "type": "classification", "labels": ["a", "b"]}
     return Manifest.build(config={"random_seed": 3}, vocab={"path": "vocab.txt", "sha256": "v", "size": 10},
                           input_info={}, features=spec, splits={"dev": split}, totals={}, kind="task",
-                          extra={"task": {"kind": "tsv", "type": "classification", "labels": ["a", "b"]}}).to_dict()
+                          extra={"task": task}).to_dict()
 
 
 def test_a_dataset_manifest_reads_typed_and_writes_back_the_same_bytes(tmp_path: Path) -> None:

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from bert_datagen.contract.cli.plumbing import FiniteFloat, Int
+from bert_datagen.cli.plumbing import FiniteFloat, Int
 from bert_datagen.contract.loading.batches import NumpyBatches
 from bert_datagen.contract.loading.order import GlobalOrder, epoch_order
 from bert_datagen.contract.loading.skips import SkipError, batch_of_step, merge, parse_ranges

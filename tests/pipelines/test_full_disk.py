@@ -13,7 +13,7 @@ import click
 import pytest
 from click.testing import CliRunner
 
-from bert_datagen.contract.cli.plumbing import CommandGroup, wrapped_os_error
+from bert_datagen.cli.plumbing import CommandGroup, wrapped_os_error
 from bert_datagen.pipelines.cli import main
 from tests.support.pipeline_corpus import make_documents, write_text_files, write_vocab
 

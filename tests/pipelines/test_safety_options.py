@@ -44,7 +44,7 @@ def test_every_float_option_rejects_nan_and_infinities(corpus, option: str, valu
 
 def test_float_options_are_exactly_the_checked_ones() -> None:
     """A float option added later without the finite check would slip through: list them all."""
-    from bert_datagen.contract.cli.plumbing import FiniteFloat
+    from bert_datagen.cli.plumbing import FiniteFloat
     from bert_datagen.pipelines.pretraining.cli import run_command
 
     floats = sorted(o.opts[0] for o in run_command.params if isinstance(o.type, click_float_types()))
@@ -55,7 +55,7 @@ def test_float_options_are_exactly_the_checked_ones() -> None:
 def click_float_types():
     import click
 
-    from bert_datagen.contract.cli.plumbing import FiniteFloat
+    from bert_datagen.cli.plumbing import FiniteFloat
 
     return (click.types.FloatParamType, FiniteFloat)
 

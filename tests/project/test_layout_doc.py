@@ -1,4 +1,4 @@
-"""docs/layout.md's module map matches the tree: it names every module of the five packages, and
+"""docs/layout.md's module map matches the tree: it names every module of the six packages, and
 every module path it names exists."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent.parent
 LAYOUT = REPO / "docs" / "layout.md"
-PACKAGES = ("vocab", "datagen", "contract", "pipelines", "trainer")
+PACKAGES = ("vocab", "datagen", "contract", "cli", "pipelines", "trainer")
 TOP_LEVEL = (*PACKAGES, "examples", "tests", "benchmarks")
 
 

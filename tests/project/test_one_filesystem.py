@@ -7,7 +7,7 @@ import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-SCANNED = ("vocab", "datagen", "contract", "pipelines", "trainer", "examples", "benchmarks", "tests/support")
+SCANNED = ("vocab", "datagen", "contract", "cli", "pipelines", "trainer", "examples", "benchmarks", "tests/support")
 SEAM = "contract/fs.py"
 # Files that may build their own temp names, and why.
 OWN_TEMP_NAMES = {

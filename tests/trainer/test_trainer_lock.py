@@ -1,5 +1,5 @@
 """`bert-train` commands that write (pretrain, finetune, export, predict) hold their output's lock
-(`bert_datagen.contract.cli.lock`): a second command on the same path is refused before any work, with one line
+(`bert_datagen.cli.lock`): a second command on the same path is refused before any work, with one line
 naming the path and the holder; a resumed run is locked too."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ pytest.importorskip("tensorflow")
 
 from click.testing import CliRunner  # noqa: E402
 
-from bert_datagen.contract.cli import lock  # noqa: E402
+from bert_datagen.cli import lock  # noqa: E402
 from bert_datagen.trainer.cli import main  # noqa: E402
 from bert_datagen.trainer.errors import TrainingError  # noqa: E402
 from bert_datagen.trainer.finetune.cli import predict_run  # noqa: E402

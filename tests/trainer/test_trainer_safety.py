@@ -455,7 +455,7 @@ def test_a_sigint_swallowed_during_start_up_stops_the_loop_before_its_first_step
     handler has recorded the SIGINT, and the loop honours it at its first safe point."""
     import threading
 
-    from bert_datagen.contract.cli import plumbing as cliutil
+    from bert_datagen.cli import plumbing as cliutil
     from bert_datagen.trainer.run.stopping import interrupts_between_steps
 
     seen = threading.Event()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from bert_datagen.contract.cli.plumbing import refuse_unused_options
+from bert_datagen.cli.plumbing import refuse_unused_options
 from bert_datagen.trainer.errors import TrainerError
 
 FORMATS = ("tf1", "hf")  # bert_datagen.trainer.interop.export.FORMATS; spelled here so --help does not import TensorFlow

@@ -22,7 +22,7 @@ import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from bert_datagen.contract.cli.plumbing import unfiltered_stderr
+from bert_datagen.cli.plumbing import unfiltered_stderr
 from bert_datagen.trainer.errors import ConfigError
 
 if TYPE_CHECKING:

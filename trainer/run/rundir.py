@@ -12,7 +12,7 @@ All files are written atomically (temp file with our mark, `replacing`, then ren
 removes what an interrupted write left, in the run and in the subdirectories it owns.
 
 A command that writes a run (or another output: an export, predictions) holds the output's lock
-(`output_lock`, `bert_datagen.contract.cli.lock`) from before its first write until it ends: a second command on the
+(`output_lock`, `bert_datagen.cli.lock`) from before its first write until it ends: a second command on the
 same path is refused with a message naming the one that holds it.
 """
 
@@ -27,8 +27,8 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, ClassVar, Protocol
 
+from bert_datagen.cli.lock import INSIDE_LOCK_NAME, OutputLock, OutputLockError, lock_output
 from bert_datagen.contract import fs
-from bert_datagen.contract.cli.lock import INSIDE_LOCK_NAME, OutputLock, OutputLockError, lock_output
 from bert_datagen.contract.manifest import MANIFEST_NAME
 from bert_datagen.trainer.errors import ConfigError, TrainingError
 from bert_datagen.trainer.run import checkpoint as ckpt_lib

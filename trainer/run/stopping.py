@@ -15,7 +15,7 @@ from types import FrameType
 
 import tensorflow as tf
 
-from bert_datagen.contract.cli.plumbing import interrupt_requested
+from bert_datagen.cli.plumbing import interrupt_requested
 from bert_datagen.trainer.errors import TrainingError
 from bert_datagen.trainer.run import checkpoint as ckpt_lib
 from bert_datagen.trainer.run.optimizer import DynamicLossScale

@@ -73,7 +73,7 @@ def test_data_commands_print_no_no_information_warnings(corpus, tmp_path) -> Non
 
 
 def test_bert_train_uses_the_same_wrapper() -> None:
-    from bert_datagen.contract.cli.plumbing import CleanErrorsGroup
+    from bert_datagen.cli.plumbing import CleanErrorsGroup
     from bert_datagen.trainer.cli import main
 
     assert isinstance(main, CleanErrorsGroup)
@@ -176,7 +176,7 @@ def test_input_error_with_worker_processes_is_one_clean_line(corpus, tmp_path) -
 
 
 def test_child_log_filter_drops_records_and_their_tracebacks() -> None:
-    from bert_datagen.contract.cli.plumbing import ChildLogFilter
+    from bert_datagen.cli.plumbing import ChildLogFilter
 
     lines = [b"WARNING:root:apitools not found\n", b"ERROR:apache_beam.runners.common:boom\n",
              b"Traceback (most recent call last):\n", b'  File "x.py", line 1\n', b"RuntimeError: boom\n",
@@ -198,7 +198,7 @@ def test_an_in_process_interrupt_leaves_sigint_as_it_was():
     import click
     from click.testing import CliRunner
 
-    from bert_datagen.contract.cli.plumbing import CommandGroup
+    from bert_datagen.cli.plumbing import CommandGroup
 
     @click.group(cls=CommandGroup)
     def group() -> None:

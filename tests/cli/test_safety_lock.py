@@ -1,4 +1,4 @@
-"""Two commands never write the same output at once (`bert_datagen.contract.cli.lock`): the second is refused with one
+"""Two commands never write the same output at once (`bert_datagen.cli.lock`): the second is refused with one
 line naming the path and the holder, before it changes anything; a holder that dies (kill -9)
 blocks nobody; a file at the lock path that is not ours is never touched; object stores take no
 lock. The holder is a real second process (flock locks belong to an open file description)."""
@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from bert_datagen.contract.cli import lock
+from bert_datagen.cli import lock
 from bert_datagen.pipelines.cli import main
 from tests.support.lock_holder import Holder
 from tests.support.pipeline_corpus import make_documents, tree_snapshot, write_text_files, write_vocab
