@@ -92,7 +92,7 @@ class SplitInfo:
     # training ("train") or prediction ("predict"), its counts and side files.
     features: dict[str, FeatureSpec] | None = None
     mode: str | None = None
-    labelled: bool | None = None
+    labelled: bool = True  # False: a split without labels (its label ids are placeholders)
     counts: dict[str, Any] = field(default_factory=dict)
     side: tuple[SideFile, ...] = ()
     windows_per_example: dict[str, Any] = field(default_factory=dict)
@@ -269,7 +269,7 @@ def _split(name: str, info: dict, source: str) -> SplitInfo:
     for i, entry in enumerate(side):
         _require(entry, REQUIRED_SIDE, f"{where}.side[{i}]", source)
     return SplitInfo(name, shards, info["records"], info["bytes"], features, info.get("mode"),
-                     info.get("labelled"), info.get("counts", {}),
+                     bool(info.get("labelled", True)), info.get("counts", {}),
                      tuple(SideFile(f["path"], f["bytes"], f["sha256"]) for f in side),
                      info.get("windows_per_example", {}))
 

@@ -43,7 +43,7 @@ from bert_datagen.contract.loading.readers import batches_for, epoch_end
 from bert_datagen.contract.loading.source import LoadError, Source
 from bert_datagen.contract.loading.task_batches import TaskBatches
 from bert_datagen.contract.loading.torch_adapter import torch_world
-from bert_datagen.contract.manifest import ManifestError, load_manifest
+from bert_datagen.contract.manifest import Manifest, ManifestError
 from bert_datagen.contract.ranges import ArgumentError, check_int, max_batches
 
 _WHOLE_BATCHES = ("share_loader(...) hands out whole batches of this rank's share: iterate it as it is "
@@ -110,9 +110,9 @@ def _check_trainable(source: Source) -> None:
     requires: a split written without them (an unlabelled test split's label_ids are zeros, a span
     split written to predict on has no answer positions) would train on labels that are not there."""
     try:
-        manifest = load_manifest(source.root, source.fs)
-        task_type = manifest["task"]["type"]
-        labelled = bool(manifest["splits"][source.split].get("labelled", True))
+        manifest = Manifest.load(source.root, source.fs)
+        task_type = manifest.task["type"]  # type: ignore[index]
+        labelled = manifest.splits[source.split].labelled
     except (ManifestError, OSError, KeyError, TypeError) as e:
         raise LoadError(f"{source.root}: cannot read the task's type and labels from its manifest: {e}") from e
     if task_type not in TASK_LABELS:

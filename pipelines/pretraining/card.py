@@ -20,7 +20,7 @@ def render_card(dataset_dir: str, manifest: Manifest | dict) -> str:
 
 
 def write_card(dataset_dir: str, manifest: Manifest) -> str:
-    """Write DIR/README.md atomically; returns its path. Call before write_manifest."""
+    """Write DIR/README.md atomically; returns its path. Call before the manifest is written."""
     path = fsio.join(dataset_dir, CARD_NAME)
     fsio.write_atomic(path, render_card(dataset_dir, manifest).encode("utf-8"))
     return path

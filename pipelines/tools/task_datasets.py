@@ -245,7 +245,7 @@ def task_stats(ds: Dataset, split: str | None = None) -> dict:
                                                                           strict=True)}
         elif "start_positions" in f:
             s["windows_with_answer_share"] = round(float((f["start_positions"][:, 0] > 0).mean()), 4)
-        s["histograms"] = _histograms(f, real, task, info.labelled is not False, s.get("labels"))
+        s["histograms"] = _histograms(f, real, task, info.labelled, s.get("labels"))
         out["splits"][name] = s
     return out
 

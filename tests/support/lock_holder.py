@@ -11,7 +11,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent.parent
 HOLD = """
 import os, subprocess, sys
-from bert_datagen.contract.cli.lock import lock_output
+from bert_datagen.cli.lock import lock_output
 held = lock_output(sys.argv[1])
 children = []
 if len(sys.argv) > 2:  # children that outlive us: an exec'd one (close_fds off) and a plain fork

@@ -108,7 +108,7 @@ def _split_info(directory: str, name: str, info: ManifestSplit, manifest_path: s
     if info.features is None:
         raise DataError(f"{manifest_path}: not a valid task manifest (split {name!r} lists no features)")
     sizes = {path: s.bytes for path, s in zip(files, info.shards, strict=True)}
-    return SplitInfo(name=name, files=files, records=info.records, labelled=info.labelled is not False,
+    return SplitInfo(name=name, files=files, records=info.records, labelled=info.labelled,
                      mode=str(info.mode if info.mode is not None else "predict"), features=dict(info.features),
                      side=side, sizes=sizes)
 
