@@ -159,20 +159,26 @@ def measure(scales: list[int], dask_scales: list[int], files: int, base_mb: floa
                          "documents": r["manifest"]["totals"]["documents"],
                          "instances": r["manifest"]["totals"]["instances"],
                          "shards": [s["sha256"] for s in r["manifest"]["splits"]["train"]["shards"]],
+                         # A range read twice would count its sentences and duplicates twice.
+                         "totals": r["manifest"]["totals"],
                          "reads": read_count(r["stderr"])}
-            print(f"{scale}x {name}: {json.dumps({k: v for k, v in row[name].items() if k != 'shards'})}", flush=True)
+            shown = {k: v for k, v in row[name].items() if k not in ("shards", "totals")}
+            print(f"{scale}x {name}: {json.dumps(shown)}", flush=True)
         if "direct" in row and "dask-2" in row:
             for name in ("dask-2", "direct-2"):
                 row[f"{name}_speedup"] = round(row["direct"]["wall_s"] / row[name]["wall_s"], 2)
             row["identical_shards"] = row["direct"]["shards"] == row["dask-2"]["shards"] == row["direct-2"]["shards"]
+            row["identical_totals"] = row["direct"]["totals"] == row["dask-2"]["totals"] == row["direct-2"]["totals"]
         for name in runs:
             row[name].pop("shards")
+            row[name].pop("totals")
         results["scales"][str(scale)] = row
     return results
 
 
 def read_count(stderr: str) -> int:
-    """Files (or byte ranges) read, from the progress lines: each process's last count of files."""
+    """Files read, from the progress lines: each process's last count of files (a lower bound where a
+    process reports per task, as Dask's workers do: compare ``identical_totals`` instead)."""
     last: dict[str, int] = {}
     for line in stderr.splitlines():
         m = re.match(r"bert-datagen \[pid (\d+), [^\]]*\]: ([\d,]+) files", line)
