@@ -164,7 +164,7 @@ def train_and_evaluate(s: Settings, row: Row, data: str, held_out: str, seed: in
 def _train_and_evaluate(s: Settings, run: str, data: str, held_out: str, seed: int) -> dict:
     from bert_datagen.trainer.pretrain.evaluate import evaluate_run
     from bert_datagen.trainer.pretrain.train import pretrain
-    from bert_datagen.trainer.run.config import TrainConfig
+    from bert_datagen.trainer.runtime.config import TrainConfig
 
     started = time.perf_counter()
     pretrain(TrainConfig(data=data, out=run, model=s.model, batch_size=s.batch_size, steps=s.steps,
@@ -190,7 +190,7 @@ def build_sst2(s: Settings, vocab: str) -> str:
 
 def finetune_sst2(s: Settings, row: Row, sst2: str, seed: int) -> dict:
     """Fine-tune the row's pre-trained model for `sst2_steps` steps; its dev-set metrics."""
-    from bert_datagen.trainer.finetune.run import FinetuneConfig, finetune
+    from bert_datagen.trainer.finetune.train import FinetuneConfig, finetune
 
     run = os.path.join(s.out, "finetune", f"{data_slug(row)}-seed{seed}")
 

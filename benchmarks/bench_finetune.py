@@ -136,7 +136,7 @@ def build_wnut(work: str, train_sentences: int) -> str:
 
 
 def ours(setup: Setup, work: str, seed: int, epochs: float) -> dict[str, float]:
-    from bert_datagen.trainer.finetune.run import FinetuneConfig, finetune
+    from bert_datagen.trainer.finetune.train import FinetuneConfig, finetune
 
     cfg = FinetuneConfig(data=setup.data, out=os.path.join(work, f"ours-{setup.name}-{seed}-{time.time_ns()}"),
                          init_checkpoint=minilm_dir(), epochs=epochs, learning_rate=setup.learning_rate,
@@ -256,8 +256,8 @@ def seconds_per_step(setup: Setup, work: str, timing_steps: int) -> dict[str, di
     import tensorflow as tf
     import transformers
 
-    from bert_datagen.trainer.finetune.run import FinetuneConfig, FinetuneRun
-    from bert_datagen.trainer.run.optimizer import learning_rate
+    from bert_datagen.trainer.finetune.train import FinetuneConfig, FinetuneRun
+    from bert_datagen.trainer.runtime.optimizer import learning_rate
 
     run = FinetuneRun(FinetuneConfig(data=setup.data, out=os.path.join(work, f"timing-{setup.name}-{time.time_ns()}"),
                                      init_checkpoint=minilm_dir(), batch_size=setup.batch_size, seed=1,

@@ -1,7 +1,7 @@
 """What reading through the global order adds to a pre-training step (issue: under 2%).
 
 The same run twice on one synthetic dataset (128 tokens): once reading every batch through the
-order (`trainer/run/ordered_input.py`, as `bert-train pretrain` does), once fed one batch held in
+order (`trainer/runtime/ordered_input.py`, as `bert-train pretrain` does), once fed one batch held in
 memory (no reading at all), same model and steps; the ratio of their step times is the cost of the
 order layer as the trainer sees it (the reader works a batch ahead on a thread). The reader's own
 time per batch, alone, bounds what it could cost without that overlap.
@@ -20,13 +20,13 @@ from pathlib import Path
 
 def _timed_run(data: str, out: Path, model: str, steps: int, batch: int, from_memory: bool) -> float:
     """Seconds per step over the second half of a run of 2 x ``steps`` (the first half traces)."""
-    from bert_datagen.trainer.pretrain.train import Run
-    from bert_datagen.trainer.run.config import TrainConfig
+    from bert_datagen.trainer.pretrain.train import PretrainRun
+    from bert_datagen.trainer.runtime.config import TrainConfig
 
     cfg = TrainConfig(data=data, out=str(out), model=model, batch_size=batch, steps=2 * steps, warmup_steps=1,
                       checkpoint_every=10_000, log_every=steps, eval_batches=1, seed=1)
     lines: list[str] = []
-    run = Run(cfg, log=lines.append)
+    run = PretrainRun(cfg, log=lines.append)
     if from_memory:
         held = run._batch_for_step(0)
         run._batch_for_step = lambda step: held

@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from bert_datagen.trainer.model.config import BertConfig
-from bert_datagen.trainer.run import checkpoint as ckpt_lib
+from bert_datagen.trainer.runtime import checkpoint as ckpt_lib
 from tests.support.cluster import bert_train, finish_all, free_ports, tf_config, train_scalars
 from tests.support.synthetic import write_synthetic_dataset
 from tests.support.task_fixtures import VOCAB, classification_dataset, write_pretrain_run

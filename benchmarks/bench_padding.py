@@ -5,7 +5,7 @@ synthetic at 128, and at 512 on real text (`bert-datagen run` with and without `
 Wikipedia samples from ../shared/corpora, `--corpus-512`: English with 17% padding at 512 and
 Vietnamese with 46%; each skipped with a reason when its folder is absent).
 
-Both sides of each ratio run the trainer's own step (`finetune.run.FinetuneRun`, `pretrain.train.Run`) in
+Both sides of each ratio run the trainer's own step (`finetune.train.FinetuneRun`, `pretrain.train.Run`) in
 one process, on the same model size and data, timed after a warm-up that traces every batch shape.
 The fine-tuning sides and the 512-token pre-training sides take their steps in turn (the shared
 machine's load moves by minutes); the fine-tuning ones are compared with `transformers`'
@@ -56,9 +56,9 @@ def finetune_stepper(data: str, out: str, model: str, batch_size: int, group_by_
     step number the timing starts at, the run)."""
     import tensorflow as tf
 
-    from bert_datagen.trainer.finetune.run import FinetuneConfig, FinetuneRun
+    from bert_datagen.trainer.finetune.train import FinetuneConfig, FinetuneRun
     from bert_datagen.trainer.model.config import BertConfig
-    from bert_datagen.trainer.run.devices import replica_slices
+    from bert_datagen.trainer.runtime.devices import replica_slices
     from tests.support.task_fixtures import write_pretrain_run
 
     init = write_pretrain_run(out + "-init", BertConfig.from_name(model, VOCAB))
@@ -212,8 +212,8 @@ def pretraining_stepper(model: str, batches: list[dict], packed: bool, vocab_siz
     from bert_datagen.trainer.model.bert import build_model, tf1_variable_map
     from bert_datagen.trainer.model.config import BertConfig
     from bert_datagen.trainer.pretrain.step import make_step_functions
-    from bert_datagen.trainer.run.config import TrainConfig
-    from bert_datagen.trainer.run.optimizer import make_optimizer
+    from bert_datagen.trainer.runtime.config import TrainConfig
+    from bert_datagen.trainer.runtime.optimizer import make_optimizer
 
     bert = BertConfig.from_name(model, vocab_size)
     cfg = TrainConfig(data="unused", out="unused", batch_size=len(batches[0]["input_ids"]))

@@ -60,8 +60,8 @@ def training_flops_per_sequence(bert, seq: int, predictions: int) -> float:
 
 
 def _make_run(workdir: str, size: str, vocab: int, seq: int, preds: int, batch: int, masking: str = "static"):
-    from bert_datagen.trainer.pretrain.train import Run
-    from bert_datagen.trainer.run.config import TrainConfig
+    from bert_datagen.trainer.pretrain.train import PretrainRun
+    from bert_datagen.trainer.runtime.config import TrainConfig
     from tests.support.synthetic import write_synthetic_dataset
 
     data = os.path.join(workdir, f"data-{vocab}-{seq}-{masking}")
@@ -70,7 +70,7 @@ def _make_run(workdir: str, size: str, vocab: int, seq: int, preds: int, batch: 
                                 records_per_shard=256, eval_records=0, masking=masking)
     cfg = TrainConfig(data=data, out=os.path.join(workdir, f"run-{size}-{masking}"), model=size, batch_size=batch,
                       steps=10**6, learning_rate=1e-4, warmup_steps=100)
-    return Run(cfg, log=lambda _: None)
+    return PretrainRun(cfg, log=lambda _: None)
 
 
 def _timed_steps(run, batches, step0: int) -> tuple[float, float]:
@@ -171,7 +171,7 @@ def masking_cost(batch: int = 32, seq: int = 128, repeats: int = 50) -> dict[str
 def main(quick: bool = False) -> dict:
     import tensorflow as tf
 
-    from bert_datagen.trainer.run.devices import enable_determinism
+    from bert_datagen.trainer.runtime.devices import enable_determinism
 
     enable_determinism(0)
     results: dict = {"intra_op_threads": tf.config.threading.get_intra_op_parallelism_threads()}

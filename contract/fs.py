@@ -9,7 +9,7 @@ Layering: this module is Beam-free and TF-free. `PathFS` routes local paths to `
 (s3://, gs://) to `bert_datagen.contract.buckets` (s3fs and gcsfs, the same clients in every layer and
 process: the CLIs, Beam's workers, the loaders, the trainer), and any other scheme to a backend the
 layer above plugs in: `bert_datagen.pipelines.beam.fsio.BEAM_FS` over Beam's FileSystems (filesystems
-registered with Beam, such as the tests' fake stores), `bert_datagen.trainer.run.gfs.GFILE_FS` over
+registered with Beam, such as the tests' fake stores), `bert_datagen.trainer.runtime.gfs.GFILE_FS` over
 tf.io.gfile; `DEFAULT_FS` (the loaders') has none. Library code in contract/ never picks one: callers
 pass it.
 

@@ -86,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     stage(f"task dataset (bert-datagen task): {data}")
 
     from bert_datagen.trainer.finetune.cli import predict_run
-    from bert_datagen.trainer.finetune.run import FinetuneConfig, finetune
+    from bert_datagen.trainer.finetune.train import FinetuneConfig, finetune
 
     run = os.path.join(out, "run")
     stage(f"fine-tuning {pretrain_run} -> {run}")

@@ -117,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from bert_datagen.trainer.pretrain.evaluate import evaluate_run
     from bert_datagen.trainer.pretrain.train import pretrain
-    from bert_datagen.trainer.run.config import TrainConfig
+    from bert_datagen.trainer.runtime.config import TrainConfig
 
     phase1 = os.path.join(out, "phase1")
     stage(f"phase 1: tiny model, 128 tokens, {args.phase1_steps} steps of {args.batch_size} -> {phase1}")

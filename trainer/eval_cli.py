@@ -59,7 +59,7 @@ def eval_command(ctx: click.Context, run, init_checkpoint, bert_config_file, dat
                                  param_hint="--split")
     try:
         from bert_datagen.trainer.pretrain.evaluate import evaluate_external, evaluate_run
-        from bert_datagen.trainer.run.devices import enable_determinism
+        from bert_datagen.trainer.runtime.devices import enable_determinism
 
         enable_determinism(0)
         if (run is None) == (init_checkpoint is None):

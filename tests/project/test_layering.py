@@ -54,7 +54,7 @@ LAYERS: dict[str, frozenset[str]] = {
 # stats, diff, batches, the card) on the contract alone; `run` writes a pre-training dataset and its
 # card; `task` shares `run`'s driver steps; the command groups on top.
 SUBLAYERS: dict[str, list[frozenset[str]]] = {
-    "trainer": [frozenset({"errors", "quiet"}), frozenset({"model"}), frozenset({"run"}), frozenset({"interop"}),
+    "trainer": [frozenset({"errors", "quiet"}), frozenset({"model"}), frozenset({"runtime"}), frozenset({"interop"}),
                 frozenset({"pretrain"}), frozenset({"finetune"}), frozenset({"cli", "eval_cli"})],
     "pipelines": [frozenset({"beam"}), frozenset({"tools"}), frozenset({"pretraining"}), frozenset({"tasks"}),
                   frozenset({"cli", "vocab_cli"})],
@@ -271,20 +271,20 @@ def test_checker_passes_a_clean_tree(tmp_path) -> None:
 
 
 def test_checker_finds_upward_and_sideways_imports_between_sub_packages(tmp_path) -> None:
-    order = {"trainer": [frozenset({"errors"}), frozenset({"model"}), frozenset({"run"}),
+    order = {"trainer": [frozenset({"errors"}), frozenset({"model"}), frozenset({"runtime"}),
                          frozenset({"cli", "eval_cli"})],
              "pipelines": [frozenset({"beam"}), frozenset({"tools"})]}
     root = _tree(tmp_path, {
         "trainer/__init__.py": "",
         "trainer/errors.py": "",
         "trainer/cli.py": "from bert_datagen.trainer import eval_cli\n",  # sideways within the top rank
-        "trainer/eval_cli.py": "from bert_datagen.trainer.run.loop import go\nfrom bert_datagen.trainer import errors\n",
+        "trainer/eval_cli.py": "from bert_datagen.trainer.runtime.loop import go\nfrom bert_datagen.trainer import errors\n",
         "trainer/model/__init__.py": "",
-        "trainer/model/bert.py": "def f():\n    from ..run.config import BertConfig  # lazy, relative: still upward\n",
+        "trainer/model/bert.py": "def f():\n    from ..runtime.config import BertConfig  # lazy, relative: still upward\n",
         "trainer/model/heads.py": "from bert_datagen.trainer.model.bert import f\nfrom bert_datagen.trainer.errors import E\n",
-        "trainer/run/__init__.py": "",
-        "trainer/run/config.py": "from bert_datagen.trainer.model import bert\n",
-        "trainer/run/loop.py": "from bert_datagen.trainer.run.config import x\n",
+        "trainer/runtime/__init__.py": "",
+        "trainer/runtime/config.py": "from bert_datagen.trainer.model import bert\n",
+        "trainer/runtime/loop.py": "from bert_datagen.trainer.runtime.config import x\n",
         "trainer/interop/__init__.py": "",
         "trainer/interop/hf.py": "from bert_datagen.trainer.model import bert\n",  # a sub-package not in the order
         "pipelines/__init__.py": "",
@@ -297,19 +297,19 @@ def test_checker_finds_upward_and_sideways_imports_between_sub_packages(tmp_path
     found = [v.replace("bert_datagen.", "") for v in sublayer_violations(import_graph(root), order)]
     assert found == ["pipelines.beam.options -> pipelines.tools.kinds", "trainer.cli -> trainer.eval_cli",
                      "trainer.interop: not in the order", "trainer.interop.hf: not in the order",
-                     "trainer.model.bert -> trainer.run.config"]
+                     "trainer.model.bert -> trainer.runtime.config"]
 
 
 def test_checker_passes_sub_packages_in_order(tmp_path) -> None:
-    order = {"trainer": [frozenset({"errors"}), frozenset({"model"}), frozenset({"run"})], "pipelines": []}
+    order = {"trainer": [frozenset({"errors"}), frozenset({"model"}), frozenset({"runtime"})], "pipelines": []}
     root = _tree(tmp_path, {
         "trainer/__init__.py": "",
         "trainer/errors.py": "from bert_datagen.contract.m import x\n",
         "trainer/model/__init__.py": "",
         "trainer/model/config.py": "from bert_datagen.trainer.errors import ConfigError\n",
         "trainer/model/bert.py": "from .config import BertConfig\nfrom bert_datagen.trainer import errors\n",
-        "trainer/run/__init__.py": "",
-        "trainer/run/step.py": "from bert_datagen.trainer.model.bert import f\nimport bert_datagen.trainer.errors\n",
+        "trainer/runtime/__init__.py": "",
+        "trainer/runtime/step.py": "from bert_datagen.trainer.model.bert import f\nimport bert_datagen.trainer.errors\n",
         "contract/m.py": "",
     })
     assert sublayer_violations(import_graph(root), order) == []

@@ -15,7 +15,7 @@ TOP_LEVEL = (*PACKAGES, "examples", "tests", "benchmarks")
 def named_modules(text: str) -> set[str]:
     """Module paths the map names, relative to the repository root.
 
-    In the "Modules" list a bullet opens with its folder (`- `trainer/run/`: ...`) and names that
+    In the "Modules" list a bullet opens with its folder (`- `trainer/runtime/`: ...`) and names that
     folder's modules by file name (`config.py`); a path with a folder (`datagen/rng.py`), anywhere
     in the file, is read from the repository root.
     """

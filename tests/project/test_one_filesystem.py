@@ -15,7 +15,7 @@ OWN_TEMP_NAMES = {
     "datagen/embedded.py",
     # Checkpoint temp directories (`.tmp-ckpt-<step>-*`, mkdtemp) have their own cleanup
     # (checkpoint.cleanup_partial), which tests and older runs rely on.
-    "trainer/run/checkpoint.py",
+    "trainer/runtime/checkpoint.py",
 }
 SCHEME_TEST = re.compile(r"""["']://["']\s+(not\s+)?in\b|\bin\s+["']://["']""")
 TEMP_LITERAL = re.compile(r"""["'][^"'\n]*\.tmp\b[^"'\n]*["']""")
@@ -54,7 +54,7 @@ def test_every_cleanup_knows_the_one_temp_form(tmp_path) -> None:
     (run / "eval").mkdir(parents=True)
     for directory in (run, run / "eval"):
         (directory / temp_name("metrics.json")).write_text("partial")
-    from bert_datagen.trainer.run.rundir import cleanup_temp  # the trainer's run directories
+    from bert_datagen.trainer.runtime.rundir import cleanup_temp  # the trainer's run directories
 
     cleanup_temp(run)
     assert sorted(p.name for p in run.rglob("*")) == ["eval"]

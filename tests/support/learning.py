@@ -15,7 +15,7 @@ from click.testing import CliRunner
 from bert_datagen.trainer.interop.loading import restore_model
 from bert_datagen.trainer.pretrain.data import eval_dataset, open_pretraining_data
 from bert_datagen.trainer.pretrain.train import pretrain
-from bert_datagen.trainer.run.config import TrainConfig
+from bert_datagen.trainer.runtime.config import TrainConfig
 
 # (format, files under ../shared/corpora): Wikipedia in three languages and two French novels.
 MULTILINGUAL = (("wikiextractor", "enwiki_extract_2015/wiki_00"), ("wikiextractor", "zhwiki_sample/wiki_00"),

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from bert_datagen.trainer.model.config import BertConfig
-from bert_datagen.trainer.run import checkpoint as ckpt_lib
+from bert_datagen.trainer.runtime import checkpoint as ckpt_lib
 from tests.support.synthetic_task import write_task_dataset
 
 SPECIAL = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]

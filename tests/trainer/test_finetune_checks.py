@@ -226,7 +226,7 @@ def _tf1_checkpoint(directory: Path, vocab_text: str | None) -> str:
 
 def test_a_task_vocab_other_than_the_checkpoints_is_refused_unless_allowed(tmp_path, data):
     from bert_datagen.trainer.errors import DataError
-    from bert_datagen.trainer.finetune.run import FinetuneConfig, FinetuneRun
+    from bert_datagen.trainer.finetune.train import FinetuneConfig, FinetuneRun
     from tests.support.task_fixtures import VOCAB
 
     swapped = list(VOCAB)
@@ -254,7 +254,7 @@ def test_a_task_vocab_other_than_the_checkpoints_is_refused_unless_allowed(tmp_p
 
 def test_init_from_a_pretraining_run_compares_the_vocab_of_its_dataset(tmp_path, data):
     from bert_datagen.trainer.errors import DataError
-    from bert_datagen.trainer.finetune.run import FinetuneConfig, FinetuneRun
+    from bert_datagen.trainer.finetune.train import FinetuneConfig, FinetuneRun
     from tests.support.synthetic import write_synthetic_dataset
 
     pre = write_synthetic_dataset(str(tmp_path / "pre"), vocab_size=40, seq_len=16, max_pred=3)

@@ -23,7 +23,7 @@ import pytest
 
 pytest.importorskip("tensorflow")
 
-from bert_datagen.trainer.run import checkpoint as ckpt_lib  # noqa: E402
+from bert_datagen.trainer.runtime import checkpoint as ckpt_lib  # noqa: E402
 from bert_datagen.vocab.train import train_vocab  # noqa: E402
 from examples.finetune_demo import LABELS, main, write_tsvs  # noqa: E402
 from tests.support.task_fixtures import tiny_bert, write_pretrain_run  # noqa: E402

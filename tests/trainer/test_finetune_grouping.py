@@ -101,8 +101,8 @@ def test_trimmed_predictions_equal_padded_to_max(tmp_path, kind):
 
 @pytest.mark.integration
 def test_a_grouped_run_resumes_exactly(tmp_path):
-    from bert_datagen.trainer.finetune.run import FinetuneConfig, finetune
-    from bert_datagen.trainer.run import checkpoint as ckpt_lib
+    from bert_datagen.trainer.finetune.train import FinetuneConfig, finetune
+    from bert_datagen.trainer.runtime import checkpoint as ckpt_lib
     from tests.support.task_fixtures import write_pretrain_run
 
     init = write_pretrain_run(str(tmp_path / "pre"))

@@ -13,8 +13,8 @@ tf = pytest.importorskip("tensorflow")
 pytestmark = pytest.mark.integration  # several short runs, ~1 min in all
 
 from bert_datagen.trainer.errors import DataError, TrainingError  # noqa: E402
-from bert_datagen.trainer.finetune.run import FinetuneConfig, finetune, finetune_seeds  # noqa: E402
-from bert_datagen.trainer.run import checkpoint as ckpt_lib  # noqa: E402
+from bert_datagen.trainer.finetune.train import FinetuneConfig, finetune, finetune_seeds  # noqa: E402
+from bert_datagen.trainer.runtime import checkpoint as ckpt_lib  # noqa: E402
 from tests.support.task_fixtures import (  # noqa: E402
     classification_dataset,
     span_dataset,
@@ -170,7 +170,7 @@ def test_init_from_tf1_checkpoint_prefix(tmp_path):
     data = classification_dataset(str(tmp_path / "data"))
     cfg = FinetuneConfig(data=data, out=str(tmp_path / "run"), init_checkpoint=str(tmp_path / "bert_model.ckpt"),
                          max_steps=1, batch_size=8)
-    from bert_datagen.trainer.finetune.run import FinetuneRun
+    from bert_datagen.trainer.finetune.train import FinetuneRun
 
     run = FinetuneRun(cfg, log=lambda _: None)
     summary = run.restore_or_initialise()

@@ -18,7 +18,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from click.testing import CliRunner  # noqa: E402
 
 from bert_datagen.trainer.cli import main  # noqa: E402
-from bert_datagen.trainer.run import rundir  # noqa: E402
+from bert_datagen.trainer.runtime import rundir  # noqa: E402
 from tests.support.task_fixtures import classification_dataset, write_pretrain_run  # noqa: E402
 
 
@@ -137,7 +137,7 @@ def tuned_run(tmp_path_factory, task_data, init_run) -> Path:
 
 def test_finetune_resumes_only_on_its_dataset_and_settings(tmp_path, init_run):
     from bert_datagen.trainer.errors import TrainingError
-    from bert_datagen.trainer.finetune.run import FinetuneConfig, finetune
+    from bert_datagen.trainer.finetune.train import FinetuneConfig, finetune
 
     data = classification_dataset(str(tmp_path / "data"))
     cfg = FinetuneConfig(data=data, out=str(tmp_path / "run"), init_from=init_run, max_steps=4, batch_size=8,
@@ -155,7 +155,7 @@ def test_finetune_resumes_only_on_its_dataset_and_settings(tmp_path, init_run):
     classification_dataset(str(tmp_path / "data"), seed=1)
     with pytest.raises(TrainingError, match=f"not the dataset this run was started on.*{recorded['fingerprint']}"):
         finetune(cfg, log=lambda _: None)
-    from bert_datagen.trainer.run import checkpoint
+    from bert_datagen.trainer.runtime import checkpoint
 
     assert [step for step, _ in checkpoint.list_checkpoints(tmp_path / "run")] == [2]
     shutil.rmtree(tmp_path / "data")
@@ -266,7 +266,7 @@ class _Process:
 
 def _stopped_at_a_checkpoint(run: Path, code: int, stdout: str, stderr: str) -> int:
     """SIGINT or SIGTERM: the step done is saved and named, "interrupted", exit 130, no traceback."""
-    from bert_datagen.trainer.run import checkpoint as ckpt_lib
+    from bert_datagen.trainer.runtime import checkpoint as ckpt_lib
 
     assert code == 130 and "interrupted" in stderr and "Traceback" not in stderr, stderr
     step = ckpt_lib.list_checkpoints(run)[-1][0]

@@ -1,6 +1,6 @@
 """The fine-tuning step under the settings the pre-training tests cover (tests/trainer/test_trainer_runs.py):
 two mirrored replicas, mixed precision and an XLA-compiled step. Fine-tuning shares that step
-(trainer/run/step.py), but through its own objective, heads and loop; tiny task datasets."""
+(trainer/runtime/step.py), but through its own objective, heads and loop; tiny task datasets."""
 
 from __future__ import annotations
 
@@ -17,8 +17,8 @@ import pytest
 
 tf = pytest.importorskip("tensorflow")
 
-from bert_datagen.trainer.finetune.run import FinetuneConfig, FinetuneRun, finetune  # noqa: E402
-from bert_datagen.trainer.run import checkpoint as ckpt_lib  # noqa: E402
+from bert_datagen.trainer.finetune.train import FinetuneConfig, FinetuneRun, finetune  # noqa: E402
+from bert_datagen.trainer.runtime import checkpoint as ckpt_lib  # noqa: E402
 from tests.support.task_fixtures import classification_dataset, write_pretrain_run  # noqa: E402
 from tests.support.xla_checks import Recorded, assert_static_and_compiled, to_object_store  # noqa: E402
 
@@ -54,8 +54,8 @@ MIRRORED = textwrap.dedent("""
     import sys, numpy as np, tensorflow as tf
     cpu = tf.config.list_physical_devices("CPU")[0]
     tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
-    from bert_datagen.trainer.run import checkpoint as ck
-    from bert_datagen.trainer.finetune.run import FinetuneConfig, FinetuneRun
+    from bert_datagen.trainer.runtime import checkpoint as ck
+    from bert_datagen.trainer.finetune.train import FinetuneConfig, FinetuneRun
     data, init, out = sys.argv[1:4]
     runs = {"one-device": {"strategy": "one-device"}, "one-device-acc2": {"strategy": "one-device", "accumulation_steps": 2},
             "mirrored-acc2": {"strategy": "mirrored", "accumulation_steps": 2}}

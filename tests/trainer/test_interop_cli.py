@@ -16,7 +16,7 @@ from bert_datagen.trainer.errors import ConfigError  # noqa: E402
 from bert_datagen.trainer.interop.loading import read_checkpoint_arrays  # noqa: E402
 from bert_datagen.trainer.model.config import BertConfig  # noqa: E402
 from bert_datagen.trainer.model.weights import expected_tf1_shapes  # noqa: E402
-from bert_datagen.trainer.run import checkpoint as ckpt_lib  # noqa: E402
+from bert_datagen.trainer.runtime import checkpoint as ckpt_lib  # noqa: E402
 from tests.support.interop_names import VOCAB, assert_bitwise_equal  # noqa: E402
 from tests.support.synthetic import write_synthetic_dataset  # noqa: E402
 

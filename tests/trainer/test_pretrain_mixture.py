@@ -18,9 +18,9 @@ from bert_datagen.contract.loading.mixture import MIXTURE_FEATURE, MixedBatches 
 from bert_datagen.contract.loading.source import open_source  # noqa: E402
 from bert_datagen.trainer.cli import main  # noqa: E402
 from bert_datagen.trainer.pretrain import train as train_mod  # noqa: E402
-from bert_datagen.trainer.pretrain.train import Run  # noqa: E402
-from bert_datagen.trainer.run import cluster  # noqa: E402
-from bert_datagen.trainer.run.config import TrainConfig  # noqa: E402
+from bert_datagen.trainer.pretrain.train import PretrainRun  # noqa: E402
+from bert_datagen.trainer.runtime import cluster  # noqa: E402
+from bert_datagen.trainer.runtime.config import TrainConfig  # noqa: E402
 from tests.support.synthetic import write_synthetic_dataset  # noqa: E402
 
 B = 8
@@ -48,7 +48,7 @@ def test_trainer_batches_are_the_mixtures_on_any_worker_count(pair, tmp_path, mo
     reference = MixedBatches([open_source(a), open_source(b)], [0.7, 0.3], seed=3, batch_size=B, window=40)
     for world in (1, 2):
         monkeypatch.setattr(cluster, "worker_share", lambda w=world: (w, w - 1))  # the last rank's share
-        run = Run(config(a, b, tmp_path / f"r{world}"), log=lambda _: None)
+        run = PretrainRun(config(a, b, tmp_path / f"r{world}"), log=lambda _: None)
         for step in (0, 5, 13):
             want = reference.batch_at(step)
             want.pop(MIXTURE_FEATURE)

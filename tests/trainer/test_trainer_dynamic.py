@@ -20,8 +20,8 @@ from bert_datagen.trainer.pretrain.data import open_pretraining_data  # noqa: E4
 from bert_datagen.trainer.pretrain.dynamic_input import masking_config  # noqa: E402
 from bert_datagen.trainer.pretrain.earlier_runs_input import train_dataset  # noqa: E402
 from bert_datagen.trainer.pretrain.train import pretrain  # noqa: E402
-from bert_datagen.trainer.run import checkpoint as ckpt_lib  # noqa: E402
-from bert_datagen.trainer.run.config import TrainConfig  # noqa: E402
+from bert_datagen.trainer.runtime import checkpoint as ckpt_lib  # noqa: E402
+from bert_datagen.trainer.runtime.config import TrainConfig  # noqa: E402
 from tests.support.pipeline_corpus import make_documents, write_sentence_files, write_vocab  # noqa: E402
 
 

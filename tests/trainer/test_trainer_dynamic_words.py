@@ -20,7 +20,7 @@ from bert_datagen.pipelines.pretraining.run import generate_dataset  # noqa: E40
 from bert_datagen.trainer.pretrain.data import open_pretraining_data, training_source  # noqa: E402
 from bert_datagen.trainer.pretrain.earlier_runs_input import train_dataset  # noqa: E402
 from bert_datagen.trainer.pretrain.train import pretrain  # noqa: E402
-from bert_datagen.trainer.run.config import TrainConfig  # noqa: E402
+from bert_datagen.trainer.runtime.config import TrainConfig  # noqa: E402
 from tests.support.wwm import write_zh_corpus  # noqa: E402
 
 MASKED = ("input_ids", "masked_lm_positions", "masked_lm_ids", "masked_lm_weights")
@@ -55,7 +55,7 @@ def test_keras_inputs_mask_as_the_numpy_reader_does(dataset):
     reader = NumpyBatches(open_source(dataset), seed=9, batch_size=4)
     n = reader.order.total
     expected = numpy_masks(reader, 2 * n // 4)
-    # The global order the trainer reads (trainer/run/ordered_input.py): the same batches.
+    # The global order the trainer reads (trainer/runtime/ordered_input.py): the same batches.
     ordered = NumpyBatches(training_source(info), seed=9, batch_size=4)
     for step in (0, n // 4 + 1):
         got, want = ordered.batch_at(step), reader.batch_at(step)

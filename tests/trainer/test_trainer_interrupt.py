@@ -17,7 +17,7 @@ import pytest
 
 pytest.importorskip("tensorflow")
 
-from bert_datagen.trainer.run import checkpoint as ckpt_lib  # noqa: E402
+from bert_datagen.trainer.runtime import checkpoint as ckpt_lib  # noqa: E402
 from tests.support.synthetic import write_synthetic_dataset  # noqa: E402
 
 pytestmark = pytest.mark.integration

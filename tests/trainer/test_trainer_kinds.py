@@ -12,8 +12,8 @@ tf = pytest.importorskip("tensorflow")
 from bert_datagen.contract.loading.readers import batches_for  # noqa: E402
 from bert_datagen.contract.loading.source import open_source  # noqa: E402
 from bert_datagen.datagen.packed import compact_predictions  # noqa: E402
-from bert_datagen.trainer.pretrain.train import Run  # noqa: E402
-from bert_datagen.trainer.run.config import TrainConfig  # noqa: E402
+from bert_datagen.trainer.pretrain.train import PretrainRun  # noqa: E402
+from bert_datagen.trainer.runtime.config import TrainConfig  # noqa: E402
 from tests.support.task_fixtures import classification_dataset, write_pretrain_run  # noqa: E402
 
 
@@ -28,7 +28,7 @@ def _same(a: dict, b: dict, where: object) -> None:
 def test_pytorch_loop_sees_bert_train_finetunes_batches(tmp_path, grouped):
     torch = pytest.importorskip("torch")
     from bert_datagen.contract.loading.torch_adapter import torch_batches
-    from bert_datagen.trainer.finetune.run import FinetuneConfig, FinetuneRun
+    from bert_datagen.trainer.finetune.train import FinetuneConfig, FinetuneRun
 
     data = classification_dataset(str(tmp_path / "data"), n_train=110)  # 27 batches an epoch, 2 left over
     cfg = FinetuneConfig(data=data, out=str(tmp_path / "run"), init_from=write_pretrain_run(str(tmp_path / "pre")),
@@ -54,7 +54,7 @@ def test_numpy_reader_sees_bert_train_pretrains_packed_rows(tmp_path):
     data = write_packed_dataset(str(tmp_path / "packed"))
     cfg = TrainConfig(data=data, out=str(tmp_path / "run"), model="tiny", batch_size=4, steps=2, learning_rate=1e-3,
                       warmup_steps=1, seed=3, log_every=1, eval_batches=1)
-    run = Run(cfg, log=lambda _: None)
+    run = PretrainRun(cfg, log=lambda _: None)
     reader = batches_for(open_source(data), seed=3, batch_size=4)
     for step in (0, 7, 30):  # 30: past the first epoch
         ours = reader.batch_at(step)

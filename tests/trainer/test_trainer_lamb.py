@@ -19,9 +19,9 @@ from click.testing import CliRunner  # noqa: E402
 from bert_datagen.trainer.cli import main as train_cli  # noqa: E402
 from bert_datagen.trainer.errors import ConfigError  # noqa: E402
 from bert_datagen.trainer.pretrain.train import pretrain  # noqa: E402
-from bert_datagen.trainer.run import checkpoint as ckpt_lib  # noqa: E402
-from bert_datagen.trainer.run.config import TrainConfig  # noqa: E402
-from bert_datagen.trainer.run.optimizer import LAMB_UPDATES_KEY, AdamWeightDecay, Lamb, make_optimizer  # noqa: E402
+from bert_datagen.trainer.runtime import checkpoint as ckpt_lib  # noqa: E402
+from bert_datagen.trainer.runtime.config import TrainConfig  # noqa: E402
+from bert_datagen.trainer.runtime.optimizer import LAMB_UPDATES_KEY, AdamWeightDecay, Lamb, make_optimizer  # noqa: E402
 from tests.support.synthetic import write_synthetic_dataset  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent.parent
@@ -143,9 +143,9 @@ MIRRORED_LAMB = textwrap.dedent("""
     import sys, numpy as np, tensorflow as tf
     cpu = tf.config.list_physical_devices("CPU")[0]
     tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
-    from bert_datagen.trainer.run import checkpoint as ck
+    from bert_datagen.trainer.runtime import checkpoint as ck
     from bert_datagen.trainer.model.config import BertConfig
-    from bert_datagen.trainer.run.config import TrainConfig
+    from bert_datagen.trainer.runtime.config import TrainConfig
     from bert_datagen.trainer.pretrain.train import pretrain
     data, out = sys.argv[1], sys.argv[2]
     bert = BertConfig.from_name("tiny", 60).to_dict()  # dropout on: masks keyed by global batch position

@@ -19,9 +19,9 @@ from bert_datagen.cli import lock  # noqa: E402
 from bert_datagen.trainer.cli import main  # noqa: E402
 from bert_datagen.trainer.errors import TrainingError  # noqa: E402
 from bert_datagen.trainer.finetune.cli import predict_run  # noqa: E402
-from bert_datagen.trainer.finetune.run import FinetuneConfig, finetune, finetune_seeds  # noqa: E402
+from bert_datagen.trainer.finetune.train import FinetuneConfig, finetune, finetune_seeds  # noqa: E402
 from bert_datagen.trainer.interop.export import write_export_dir  # noqa: E402
-from bert_datagen.trainer.run import rundir  # noqa: E402
+from bert_datagen.trainer.runtime import rundir  # noqa: E402
 from tests.support.lock_holder import Holder  # noqa: E402
 from tests.support.pipeline_corpus import tree_snapshot  # noqa: E402
 

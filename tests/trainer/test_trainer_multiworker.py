@@ -15,7 +15,7 @@ import pytest
 tf = pytest.importorskip("tensorflow")
 
 from bert_datagen.trainer.model.config import BertConfig  # noqa: E402
-from bert_datagen.trainer.run import checkpoint as ckpt_lib  # noqa: E402
+from bert_datagen.trainer.runtime import checkpoint as ckpt_lib  # noqa: E402
 from tests.support.cluster import bert_train, finish, finish_all, free_ports, tf_config, train_scalars  # noqa: E402
 from tests.support.synthetic import write_synthetic_dataset  # noqa: E402
 
@@ -170,7 +170,7 @@ def test_workers_that_disagree_stop_before_anything_is_written(tmp_path):
 
 def test_the_first_difference_names_the_option_and_both_values():
     from bert_datagen.trainer.errors import ConfigError
-    from bert_datagen.trainer.run.cluster import check_same_records
+    from bert_datagen.trainer.runtime.cluster import check_same_records
 
     base = {"--batch-size": 8, "--skip-batches": [], "--out": "/runs/a", "the checkpoint it resumes from": "ckpt-00000010"}
     check_same_records([base, dict(base), dict(base)])

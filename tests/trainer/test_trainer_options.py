@@ -18,8 +18,8 @@ from bert_datagen.trainer.errors import ConfigError  # noqa: E402
 from bert_datagen.trainer.finetune.config import FinetuneConfig  # noqa: E402
 from bert_datagen.trainer.pretrain.earlier_runs_input import recorded_shuffle_buffer  # noqa: E402
 from bert_datagen.trainer.pretrain.options import as_run  # noqa: E402
-from bert_datagen.trainer.run import checkpoint as ckpt_lib  # noqa: E402
-from bert_datagen.trainer.run.config import TrainConfig  # noqa: E402
+from bert_datagen.trainer.runtime import checkpoint as ckpt_lib  # noqa: E402
+from bert_datagen.trainer.runtime.config import TrainConfig  # noqa: E402
 from tests.support.synthetic import write_synthetic_dataset  # noqa: E402
 from tests.support.task_fixtures import classification_dataset, span_dataset  # noqa: E402
 

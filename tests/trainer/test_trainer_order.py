@@ -23,10 +23,10 @@ from bert_datagen.trainer.errors import ConfigError  # noqa: E402
 from bert_datagen.trainer.finetune.data import bucket_lengths  # noqa: E402
 from bert_datagen.trainer.finetune.ordered import FinetuneBatches  # noqa: E402
 from bert_datagen.trainer.pretrain import train as train_mod  # noqa: E402
-from bert_datagen.trainer.pretrain.train import Run, pretrain  # noqa: E402
-from bert_datagen.trainer.run import checkpoint as ckpt_lib  # noqa: E402
-from bert_datagen.trainer.run import cluster  # noqa: E402
-from bert_datagen.trainer.run.config import TrainConfig  # noqa: E402
+from bert_datagen.trainer.pretrain.train import PretrainRun, pretrain  # noqa: E402
+from bert_datagen.trainer.runtime import checkpoint as ckpt_lib  # noqa: E402
+from bert_datagen.trainer.runtime import cluster  # noqa: E402
+from bert_datagen.trainer.runtime.config import TrainConfig  # noqa: E402
 from tests.support.synthetic import write_synthetic_dataset  # noqa: E402
 from tests.support.task_fixtures import classification_dataset  # noqa: E402
 
@@ -66,14 +66,14 @@ def assert_same(a: dict, b: dict) -> None:
         assert a[k].dtype == b[k].dtype and a[k].tobytes() == b[k].tobytes(), k
 
 
-def trainer_batch(run: Run, step: int) -> dict[str, np.ndarray]:
+def trainer_batch(run: PretrainRun, step: int) -> dict[str, np.ndarray]:
     return as_numpy(train_mod.with_sequence_weights(run._batch_for_step(step)))
 
 
 def test_each_workers_trainer_input_is_its_share_of_the_loaders_global_batch(dataset, tmp_path, monkeypatch):
     reference = NumpyBatches(open_source(dataset), seed=3, batch_size=B)
     steps = (0, 6, 17)  # 15 batches an epoch: 17 is in the second
-    one = Run(config(dataset, tmp_path / "r"), log=lambda _: None)
+    one = PretrainRun(config(dataset, tmp_path / "r"), log=lambda _: None)
     for step in steps:
         ref = reference.batch_at(step)
         ref.pop("instance_key", None)  # dynamic data: the masks are made from it, the model does not read it
@@ -83,7 +83,7 @@ def test_each_workers_trainer_input_is_its_share_of_the_loaders_global_batch(dat
         runs = []
         for rank in range(world):
             monkeypatch.setitem(cluster._joined, "task", cluster.ClusterTask([f"h:{p}" for p in range(world)], rank))
-            runs.append(Run(config(dataset, tmp_path / "r"), log=lambda _: None))
+            runs.append(PretrainRun(config(dataset, tmp_path / "r"), log=lambda _: None))
         for step in steps:
             shares = [trainer_batch(run, step) for run in runs]
             assert all(len(s["input_ids"]) == B // world for s in shares)
@@ -95,7 +95,7 @@ def test_the_pytorch_adapter_gives_the_trainers_batches(dataset, tmp_path):
     torch = pytest.importorskip("torch")
     from bert_datagen.contract.loading.torch_adapter import torch_batches
 
-    run = Run(config(dataset, tmp_path / "r"), log=lambda _: None)
+    run = PretrainRun(config(dataset, tmp_path / "r"), log=lambda _: None)
     adapter = torch_batches(open_source(dataset), seed=3, batch_size=B, world_size=1, rank=0, start=5)
     for step, batch in zip(range(5, 8), adapter.loader(num_workers=0), strict=False):
         batch = {k: v.numpy() for k, v in batch.items() if k != "instance_key"}
@@ -115,7 +115,7 @@ def test_skip_batches_on_resume_equals_skipping_from_the_start_and_is_recorded(s
     for name, value in ckpt_lib.load_arrays(a, ckpt_lib.MODEL_FILE).items():
         assert value.tobytes() == ckpt_lib.load_arrays(b, ckpt_lib.MODEL_FILE)[name].tobytes(), name
     # Steps 2 and 3 read global batches 4 and 5.
-    run = Run(config(dataset, tmp_path / "c", skip_batches=[[2, 3]]), log=lambda _: None)
+    run = PretrainRun(config(dataset, tmp_path / "c", skip_batches=[[2, 3]]), log=lambda _: None)
     run.restore_or_initialise()
     assert_same(trainer_batch(run, 3), as_numpy(NumpyBatches(open_source(dataset), seed=3, batch_size=B).batch_at(5)))
     # The same command again is fine; skipping what the run has trained on is refused.

@@ -21,8 +21,8 @@ from bert_datagen.trainer.model.config import BertConfig  # noqa: E402
 from bert_datagen.trainer.pretrain.data import DataError, open_pretraining_data  # noqa: E402
 from bert_datagen.trainer.pretrain.earlier_runs_input import train_dataset  # noqa: E402
 from bert_datagen.trainer.pretrain.train import TrainingError, pretrain  # noqa: E402
-from bert_datagen.trainer.run import checkpoint as ckpt_lib  # noqa: E402
-from bert_datagen.trainer.run.config import TrainConfig  # noqa: E402
+from bert_datagen.trainer.runtime import checkpoint as ckpt_lib  # noqa: E402
+from bert_datagen.trainer.runtime.config import TrainConfig  # noqa: E402
 from tests.support.synthetic import write_synthetic_dataset  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent.parent
@@ -107,9 +107,9 @@ MIRRORED_SCRIPT = textwrap.dedent("""
     import sys, numpy as np, tensorflow as tf
     cpu = tf.config.list_physical_devices("CPU")[0]
     tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
-    from bert_datagen.trainer.run import checkpoint as ck
+    from bert_datagen.trainer.runtime import checkpoint as ck
     from bert_datagen.trainer.model.config import BertConfig
-    from bert_datagen.trainer.run.config import TrainConfig
+    from bert_datagen.trainer.runtime.config import TrainConfig
     from bert_datagen.trainer.pretrain.train import pretrain
     data, out = sys.argv[1], sys.argv[2]
     bert = BertConfig.from_name("tiny", 120).to_dict()  # dropout 0.1, the default

@@ -33,8 +33,8 @@ from bert_datagen.trainer.interop.tf1 import write_tf1_checkpoint  # noqa: E402
 from bert_datagen.trainer.model.weights import expected_tf1_shapes  # noqa: E402
 from bert_datagen.trainer.pretrain.data import open_pretraining_data  # noqa: E402
 from bert_datagen.trainer.pretrain.train import pretrain  # noqa: E402
-from bert_datagen.trainer.run import checkpoint as ckpt_lib  # noqa: E402
-from bert_datagen.trainer.run.config import TrainConfig  # noqa: E402
+from bert_datagen.trainer.runtime import checkpoint as ckpt_lib  # noqa: E402
+from bert_datagen.trainer.runtime.config import TrainConfig  # noqa: E402
 from tests.support.synthetic import write_synthetic_dataset  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent.parent
@@ -456,7 +456,7 @@ def test_a_sigint_swallowed_during_start_up_stops_the_loop_before_its_first_step
     import threading
 
     from bert_datagen.cli import plumbing as cliutil
-    from bert_datagen.trainer.run.stopping import interrupts_between_steps
+    from bert_datagen.trainer.runtime.stopping import interrupts_between_steps
 
     seen = threading.Event()
     seen.set()

@@ -13,9 +13,9 @@ import pytest
 tf = pytest.importorskip("tensorflow")
 
 from bert_datagen.trainer.model.config import BertConfig  # noqa: E402
-from bert_datagen.trainer.pretrain.train import Run  # noqa: E402
-from bert_datagen.trainer.run import checkpoint as ckpt_lib  # noqa: E402
-from bert_datagen.trainer.run.config import TrainConfig  # noqa: E402
+from bert_datagen.trainer.pretrain.train import PretrainRun  # noqa: E402
+from bert_datagen.trainer.runtime import checkpoint as ckpt_lib  # noqa: E402
+from bert_datagen.trainer.runtime.config import TrainConfig  # noqa: E402
 from tests.support.synthetic import write_synthetic_dataset  # noqa: E402
 from tests.support.xla_checks import Recorded, assert_static_and_compiled, to_object_store  # noqa: E402
 
@@ -28,13 +28,13 @@ def test_pretraining_step_compiles_with_static_shapes_from_gfile_data(tmp_path):
     # 20 records, batches of 8: each epoch leaves 4 over, which must not make a smaller batch.
     settings = dict(bert_config=bert, batch_size=8, steps=3, accumulation_steps=2, learning_rate=1e-3,
                     warmup_steps=1, seed=1, checkpoint_every=3, log_every=1, eval_batches=1)
-    run = Run(TrainConfig(data=data, out=str(tmp_path / "run"), jit=True, **settings), log=lambda _: None)
+    run = PretrainRun(TrainConfig(data=data, out=str(tmp_path / "run"), jit=True, **settings), log=lambda _: None)
     run.steps.train_step = recorded = Recorded(run.steps.train_step)
     result = run.pretrain()
     assert result["step"] == 3 and result["eval"]["examples"] == 8
     assert_static_and_compiled(recorded, micro_batch=4)
     # XLA draws the dropout masks of the graph step (the same Philox words, compared as integers).
-    Run(TrainConfig(data=local, out=str(tmp_path / "graph"), **settings), log=lambda _: None).pretrain()
+    PretrainRun(TrainConfig(data=local, out=str(tmp_path / "graph"), **settings), log=lambda _: None).pretrain()
     a, b = (ckpt_lib.load_arrays(ckpt_lib.resolve_checkpoint(tmp_path / name), ckpt_lib.MODEL_FILE)
             for name in ("graph", "run"))
     worst = max(float(np.abs(a[k] - b[k]).max()) for k in a)

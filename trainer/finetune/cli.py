@@ -9,7 +9,7 @@ import click
 from bert_datagen.cli.plumbing import FiniteFloat, Int, given, refuse_unused_options
 from bert_datagen.contract.ranges import MAX_SEED, MAX_TIMEOUT_S
 from bert_datagen.trainer.finetune.config import BUCKETS, SPAN_METRICS
-from bert_datagen.trainer.run.config import PRECISIONS, STRATEGIES, ConfigError
+from bert_datagen.trainer.runtime.config import PRECISIONS, STRATEGIES, ConfigError
 
 
 def _user_errors() -> tuple[type[Exception], ...]:
@@ -93,14 +93,14 @@ def finetune_command(ctx: click.Context, bert_config_file, seeds, seed, epochs, 
     errors = _user_errors()
     try:
         if options["strategy"] == "multi-worker":  # before anything runs on TensorFlow (run/cluster.py)
-            from bert_datagen.trainer.run.cluster import join_for
-            from bert_datagen.trainer.run.rundir import FINETUNING
+            from bert_datagen.trainer.runtime.cluster import join_for
+            from bert_datagen.trainer.runtime.rundir import FINETUNING
 
             join_for(options["out"], FINETUNING, cluster_timeout)
         from bert_datagen.trainer.finetune.checks import threshold_unused
         from bert_datagen.trainer.finetune.config import TASK_DEFAULTS, FinetuneConfig
         from bert_datagen.trainer.finetune.data import open_task_dataset
-        from bert_datagen.trainer.finetune.run import finetune, finetune_seeds
+        from bert_datagen.trainer.finetune.train import finetune, finetune_seeds
 
         dataset = open_task_dataset(options["data"])
         reason = threshold_unused(dataset, evaluated=eval_split.lower() != "none")
@@ -151,7 +151,7 @@ def predict_run(run: str, data: str, split: str, out: str | None, batch_size: in
     import contextlib
 
     from bert_datagen.trainer.finetune.evaluate import check_predictions_out
-    from bert_datagen.trainer.run.rundir import output_lock
+    from bert_datagen.trainer.runtime.rundir import output_lock
 
     if out:
         check_predictions_out(out, overwrite)
@@ -169,7 +169,7 @@ def _predict(run: str, data: str, split: str, out: str | None, batch_size: int,
     from bert_datagen.trainer.finetune.data import check_split_files, open_task_dataset
     from bert_datagen.trainer.finetune.evaluate import evaluate_split, write_predictions_dir
     from bert_datagen.trainer.interop.finetune_export import restore_finetuned
-    from bert_datagen.trainer.run.devices import enable_determinism
+    from bert_datagen.trainer.runtime.devices import enable_determinism
 
     enable_determinism(0)
     model, bert, task, ckpt = restore_finetuned(run)

@@ -10,7 +10,7 @@ from typing import Any, ClassVar
 
 from bert_datagen.contract.loading.task_batches import BUCKETS  # noqa: F401 (re-exported: the CLI help states it)
 from bert_datagen.contract.ranges import INT64_MAX
-from bert_datagen.trainer.run.config import PRECISIONS, STRATEGIES, ConfigError, check_seed, check_tpu
+from bert_datagen.trainer.runtime.config import PRECISIONS, STRATEGIES, ConfigError, check_seed, check_tpu
 
 SPAN_METRICS = ("auto", "squad", "cmrc2018")
 # RECIPE.md section 10: run_classifier.py and run_squad.py defaults (tagging follows the classifier).

@@ -27,7 +27,7 @@ from bert_datagen.trainer.pretrain.data import (
     find_bad_record,
     open_manifest_dataset,
 )
-from bert_datagen.trainer.run import gfs
+from bert_datagen.trainer.runtime import gfs
 
 
 @dataclass

@@ -36,8 +36,8 @@ from bert_datagen.trainer.finetune.data import (
     split_data_error,
     trim_batch,
 )
-from bert_datagen.trainer.run import rundir
-from bert_datagen.trainer.run.rundir import write_atomic
+from bert_datagen.trainer.runtime import rundir
+from bert_datagen.trainer.runtime.rundir import write_atomic
 
 
 @dataclass

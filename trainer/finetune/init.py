@@ -22,7 +22,7 @@ import numpy as np
 
 from bert_datagen.trainer.model.config import BertConfig
 from bert_datagen.trainer.model.heads import FineTuneModel, encoder_variable_map
-from bert_datagen.trainer.run import checkpoint as ckpt_lib
+from bert_datagen.trainer.runtime import checkpoint as ckpt_lib
 
 if TYPE_CHECKING:
     from bert_datagen.contract.manifest import Manifest
@@ -139,7 +139,7 @@ def init_vocab(init_from: str | None, init_checkpoint: str | None) -> VocabRef |
 
 def _unchanged_manifest(data: str, fingerprint: str | None) -> Manifest | None:
     """The manifest of the dataset a run recorded, if it is still the same dataset."""
-    from bert_datagen.trainer.run.dataset_dir import load_dataset_manifest
+    from bert_datagen.trainer.runtime.dataset_dir import load_dataset_manifest
 
     manifest = load_dataset_manifest(data) if data else None
     return manifest if manifest is not None and manifest.fingerprint == fingerprint else None

@@ -1,4 +1,4 @@
-"""Fine-tuning's training batches through the global sample order (`trainer/run/ordered_input.py`):
+"""Fine-tuning's training batches through the global sample order (`trainer/runtime/ordered_input.py`):
 `bert_datagen.contract.loading.task_batches` computes them (the order, the epochs, length groups), so
 the NumPy and PyTorch readers give a fine-tuning loop exactly these batches; here the trainer opens
 the split through tf.io.gfile and names a loader error as its DataError."""
@@ -11,7 +11,7 @@ from bert_datagen.contract.loading.order import GlobalOrder
 from bert_datagen.contract.loading.source import LoadError, open_source
 from bert_datagen.contract.loading.task_batches import BLOCK_SIZE, TaskBatches
 from bert_datagen.trainer.errors import DataError
-from bert_datagen.trainer.run.gfs import GFILE_FS
+from bert_datagen.trainer.runtime.gfs import GFILE_FS
 
 __all__ = ["BLOCK_SIZE", "FinetuneBatches"]
 

@@ -223,7 +223,7 @@ def postprocess(examples: Sequence[Mapping], windows: Sequence[Mapping], unique_
 
 
 def _write_json(path: Path, value) -> None:
-    from bert_datagen.trainer.run.rundir import write_atomic
+    from bert_datagen.trainer.runtime.rundir import write_atomic
 
     write_atomic(path, json.dumps(value, indent=4) + "\n")
 
@@ -244,7 +244,7 @@ def write_predictions(out_dir: str | Path, result: SquadPredictions, version_2: 
 def write_raw_logits(out_dir: str | Path, unique_ids: np.ndarray, start_logits: np.ndarray,
                      end_logits: np.ndarray) -> Path:
     """logits.npz (see the module docstring), atomically."""
-    from bert_datagen.trainer.run.rundir import replacing
+    from bert_datagen.trainer.runtime.rundir import replacing
 
     path = Path(out_dir) / RAW_LOGITS_FILE
     with replacing(path) as tmp:  # the temp name ends in .npz too, so numpy keeps it

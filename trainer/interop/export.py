@@ -34,9 +34,9 @@ from bert_datagen.trainer.interop.hf import (
 from bert_datagen.trainer.interop.loading import restore_model
 from bert_datagen.trainer.interop.tf1 import write_tf1_checkpoint
 from bert_datagen.trainer.model.weights import check_arrays, expected_tf1_shapes, model_tf1_arrays
-from bert_datagen.trainer.run import checkpoint as ckpt_lib
-from bert_datagen.trainer.run.dataset_dir import load_dataset_manifest
-from bert_datagen.trainer.run.rundir import output_lock
+from bert_datagen.trainer.runtime import checkpoint as ckpt_lib
+from bert_datagen.trainer.runtime.dataset_dir import load_dataset_manifest
+from bert_datagen.trainer.runtime.rundir import output_lock
 from bert_datagen.vocab.vocab_file import SPECIAL_TOKENS
 
 FORMATS = ("tf1", "hf")

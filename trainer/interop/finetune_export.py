@@ -26,8 +26,8 @@ from bert_datagen.trainer.model.heads import (
     finetune_variable_map,
     head_class,
 )
-from bert_datagen.trainer.run import checkpoint as ckpt_lib
-from bert_datagen.trainer.run.dataset_dir import load_dataset_manifest
+from bert_datagen.trainer.runtime import checkpoint as ckpt_lib
+from bert_datagen.trainer.runtime.dataset_dir import load_dataset_manifest
 
 
 def is_finetune_run(path: str | Path) -> bool:

@@ -104,7 +104,7 @@ _BERT_CONFIG_KEYS = ("attention_probs_dropout_prob", "hidden_act", "hidden_dropo
                      "initializer_range", "intermediate_size", "max_position_embeddings",
                      "num_attention_heads", "num_hidden_layers", "type_vocab_size", "vocab_size")
 # Hugging Face's names of the tanh approximation (the original BERT's activation); its "gelu" is erf,
-# our "gelu_exact" (trainer/run/config.py: the original's "gelu" is tanh).
+# our "gelu_exact" (trainer/runtime/config.py: the original's "gelu" is tanh).
 _TANH_GELU_NAMES = ("gelu_new", "gelu_pytorch_tanh", "gelu_fast")
 _TO_HF_ACT = {"gelu": "gelu_new", "gelu_new": "gelu_new", "gelu_exact": "gelu"}
 

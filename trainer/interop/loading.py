@@ -24,7 +24,7 @@ from bert_datagen.trainer.interop.tf1 import read_bert_config, read_tf1_checkpoi
 from bert_datagen.trainer.model.bert import BertPretrainer, build_model, tf1_variable_map
 from bert_datagen.trainer.model.config import BertConfig
 from bert_datagen.trainer.model.weights import LoadReport, assign_tf1_arrays, model_expected_shapes
-from bert_datagen.trainer.run import checkpoint as ckpt_lib
+from bert_datagen.trainer.runtime import checkpoint as ckpt_lib
 
 
 def dtype_policy(precision: str) -> str | None:

@@ -35,7 +35,7 @@ and the row's position in the global batch (`dropout_key`), so a run that restar
 draws exactly the masks the uninterrupted run would have, no random state needs saving, and the
 masks do not depend on how the global batch is cut over replicas, workers or micro-batches. The
 trainer derives the seed pair from (run seed, step) and the position from the replica's and the
-micro-batch's place in the global batch (`trainer/run/step.py`).
+micro-batch's place in the global batch (`trainer/runtime/step.py`).
 
 All kernels are plain `[in, out]` matrices and every weight has an original TF1 name
 (`tf1_variable_map`), so checkpoints convert without reshaping.

@@ -10,9 +10,9 @@ from bert_datagen.cli.plumbing import FiniteFloat, Int, refuse_unused_options
 from bert_datagen.contract.ranges import INT32_MAX, MAX_SEED, MAX_TIMEOUT_S
 from bert_datagen.trainer.errors import ConfigError, TrainerError
 from bert_datagen.trainer.model.config import MODEL_SIZES, BertConfig
-from bert_datagen.trainer.run.cluster import DEFAULT_TIMEOUT, join_for
-from bert_datagen.trainer.run.config import OPTIMIZERS, PRECISIONS, STRATEGIES, TrainConfig
-from bert_datagen.trainer.run.rundir import PRETRAINING
+from bert_datagen.trainer.runtime.cluster import DEFAULT_TIMEOUT, join_for
+from bert_datagen.trainer.runtime.config import OPTIMIZERS, PRECISIONS, STRATEGIES, TrainConfig
+from bert_datagen.trainer.runtime.rundir import PRETRAINING
 
 
 def _train_config(options: dict) -> TrainConfig:
@@ -68,7 +68,7 @@ def _unused_run_options(strategy: str, bert_config_file: str | None, init_checkp
 def _check_data_options(ctx: click.Context, options: dict) -> None:
     """The options that only some data or runs use, against those of this run (trainer/pretrain/options.py)."""
     from bert_datagen.trainer.pretrain.options import no_eval_split, unused_shuffle_buffer
-    from bert_datagen.trainer.run.checkpoint import reads_through_tf_data
+    from bert_datagen.trainer.runtime.checkpoint import reads_through_tf_data
 
     reason = no_eval_split(options["data"], options["eval_data"])
     if reason:

@@ -3,7 +3,7 @@ tool, described (`DatasetInfo`) and checked before the first step (kind, shards 
 first records, token ids, fit with the model), and its train split as the global order reads it
 (`training_source`).
 
-Training batches of new runs come from the global order (`trainer/run/ordered_input.py`); tf.data
+Training batches of new runs come from the global order (`trainer/runtime/ordered_input.py`); tf.data
 here reads only the eval split (`eval_dataset`, in file order, once). The tf.data pipeline of runs
 started by an earlier version is `earlier_runs_input.py`, used for them alone.
 """
@@ -28,9 +28,9 @@ from bert_datagen.datagen.records import INSTANCE_KEY, feature_spec
 from bert_datagen.datagen.tfrecord import RecordError, iter_tfrecords, masked_crc32c
 from bert_datagen.trainer.errors import DataError
 from bert_datagen.trainer.model.config import BertConfig
-from bert_datagen.trainer.run import gfs
-from bert_datagen.trainer.run.dataset_dir import open_manifest_dataset
-from bert_datagen.trainer.run.gfs import GFILE_FS
+from bert_datagen.trainer.runtime import gfs
+from bert_datagen.trainer.runtime.dataset_dir import open_manifest_dataset
+from bert_datagen.trainer.runtime.gfs import GFILE_FS
 
 
 @dataclass
@@ -118,7 +118,7 @@ def refuse_manifest_contradictions(info: DatasetInfo, max_seq_length: int | None
 
 
 def training_source(info: DatasetInfo) -> Source:
-    """The train split as the global order reads it (`trainer/run/ordered_input.py`): its shards and
+    """The train split as the global order reads it (`trainer/runtime/ordered_input.py`): its shards and
     their record counts, the dataset's fingerprint, the features the model reads, and for dynamic
     masking the dataset's vocab and masking options."""
     split_records(info, "train")  # counts a glob's files, once

@@ -40,7 +40,7 @@ def dynamic_batches(records: tf.data.Dataset, info, batch_size: int, seed: int, 
     """Batches of (serialized record, epoch) pairs, parsed (`bert_datagen.trainer.pretrain.data.parse_batch`) and masked;
     the identity and epoch are dropped unless `keep_identity` (for checks: `instance_key`, `epoch`)."""
     from bert_datagen.contract.vocab_io import load_vocab
-    from bert_datagen.trainer.run.gfs import GFILE_FS
+    from bert_datagen.trainer.runtime.gfs import GFILE_FS
 
     if info.manifest is None:
         raise DynamicMaskError(f"{info.source}: dynamic masking needs the dataset's manifest and vocab")

@@ -1,10 +1,10 @@
 """The input of a run started by an earlier version, which read through tf.data, and of no other run.
 
-Such a run's checkpoints hold a tf.data iterator state (`trainer/run/checkpoint.py`'s
+Such a run's checkpoints hold a tf.data iterator state (`trainer/runtime/checkpoint.py`'s
 `reads_through_tf_data`), so it resumes on the batches it would have read only through the same
 pipeline: seeded file order (reshuffled each epoch from that seed), deterministic parallel
 interleave, the seeded shuffle buffer it recorded, batched parsing, prefetch. New runs read the
-global order instead (`trainer/run/ordered_input.py`), which has no buffer: `--shuffle-buffer`
+global order instead (`trainer/runtime/ordered_input.py`), which has no buffer: `--shuffle-buffer`
 reaches this module only.
 """
 
@@ -18,8 +18,8 @@ import tensorflow as tf
 
 from bert_datagen.trainer.errors import ConfigError
 from bert_datagen.trainer.pretrain.data import DatasetInfo, parse_batch, parsed_batches
-from bert_datagen.trainer.run.config import TrainConfig
-from bert_datagen.trainer.run.rundir import TRAIN_CONFIG_FILE
+from bert_datagen.trainer.runtime.config import TrainConfig
+from bert_datagen.trainer.runtime.rundir import TRAIN_CONFIG_FILE
 
 # The shuffle buffer of runs of earlier versions that recorded none (their default then).
 EARLIER_RUNS_SHUFFLE_BUFFER = 10000

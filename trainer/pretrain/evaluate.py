@@ -21,8 +21,8 @@ from bert_datagen.trainer.pretrain.data import (
     open_pretraining_data,
 )
 from bert_datagen.trainer.pretrain.objective import batch_sums, losses_from_sums
-from bert_datagen.trainer.run import checkpoint as ckpt_lib
-from bert_datagen.trainer.run.devices import replica_slices
+from bert_datagen.trainer.runtime import checkpoint as ckpt_lib
+from bert_datagen.trainer.runtime.devices import replica_slices
 
 
 def evaluate_model(eval_step: Callable, strategy: tf.distribute.Strategy, info: DatasetInfo, batch_size: int,

@@ -16,7 +16,7 @@ from bert_datagen.trainer.pretrain.data import (
     open_pretraining_data,
     training_source,
 )
-from bert_datagen.trainer.run.config import TrainConfig
+from bert_datagen.trainer.runtime.config import TrainConfig
 
 __all__ = ["MIXTURE_FEATURE", "check_resumed_mixture", "mixed_batches"]
 

@@ -14,9 +14,9 @@ from collections.abc import Callable
 from bert_datagen.contract.manifest import MANIFEST_NAME
 from bert_datagen.trainer.errors import DataError
 from bert_datagen.trainer.pretrain.data import DatasetInfo
-from bert_datagen.trainer.run import gfs
-from bert_datagen.trainer.run.config import TrainConfig
-from bert_datagen.trainer.run.dataset_dir import load_dataset_manifest
+from bert_datagen.trainer.runtime import gfs
+from bert_datagen.trainer.runtime.config import TrainConfig
+from bert_datagen.trainer.runtime.dataset_dir import load_dataset_manifest
 
 
 def model_vocab_size(info: DatasetInfo, vocab_size: int | None) -> int | None:

@@ -1,5 +1,5 @@
 """The pre-training step: the original MLM + NSP loss (`objective.py`) as the `Objective` the generic
-step minimises (`trainer/run/step.py`), unpacked or over packed rows, and the eval step beside it."""
+step minimises (`trainer/runtime/step.py`), unpacked or over packed rows, and the eval step beside it."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ import tensorflow as tf
 
 from bert_datagen.trainer.model.bert import BertPretrainer
 from bert_datagen.trainer.pretrain.objective import MLM_DENOMINATOR_EPSILON, batch_sums
-from bert_datagen.trainer.run.config import TrainConfig
-from bert_datagen.trainer.run.optimizer import AdamWeightDecay, DynamicLossScale
-from bert_datagen.trainer.run.step import Objective, make_train_step, replica_sum, summed_over_replicas
+from bert_datagen.trainer.runtime.config import TrainConfig
+from bert_datagen.trainer.runtime.optimizer import AdamWeightDecay, DynamicLossScale
+from bert_datagen.trainer.runtime.step import Objective, make_train_step, replica_sum, summed_over_replicas
 
 PRETRAINING_DROPOUT_SALT = 0x5EED
 
@@ -34,7 +34,7 @@ def pretraining_objective(model: BertPretrainer, batch_size: int) -> Objective:
     def micro_loss(part, weight_total, seed):
         out = model(part, training=True, dropout_seed=seed)
         sums = batch_sums(out, part)
-        # This part's share of the whole batch's loss (trainer/run/step.py says why).
+        # This part's share of the whole batch's loss (trainer/runtime/step.py says why).
         return sums["mlm_ce"] / (weight_total + MLM_DENOMINATOR_EPSILON) + sums["nsp_ce"] / global_examples, sums
 
     # Without NSP data the pooler and NSP head take no part in the loss: zero gradients.

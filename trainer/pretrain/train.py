@@ -7,7 +7,7 @@ With op determinism on, the same data + config + seed give bitwise-identical wei
 stopped at any checkpoint (or interrupted, or killed) and resumed ends bitwise identical to the
 uninterrupted run.
 
-Every check on the data that can fail runs before the first step (`Run.__init__`): the dataset's
+Every check on the data that can fail runs before the first step (`PretrainRun.__init__`): the dataset's
 kind, shards and sizes, its identity against the run's record, that each split holds a batch, that
 its first records parse with the model's lengths, that data and model fit.
 """
@@ -49,21 +49,21 @@ from bert_datagen.trainer.pretrain.mixture_input import MIXTURE_FEATURE, check_r
 from bert_datagen.trainer.pretrain.objective import losses_from_sums
 from bert_datagen.trainer.pretrain.options import as_run, model_vocab_size
 from bert_datagen.trainer.pretrain.step import make_step_functions
-from bert_datagen.trainer.run import checkpoint as ckpt_lib
-from bert_datagen.trainer.run import cluster, rundir
-from bert_datagen.trainer.run.checkpoint import checkpoint_arrays, restore_checkpoint_arrays
-from bert_datagen.trainer.run.config import TrainConfig
-from bert_datagen.trainer.run.devices import enable_determinism, make_run_strategy, replica_slices
-from bert_datagen.trainer.run.optimizer import learning_rate, loss_scale_for, make_optimizer
-from bert_datagen.trainer.run.ordered_input import INPUT_ORDER, OrderedInput, input_closed
-from bert_datagen.trainer.run.stopping import (
+from bert_datagen.trainer.runtime import checkpoint as ckpt_lib
+from bert_datagen.trainer.runtime import cluster, rundir
+from bert_datagen.trainer.runtime.checkpoint import checkpoint_arrays, restore_checkpoint_arrays
+from bert_datagen.trainer.runtime.config import TrainConfig
+from bert_datagen.trainer.runtime.devices import enable_determinism, make_run_strategy, replica_slices
+from bert_datagen.trainer.runtime.optimizer import learning_rate, loss_scale_for, make_optimizer
+from bert_datagen.trainer.runtime.ordered_input import INPUT_ORDER, OrderedInput, input_closed
+from bert_datagen.trainer.runtime.stopping import (
     LOST_WORKER_ERRORS,
     interrupts_between_steps,
     lost_worker_error,
     stop_interrupted,
     stop_on_non_finite_loss,
 )
-from bert_datagen.trainer.run.tensorboard import tensorboard_writers, write_scalar
+from bert_datagen.trainer.runtime.tensorboard import tensorboard_writers, write_scalar
 
 _TF_DATA_ERRORS = (tf.errors.DataLossError, tf.errors.InvalidArgumentError)
 
@@ -78,7 +78,7 @@ def load_bert_config_for(cfg: TrainConfig, info: DatasetInfo) -> BertConfig:
     return BertConfig.from_name(cfg.model, int(vocab_size))
 
 
-class Run:
+class PretrainRun:
     """Everything one `bert-train pretrain` invocation holds; `pretrain()` drives it."""
 
     def __init__(self, cfg: TrainConfig, log: Callable[[str], None] = print):
@@ -342,7 +342,7 @@ def pretrain(cfg: TrainConfig, log: Callable[[str], None] = print, stop_at: int 
     directory is locked from its check until the end (`rundir.output_lock`), by the chief only in
     a cluster (the others write nothing there)."""
     if not cluster.is_chief():
-        return Run(cfg, log).pretrain(stop_at=stop_at)
+        return PretrainRun(cfg, log).pretrain(stop_at=stop_at)
     rundir.check_out_dir(cfg.out)
     with rundir.output_lock(cfg.out):
-        return Run(cfg, log).pretrain(stop_at=stop_at)
+        return PretrainRun(cfg, log).pretrain(stop_at=stop_at)

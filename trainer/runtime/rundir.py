@@ -31,7 +31,7 @@ from bert_datagen.cli.lock import INSIDE_LOCK_NAME, OutputLock, OutputLockError,
 from bert_datagen.contract import fs
 from bert_datagen.contract.manifest import MANIFEST_NAME
 from bert_datagen.trainer.errors import ConfigError, TrainingError
-from bert_datagen.trainer.run import checkpoint as ckpt_lib
+from bert_datagen.trainer.runtime import checkpoint as ckpt_lib
 
 TRAIN_CONFIG_FILE = "train_config.json"
 FINETUNE_CONFIG_FILE = "finetune_config.json"

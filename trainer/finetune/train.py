@@ -1,6 +1,6 @@
 """`bert-train finetune`: one fine-tuning run (or one sub-run per seed) on a task dataset.
 
-Like pre-training (trainer/pretrain/train.py), with the same step (trainer/run/step.py's `make_train_step`,
+Like pre-training (trainer/pretrain/train.py), with the same step (trainer/runtime/step.py's `make_train_step`,
 given the task's `finetuning_objective`), optimizer, clipping and schedule: one optimizer step = one
 global batch, split over replicas and `accumulation_steps` micro-batches, each part's loss divided
 by the WHOLE batch's denominator (examples; labelled positions for tagging) so the summed gradient
@@ -16,7 +16,7 @@ epoch's prediction files). `--seeds` writes RUN/finetune_seeds.json, RUN/seed-N/
 RUN/summary.json.
 
 Where a run may be written, and when a rerun resumes, restarts or is refused, is pre-training's
-(`bert_datagen.trainer.run.rundir`): the same checks of --out, of the settings and of the dataset, in that order,
+(`bert_datagen.trainer.runtime.rundir`): the same checks of --out, of the settings and of the dataset, in that order,
 before any work; SIGINT (and SIGTERM) stop between steps with a checkpoint of the last one.
 """
 
@@ -59,22 +59,22 @@ from bert_datagen.trainer.model.heads import (
     head_class,
     trained_variable_map,
 )
-from bert_datagen.trainer.run import checkpoint as ckpt_lib
-from bert_datagen.trainer.run import cluster, rundir
-from bert_datagen.trainer.run.checkpoint import checkpoint_arrays, restore_checkpoint_arrays
-from bert_datagen.trainer.run.devices import enable_determinism, make_run_strategy, replica_slices
-from bert_datagen.trainer.run.optimizer import AdamWeightDecay, learning_rate, loss_scale_for
-from bert_datagen.trainer.run.ordered_input import INPUT_ORDER, OrderedInput, input_closed
-from bert_datagen.trainer.run.rundir import cleanup_temp, write_atomic
-from bert_datagen.trainer.run.step import Objective, make_train_step, replica_sum
-from bert_datagen.trainer.run.stopping import (
+from bert_datagen.trainer.runtime import checkpoint as ckpt_lib
+from bert_datagen.trainer.runtime import cluster, rundir
+from bert_datagen.trainer.runtime.checkpoint import checkpoint_arrays, restore_checkpoint_arrays
+from bert_datagen.trainer.runtime.devices import enable_determinism, make_run_strategy, replica_slices
+from bert_datagen.trainer.runtime.optimizer import AdamWeightDecay, learning_rate, loss_scale_for
+from bert_datagen.trainer.runtime.ordered_input import INPUT_ORDER, OrderedInput, input_closed
+from bert_datagen.trainer.runtime.rundir import cleanup_temp, write_atomic
+from bert_datagen.trainer.runtime.step import Objective, make_train_step, replica_sum
+from bert_datagen.trainer.runtime.stopping import (
     LOST_WORKER_ERRORS,
     interrupts_between_steps,
     lost_worker_error,
     stop_interrupted,
     stop_on_non_finite_loss,
 )
-from bert_datagen.trainer.run.tensorboard import tensorboard_writers, write_scalar
+from bert_datagen.trainer.runtime.tensorboard import tensorboard_writers, write_scalar
 
 FINETUNING_DROPOUT_SALT = 0xF17E  # other dropout masks than pre-training's at the same seed and step
 CONFIG_FILE = rundir.FINETUNE_CONFIG_FILE

@@ -10,7 +10,7 @@ global batch) (`model.bert.dropout_key`), never of the replica, worker, micro-ba
 one process, N mirrored replicas, N workers and K accumulation steps draw the same masks.
 
 Pre-training and fine-tuning differ only in their `Objective` (what is minimised; theirs are in
-`trainer/pretrain/step.py` and `trainer/finetune/run.py`); the step around it (accumulation,
+`trainer/pretrain/step.py` and `trainer/finetune/train.py`); the step around it (accumulation,
 all-reduce, loss-scale unscaling, skipped non-finite steps, clipping, the update) is the one
 `make_train_step` builds, so both keep the same numerics by construction.
 """
@@ -24,7 +24,7 @@ from typing import Protocol
 import tensorflow as tf
 
 from bert_datagen.trainer.model.bert import dropout_key
-from bert_datagen.trainer.run.optimizer import AdamWeightDecay, DynamicLossScale, clip_by_global_norm
+from bert_datagen.trainer.runtime.optimizer import AdamWeightDecay, DynamicLossScale, clip_by_global_norm
 
 SUM = tf.distribute.ReduceOp.SUM
 

@@ -17,8 +17,8 @@ import tensorflow as tf
 
 from bert_datagen.cli.plumbing import interrupt_requested
 from bert_datagen.trainer.errors import TrainingError
-from bert_datagen.trainer.run import checkpoint as ckpt_lib
-from bert_datagen.trainer.run.optimizer import DynamicLossScale
+from bert_datagen.trainer.runtime import checkpoint as ckpt_lib
+from bert_datagen.trainer.runtime.optimizer import DynamicLossScale
 
 
 def stop_on_non_finite_loss(loss: float, step: int, run_dir: Path, loss_scale: DynamicLossScale | None) -> None:

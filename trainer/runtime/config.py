@@ -24,7 +24,7 @@ def check_seed(value: object, option: str) -> None:
 
 STRATEGIES = ("auto", "one-device", "mirrored", "tpu", "multi-worker")
 PRECISIONS = ("float32", "mixed_bfloat16", "mixed_float16")
-OPTIMIZERS = ("adamw", "lamb")  # the original AdamWeightDecay; LAMB (trainer/run/optimizer.py)
+OPTIMIZERS = ("adamw", "lamb")  # the original AdamWeightDecay; LAMB (trainer/runtime/optimizer.py)
 
 
 def check_tpu(tpu: str | None, strategy: str) -> None:

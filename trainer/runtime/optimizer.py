@@ -35,7 +35,7 @@ import numpy as np
 import tensorflow as tf
 
 from bert_datagen.trainer.errors import CheckpointError
-from bert_datagen.trainer.run.config import OPTIMIZERS
+from bert_datagen.trainer.runtime.config import OPTIMIZERS
 
 EXCLUDE_FROM_WEIGHT_DECAY = ("LayerNorm", "layer_norm", "bias")
 LAMB_UPDATES_KEY = "lamb_updates"

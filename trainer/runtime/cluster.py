@@ -90,7 +90,7 @@ def joined_strategy():
 def join_for(out: str, kind: str, timeout: int = DEFAULT_TIMEOUT):
     """`join`, after checking TF_CONFIG and that `out` can take a run of `kind` (every worker checks
     it here, before the chief can start writing in it)."""
-    from bert_datagen.trainer.run import rundir
+    from bert_datagen.trainer.runtime import rundir
 
     cluster_task()
     rundir.check_out_dir(out, kind)
@@ -170,7 +170,7 @@ def start_record(options: dict[str, object], run_dir: str, fingerprint: str, mod
     """What the workers of one run must agree on (`agree`): every option under its flag name, the
     run directory as an absolute path, the data's fingerprint, the resolved model, the checkpoint
     this worker would resume from, its number of replicas and the cluster its TF_CONFIG lists."""
-    from bert_datagen.trainer.run import checkpoint as ckpt_lib
+    from bert_datagen.trainer.runtime import checkpoint as ckpt_lib
 
     record: dict[str, object] = {"--" + name.replace("_", "-"): value for name, value in options.items()}
     record["--out"] = os.path.abspath(run_dir)

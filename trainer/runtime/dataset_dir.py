@@ -11,7 +11,7 @@ from bert_datagen.contract.dataset import Dataset, DatasetError, open_dataset
 from bert_datagen.contract.fs import is_remote
 from bert_datagen.contract.manifest import MANIFEST_NAME, Manifest, ManifestError
 from bert_datagen.trainer.errors import DataError
-from bert_datagen.trainer.run.gfs import GFILE_FS
+from bert_datagen.trainer.runtime.gfs import GFILE_FS
 
 
 def open_manifest_dataset(directory: str) -> Dataset:

@@ -7,7 +7,7 @@ import keras
 import tensorflow as tf
 
 from bert_datagen.trainer.errors import ConfigError
-from bert_datagen.trainer.run import cluster
+from bert_datagen.trainer.runtime import cluster
 
 
 def enable_determinism(seed: int) -> None:
@@ -22,7 +22,7 @@ def make_strategy(name: str, tpu: str | None = None) -> tf.distribute.Strategy:
         joined = cluster.joined_strategy()
         if joined is None:
             raise ConfigError("--strategy multi-worker: the cluster must be joined before anything else "
-                              "runs on TensorFlow (bert_datagen.trainer.run.cluster.join)")
+                              "runs on TensorFlow (bert_datagen.trainer.runtime.cluster.join)")
         return joined
     gpus = tf.config.list_logical_devices("GPU")
     cpus = tf.config.list_logical_devices("CPU")

@@ -25,7 +25,7 @@ import numpy as np
 from bert_datagen.trainer.errors import CheckpointError
 
 if TYPE_CHECKING:
-    from bert_datagen.trainer.run.optimizer import AdamWeightDecay, DynamicLossScale
+    from bert_datagen.trainer.runtime.optimizer import AdamWeightDecay, DynamicLossScale
 
 CKPT_RE = re.compile(r"^ckpt-(\d{8})$")
 MODEL_FILE = "model.npz"
