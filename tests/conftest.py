@@ -1,8 +1,17 @@
 from __future__ import annotations
 
+import signal
 from pathlib import Path
 
 import pytest
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # A suite started in the background of a shell without job control (`cmd &` in a script) inherits
+    # SIGINT ignored, and so would every command the Ctrl-C tests start, which then never see their
+    # Ctrl-C: give this process, and so its children, a terminal's disposition.
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 REPO = Path(__file__).resolve().parent.parent
 SHARED = REPO.parent / "shared"
