@@ -202,12 +202,8 @@ class FinetuneRun:
                  "steps_per_epoch": self.steps_per_epoch}
         if not self.tf_data_input:
             state["input"] = {"order": INPUT_ORDER, "block_size": BLOCK_SIZE}
-        try:
-            path = ckpt_lib.save_checkpoint(self.run_dir, self.step, model_arrays, opt_arrays, state,
-                                            keep=self.cfg.keep_checkpoints)
-        except OSError as exc:
-            raise TrainingError(f"{self.run_dir}: cannot write the checkpoint of step {self.step}: "
-                                f"{exc.strerror or exc}") from exc
+        path = ckpt_lib.save_checkpoint(self.run_dir, self.step, model_arrays, opt_arrays, state,
+                                        keep=self.cfg.keep_checkpoints)
         self.saved_step = self.step
         return path
 

@@ -200,13 +200,9 @@ class PretrainRun:
                  "max_predictions_per_seq": self.info.max_predictions_per_seq}
         if not self.tf_data_input:
             state["input"] = self.input_record()
-        try:
-            path = ckpt_lib.save_checkpoint(self.run_dir, self.step, model_arrays, opt_arrays, state,
-                                            iterator_saver=self.iterator_ckpt.write if self.tf_data_input else None,
-                                            keep=self.cfg.keep_checkpoints)
-        except OSError as exc:
-            raise TrainingError(f"{self.run_dir}: cannot write the checkpoint of step {self.step}: "
-                                f"{exc.strerror or exc}") from exc
+        path = ckpt_lib.save_checkpoint(self.run_dir, self.step, model_arrays, opt_arrays, state,
+                                        iterator_saver=self.iterator_ckpt.write if self.tf_data_input else None,
+                                        keep=self.cfg.keep_checkpoints)
         self.saved_step = self.step
         return path
 

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from bert_datagen.trainer.errors import CheckpointError
+from bert_datagen.trainer.errors import CheckpointError, TrainingError
 
 if TYPE_CHECKING:
     from bert_datagen.trainer.runtime.optimizer import AdamWeightDecay, DynamicLossScale
@@ -78,9 +78,19 @@ def save_checkpoint(run_dir: str | Path, step: int, model_arrays: dict[str, np.n
 
     Everything goes into a `.tmp-ckpt-*` directory, is flushed to disk, and the directory is renamed
     to `ckpt-NNNNNNNN` last: a save interrupted at any point (SIGINT, SIGKILL, a full disk) leaves
-    the earlier checkpoints as they were and a temp directory that the next start removes.
+    the earlier checkpoints as they were and a temp directory that the next start removes. A
+    filesystem error is a `TrainingError` naming the run and the step.
     """
-    run = Path(run_dir)
+    try:
+        return _write_checkpoint(Path(run_dir), step, model_arrays, optimizer_arrays, state, iterator_saver, keep)
+    except OSError as exc:
+        raise TrainingError(f"{run_dir}: cannot write the checkpoint of step {step}: "
+                            f"{exc.strerror or exc}") from exc
+
+
+def _write_checkpoint(run: Path, step: int, model_arrays: dict[str, np.ndarray],
+                      optimizer_arrays: dict[str, np.ndarray], state: dict,
+                      iterator_saver: Callable[[str], object] | None, keep: int) -> Path:
     run.mkdir(parents=True, exist_ok=True)
     final = checkpoint_dir(run, step)
     tmp = Path(tempfile.mkdtemp(prefix=f"{TMP_PREFIX}{step:08d}-", dir=run))
