@@ -120,6 +120,8 @@ def direct_args(beam_args: list[str]) -> tuple[list[str], int]:
         ]
     if workers > 1 and not _has_flag(args, "--direct_running_mode"):
         args.append("--direct_running_mode=multi_processing")
+    if workers > 1:
+        stop_workers_that_connect_late()
     if not _has_flag(args, "--allow_unsafe_triggers"):
         # Beam's DirectRunner otherwise first tries Prism, a Go runner it downloads at run time:
         # offline that costs a failed download on every run, online it runs the job on another
@@ -134,6 +136,34 @@ def direct_args(beam_args: list[str]) -> tuple[list[str], int]:
 
 
 DIRECT = RunnerOptions()  # the default: Beam's DirectRunner in this process
+
+
+def stop_workers_that_connect_late() -> None:
+    """Make Beam's FnApiRunner tell a worker process that connects after the run has ended to stop.
+
+    With worker processes, a bundle that fails early (a binary input file) ends the run while a
+    slower worker is still starting. Beam closes that worker's control connection only if the
+    worker has connected; otherwise it marks the connection done and sends nothing, the worker then
+    connects, waits for instructions forever, and the runner waits forever for it to exit (seen on
+    a loaded machine, about 1 run in 30). Queuing the end-of-stream marker in that case too lets
+    the late worker find it at once and exit. Idempotent; touches nothing else.
+    """
+    from apache_beam.runners.portability.fn_api_runner import worker_handlers
+
+    connection = worker_handlers.ControlConnection
+    if getattr(connection.close, "stops_late_workers", False):
+        return
+    servicer = worker_handlers.BeamFnControlServicer
+    original_close = connection.close
+
+    def close(self) -> None:
+        with connection._lock:
+            if self._state == servicer.UNSTARTED_STATE:
+                self._push_queue.put(servicer._DONE_MARKER)
+        original_close(self)
+
+    close.stops_late_workers = True  # type: ignore[attr-defined]
+    connection.close = close
 
 
 def build_wheel(out_dir: str) -> str:

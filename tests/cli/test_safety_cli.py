@@ -28,9 +28,9 @@ def environment(**extra: str) -> dict[str, str]:
     return {**environ, "PYTHONPATH": str(REPO), **extra}
 
 
-def datagen(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+def datagen(*args: str, env: dict[str, str] | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "bert_datagen.pipelines.cli", *args], capture_output=True, text=True,
-                          env=environment(**(env or {})), timeout=120)
+                          env=environment(**(env or {})), timeout=timeout)
 
 
 def in_process(*args: str) -> tuple[int, str]:
@@ -166,10 +166,25 @@ def test_ctrl_c_with_worker_processes(corpus, tmp_path) -> None:
         assert "WARNING" not in stderr and "INFO" not in stderr
 
 
+# Imported first by every Python process given this directory on PYTHONPATH: of Beam's two worker
+# processes (they have a WORKER_ID) worker_0 starts 6 s late; the one input file goes to worker_1.
+LATE_WORKER = """
+import os, time
+if os.environ.get("WORKER_ID") == "worker_0":
+    time.sleep(6)
+"""
+
+
 @pytest.mark.integration
 def test_input_error_with_worker_processes_is_one_clean_line(corpus, tmp_path) -> None:
+    """The error comes from one worker before the other has connected to the runner: the run still
+    ends (Beam alone waits forever for the late worker; a loaded CI machine hit it about 1 run in
+    30, and this test hangs without `stop_workers_that_connect_late`)."""
+    (tmp_path / "site").mkdir()
+    (tmp_path / "site" / "sitecustomize.py").write_text(LATE_WORKER)
+    env = {"PYTHONPATH": f"{REPO}{os.pathsep}{tmp_path / 'site'}"}
     result = datagen(*run_args(corpus, tmp_path / "o", "--direct_num_workers=2",
-                               inputs=str(corpus["root"] / "blob.txt")))
+                               inputs=str(corpus["root"] / "blob.txt")), env=env, timeout=60)
     lines = result.stderr.strip().splitlines()
     assert result.returncode == 1 and len(lines) == 1 and lines[0].startswith("Error: "), result.stderr
     assert not (tmp_path / "o").exists()
