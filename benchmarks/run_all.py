@@ -17,7 +17,7 @@ from pathlib import Path
 BENCHMARKS = ("bench_vocab", "bench_zh", "bench_datagen", "bench_verify", "bench_tasks", "bench_trainer", "bench_finetune",
               "bench_order", "bench_loader_speed", "bench_loader_kinds", "bench_input_overhead", "bench_padding",
               "bench_multiworker", "bench_scale",
-              "bench_learning", "bench_buckets")
+              "bench_learning", "bench_buckets", "bench_heavy_tests")
 
 
 def main(argv: list[str] | None = None) -> int:

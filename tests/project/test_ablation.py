@@ -44,6 +44,7 @@ def test_a_missing_sst2_folder_is_named(tmp_path, capsys):
 
 
 @pytest.mark.integration
+@pytest.mark.heavy  # 45 s: `make test-heavy`; the row and option tests above stay in the timed suite
 def test_a_miniature_ablation_reports_both_columns_and_resumes_from_its_cache(tmp_path):
     if not (CORPUS.is_dir() and (SST2 / "train.tsv").is_file()):
         pytest.skip(f"needs {CORPUS} and {SST2} (../shared is absent)")

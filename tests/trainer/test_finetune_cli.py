@@ -33,6 +33,7 @@ def _invoke(args):
     return CliRunner().invoke(main, args, catch_exceptions=False)
 
 
+@pytest.mark.heavy  # 38 s of learning: `make test-heavy`; the fine-tuning CLI on real task data stays below
 def test_sst2_tiny_model_beats_the_majority_class(tmp_path):
     """A tiny model (random init, MiniLM's vocab) fine-tuned 250 steps on 4,000 SST-2 sentences."""
     if not (SHARED / "sst2" / "train.tsv").is_file():

@@ -1,6 +1,8 @@
 """`bert-train pretrain` interrupted (SIGINT) and killed (SIGKILL) at several points, as a process:
 during start-up, mid-training, during a checkpoint write. Every rerun resumes, and the run ends with
-bitwise the weights of an uninterrupted run."""
+bitwise the weights of an uninterrupted run. The timed suite runs the hardest point (SIGKILL in the
+middle of a checkpoint write); the sweep of all four is `heavy` (`make test-heavy`, `make bench`),
+and `tests/trainer/test_trainer_safety.py` holds SIGINT mid-run in process."""
 
 from __future__ import annotations
 
@@ -87,9 +89,51 @@ def weights(run: Path) -> dict[str, np.ndarray]:
     return {**ckpt_lib.load_arrays(ckpt, ckpt_lib.MODEL_FILE), **ckpt_lib.load_arrays(ckpt, ckpt_lib.OPTIMIZER_FILE)}
 
 
-def test_sigint_and_sigkill_at_several_points_then_resume_bitwise(tmp_path):
-    data = write_synthetic_dataset(str(tmp_path / "ds"), seq_len=16, max_pred=3, vocab_size=40,
+def small_dataset(tmp_path: Path) -> str:
+    return write_synthetic_dataset(str(tmp_path / "ds"), seq_len=16, max_pred=3, vocab_size=40,
                                    train_shards=2, records_per_shard=24, eval_records=8)
+
+
+def kill_during_a_checkpoint_write(data: str, run: Path) -> None:
+    """Start the run and SIGKILL it while a checkpoint is being written (every step saves one),
+    once it has a complete one to resume from."""
+    t = Trainer(data, run)
+    t.wait_for("resumed from" if steps_of(run) else "step       3/")
+    caught = False
+    while t.proc.poll() is None:
+        if any(entry.name.startswith(ckpt_lib.TMP_PREFIX) for entry in os.scandir(run)):
+            t.proc.kill()
+            caught = True
+            break
+    t.finish()
+    assert caught, "the run ended before a checkpoint write was seen"
+    assert steps_of(run)[-1] < STEPS
+
+
+def resume_to_the_end_bitwise(data: str, run: Path, reference: Path) -> None:
+    """The rerun resumes to the end: bitwise the uninterrupted run, and nothing of ours left over."""
+    t = Trainer(data, run)
+    assert t.finish() == 0, t.stderr
+    assert any(line.startswith("resumed from") for line in t.lines)
+    ref, got = weights(reference), weights(run)
+    assert ref.keys() == got.keys()
+    for name in ref:
+        assert ref[name].tobytes() == got[name].tobytes(), f"{name} differs"
+    assert not [p.name for p in run.iterdir() if p.name.startswith(".tmp-")]
+
+
+def test_sigkill_during_a_checkpoint_write_then_resume_bitwise(tmp_path):
+    data = small_dataset(tmp_path)
+    reference = Trainer(data, tmp_path / "reference")
+    assert reference.finish() == 0, reference.stderr
+    run = tmp_path / "run"
+    kill_during_a_checkpoint_write(data, run)
+    resume_to_the_end_bitwise(data, run, tmp_path / "reference")
+
+
+@pytest.mark.heavy
+def test_sigint_and_sigkill_at_several_points_then_resume_bitwise(tmp_path):
+    data = small_dataset(tmp_path)
     reference = Trainer(data, tmp_path / "reference")
     assert reference.finish() == 0, reference.stderr
     run = tmp_path / "run"
@@ -120,24 +164,7 @@ def test_sigint_and_sigkill_at_several_points_then_resume_bitwise(tmp_path):
     assert last < STEPS
 
     # 4. SIGKILL during a checkpoint write (every step saves one: wait until a temp dir appears).
-    t = Trainer(data, run)
-    t.wait_for("resumed from")
-    caught = False
-    while t.proc.poll() is None:
-        if any(entry.name.startswith(ckpt_lib.TMP_PREFIX) for entry in os.scandir(run)):
-            t.proc.kill()
-            caught = True
-            break
-    t.finish()
-    assert caught, "the run ended before a checkpoint write was seen"
-    assert steps_of(run)[-1] < STEPS
+    kill_during_a_checkpoint_write(data, run)
 
     # 5. The rerun resumes to the end: bitwise the uninterrupted run, and nothing of ours left over.
-    t = Trainer(data, run)
-    assert t.finish() == 0, t.stderr
-    assert any(line.startswith("resumed from") for line in t.lines)
-    ref, got = weights(tmp_path / "reference"), weights(run)
-    assert ref.keys() == got.keys()
-    for name in ref:
-        assert ref[name].tobytes() == got[name].tobytes(), f"{name} differs"
-    assert not [p.name for p in run.iterdir() if p.name.startswith(".tmp-")]
+    resume_to_the_end_bitwise(data, run, tmp_path / "reference")
