@@ -151,14 +151,16 @@ def stop_workers_that_connect_late() -> None:
     from apache_beam.runners.portability.fn_api_runner import worker_handlers
 
     connection = worker_handlers.ControlConnection
+    servicer = worker_handlers.BeamFnControlServicer
     if getattr(connection.close, "stops_late_workers", False):
         return
-    servicer = worker_handlers.BeamFnControlServicer
+    if not (hasattr(connection, "_lock") and hasattr(servicer, "UNSTARTED_STATE") and hasattr(servicer, "_DONE_MARKER")):
+        return  # a Beam whose control connection is built otherwise: leave it as it is
     original_close = connection.close
 
     def close(self) -> None:
         with connection._lock:
-            if self._state == servicer.UNSTARTED_STATE:
+            if getattr(self, "_state", None) == servicer.UNSTARTED_STATE:
                 self._push_queue.put(servicer._DONE_MARKER)
         original_close(self)
 
