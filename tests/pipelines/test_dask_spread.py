@@ -68,11 +68,17 @@ def _trim_threshold() -> str | None:
     return os.environ.get("MALLOC_TRIM_THRESHOLD_")
 
 
-def test_local_cluster_workers_keep_glibcs_sliding_mmap_threshold() -> None:
-    """Dask's default MALLOC_TRIM_THRESHOLD_ made every large array a fresh mmap: 3x the system time."""
+def _profiling(dask_worker) -> bool:
+    return "profile" in dask_worker.periodic_callbacks
+
+
+def test_local_cluster_workers_keep_glibcs_sliding_mmap_threshold_and_do_not_profile() -> None:
+    """Dask's default MALLOC_TRIM_THRESHOLD_ made every large array a fresh mmap (3x the system time);
+    its workers' 10 ms stack sampling feeds a dashboard this cluster does not have."""
     pytest.importorskip("distributed")
     from distributed import Client
 
     with local_dask_cluster(1) as address:
         with Client(address) as client:
             assert set(client.run(_trim_threshold).values()) == {None}
+            assert set(client.run(_profiling).values()) == {False}
