@@ -120,8 +120,6 @@ def direct_args(beam_args: list[str]) -> tuple[list[str], int]:
         ]
     if workers > 1 and not _has_flag(args, "--direct_running_mode"):
         args.append("--direct_running_mode=multi_processing")
-    if workers > 1:
-        stop_workers_that_connect_late()
     if not _has_flag(args, "--allow_unsafe_triggers"):
         # Beam's DirectRunner otherwise first tries Prism, a Go runner it downloads at run time:
         # offline that costs a failed download on every run, online it runs the job on another
@@ -238,6 +236,8 @@ def runner_setup(options: RunnerOptions) -> Iterator[RunnerSetup]:
     with contextlib.ExitStack() as stack:
         if runner == "DirectRunner":
             args, workers = direct_args(args)
+            if workers > 1:
+                stop_workers_that_connect_late()
             local = True
         elif runner == "DaskRunner":
             address = dask_scheduler or _flag_value(args, "--dask_client_address")

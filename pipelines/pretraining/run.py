@@ -23,9 +23,10 @@ pipelines run one after the other:
    change a pool.
 4. ``FanOutPasses`` + ``Spread``: one small task per (pool, pass) names the pool file, so even
    a one-pool corpus keeps several workers busy (on Dask too, where ``Reshuffle`` does nothing);
-   ``BuildInstances`` turns the pass into records in key order (``bert_datagen.datagen.framed.encode_pool_pass``: plan, lay out, mask, encode, frame,
-   a block at a time) and cuts them by shard = ``(key * num_shards) >> 64`` (contiguous ranges of
-   the 64-bit key space) into staging fragments: only paths and counts go through the runner's shuffle.
+   ``BuildInstances`` turns the pass into records in key order
+   (``bert_datagen.datagen.framed.encode_pool_pass``: plan, lay out, mask, encode, frame, a block
+   at a time) and cuts them by shard = ``(key * num_shards) >> 64`` (contiguous ranges of the
+   64-bit key space) into staging fragments: only paths and counts go through the runner's shuffle.
 5. ``GroupByKey`` on (split, shard): ``WriteShard`` merges the shard's fragments by key and writes
    it atomically. Empty shards are written too.
 6. ``Summarize``: totals, shard checksums and the input fingerprint go to a summary file that the
