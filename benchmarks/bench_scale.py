@@ -11,7 +11,10 @@ is a new document with its own identity), written as ``--files`` files of equal 
 
 Runs, each a fresh ``bert-datagen run`` process: the default (in-memory DirectRunner, one worker),
 and at ``--dask-scales`` the DirectRunner with 2 worker processes and the DaskRunner on a local
-cluster of 2 workers (speedups against the one-worker run). Peak RSS is the largest sum of RSS over
+cluster of 2 workers (speedups against the one-worker run), and the bound on any 2-worker run: the
+same documents dealt into two halves, run at once by two one-worker processes pinned to a core each
+(``bound_speedup``; the one-worker run's tokenizer already uses the second core part of the time,
+so on 2 cores this is under 2x). Peak RSS is the largest sum of RSS over
 the process and all its children, sampled every 0.1 s; ``largest_process_rss_mb`` the largest one
 process reached (a Dask worker's bound). The floor: tokenizing the same text
 once with plain ``tokenizers`` on one thread (``bench_datagen``'s floor).
@@ -30,6 +33,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -96,9 +100,10 @@ def write_scaled_input(docs: list[list[str]], scale: int, folder: Path, files: i
 
 
 def run_datagen(inputs: list[Path], vocab: Path, out: Path, extra: list[str], dupe_factor: int = 10,
-                trace: list | None = None) -> dict:
+                trace: list | None = None, cpus: set[int] | None = None) -> dict:
     """One ``bert-datagen run`` process: wall seconds, peak RSS of its process tree, its manifest.
-    ``trace`` (when given) gets (seconds, tree RSS bytes) every sample: the memory curve."""
+    ``trace`` (when given) gets (seconds, tree RSS bytes) every sample: the memory curve; ``cpus``
+    (when given) pins the process and its threads to those cores."""
     cmd = [sys.executable, "-m", "bert_datagen.pipelines.cli", "run", *sum((["--input", str(p)] for p in inputs), []),
            "--vocab", str(vocab), "--output", str(out), "--input-format", "sentences", "--max-seq-length", "128",
            "--max-predictions-per-seq", "20", "--dupe-factor", str(dupe_factor), "--overwrite", *extra]
@@ -106,7 +111,8 @@ def run_datagen(inputs: list[Path], vocab: Path, out: Path, extra: list[str], du
     # stderr to a file: the run's progress lines would fill a pipe nobody reads while we sample.
     with tempfile.TemporaryFile("w+") as err_file:
         proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err_file, text=True, cwd=REPO,
-                                start_new_session=True)
+                                start_new_session=True,
+                                preexec_fn=None if cpus is None else lambda: os.sched_setaffinity(0, cpus))
         try:
             ps = psutil.Process(proc.pid)
             peak = 0
@@ -132,6 +138,30 @@ def run_datagen(inputs: list[Path], vocab: Path, out: Path, extra: list[str], du
     manifest = json.loads((out / "manifest.json").read_text())
     return {"wall_s": wall, "cpu_s": sum(cpu_seen.values()), "peak_rss_mb": peak / 2**20,
             "largest_process_rss_mb": max(peaks.values(), default=0) / 2**20, "manifest": manifest, "stderr": err}
+
+
+def run_halves_pinned(docs: list[list[str]], scale: int, vocab: Path, root: Path, dupe_factor: int) -> dict:
+    """The most two workers can win on this machine: the input's documents dealt into two halves, each
+    run at once by its own one-worker process pinned to its own core (no coordination, no shuffle,
+    nothing shared). Their slower wall time is the floor of any 2-worker run of the whole input."""
+    halves = write_scaled_input(docs, scale, root / f"in-{scale}-halves", 2)
+    cores = sorted(os.sched_getaffinity(0))[:2]
+    results: list[dict] = [{}, {}]
+
+    def one(i: int) -> None:
+        results[i] = run_datagen([halves[i]], vocab, root / f"out-{scale}-half-{i}", ["--direct_num_workers=1"],
+                                 dupe_factor, cpus={cores[i]})
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if not all(results):
+        raise RuntimeError("a pinned half did not finish")
+    return {"wall_s": round(max(r["wall_s"] for r in results), 1),
+            "cpu_s": round(sum(r["cpu_s"] for r in results), 1),
+            "instances": sum(r["manifest"]["totals"]["instances"] for r in results)}
 
 
 def measure(scales: list[int], dask_scales: list[int], files: int, base_mb: float, dupe_factor: int,
@@ -165,6 +195,10 @@ def measure(scales: list[int], dask_scales: list[int], files: int, base_mb: floa
             shown = {k: v for k, v in row[name].items() if k not in ("shards", "totals")}
             print(f"{scale}x {name}: {json.dumps(shown)}", flush=True)
         if "direct" in row and "dask-2" in row:
+            if len(getattr(os, "sched_getaffinity", lambda _: ())(0)) >= 2:  # pinning: Linux
+                row["halves-pinned"] = run_halves_pinned(docs, scale, vocab, root, dupe_factor)
+                print(f"{scale}x halves-pinned: {json.dumps(row['halves-pinned'])}", flush=True)
+                row["bound_speedup"] = round(row["direct"]["wall_s"] / row["halves-pinned"]["wall_s"], 2)
             for name in ("dask-2", "direct-2"):
                 row[f"{name}_speedup"] = round(row["direct"]["wall_s"] / row[name]["wall_s"], 2)
             row["identical_shards"] = row["direct"]["shards"] == row["dask-2"]["shards"] == row["direct-2"]["shards"]

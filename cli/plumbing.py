@@ -20,9 +20,11 @@ import logging
 import math
 import os
 import re
+import select
 import signal
 import sys
 import threading
+import time
 import traceback
 from collections.abc import Callable, Sequence
 
@@ -108,19 +110,42 @@ def filter_process_stderr(noise: re.Pattern[bytes] | None = None) -> Callable[[]
     original = os.dup(2)
     _unfiltered_stderr.append(original)
     read_end, write_end = os.pipe()
+    wake_read, wake_write = os.pipe()
     os.dup2(write_end, 2)
     os.close(write_end)
     records = ChildLogFilter(noise)
 
     def pump() -> None:
         broken = False  # stderr closed (`2>&1 | head`): keep draining, so no writer ever blocks
-        with os.fdopen(read_end, "rb", buffering=0) as source:
-            for line in iter(source.readline, b""):
-                if records.keep(line) and not broken:
-                    try:
-                        os.write(original, line)
-                    except OSError:
-                        broken = True
+
+        def emit(line: bytes) -> None:
+            nonlocal broken
+            if records.keep(line) and not broken:
+                try:
+                    os.write(original, line)
+                except OSError:
+                    broken = True
+
+        poller = select.poll()
+        poller.register(read_end, select.POLLIN)
+        poller.register(wake_read, select.POLLIN)
+        pending, at_end = b"", False
+        while True:
+            ready = {fd for fd, _ in poller.poll()}
+            if read_end in ready:
+                chunk = os.read(read_end, 1 << 16)
+                at_end = not chunk  # every writer has closed it
+                if at_end:
+                    break
+                *lines, pending = (pending + chunk).split(b"\n")
+                for line in lines:
+                    emit(line + b"\n")
+            elif wake_read in ready:  # restore() found nobody left to write, and the pipe is empty
+                break
+        if pending:
+            emit(pending)
+        if at_end:  # else a helper still holds the write end: its late lines wait there, unread, as before
+            os.close(read_end)
 
     thread = threading.Thread(target=pump, name="stderr-filter", daemon=True)
     thread.start()
@@ -128,11 +153,44 @@ def filter_process_stderr(noise: re.Pattern[bytes] | None = None) -> Callable[[]
     def restore() -> None:
         sys.stderr.flush()
         os.dup2(original, 2)  # closes our write end: the pump ends once child processes exit too
-        thread.join(timeout=2.0)
+        deadline = time.monotonic() + 2.0
+        while thread.is_alive() and time.monotonic() < deadline:
+            if not _writers_left(os.getpid()):
+                os.write(wake_write, b"x")
+                thread.join(timeout=max(0.0, deadline - time.monotonic()))
+                break
+            thread.join(timeout=0.02)
+        if not thread.is_alive():
+            os.close(wake_read)
+            os.close(wake_write)
         _unfiltered_stderr.remove(original)
         os.close(original)
 
     return restore
+
+
+# Processes that live as long as ours and hold our stderr: multiprocessing's resource tracker,
+# which Dask's local cluster (and PyTorch's DataLoader workers) start with stderr passed on. The
+# pipe never reaches end-of-file while they run, so waiting for it cost every Dask run 2 s.
+_LIFELONG_HELPERS = (b"from multiprocessing.resource_tracker import main",)
+
+
+def _writers_left(pid: int) -> bool:
+    """Whether a child process of ``pid`` that may still write to its stderr is running; True where
+    ``/proc`` cannot tell (then the pump waits for end-of-file, as long as restore() allows)."""
+    if not os.path.isdir(f"/proc/{pid}/task"):
+        return True
+    for child in _descendants(pid):
+        try:
+            with open(f"/proc/{child}/stat", "rb") as f:
+                state = f.read().rsplit(b")", 1)[-1].split()[0]
+            with open(f"/proc/{child}/cmdline", "rb") as f:
+                command = f.read().replace(b"\0", b" ")
+        except OSError:  # gone meanwhile
+            continue
+        if state != b"Z" and not any(helper in command for helper in _LIFELONG_HELPERS):
+            return True
+    return False
 
 
 def _descendants(pid: int) -> list[int]:

@@ -275,6 +275,28 @@ def _stopped_at_a_checkpoint(run: Path, code: int, stdout: str, stderr: str) -> 
 
 
 @pytest.mark.integration
+def test_finetune_stops_on_sigterm_at_a_checkpoint_and_resumes_to_the_end(tmp_path, task_data, init_run):
+    """A scheduler's SIGTERM mid-epoch, then a rerun that resumes there. SIGINT takes the same path
+    (the heavy test below sends both, one after the other)."""
+    import signal
+
+    run = tmp_path / "run"
+    args = ["finetune", "--data", task_data, "--out", str(run), "--init-from", init_run, "--epochs", "10",
+            "--batch-size", "8", "--log-every", "1", "--learning-rate", "1e-3"]
+    first = _Process(args, tmp_path)
+    first.wait_for("step      3/")
+    first.proc.send_signal(signal.SIGTERM)
+    stopped = _stopped_at_a_checkpoint(run, *first.finish())
+    assert stopped % 12, "stopped at an epoch's end, where a checkpoint is saved anyway"
+    code, stdout, stderr = _Process(args, tmp_path).finish()
+    assert code == 0, stderr
+    assert f"resumed from {run / f'ckpt-{stopped:08d}'}" in stdout
+    assert (run / "final_metrics.json").is_file()
+    assert not [p for p in (run, run / "eval") for q in p.iterdir() if q.name.startswith(rundir.TMP_MARK)]
+
+
+@pytest.mark.integration
+@pytest.mark.heavy
 def test_finetune_stops_on_sigint_and_sigterm_at_a_checkpoint_and_resumes(tmp_path, task_data, init_run):
     import signal
 
