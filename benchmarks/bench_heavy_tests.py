@@ -1,6 +1,5 @@
-"""The tests marked `heavy` (pyproject.toml): checks of a minute or more that the timed suite
-(`make test`, under 15 minutes on 2 cores) leaves out, each beside a lighter test that holds the
-same promise. Run here so that `make bench` keeps them honest; fails when any of them fails.
+"""The tests marked `heavy` (pyproject.toml): long checks that the timed suite (`make test`, under
+15 minutes on 2 cores) leaves out, each beside tests in the suite that hold the same promises. Run here so that `make bench` keeps them honest; fails when any of them fails.
 
     python -m benchmarks.bench_heavy_tests
 """

@@ -13,6 +13,18 @@ def pytest_configure(config: pytest.Config) -> None:
     if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
         signal.signal(signal.SIGINT, signal.default_int_handler)
 
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    # The long modules first (the trainer's, and any with an end-to-end test), whole, in their own
+    # order: on 2 workers the suite then ends on short tests instead of one worker finishing a
+    # minute-long test alone.
+    def is_long(module: str) -> bool:
+        return module.startswith("tests/trainer/") or module in long_modules
+
+    long_modules = {item.nodeid.split("::")[0] for item in items if item.get_closest_marker("integration")}
+    items.sort(key=lambda item: not is_long(item.nodeid.split("::")[0]))
+
+
 REPO = Path(__file__).resolve().parent.parent
 SHARED = REPO.parent / "shared"
 CORPORA = SHARED / "corpora"

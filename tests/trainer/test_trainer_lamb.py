@@ -1,13 +1,8 @@
 """`--optimizer lamb`: the update against a NumPy transcription of NVIDIA's/MLPerf's LAMB, step by
-step; exclusions, zero norms, skipped steps, checkpointed count; a tiny run resumes bitwise."""
+step; exclusions, zero norms, skipped steps, checkpointed count; a tiny run resumes bitwise. LAMB on two
+mirrored replicas against one device: `test_trainer_runs.py::test_mirrored_over_two_cpus_equals_one_device`."""
 
 from __future__ import annotations
-
-import os
-import subprocess
-import sys
-import textwrap
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -24,7 +19,6 @@ from bert_datagen.trainer.runtime.config import TrainConfig  # noqa: E402
 from bert_datagen.trainer.runtime.optimizer import LAMB_UPDATES_KEY, AdamWeightDecay, Lamb, make_optimizer  # noqa: E402
 from tests.support.synthetic import write_synthetic_dataset  # noqa: E402
 
-REPO = Path(__file__).resolve().parent.parent.parent
 NAMES = ["layer_0/dense/kernel", "layer_0/dense/bias", "layer_0/LayerNorm/gamma", "embeddings/word_embeddings"]
 
 
@@ -137,38 +131,3 @@ def test_a_lamb_run_resumes_bitwise(tmp_path):
         assert a.keys() == b.keys()
         assert all(a[k].tobytes() == b[k].tobytes() for k in a), file
     assert int(a[LAMB_UPDATES_KEY]) == 4
-
-
-MIRRORED_LAMB = textwrap.dedent("""
-    import sys, numpy as np, tensorflow as tf
-    cpu = tf.config.list_physical_devices("CPU")[0]
-    tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
-    from bert_datagen.trainer.runtime import checkpoint as ck
-    from bert_datagen.trainer.model.config import BertConfig
-    from bert_datagen.trainer.runtime.config import TrainConfig
-    from bert_datagen.trainer.pretrain.train import pretrain
-    data, out = sys.argv[1], sys.argv[2]
-    bert = BertConfig.from_name("tiny", 60).to_dict()  # dropout on: masks keyed by global batch position
-    for strategy in ("one-device", "mirrored"):
-        pretrain(TrainConfig(data=data, out=f"{out}/{strategy}", bert_config=bert, batch_size=8, steps=3,
-                             learning_rate=1e-2, warmup_steps=1, seed=3, checkpoint_every=3, log_every=3,
-                             eval_batches=1, shuffle_buffer=16, strategy=strategy, optimizer="lamb"), log=print)
-    for name in (ck.MODEL_FILE, ck.OPTIMIZER_FILE):
-        a = ck.load_arrays(ck.resolve_checkpoint(f"{out}/one-device"), name)
-        b = ck.load_arrays(ck.resolve_checkpoint(f"{out}/mirrored"), name)
-        print("WORST", name, max(float(np.abs(a[k].astype(np.float64) - b[k]).max()) for k in a))
-    print("UPDATES", int(b["lamb_updates"]))
-""")
-
-
-def test_lamb_on_two_mirrored_replicas_equals_one_device(tmp_path):
-    data = write_synthetic_dataset(str(tmp_path / "ds"), seq_len=16, max_pred=3, vocab_size=60,
-                                   train_shards=2, records_per_shard=16, eval_records=8)
-    script = tmp_path / "mirrored_lamb.py"
-    script.write_text(MIRRORED_LAMB)
-    proc = subprocess.run([sys.executable, str(script), data, str(tmp_path)], capture_output=True, text=True,
-                          timeout=400, cwd=REPO, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
-    assert "2 replica(s)" in proc.stdout and "UPDATES 3" in proc.stdout
-    worst = [float(line.split()[-1]) for line in proc.stdout.splitlines() if line.startswith("WORST")]
-    assert len(worst) == 2 and max(worst) < 1e-5

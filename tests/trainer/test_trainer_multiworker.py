@@ -1,7 +1,9 @@
 """`--strategy multi-worker` on real worker processes: 2 workers on localhost (CPU) against one
 process with the same global batch, dropout on (the default models' 0.1: masks are keyed by each
 row's place in the global batch, not by worker), 20 steps; one writer; a worker alone stops within
---cluster-timeout."""
+--cluster-timeout. The plain pretraining pair is `heavy`: the suite's fault test
+(test_trainer_multiworker_faults.py) holds the same equalities and the one writer through a kill,
+a 2 -> 1 and a 1 -> 2 resume."""
 
 from __future__ import annotations
 
@@ -30,7 +32,7 @@ def json_without(path: Path, drop: set[str]):
     return clean(json.loads(path.read_text()))
 
 
-@pytest.mark.integration
+@pytest.mark.heavy  # the suite holds both promises in test_trainer_multiworker_faults.py, through faults
 def test_two_workers_equal_one_process_and_only_the_chief_writes(tmp_path):
     data = write_synthetic_dataset(str(tmp_path / "ds"), seq_len=32, max_pred=5, vocab_size=120, train_shards=2,
                                    records_per_shard=32, eval_records=16)

@@ -6,7 +6,8 @@ uninterrupted 1-process run of the same global batch:
   2 workers, one SIGKILLed after a checkpoint -> the other stops with one line (bounded time)
   -> resumed as 1 process (2 -> 1) and stopped -> relaunched as 2 workers (1 -> 2) to the end.
 Every step's loss, the checkpoint the 2 workers wrote, the final weights and the eval metrics
-equal the uninterrupted run's (1e-5). Changing the global batch on resume is refused.
+equal the uninterrupted run's (1e-5), and the run directory holds the same files as its own: only the
+chief wrote. Changing the global batch on resume is refused.
 """
 
 from __future__ import annotations
@@ -72,6 +73,15 @@ def losses_by_step(run: Path) -> dict[int, list[float]]:
                 if value.tag == "loss":
                     found.setdefault(event.step, []).append(float(tf.make_ndarray(value.tensor)))
     return found
+
+
+def run_files(run: Path) -> list[str]:
+    return sorted(str(p.relative_to(run)) for p in run.rglob("*")
+                  if "tensorboard" not in p.parts and not p.name.startswith(".bert-datagen"))
+
+
+def json_without(path: Path, drop: set[str]) -> dict:
+    return {k: v for k, v in json.loads(path.read_text()).items() if k not in drop}
 
 
 def assert_nothing_half_written_looks_complete(run: Path) -> None:
@@ -166,6 +176,8 @@ def test_killed_worker_then_resumed_on_other_cluster_sizes_equals_one_uninterrup
     for rc, out, err in results:
         assert rc == 0, out[-2000:] + err[-3000:]
     assert f"resumed from {ckpt_lib.checkpoint_dir(run, first + 2)}" in results[0][1]
+    for index, (_, out, _) in enumerate(results):  # each reads its share of every global batch
+        assert f"worker {index} of 2 reads its share of each global batch (4 of 8 sequences)" in out
     worst = max_diff(model(one), model(run))
     print("MAX_ABS_WEIGHT_DIFF_FINAL", worst)
     assert worst <= 1e-5
@@ -176,3 +188,15 @@ def test_killed_worker_then_resumed_on_other_cluster_sizes_equals_one_uninterrup
     final = json.loads((run / "final_metrics.json").read_text())
     for k, v in one_result["eval"].items():
         assert final["eval"][k] == pytest.approx(v, abs=1e-5), k
+
+    # Only the chief wrote: the run directory holds what the one process's holds (the same files,
+    # the same records but for the strategy, the same checkpoints), one event file per launch.
+    assert run_files(run) == run_files(one)
+    assert len(list((run / "tensorboard" / "train").iterdir())) == 3  # 2 workers, 1 process, 2 workers
+    drop = {"strategy", "out"}
+    assert json_without(run / "train_config.json", drop) == json_without(one / "train_config.json", drop)
+    for name in ("bert_config.json", "dataset.json"):
+        assert (run / name).read_text() == (one / name).read_text()
+    for step in range(SETTINGS["checkpoint_every"], SETTINGS["steps"] + 1, SETTINGS["checkpoint_every"]):
+        s1, s2 = (ckpt_lib.load_state(ckpt_lib.checkpoint_dir(r, step)) for r in (one, run))
+        assert s1["step"] == s2["step"] == step and s1["data_fingerprint"] == s2["data_fingerprint"]
