@@ -8,7 +8,7 @@ RUN_DIR ?= runs/pretrain
 FINETUNE_DIR ?= runs/finetune
 PYTEST_ARGS ?=
 
-.PHONY: test test-fast test-heavy pretrain finetune torch-pretrain bench bench-scale ablation lint clean install-data install-train install-dev
+.PHONY: test test-fast test-heavy pretrain finetune torch-pretrain bench bench-scale bench-gpu ablation lint clean install-data install-train install-dev
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -66,6 +66,12 @@ bench-scale: $(VENV)/.stamp-dev
 	mkdir -p .bench
 	$(PY) -m benchmarks.bench_scale --plot .bench/scale.png --json .bench/scale.json $(SCALE_ARGS)
 
+# GPU figures (docs/gpu.md) on a machine with a CUDA GPU, PyTorch and transformers: the vocab and datasets
+# from ../shared into .gpu/, then one JSON line a figure in .bench/gpu/gpu.jsonl (about 8 minutes on an H200).
+bench-gpu: $(VENV)/.stamp-dev
+	$(PY) -m benchmarks.bench_gpu prepare --out .gpu
+	$(PY) -m benchmarks.bench_gpu measure --data .gpu --out .bench/gpu
+
 # Pre-training variants side by side, in miniature (benchmarks/ablation.py, docs/variants.md):
 # about 40 minutes on two cores (pre-training, then SST-2 fine-tuning of each model); figures,
 # table and plot in .bench/ablation/.
@@ -90,5 +96,5 @@ torch-pretrain: $(VENV)/.stamp-dev
 	$(PY) -m examples.torch_pretrain --out $(TORCH_DIR)
 
 clean:
-	rm -rf $(VENV) runs .pytest_cache .ruff_cache .hypothesis build dist *.egg-info .bench
+	rm -rf $(VENV) runs .pytest_cache .ruff_cache .hypothesis build dist *.egg-info .bench .gpu
 	find . -name __pycache__ -type d -prune -exec rm -rf {} +

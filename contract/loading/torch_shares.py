@@ -43,6 +43,7 @@ from bert_datagen.contract.loading.readers import batches_for, epoch_end
 from bert_datagen.contract.loading.source import LoadError, Source
 from bert_datagen.contract.loading.task_batches import TaskBatches
 from bert_datagen.contract.loading.torch_adapter import torch_world
+from bert_datagen.contract.loading.torch_workers import quiet_generator
 from bert_datagen.contract.manifest import Manifest, ManifestError
 from bert_datagen.contract.ranges import ArgumentError, check_int, max_batches
 
@@ -210,6 +211,7 @@ class ShareLoader(DataLoader):
         self.step = start
         self.device = device
         sampler = ShareSampler(reader.batch_size, world_size, rank, start, stop, getattr(reader, "per_epoch", None))
+        kwargs.setdefault("generator", quiet_generator())
         super().__init__(ShareRecords(reader, world_size, rank, hf, nsp), collate_fn=_whole, batch_sampler=sampler,
                          **kwargs)
 

@@ -119,11 +119,21 @@ def _batches(item: tuple[list, dict[str, str], dict[str, np.ndarray]], pin: bool
         yield batch
 
 
+def quiet_generator() -> torch.Generator:
+    """The generator our DataLoaders draw their per-iteration base seed from. Without one, every
+    ``iter()`` of a DataLoader takes a number from torch's global generator, the one dropout uses:
+    a run resumed from its saved RNG state then starts a new iterator after the restore and drops
+    out other units than the run that never stopped. Our batches use no torch randomness (the order
+    comes from the dataset's seed), so a private generator changes nothing else."""
+    return torch.Generator().manual_seed(0)
+
+
 def grouped_batches(reader: Any, start: int, stop: int | None, num_workers: int,
                     **kwargs: Any) -> Iterator[dict[str, torch.Tensor]]:
     """Batches ``start, start + 1, ...`` (below ``stop``) of ``reader`` as dicts of tensors, in step
     order, decoded by ``num_workers`` DataLoader workers a group each (kwargs go to the DataLoader)."""
     pin = bool(kwargs.pop("pin_memory", False)) and torch.cuda.is_available()
+    kwargs.setdefault("generator", quiet_generator())
     loader = DataLoader(_Groups(reader, start, stop), batch_size=None, num_workers=num_workers, collate_fn=_keep,
                         **kwargs)
     for item in loader:

@@ -90,3 +90,51 @@ def test_trainer_resume_skips_by_position(source) -> None:
     assert len(got) == 2
     for i, batch in enumerate(got):
         _same(batch, ref.batch_at(4 + i))
+
+
+@pytest.mark.parametrize("workers", [0, 1])
+def test_iterating_our_loaders_leaves_torchs_global_generator_alone(source, workers) -> None:
+    """A DataLoader draws a base seed from torch's global generator at every iter() unless it has its
+    own generator; ours have one, so dropout's random stream is the model's alone."""
+    torch.manual_seed(3)
+    before = torch.get_rng_state()
+    list(share_loader(source, seed=SEED, batch_size=B, block_size=BS, stop=2, num_workers=workers))
+    list(torch_batches(source, seed=SEED, batch_size=B, block_size=BS, stop=2).loader(num_workers=workers))
+    assert torch.equal(torch.get_rng_state(), before)
+
+
+def test_a_resumed_run_with_dropout_equals_the_run_that_never_stopped(source) -> None:
+    """Weights, optimizer, torch's RNG state and the loader's position saved after 3 steps and loaded
+    into new objects: steps 3-5 then give the same weights, bit for bit, as one run of 6 steps (dropout on).
+    Before the loaders had their own generator, the resumed loader's iter() drew from the restored RNG."""
+
+    def fresh() -> tuple:
+        torch.manual_seed(11)
+        model = torch.nn.Sequential(torch.nn.Embedding(1000, 16), torch.nn.Dropout(0.5), torch.nn.Linear(16, 1))
+        return model, torch.optim.AdamW(model.parameters(), lr=1e-2)
+
+    def train(model, optimizer, loader, steps: int) -> None:
+        for _, batch in zip(range(steps), loader, strict=False):
+            loss = model(batch["input_ids"] % 1000).float().pow(2).mean()
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+
+    def loader():
+        return share_loader(source, seed=SEED, batch_size=B, block_size=BS, hf=False, stop=6)
+
+    model, optimizer = fresh()
+    train(model, optimizer, loader(), 6)
+    straight = [p.detach().clone() for p in model.parameters()]
+
+    model, optimizer, first = *fresh(), loader()
+    train(model, optimizer, first, 3)
+    state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "rng": torch.get_rng_state(),
+             "loader": first.state_dict()}
+    model, optimizer, rest = *fresh(), loader()
+    model.load_state_dict(state["model"])
+    optimizer.load_state_dict(state["optimizer"])
+    torch.set_rng_state(state["rng"])
+    rest.load_state_dict(state["loader"])
+    train(model, optimizer, rest, 3)
+    assert all(torch.equal(a, b) for a, b in zip(straight, model.parameters(), strict=True))
