@@ -403,6 +403,7 @@ def measure(args: argparse.Namespace) -> int:
     """Each section in a process of its own (a CUDA error poisons its process; the deterministic
     sections need cuBLAS's workspace setting before CUDA starts), in order of value, within --budget-s."""
     args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "gpu.jsonl").write_text("")  # this run's figures only, not appended to an earlier run's
     deadline = time.monotonic() + args.budget_s
     failed = 0
     plan = args.sections or [("determinism", ["--deterministic"]), ("determinism", []), ("pretrain-eager", []), ("finetune", []),
