@@ -161,7 +161,7 @@ def test_trainer_resumed_in_epoch_one_trains_on_finetunings_next_batches(kinds, 
     steps, saved = per_epoch + 3, per_epoch + 1
     labels = len(json.loads((Path(kinds["classification"]) / "manifest.json").read_text())["task"]["labels"])
 
-    def run(resume: str | None) -> list[np.ndarray]:
+    def run(resume: str | None) -> tuple[list[np.ndarray], dict]:
         seen = []
 
         class TaskTrainer(transformers.Trainer):
@@ -178,14 +178,19 @@ def test_trainer_resumed_in_epoch_one_trains_on_finetunings_next_batches(kinds, 
         args = transformers.TrainingArguments(output_dir=str(tmp_path / "run"), per_device_train_batch_size=B,
                                               max_steps=steps, save_strategy="steps", save_steps=saved,
                                               report_to=[], use_cpu=True, logging_strategy="no", disable_tqdm=True)
-        TaskTrainer(model=transformers.BertForSequenceClassification(config), args=args).train(resume_from_checkpoint=resume)
-        return seen
+        trainer = TaskTrainer(model=transformers.BertForSequenceClassification(config), args=args)
+        trainer.train(resume_from_checkpoint=resume)
+        return seen, {k: v.detach().clone() for k, v in trainer.model.state_dict().items()}
 
-    whole = run(None)
+    whole, whole_weights = run(None)
     assert len(whole) == steps
     for step, batch in enumerate(whole):
         _bitwise(batch, hf_inputs(ref.batch_at(step)), step)
-    resumed = run(str(tmp_path / "run" / f"checkpoint-{saved}"))
+    resumed, resumed_weights = run(str(tmp_path / "run" / f"checkpoint-{saved}"))
     assert len(resumed) == steps - saved
     for i, batch in enumerate(resumed):
         _bitwise(batch, hf_inputs(ref.batch_at(saved + i)), saved + i)
+    # Dropout is on (BertConfig's 0.1), and the resumed run's weights are the whole run's, bit for bit
+    # (Trainer restores torch's RNG state after it has started the loader's iterator).
+    assert sorted(resumed_weights) == sorted(whole_weights)
+    assert all(torch.equal(resumed_weights[k], whole_weights[k]) for k in whole_weights)
