@@ -27,6 +27,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -51,27 +52,30 @@ def emit(out: Path, record: dict[str, Any]) -> None:
 
 
 def prepare(out: Path) -> None:
-    """The vocab and datasets `measure` reads, from ../shared (run here, not on the accelerator)."""
+    """The vocab and datasets `measure` reads, from ../shared (run here, not on the accelerator). What is
+    in ``out`` already is kept and reused: nothing there is replaced."""
     from benchmarks.bench_datagen import corpus_files, train_vocab
+    from benchmarks.bench_tasks import TASKS
 
     out.mkdir(parents=True, exist_ok=True)
-    wiki = corpus_files()
+    wiki = corpus_files()[:4]
     vocab = out / "vocab.txt"
     if not vocab.exists():
-        train_vocab(wiki[:4], vocab)
+        train_vocab(wiki, vocab)
     tool = [sys.executable, "-m", "bert_datagen.pipelines.cli"]
-    for seq, files, dupe in ((128, wiki[:4], 2), (512, wiki[:4], 1)):
-        inputs = [a for f in files for a in ("--input", str(f))]
-        subprocess.run(tool + ["run", *inputs, "--input-format", "wikiextractor", "--vocab", str(vocab),
-                               "--output", str(out / f"pt-{seq}"), "--max-seq-length", str(seq),
-                               "--max-predictions-per-seq", str(PREDICTIONS[seq]), "--dupe-factor", str(dupe),
-                               "--overwrite", "--quiet"], check=True)
-    sst2 = out / "sst2-8k.tsv"  # the first 8,000 rows: enough steps, and small enough to carry
-    lines = (corpus_files()[0].parent.parent.parent / "tasks" / "sst2" / "train.tsv").read_text().splitlines(True)
-    sst2.write_text("".join(lines[:8001]))
-    subprocess.run(tool + ["task", "--task", "glue/sst2", "--split", f"train={sst2}", "--vocab", str(vocab),
-                           "--output", str(out / "sst2"), "--max-seq-length", "128", "--overwrite"], check=True)
-    sst2.unlink()
+    for seq, dupe in ((128, 2), (512, 1)):
+        if not (out / f"pt-{seq}" / "manifest.json").exists():
+            inputs = [a for f in wiki for a in ("--input", str(f))]
+            subprocess.run(tool + ["run", *inputs, "--input-format", "wikiextractor", "--vocab", str(vocab),
+                                   "--output", str(out / f"pt-{seq}"), "--max-seq-length", str(seq),
+                                   "--max-predictions-per-seq", str(PREDICTIONS[seq]), "--dupe-factor", str(dupe),
+                                   "--quiet"], check=True)
+    if not (out / "sst2" / "manifest.json").exists():
+        with tempfile.TemporaryDirectory() as scratch:
+            sst2 = Path(scratch) / "sst2-8k.tsv"  # the first 8,000 rows: enough steps, small enough to carry
+            sst2.write_text("".join((TASKS / "sst2" / "train.tsv").read_text().splitlines(True)[:8001]))
+            subprocess.run(tool + ["task", "--task", "glue/sst2", "--split", f"train={sst2}", "--vocab", str(vocab),
+                                   "--output", str(out / "sst2"), "--max-seq-length", "128"], check=True)
 
 
 def bert_config(size: str, vocab_size: int, labels: int = 2) -> Any:
@@ -112,20 +116,17 @@ def training_step(model: Any, optimizer: Any, precision: str, device: str) -> An
 
 def timed(step: Any, batches: list[dict[str, Any]], warmup: int, device: str) -> tuple[float, float, float]:
     """(seconds of the first step, seconds a step after ``warmup``, last loss)."""
-    import torch
-
-    sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
     start = time.perf_counter()
     step(batches[0])
-    sync()
+    _sync(device)
     first = time.perf_counter() - start
     for batch in batches[1:warmup]:
         step(batch)
-    sync()
+    _sync(device)
     start = time.perf_counter()
     for batch in batches[warmup:]:
         loss = step(batch)
-    sync()
+    _sync(device)
     return first, (time.perf_counter() - start) / (len(batches) - warmup), float(loss.detach())
 
 
