@@ -24,7 +24,7 @@ from bert_datagen.contract.loading.order import (
     positions_array,
 )
 from bert_datagen.contract.loading.source import Fetched, LoadError, Source
-from bert_datagen.contract.loading.stepping import Stepping, check_reader_arguments
+from bert_datagen.contract.loading.stepping import Stepping, check_reader_arguments, local_world
 from bert_datagen.datagen.dynamic import mask_records
 from bert_datagen.datagen.records import INSTANCE_KEY, WORD_BITS
 
@@ -51,10 +51,11 @@ class NumpyBatches(Stepping):
     At each window the dataset is checked to be the one opened (`Source.check_unchanged`).
     """
 
-    def __init__(self, source: Source, *, seed: int, batch_size: int, world_size: int = 1, rank: int = 0,
-                 block_size: int = DEFAULT_BLOCK_SIZE, start: int = 0, stop: int | None = None,
-                 prefetch: bool | None = None) -> None:
+    def __init__(self, source: Source, *, seed: int, batch_size: int, world_size: int | None = None,
+                 rank: int | None = None, block_size: int = DEFAULT_BLOCK_SIZE, start: int = 0,
+                 stop: int | None = None, prefetch: bool | None = None) -> None:
         # The arguments first (ArgumentError, naming the argument), then whether the split holds a batch.
+        world_size, rank = local_world(world_size, rank)
         check_reader_arguments(seed, batch_size, block_size, world_size, rank, start, stop)
         if source.kind == TASK:  # pre-training's order over task data is not what fine-tuning reads
             raise LoadError(f"{source.root} (split {source.split}): a task dataset; read it in fine-tuning's "

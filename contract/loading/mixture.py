@@ -39,7 +39,7 @@ from bert_datagen.contract.loading.order import (
     positions_array,
 )
 from bert_datagen.contract.loading.source import LoadError, Source
-from bert_datagen.contract.loading.stepping import Stepping, check_reader_arguments
+from bert_datagen.contract.loading.stepping import Stepping, check_reader_arguments, local_world
 from bert_datagen.contract.manifest import Manifest, ManifestError
 from bert_datagen.contract.ranges import check_int
 from bert_datagen.datagen.rng import derive_key
@@ -120,8 +120,9 @@ class MixedBatches(Stepping):
     docstring); the interface of `NumpyBatches`: iteration, ``batch_at``, ``read_positions``, state."""
 
     def __init__(self, sources: Sequence[Source], weights: Sequence[float], *, seed: int, batch_size: int,
-                 world_size: int = 1, rank: int = 0, block_size: int = DEFAULT_BLOCK_SIZE, start: int = 0,
-                 stop: int | None = None, window: int = DEFAULT_MIX_WINDOW) -> None:
+                 world_size: int | None = None, rank: int | None = None, block_size: int = DEFAULT_BLOCK_SIZE,
+                 start: int = 0, stop: int | None = None, window: int = DEFAULT_MIX_WINDOW) -> None:
+        world_size, rank = local_world(world_size, rank)
         check_reader_arguments(seed, batch_size, block_size, world_size, rank, start, stop)
         check_world(batch_size, world_size, rank)
         if len(weights) != len(sources):

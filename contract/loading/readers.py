@@ -28,11 +28,12 @@ from bert_datagen.contract.ranges import ArgumentError, check_int, max_batches
 Reader = NumpyBatches | TaskBatches
 
 
-def batches_for(source: Source, *, seed: int, batch_size: int, world_size: int = 1, rank: int = 0,
-                block_size: int | None = None, group_by_length: bool = False, start: int = 0,
-                stop: int | None = None) -> Reader:
+def batches_for(source: Source, *, seed: int, batch_size: int, world_size: int | None = None,
+                rank: int | None = None, block_size: int | None = None, group_by_length: bool = False,
+                start: int = 0, stop: int | None = None) -> Reader:
     """The reader of ``source``'s kind (see the module docstring); ``block_size`` is pre-training's
-    (default 64), ``group_by_length`` fine-tuning's (ArgumentError, naming it, on the other kind)."""
+    (default 64), ``group_by_length`` fine-tuning's (ArgumentError, naming it, on the other kind);
+    ``world_size`` and ``rank`` both or neither (one process)."""
     common = dict(seed=seed, batch_size=batch_size, world_size=world_size, rank=rank, start=start, stop=stop)
     if source.kind == TASK:
         if block_size not in (None, BLOCK_SIZE):

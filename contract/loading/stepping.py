@@ -13,7 +13,28 @@ from typing import Any
 import numpy as np
 
 from bert_datagen.contract.loading.order import check_order, check_step
-from bert_datagen.contract.ranges import check_int, max_batches
+from bert_datagen.contract.ranges import ArgumentError, check_int, max_batches
+
+
+def world_and_rank(world_size: int | None, rank: int | None, neither: str = "one process: whole batches",
+                   ) -> tuple[int | None, int | None]:
+    """``(world_size, rank)`` as given when both or neither are (``(None, None)``: the caller's
+    default, ``neither`` says which); ArgumentError naming the missing one otherwise. A world size
+    alone would have every process read rank 0's share, and a rank alone would read the whole
+    global batch on every process: either way the ranks train on the wrong records, silently."""
+    if (world_size is None) == (rank is None):
+        return world_size, rank
+    given, missing = ("world_size", "rank") if rank is None else ("rank", "world_size")
+    value = world_size if rank is None else rank
+    raise ArgumentError(missing, f"{given}={value!r} without {missing}: give both (each process its own rank) "
+                        f"or neither ({neither})")
+
+
+def local_world(world_size: int | None, rank: int | None) -> tuple[int, int]:
+    """The world size and rank of a reader made directly: both given, or neither (one process reads
+    whole global batches); one without the other is refused (`world_and_rank`)."""
+    world_size, rank = world_and_rank(world_size, rank)
+    return (1, 0) if world_size is None or rank is None else (world_size, rank)
 
 
 def check_reader_arguments(seed: int, batch_size: int, block_size: int, world_size: int, rank: int, start: int,

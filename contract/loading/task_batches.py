@@ -24,7 +24,7 @@ import numpy as np
 
 from bert_datagen.contract.loading.order import GlobalOrder, check_step, check_world, permutation
 from bert_datagen.contract.loading.source import LoadError, Source
-from bert_datagen.contract.loading.stepping import Stepping, check_reader_arguments
+from bert_datagen.contract.loading.stepping import Stepping, check_reader_arguments, local_world
 from bert_datagen.datagen.rng import derive_key
 
 BLOCK_SIZE = 1  # a full shuffle per epoch: task splits are small, and examples are often sorted
@@ -96,8 +96,10 @@ class TaskBatches(Stepping):
     """Rank ``rank`` of ``world_size``'s share of fine-tuning's batch at every step (see the module
     docstring); iterates steps ``start, start + 1, ...`` (below ``stop``); its state is the step."""
 
-    def __init__(self, source: Source, *, seed: int, batch_size: int, world_size: int = 1, rank: int = 0,
-                 group_by_length: bool = False, start: int = 0, stop: int | None = None) -> None:
+    def __init__(self, source: Source, *, seed: int, batch_size: int, world_size: int | None = None,
+                 rank: int | None = None, group_by_length: bool = False, start: int = 0,
+                 stop: int | None = None) -> None:
+        world_size, rank = local_world(world_size, rank)
         check_reader_arguments(seed, batch_size, BLOCK_SIZE, world_size, rank, start, stop)
         try:
             check_world(batch_size, world_size, rank)

@@ -26,11 +26,15 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from bert_datagen.contract.loading.readers import batches_for, epoch_end, steps_per_epoch
 from bert_datagen.contract.loading.source import Source
+from bert_datagen.contract.loading.stepping import world_and_rank
 from bert_datagen.contract.loading.torch_workers import grouped_batches
 
 
 def torch_world(world_size: int | None, rank: int | None) -> tuple[int, int]:
-    """The world size and rank given, else torch.distributed's when it is initialised, else (1, 0)."""
+    """The world size and rank given, else torch.distributed's when it is initialised, else (1, 0);
+    one without the other is an ArgumentError naming the missing one (`stepping.world_and_rank`)."""
+    world_size, rank = world_and_rank(world_size, rank, "torch.distributed's when it is initialised, else one "
+                                      "process reading whole batches")
     if world_size is not None and rank is not None:
         return world_size, rank
     dist = torch.distributed

@@ -122,6 +122,22 @@ def test_readers_refuse_the_other_kinds_options(kinds):
     assert again.step == 17
 
 
+@pytest.mark.parametrize("given", [{"world_size": 2}, {"rank": 1}, {"world_size": 1}, {"rank": 0}])
+def test_readers_refuse_a_world_size_without_a_rank_and_the_reverse(kinds, given):
+    """Issue #43 point 2: one without the other read rank 0's share, or the whole batch, on every
+    process; each reader names the missing argument."""
+    missing = "world_size" if "rank" in given else "rank"
+    static, task = open_source(kinds["static"]), open_source(kinds["classification"])
+    for make in (lambda: NumpyBatches(static, seed=SEED, batch_size=B, **given),
+                 lambda: TaskBatches(task, seed=SEED, batch_size=B, **given),
+                 lambda: batches_for(static, seed=SEED, batch_size=B, **given),
+                 lambda: batches_for(task, seed=SEED, batch_size=B, **given)):
+        with pytest.raises(ArgumentError, match=f"without {missing}") as raised:
+            make()
+        assert raised.value.argument == missing
+    assert TaskBatches(task, seed=SEED, batch_size=B).world_size == 1  # neither: one process
+
+
 # ---------------------------------------------------------------- map-style access, epochs
 
 

@@ -248,7 +248,7 @@ def test_state_of_another_order_is_refused(static_ds):
     with pytest.raises(LoadError, match="seed"):
         other.load_state_dict(state)
     with pytest.raises(LoadError, match="not a multiple of the world size 3"):
-        NumpyBatches(open_source(static_ds), seed=SEED, batch_size=B, world_size=3)
+        NumpyBatches(open_source(static_ds), seed=SEED, batch_size=B, world_size=3, rank=0)
     with pytest.raises(LoadError, match="fewer than one batch"):
         NumpyBatches(open_source(static_ds), seed=SEED, batch_size=1000)
 

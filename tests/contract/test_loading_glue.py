@@ -8,12 +8,13 @@ import pytest
 
 from bert_datagen.contract.loading.batches import NumpyBatches
 from bert_datagen.contract.loading.source import open_source
+from bert_datagen.contract.ranges import ArgumentError
 from tests.support.synthetic import write_synthetic_dataset
 
 torch = pytest.importorskip("torch")
 from torch.utils.data import DataLoader  # noqa: E402
 
-from bert_datagen.contract.loading.torch_adapter import torch_batches  # noqa: E402
+from bert_datagen.contract.loading.torch_adapter import TorchBatches, torch_batches  # noqa: E402
 from bert_datagen.contract.loading.torch_shares import share_loader  # noqa: E402
 
 B, BS, SEED = 8, 4, 7
@@ -29,6 +30,28 @@ def _same(got: dict, want: dict) -> None:
     assert sorted(got) == sorted(want)
     for k in want:
         assert (got[k].numpy() == want[k]).all(), k
+
+
+@pytest.mark.parametrize("given", [{"world_size": 2}, {"rank": 1}, {"rank": 0}, {"world_size": 1}])
+def test_a_world_size_without_a_rank_or_a_rank_without_one_is_refused(source, given) -> None:
+    """Issue #43 point 2: a world size alone had every process read the whole global batch (the
+    loaders then took (1, 0)), a rank alone the same; every torch entry point refuses either, naming
+    the missing argument, and takes both or neither."""
+    missing = "world_size" if "rank" in given else "rank"
+    numpy = NumpyBatches(source, seed=SEED, batch_size=B, block_size=BS)
+    makers = {"torch_batches": lambda: torch_batches(source, seed=SEED, batch_size=B, block_size=BS, **given),
+              "TorchBatches": lambda: TorchBatches(source, seed=SEED, batch_size=B, block_size=BS, **given),
+              "share_loader": lambda: share_loader(source, seed=SEED, batch_size=B, block_size=BS, **given),
+              "share_loader(reader)": lambda: share_loader(numpy, **given)}
+    for name, make in makers.items():
+        with pytest.raises(ArgumentError, match=f"without {missing}: give both") as raised:
+            make()
+        assert raised.value.argument == missing, name
+    # Both, or neither (one process when torch.distributed is not initialised): as before.
+    share = next(iter(torch_batches(source, seed=SEED, batch_size=B, block_size=BS, world_size=2, rank=1)))
+    assert share["input_ids"].shape[0] == B // 2
+    whole = next(iter(share_loader(source, seed=SEED, batch_size=B, block_size=BS, hf=False)))
+    _same(whole, numpy.batch_at(0))
 
 
 @pytest.mark.parametrize("batch_size", [1, 4])

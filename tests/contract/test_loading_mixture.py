@@ -16,6 +16,7 @@ from bert_datagen.contract.loading.mixture import (
     parse_weights,
 )
 from bert_datagen.contract.loading.source import LoadError, open_source
+from bert_datagen.contract.ranges import ArgumentError
 from tests.support.synthetic import write_synthetic_dataset
 
 B, BS, SEED, WINDOW = 8, 4, 9, 40
@@ -47,6 +48,15 @@ def test_apportion_and_weights() -> None:
             parse_weights(bad, 2)
     with pytest.raises(MixtureError, match="no record in a mixture window"):
         apportion([1, 1e-9], 4096)
+
+
+@pytest.mark.parametrize("given", [{"world_size": 2}, {"rank": 1}])
+def test_a_world_size_without_a_rank_and_the_reverse_are_refused(datasets, given) -> None:
+    """Issue #43 point 2: either alone read rank 0's share or the whole batch on every process."""
+    missing = "world_size" if "rank" in given else "rank"
+    with pytest.raises(ArgumentError, match=f"without {missing}") as raised:
+        _mix(datasets, **given)
+    assert raised.value.argument == missing
 
 
 def test_each_record_comes_from_its_datasets_own_order(datasets) -> None:
