@@ -8,6 +8,13 @@ consecutive rows of the global batch), else it is refused (a mesh whose devices 
 would put one host's records in another host's rows). The default sharding splits the batch over
 ``jax.devices()`` in order, so process ``p`` holds rows ``[p*B/N, (p+1)*B/N)``.
 
+Nothing is narrowed. JAX without x64 (its default) would cast an int64 array to int32 without a
+word, cutting a record's 64-bit ``instance_key`` (dynamic masking data; a packed row's slots) to its
+low 32 bits; so while ``jax_enable_x64`` is off, every 64-bit integer feature comes as uint32 words
+instead: shape ``[..., 2]``, ``[..., 0]`` the low and ``[..., 1]`` the high 32 bits of the value's
+two's complement (`join_words` gives the int64 back). With x64 on, int64 comes as it is. Other
+64-bit features (none of ours) are refused with a TypeError naming the feature.
+
 Only this module imports jax (an optional extra); nothing of ours imports it.
 """
 
@@ -28,6 +35,32 @@ from bert_datagen.contract.loading.source import Source
 from bert_datagen.contract.ranges import check_int
 
 _END = object()
+_LOW = np.uint64(0xFFFFFFFF)
+
+
+def split_words(values: np.ndarray) -> np.ndarray:
+    """A 64-bit integer array as uint32 words: shape ``values.shape + (2,)``, low word first."""
+    bits = np.asarray(values).view(np.uint64)  # the two's complement bits of int64, as they are for uint64
+    return np.stack([(bits & _LOW).astype(np.uint32), (bits >> np.uint64(32)).astype(np.uint32)], axis=-1)
+
+
+def join_words(words: Any) -> np.ndarray:
+    """The int64 values of `split_words`' layout (a NumPy array, or a jax.Array fetched to the host)."""
+    words = np.asarray(words)
+    if words.dtype != np.uint32 or words.shape[-1:] != (2,):
+        raise ValueError(f"expected uint32 words of shape [..., 2], got {words.dtype} {words.shape}")
+    return ((words[..., 1].astype(np.uint64) << np.uint64(32)) | words[..., 0].astype(np.uint64)).view(np.int64)
+
+
+def exact_for_jax(name: str, values: np.ndarray) -> np.ndarray:
+    """``values`` as JAX will hold them without a bit lost: as they are, or (x64 off) a 64-bit
+    integer feature as `split_words`; TypeError naming the feature for another 64-bit dtype."""
+    if values.dtype.itemsize < 8 or jax.config.jax_enable_x64:
+        return values
+    if values.dtype.kind in "iu":
+        return split_words(values)
+    raise TypeError(f"feature {name!r} is {values.dtype}, which JAX without x64 would narrow to 32 bits: "
+                    "enable it (jax.config.update('jax_enable_x64', True)) to read this dataset")
 
 
 def batch_sharding(axis: str = "data") -> NamedSharding:
@@ -71,9 +104,11 @@ class JaxBatches:
         self._queue: queue.Queue | None = None
 
     def global_batch(self, local: dict[str, np.ndarray]) -> dict[str, jax.Array]:
-        """This process's share as arrays of the global batch."""
+        """This process's share as arrays of the global batch (64-bit integers as uint32 words while
+        JAX's x64 is off: see the module docstring)."""
+        exact = {k: exact_for_jax(k, v) for k, v in local.items()}
         return {k: jax.make_array_from_process_local_data(self.sharding, v, (self.batch_size, *v.shape[1:]))
-                for k, v in local.items()}
+                for k, v in exact.items()}
 
     def __iter__(self) -> Iterator[dict[str, jax.Array]]:
         return self

@@ -81,3 +81,63 @@ def test_two_jax_processes_make_the_global_batches(tmp_path) -> None:
     for p, seen in enumerate(hosts):
         assert seen["resumed"] == whole.batch_at(2)["input_ids"][p * B // 2:(p + 1) * B // 2].tolist()
         assert seen["sum"] == int(whole.batch_at(2)["input_ids"].sum())
+
+
+ONE_HOST = textwrap.dedent("""
+    import json, sys
+    import jax, numpy as np
+    x64, data, out = sys.argv[1] == "x64", sys.argv[2], sys.argv[3]
+    jax.config.update("jax_enable_x64", x64)
+    from bert_datagen.contract.loading.jax_hosts import JaxBatches, join_words
+    from bert_datagen.contract.loading.source import open_source
+
+    batches = JaxBatches(open_source(data), seed=%(seed)d, batch_size=%(b)d, block_size=%(bs)d, stop=2)
+    seen = {}
+    for step, batch in enumerate(batches):
+        key = batch["instance_key"]
+        seen[f"{step}/dtype"], seen[f"{step}/shape"] = str(key.dtype), list(key.shape)
+        host = np.asarray(key)
+        seen[f"{step}/key"] = (host if x64 else join_words(host)).tolist()
+    # A packed row's slots: several keys a row, the same layout.
+    slots = np.array([[1138304306401794618, -1, 0], [-(2**63), 2**63 - 1, 7]] * (%(b)d // 2), np.int64)
+    placed = np.asarray(batches.global_batch({"instance_key": slots})["instance_key"])
+    seen["slots"] = (placed if x64 else join_words(placed)).tolist()
+    seen["slots_shape"] = list(placed.shape)
+    try:
+        batches.global_batch({"weights": np.zeros((%(b)d, 1), np.float64)})
+        seen["float64"] = "accepted"
+    except TypeError as e:
+        seen["float64"] = str(e)
+    json.dump(seen, open(out, "w"))
+""") % {"seed": SEED, "b": B, "bs": BS}
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("x64", [False, True])
+def test_64_bit_instance_keys_are_never_narrowed(tmp_path, x64: bool) -> None:
+    """Issue #43 point 4: without x64, JAX cast the int64 instance_key to int32 silently
+    (1138304306401794618 -> 1432377914). Without x64 it comes as uint32 words [low, high] that
+    join_words makes the int64 again, every bit; with x64 as int64; a float64 is refused by name."""
+    pytest.importorskip("jax")
+    data = write_synthetic_dataset(str(tmp_path / "data"), train_shards=2, records_per_shard=40, eval_records=0,
+                                   masking="dynamic")
+    env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=1")
+    out = str(tmp_path / "seen.json")
+    done = subprocess.run([sys.executable, "-c", ONE_HOST, "x64" if x64 else "x32", data, out], env=env,
+                          capture_output=True, text=True, timeout=100)
+    assert done.returncode == 0, done.stderr[-3000:]
+    seen = json.load(open(out))
+    whole = NumpyBatches(open_source(data), seed=SEED, batch_size=B, block_size=BS)
+    for step in range(2):
+        want = whole.batch_at(step)["instance_key"]
+        assert (np.abs(want) >= 2**31).any()  # keys that int32 cannot hold: the test can tell
+        assert seen[f"{step}/key"] == want.tolist()
+        assert seen[f"{step}/dtype"] == ("int64" if x64 else "uint32")
+        assert seen[f"{step}/shape"] == ([B, 1] if x64 else [B, 1, 2])
+    assert seen["slots"] == [[1138304306401794618, -1, 0], [-(2**63), 2**63 - 1, 7]] * (B // 2)
+    assert seen["slots_shape"] == ([B, 3] if x64 else [B, 3, 2])
+    if x64:
+        assert seen["float64"] == "accepted"
+    else:
+        assert "'weights'" in seen["float64"] and "float64" in seen["float64"] and "x64" in seen["float64"]
+
