@@ -14,6 +14,32 @@ SEED_RANGE = (-(2**63), 2**63 - 1)
 # Longer rows than any model's position table; the masked-position arrays are never longer either.
 MAX_SEQ_LENGTH = 100_000
 MAX_SHARDS = 100_000  # shard names have five digits
+# The shard size target, MiB: below a hundredth of a MiB a shard holds a few records, and the 100,000
+# shards it allows would cover only 1 GB; above 64 GiB a shard, which is merged in memory (about
+# twice its size), outgrows any worker. Outside the range a tiny target got round MAX_SHARDS (163,056
+# shards planned) or ended in ZeroDivisionError, a huge one in OverflowError.
+TARGET_SHARD_MB_RANGE = (0.01, 65536.0)
+# --read-chunk-mb, MiB: a range of under a KiB is a read task for every few documents (1e-9 made one
+# a byte), and one over 64 GiB is more of a file than a worker should hold; int(MiB * 2**20) of 1e308
+# overflowed.
+READ_CHUNK_MB_RANGE = (0.001, 65536.0)
+
+
+def check_target_shard_mb(value: float) -> None:
+    """ConfigError unless ``value`` is a finite shard size target in TARGET_SHARD_MB_RANGE."""
+    low, high = TARGET_SHARD_MB_RANGE
+    if not (math.isfinite(value) and low <= value <= high):
+        raise ConfigError(f"--target-shard-mb {value} must be in [{low:g}, {high:g}] MiB (a shard of a few "
+                          f"records up to one a worker merges in memory; at most {MAX_SHARDS:,} shards)")
+
+
+def check_shard_count(count: int, split: str, target_shard_mb: float) -> int:
+    """``count`` (the shards of ``split`` at ``target_shard_mb``) unless it is more than MAX_SHARDS:
+    ConfigError naming the option that sized it."""
+    if count > MAX_SHARDS:
+        raise ConfigError(f"--target-shard-mb {target_shard_mb:g}: the {split} split would be {count:,} shards, "
+                          f"more than {MAX_SHARDS:,} (every shard is a file): raise --target-shard-mb")
+    return count
 MASKING_UNITS = ("token", "word", "span")  # word = the original's whole-word masking
 OBJECTIVES = ("nsp", "doc-sentences", "full-sentences")  # sentence pairs + NSP; RoBERTa's packed inputs
 MASKINGS = ("static", "dynamic")  # dupe_factor masked copies; one unmasked copy the trainer masks
@@ -107,8 +133,7 @@ class DatagenConfig:
         if self.num_shards is not None and self.num_shards > MAX_SHARDS:
             raise ConfigError(f"--num-shards {self.num_shards} is more than {MAX_SHARDS:,}: every shard is a file, "
                               "written even when empty")
-        if self.target_shard_mb <= 0:
-            raise ConfigError(f"--target-shard-mb {self.target_shard_mb} must be > 0")
+        check_target_shard_mb(self.target_shard_mb)
         if not 0.0 <= self.eval_fraction < 1.0:
             raise ConfigError(f"--eval-fraction {self.eval_fraction} must be in [0, 1)")
         if self.notnext_pool_size < 2:

@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from bert_datagen.datagen import rng
-from bert_datagen.datagen.config import DatagenConfig
+from bert_datagen.datagen.config import DatagenConfig, check_shard_count
 
 SPLITS = ("train", "eval")
 _U64 = 1 << 64
@@ -77,8 +77,11 @@ def shard_of_keys(keys: np.ndarray, num_shards: int) -> np.ndarray:
     return ((hi * n + ((lo * n) >> np.uint64(32))) >> np.uint64(32)).astype(np.int64)
 
 
-def shards_for_bytes(total_bytes: int, target_shard_mb: float) -> int:
-    return max(1, -(-int(total_bytes) // max(1, int(target_shard_mb * 2**20))))
+def shards_for_bytes(total_bytes: int, target_shard_mb: float, split: str = "train") -> int:
+    """Shards of ``total_bytes`` at the target size: ConfigError beyond MAX_SHARDS (a small target on
+    much data), before any shard is written."""
+    count = max(1, -(-int(total_bytes) // max(1, int(target_shard_mb * 2**20))))
+    return check_shard_count(count, split, target_shard_mb)
 
 
 def estimated_record_bytes(documents: int, tokens: int, config: DatagenConfig) -> int:
@@ -103,7 +106,7 @@ def shard_counts(config: DatagenConfig, split_bytes: dict[str, int]) -> dict[str
         if split == "train" and config.num_shards is not None:
             counts[split] = config.num_shards
         else:
-            counts[split] = shards_for_bytes(split_bytes.get(split, 0), config.target_shard_mb)
+            counts[split] = shards_for_bytes(split_bytes.get(split, 0), config.target_shard_mb, split)
     return counts
 
 

@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from bert_datagen.datagen.config import MAX_SEQ_LENGTH, SEED_RANGE, ConfigError
+from bert_datagen.datagen.config import (
+    MAX_SEQ_LENGTH,
+    MAX_SHARDS,
+    SEED_RANGE,
+    ConfigError,
+    check_target_shard_mb,
+)
 from bert_datagen.datagen.readers import InputError
 
 GLUE_TASKS = ("cola", "sst2", "mrpc", "stsb", "qqp", "mnli", "qnli", "rte", "wnli")
@@ -113,10 +118,9 @@ class TaskConfig:
             self._validate_span()
         if self.kind in TAGGING_KINDS and self.scheme not in SCHEMES:
             raise ConfigError(f"--scheme {self.scheme!r} is not one of {', '.join(SCHEMES)}")
-        if self.num_shards is not None and self.num_shards < 1:
-            raise ConfigError(f"--num-shards {self.num_shards} must be >= 1")
-        if not (math.isfinite(self.target_shard_mb) and self.target_shard_mb > 0):
-            raise ConfigError(f"--target-shard-mb {self.target_shard_mb} must be > 0")
+        if self.num_shards is not None and not 1 <= self.num_shards <= MAX_SHARDS:
+            raise ConfigError(f"--num-shards {self.num_shards} must be in [1, {MAX_SHARDS:,}]: every shard is a file")
+        check_target_shard_mb(self.target_shard_mb)
         if not self.train_splits or any(not s for s in self.train_splits) or \
                 len(set(self.train_splits)) != len(self.train_splits):
             raise ConfigError(f"--train-splits {','.join(self.train_splits)!r} must name splits, each once")

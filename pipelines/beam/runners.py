@@ -23,6 +23,8 @@ Beam itself is imported only when a runner is set up, so the CLI's ``--help`` st
 from __future__ import annotations
 
 import contextlib
+import math
+import os
 import subprocess
 import sys
 import tempfile
@@ -49,6 +51,91 @@ DASK_PARTITIONS_PER_WORKER = 4  # small tasks, so a worker that finishes early t
 
 class RunnerError(ValueError):
     """A runner name or runner option that cannot work."""
+
+
+# Processes a local runner may start: at most this many a core of this machine. More only take
+# turns on the same cores (each worker tokenizes on one thread) while each holds its own memory;
+# --direct_num_workers=2**63 once started workers until the machine stopped (load average 458).
+LOCAL_WORKERS_PER_CORE = 4
+# Dataflow's own limit of Compute Engine instances for one job (4,000 where it places the workers).
+DATAFLOW_MAX_WORKERS = 4000
+# A Dask partition is a task of every stage (a GroupByKey shuffles into as many): 10,000 is 2,500
+# workers at the DASK_PARTITIONS_PER_WORKER we set, while a scheduler's graph stays small.
+DASK_MAX_PARTITIONS = 10_000
+INT32_MAX = 2**31 - 1
+MAX_SECONDS = 9_223_372_036  # Python's longest wait (threading.TIMEOUT_MAX)
+
+
+def local_worker_limit() -> int:
+    """The most worker processes a local runner may start on this machine."""
+    return LOCAL_WORKERS_PER_CORE * (os.cpu_count() or 1)
+
+
+def _beam_int_ranges() -> dict[str, tuple[int, int, str]]:
+    """The real range of each integer Beam option a user may pass through: (low, high, what it is).
+    Any other integer option of Beam's is checked against [0 (or its negative default), int32]: the
+    runners hand them on as 32-bit fields (Dataflow's API, the portable job API)."""
+    local = local_worker_limit()
+    cores = os.cpu_count() or 1
+    port = (0, 65535, "a TCP port (0: any free one)")
+    return {
+        "--direct_num_workers": (0, local, f"worker processes on this machine, at most {LOCAL_WORKERS_PER_CORE} "
+                                           f"a core of its {cores} (0: one a core)"),
+        "--sdk_worker_parallelism": (0, local, f"SDK worker processes a node, at most {LOCAL_WORKERS_PER_CORE} a core "
+                                               f"of this machine's {cores} (0: the runner chooses)"),
+        "--num_workers": (1, DATAFLOW_MAX_WORKERS, "Dataflow workers (its limit for one job)"),
+        "--max_num_workers": (1, DATAFLOW_MAX_WORKERS, "Dataflow workers (its limit for one job)"),
+        "--number_of_worker_harness_threads": (1, 4096, "threads of a worker's SDK harness"),
+        "--disk_size_gb": (1, 65536, "a worker's disk in GB (a persistent disk holds at most 64 TB)"),
+        "--dask_npartitions": (1, DASK_MAX_PARTITIONS, "Dask partitions (a task of every stage each)"),
+        "--dask_partition_size": (1, INT32_MAX, "elements of a Dask partition"),
+        "--dask_connection_limit": (1, 65536, "open connections of the Dask client"),
+        "--dask_connection_timeout": (1, MAX_SECONDS, "seconds to wait for the Dask scheduler"),
+        "--direct_runner_bundle_repeat": (0, 100, "repeats of each bundle (a test of the runner)"),
+        "--job_port": port, "--artifact_port": port, "--expansion_port": port, "--hdfs_port": port,
+        "--job_server_timeout": (1, MAX_SECONDS, "seconds"),
+        "--wait_until_finish_duration": (1, MAX_SECONDS * 1000, "milliseconds"),
+        "--element_processing_timeout_minutes": (1, MAX_SECONDS // 60, "minutes"),
+        "--parallelism": (-1, 32768, "Flink parallelism (-1: the runner's default; Flink's maximum is 32,768)"),
+        "--max_parallelism": (-1, 32768, "Flink parallelism (-1: the runner's default; Flink's maximum is 32,768)"),
+    }
+
+
+def check_beam_ranges(beam_args: list[str]) -> None:
+    """RunnerError, naming the option, its value and its range, for a numeric Beam option given
+    outside its real range (`_beam_int_ranges`); checked before any work, and never starts Beam
+    when no Beam option is given."""
+    given = [a.split("=", 1)[0] for a in beam_args if a.startswith("--")]
+    if not given:
+        return
+    from bert_datagen.pipelines.beam.options import BeamOptionError, _beam_parser
+
+    parser = _beam_parser()
+    try:
+        namespace, _ = parser.parse_known_args(list(beam_args))
+    except BeamOptionError as e:
+        raise RunnerError(f"Beam option: {e}") from e
+    ranges = _beam_int_ranges()
+    for name in dict.fromkeys(given):
+        action = parser._option_string_actions.get(name)
+        if action is None or action.nargs == 0:
+            continue
+        value = getattr(namespace, action.dest, None)
+        known = ranges.get(name)
+        kind = getattr(action.type, "__name__", "")
+        if known is None and kind == "float":
+            if not math.isfinite(value) or value < 0:
+                raise RunnerError(f"{name} {value} must be a finite number >= 0")
+            continue
+        if known is None and kind != "int":
+            continue  # text, lists and flags: Beam's own parser has checked them
+        low, high, what = known or (min(0, action.default or 0), INT32_MAX, "a 32-bit count")
+        try:
+            number = int(str(value).strip())
+        except ValueError:
+            raise RunnerError(f"{name} {_flag_value(beam_args, name)!r} is not an integer ({what})") from None
+        if not low <= number <= high:
+            raise RunnerError(f"{name} {number} is not in [{low}, {high}]: {what}")
 
 
 @dataclass
@@ -79,8 +166,11 @@ class RunnerOptions:
     def validate(self) -> None:
         if _has_flag(list(self.beam_args), "--runner"):
             raise RunnerError("pass the runner with --runner NAME of bert-datagen, not as a Beam option")
-        if self.dask_workers < 1:
-            raise RunnerError(f"--dask-workers {self.dask_workers} must be >= 1")
+        if not 1 <= self.dask_workers <= local_worker_limit():
+            raise RunnerError(f"--dask-workers {self.dask_workers} must be in [1, {local_worker_limit()}]: worker "
+                              f"processes of a local Dask cluster, at most {LOCAL_WORKERS_PER_CORE} a core of this "
+                              f"machine's {os.cpu_count() or 1}")
+        check_beam_ranges(list(self.beam_args))
 
 
 def canonical_runner(name: str) -> str:
@@ -112,8 +202,6 @@ def direct_args(beam_args: list[str]) -> tuple[list[str], int]:
     if workers < 0:
         raise RunnerError(f"--direct_num_workers {workers} must be >= 0 (0: one per CPU)")
     if workers == 0:
-        import os
-
         workers = os.cpu_count() or 1
         args = [a for a in args if not a.startswith("--direct_num_workers")] + [
             f"--direct_num_workers={workers}"

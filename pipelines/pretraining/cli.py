@@ -13,6 +13,8 @@ from bert_datagen.datagen.config import (
     MASKING_UNITS,
     MASKINGS,
     OBJECTIVES,
+    READ_CHUNK_MB_RANGE,
+    TARGET_SHARD_MB_RANGE,
     TEXT_LAYOUTS,
     DatagenConfig,
 )
@@ -135,8 +137,9 @@ def summary_table(manifest: Manifest, wall_seconds: float, cpu_seconds: dict[str
 @click.option("--mask-ratios", default="0.8,0.1,0.1", show_default=True,
               help="Fractions of chosen positions that become [MASK], keep the token, get a random token.")
 @click.option("--num-shards", type=Int(), default=None, help="Train shards (default: from --target-shard-mb).")
-@click.option("--target-shard-mb", type=FiniteFloat(0, min_open=True), default=64.0, show_default=True,
-              help="Shard size target in MiB when --num-shards is not given.")
+@click.option("--target-shard-mb", type=FiniteFloat(*TARGET_SHARD_MB_RANGE), default=64.0, show_default=True,
+              help="Shard size target in MiB when --num-shards is not given, in [0.01, 65536] (at most "
+                   "100,000 shards).")
 @click.option("--eval-fraction", type=FiniteFloat(), default=0.0, show_default=True,
               help="Fraction of documents held out (by document identity) as the eval split.")
 @click.option("--notnext-pool-size", type=Int(), default=10000, show_default=True,
@@ -146,10 +149,11 @@ def summary_table(manifest: Manifest, wall_seconds: float, cpu_seconds: dict[str
               help="With --whole-word-mask or --masking-unit span: mask the words of this segmenter (jieba: "
                    "Chinese) whole, not single CJK characters; token ids are unchanged. Needs the [zh] extra.")
 @click.option("--strict", "strict_utf8", is_flag=True, default=False, help="Fail on invalid UTF-8 instead of replacing it.")
-@click.option("--read-chunk-mb", type=FiniteFloat(0, min_open=True), default=None,
+@click.option("--read-chunk-mb", type=FiniteFloat(*READ_CHUNK_MB_RANGE), default=None,
               help="Read bigger uncompressed jsonl, sentences and wikiextractor files as byte ranges of "
-                   "this size, one task each (never changes the output). Default: 64, or smaller where "
-                   "several workers share few files (4 tasks a worker, ranges of at least 1 MB).")
+                   "this size in MiB, in [0.001, 65536], one task each (never changes the output). Default: "
+                   "64, or smaller where several workers share few files (4 tasks a worker, ranges of at "
+                   "least 1 MB).")
 @click.option("--packing", is_flag=True, default=False,
               help="Write packed rows: several whole instances per --max-seq-length row, with sequence and "
                    "position ids (docs/packing.md). Static masking only.")

@@ -56,7 +56,7 @@ from typing import TYPE_CHECKING, Any
 import apache_beam as beam
 
 from bert_datagen.contract.fs import is_remote
-from bert_datagen.datagen.config import DatagenConfig
+from bert_datagen.datagen.config import READ_CHUNK_MB_RANGE, DatagenConfig
 from bert_datagen.datagen.placement import num_pools_for, shard_counts_of, splits_of
 from bert_datagen.pipelines.beam import fsio, outputs
 from bert_datagen.pipelines.beam.errors import DatagenError  # noqa: F401 - raised here, caught by the CLIs
@@ -264,8 +264,9 @@ def generate_dataset(
     ``read_chunk_mb_for``'s choice); like the runner options, it never changes a byte of the dataset.
     """
     start = time.monotonic()
-    if read_chunk_mb is not None and not read_chunk_mb > 0:
-        raise DatagenError(f"--read-chunk-mb {read_chunk_mb} must be > 0")
+    low, high = READ_CHUNK_MB_RANGE
+    if read_chunk_mb is not None and not low <= read_chunk_mb <= high:  # NaN fails too
+        raise DatagenError(f"--read-chunk-mb {read_chunk_mb} must be in [{low:g}, {high:g}] MiB")
     # Workers may run in another directory (Dask): local paths become absolute here.
     inputs = [local_abspath(p) for p in inputs]
     output_dir = local_abspath(output_dir).rstrip("/") or "/"

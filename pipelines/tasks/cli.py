@@ -7,6 +7,7 @@ import sys
 import click
 
 from bert_datagen.cli.plumbing import FiniteFloat, Int, refuse_unused_options
+from bert_datagen.datagen.config import TARGET_SHARD_MB_RANGE
 from bert_datagen.datagen.tasks.config import (
     KINDS,
     SCHEMES,
@@ -90,7 +91,8 @@ def summary_table(result) -> str:
               help="conll: tag scheme (iob1 is converted to iob2).")
 @click.option("--random-seed", type=Int(), default=12345, show_default=True, help="Order of the train split.")
 @click.option("--num-shards", type=Int(), default=None, help="Shards per split (default: from --target-shard-mb).")
-@click.option("--target-shard-mb", type=FiniteFloat(0, min_open=True), default=64.0, show_default=True)
+@click.option("--target-shard-mb", type=FiniteFloat(*TARGET_SHARD_MB_RANGE), default=64.0, show_default=True,
+              help="Shard size target in MiB, in [0.01, 65536] (at most 100,000 shards a split).")
 @click.option("--quiet", is_flag=True, default=False, help="No summary table.")
 @click.pass_context
 def task_command(ctx: click.Context, **options) -> None:

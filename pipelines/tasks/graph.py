@@ -39,6 +39,8 @@ from apache_beam.pvalue import AsSingleton
 
 from bert_datagen.contract.fs import is_remote
 from bert_datagen.contract.manifest import CARD_NAME, MANIFEST_NAME, VOCAB_NAME
+from bert_datagen.datagen.config import ConfigError
+from bert_datagen.datagen.placement import shards_for_bytes
 from bert_datagen.datagen.tasks import build
 from bert_datagen.datagen.tasks.config import SPAN, TAGGING, TaskConfig, TaskInputError
 from bert_datagen.datagen.tasks.encode import encode_framed
@@ -173,7 +175,7 @@ class WriteSplit(beam.DoFn):
             first += len(part)
         data = b"".join(blobs)
         ends = np.cumsum(np.array(lengths, dtype=np.int64)) if lengths else np.zeros(0, dtype=np.int64)
-        count = self.config.num_shards or max(1, -(-len(data) // int(self.config.target_shard_mb * 2**20)))
+        count = self.config.num_shards or self._shards_for(len(data), name)
         shards = []
         for index, (lo, hi) in enumerate(cut_shards(np.asarray(lengths), count)):
             start = int(ends[lo - 1]) if lo > 0 else 0
@@ -192,6 +194,14 @@ class WriteSplit(beam.DoFn):
                "labelled": all(item[3] for item in items), "tokens": tokens, "unk_tokens": unk,
                f"{BUSY_PREFIX}build": build_cpu,
                f"{BUSY_PREFIX}write": time.process_time() - started}
+
+    def _shards_for(self, size: int, split: str) -> int:
+        """The split's shards at the target size; more than the cap is the run's error, before any
+        shard of the split is written."""
+        try:
+            return shards_for_bytes(size, self.config.target_shard_mb, split)
+        except ConfigError as e:
+            raise input_error(str(e)) from None
 
     def _unk_count(self, part: TaskRecords) -> tuple[int, int]:
         """(text tokens, [UNK] among them) of a part's records, for the summary's UNK warning only

@@ -5,6 +5,7 @@ nothing is created or changed."""
 from __future__ import annotations
 
 import math
+import re
 
 import pytest
 from click.testing import CliRunner
@@ -121,3 +122,75 @@ def test_config_rejects_non_finite_floats(field: str) -> None:
     for value in (math.nan, math.inf):
         with pytest.raises(ConfigError, match="finite"):
             DatagenConfig(**{field: value})
+
+
+# ---------------------------------------------------------------- issue #43 point 5: every option bounded
+
+
+@pytest.mark.parametrize(("arg", "message"), [
+    ("--direct_num_workers=9223372036854775808", "--direct_num_workers 9223372036854775808 is not in [0, "),
+    ("--direct_num_workers=10000", "--direct_num_workers 10000 is not in [0, "),
+    ("--direct_num_workers=-1", "--direct_num_workers -1 is not in [0, "),
+    ("--num_workers=9223372036854775808", "--num_workers 9223372036854775808 is not in [1, 4000]"),
+    ("--max_num_workers=0", "--max_num_workers 0 is not in [1, 4000]"),
+    ("--dask_npartitions=0", "--dask_npartitions 0 is not in [1, 10000]"),
+    ("--dask_npartitions=9223372036854775807", "--dask_npartitions 9223372036854775807 is not in [1, 10000]"),
+    ("--dask_partition_size=-3", "--dask_partition_size -3 is not in [1, "),
+    ("--sdk_worker_parallelism=100000", "--sdk_worker_parallelism 100000 is not in [0, "),
+    ("--job_port=70000", "--job_port 70000 is not in [0, 65535]"),
+    ("--disk_size_gb=0", "--disk_size_gb 0 is not in [1, 65536]"),
+    ("--desired_num_unbounded_source_splits=9223372036854775807", "is not in [0, 2147483647]"),
+    ("--dask_connection_timeout=soon", "--dask_connection_timeout 'soon' is not an integer"),
+    ("--profile_sample_rate=inf", "--profile_sample_rate inf must be a finite number"),
+])
+def test_beam_options_out_of_their_real_range_are_usage_errors(corpus, arg: str, message: str) -> None:
+    """Beam's integer options were passed on unchecked: --direct_num_workers=2**63 started worker
+    processes without limit. Each is checked against its range before any work (the helper checks
+    that nothing was created)."""
+    code, output = run(corpus, arg)
+    assert code == 2 and message in output and "Traceback" not in output, output
+    assert output.strip().splitlines()[-1].startswith("Error: " + arg.split("=")[0]), output
+
+
+def test_the_local_worker_bound_is_four_a_core_and_reaches_the_python_api(monkeypatch) -> None:
+    from bert_datagen.pipelines.beam import runners
+    from bert_datagen.pipelines.beam.runners import RunnerError, RunnerOptions
+
+    monkeypatch.setattr(runners.os, "cpu_count", lambda: 3)
+    assert runners.local_worker_limit() == 12
+    RunnerOptions(beam_args=("--direct_num_workers", "12"))
+    RunnerOptions(runner="DaskRunner", dask_workers=12)
+    with pytest.raises(RunnerError, match=r"--direct_num_workers 13 is not in \[0, 12\]: .*4 a core of its 3"):
+        RunnerOptions(beam_args=("--direct_num_workers", "13"))
+    with pytest.raises(RunnerError, match=r"--dask-workers 13 must be in \[1, 12\]"):
+        RunnerOptions(runner="DaskRunner", dask_workers=13)
+    # The last of several values is the one Beam takes, and the one checked.
+    with pytest.raises(RunnerError, match="--direct_num_workers 99"):
+        RunnerOptions(beam_args=("--direct_num_workers=2", "--direct_num_workers=99"))
+
+
+@pytest.mark.parametrize(("option", "value"), [
+    ("--target-shard-mb", "1e-5"), ("--target-shard-mb", "1e-9"), ("--target-shard-mb", "1e308"),
+    ("--target-shard-mb", "5e-324"), ("--read-chunk-mb", "1e-9"), ("--read-chunk-mb", "1e308"),
+])
+def test_sizes_in_mib_are_bounded(corpus, option: str, value: str) -> None:
+    """A tiny --target-shard-mb planned 163,056 shards (round the 100,000 cap) and a huge one ended in
+    OverflowError; --read-chunk-mb the same: both refused before any work."""
+    code, output = run(corpus, option, value)
+    assert code == 2 and option in output and "not in the range" in output and "Traceback" not in output, output
+
+
+def test_config_bounds_the_target_and_the_shards_it_makes() -> None:
+    from bert_datagen.datagen.config import MAX_SHARDS
+    from bert_datagen.datagen.placement import shard_counts
+
+    for value in (1e-5, 1e-9, 1e308, 65536.5):
+        with pytest.raises(ConfigError, match=re.escape(f"--target-shard-mb {value} must be in [0.01, 65536]")):
+            DatagenConfig(target_shard_mb=value)
+    # The smallest target on much data: more shards than the cap is an error naming the option
+    # (at the census, before any shard is written), never a plan of more files.
+    config = DatagenConfig(target_shard_mb=0.01, eval_fraction=0.1)
+    small = int(0.01 * 2**20)
+    assert shard_counts(config, {"train": MAX_SHARDS * small, "eval": small})["train"] == MAX_SHARDS
+    with pytest.raises(ConfigError, match="--target-shard-mb 0.01: the train split would be 100,001 shards"):
+        shard_counts(config, {"train": MAX_SHARDS * small + 1, "eval": small})

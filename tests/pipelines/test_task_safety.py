@@ -316,3 +316,42 @@ def test_finetune_on_a_predict_split_says_how_to_make_it_a_training_split(files)
     assert result.exit_code == 1, result.output
     assert "split 'dev' cannot be trained on: it was written to predict on" in result.output
     assert "bert-datagen task --train-splits dev" in result.output and "labelled=True" not in result.output
+
+
+# ---------------------------------------------------------------- issue #43 point 5: sizes and counts bounded
+
+
+@pytest.mark.parametrize(("option", "value", "message"), [
+    ("--target-shard-mb", "1e-5", "not in the range [0.01, 65536]"),
+    ("--target-shard-mb", "1e-9", "not in the range [0.01, 65536]"),
+    ("--target-shard-mb", "1e308", "not in the range [0.01, 65536]"),
+    ("--target-shard-mb", "nan", "not a finite number"),
+    ("--num-shards", "1000000000", "--num-shards 1000000000 must be in [1, 100,000]"),
+    ("--direct_num_workers=9223372036854775808", None, "--direct_num_workers 9223372036854775808 is not in [0, "),
+])
+def test_shard_sizes_counts_and_beam_options_are_bounded(files, tree_snapshot, option, value, message) -> None:
+    """A tiny --target-shard-mb ended in ZeroDivisionError (unexpected), a huge one in OverflowError:
+    both, like a shard count past the cap and Beam's worker counts, are usage errors before any work."""
+    before = tree_snapshot(files["root"])
+    code, output = cli(*tsv_args(files, files["root"] / "out", option, *([value] if value else [])))
+    assert code == 2 and message in output and option.split("=")[0] in output, output
+    assert "Traceback" not in output and "unexpected" not in output
+    assert tree_snapshot(files["root"]) == before
+
+
+def test_task_config_bounds_the_target_and_the_shards_it_makes(tmp_path) -> None:
+    from bert_datagen.datagen.config import MAX_SHARDS, ConfigError
+    from bert_datagen.datagen.tasks.config import TaskConfig
+    from bert_datagen.pipelines.pretraining.transforms import extract_input_error
+    from bert_datagen.pipelines.tasks.graph import WriteSplit
+
+    for value in (1e-9, 1e308):
+        with pytest.raises(ConfigError, match="--target-shard-mb"):
+            TaskConfig(kind="glue/sst2", target_shard_mb=value)
+    with pytest.raises(ConfigError, match="--num-shards"):
+        TaskConfig(kind="glue/sst2", num_shards=MAX_SHARDS + 1)
+    write = WriteSplit(TaskConfig(kind="glue/sst2", target_shard_mb=0.01), str(tmp_path))
+    assert write._shards_for(MAX_SHARDS * int(0.01 * 2**20), "train") == MAX_SHARDS
+    with pytest.raises(RuntimeError) as raised:
+        write._shards_for(MAX_SHARDS * int(0.01 * 2**20) + 1, "train")
+    assert "the train split would be 100,001 shards" in extract_input_error(raised.value)
