@@ -62,6 +62,12 @@ def segmenter_info(name: str) -> dict[str, Any]:
     return {"name": name, **_entry(name)[1]()}
 
 
+def check_segmenter(name: str) -> None:
+    """SegmenterError unless ``name`` is registered and its package imports: a run checks this before
+    any work, since otherwise the first worker to segment a sentence fails, its pipeline started."""
+    segmenter_info(name)  # imports the package and reads its dictionary; cached for the manifest
+
+
 def _import_jieba():
     try:
         import jieba

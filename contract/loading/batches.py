@@ -57,6 +57,9 @@ class NumpyBatches(Stepping):
         # The arguments first (ArgumentError, naming the argument), then whether the split holds a batch.
         world_size, rank = local_world(world_size, rank)
         check_reader_arguments(seed, batch_size, block_size, world_size, rank, start, stop)
+        if prefetch is not None and not isinstance(prefetch, (bool, np.bool_)):  # bool("no") is True
+            raise TypeError(f"prefetch must be True, False or None, got {prefetch!r} ({type(prefetch).__name__}): "
+                            "None reads ahead where the shards are remote")
         if source.kind == TASK:  # pre-training's order over task data is not what fine-tuning reads
             raise LoadError(f"{source.root} (split {source.split}): a task dataset; read it in fine-tuning's "
                             "order (epochs, length groups) with readers.batches_for or task_batches.TaskBatches")

@@ -30,7 +30,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from bert_datagen.contract.loading.batches import NumpyBatches
-from bert_datagen.contract.loading.order import DEFAULT_BLOCK_SIZE
+from bert_datagen.contract.loading.order import DEFAULT_BLOCK_SIZE, check_order
 from bert_datagen.contract.loading.source import Source
 from bert_datagen.contract.ranges import check_int
 
@@ -94,8 +94,10 @@ class JaxBatches:
     def __init__(self, source: Source, *, seed: int, batch_size: int, sharding: Any = None,
                  block_size: int = DEFAULT_BLOCK_SIZE, start: int = 0, stop: int | None = None,
                  prefetch: int = 2) -> None:
-        self.sharding = sharding if sharding is not None else batch_sharding()
+        # The order's arguments before the sharding is asked for rows (a batch of 0 has none).
+        check_order(seed, batch_size, block_size)
         check_int(prefetch, "prefetch", 1)
+        self.sharding = sharding if sharding is not None else batch_sharding()
         rank, world = host_share(self.sharding, batch_size)
         self.numpy = NumpyBatches(source, seed=seed, batch_size=batch_size, world_size=world, rank=rank,
                                   block_size=block_size, start=start, stop=stop)

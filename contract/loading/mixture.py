@@ -25,6 +25,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import numbers
 from collections.abc import Sequence
 from functools import lru_cache
 
@@ -58,10 +59,18 @@ def apportion(weights: Sequence[float], window: int) -> tuple[int, ...]:
     """Records of each dataset in a window of ``window``: the weights' shares by largest remainder
     (ties to the earlier dataset); MixtureError unless every dataset gets at least one."""
     check_int(window, "window", 1)
+    for i, x in enumerate(weights):
+        # float() would take "0.7" and True as weights: a mixture of what the caller did not mean
+        if isinstance(x, bool) or not isinstance(x, numbers.Real):
+            raise TypeError(f"weights[{i}] must be a number, got {x!r} ({type(x).__name__})")
     w = [float(x) for x in weights]
     if not w or any(not math.isfinite(x) or x <= 0 for x in w):
         raise MixtureError(f"weights must be finite and > 0, got {list(weights)}")
     total = sum(w)
+    if not math.isfinite(total):  # finite weights whose sum overflows (1e308 twice): their shares are the same
+        top = max(w)
+        w = [x / top for x in w]
+        total = sum(w)
     exact = [x / total * window for x in w]
     counts = [int(math.floor(e)) for e in exact]
     for i in sorted(range(len(w)), key=lambda i: (-(exact[i] - counts[i]), i))[:window - sum(counts)]:
@@ -90,7 +99,9 @@ def check_compatible(sources: Sequence[Source]) -> None:
         raise MixtureError("a mixture needs at least one dataset")
     first = sources[0]
     first_vocab = _vocab_sha(first)
-    seen = {first.fingerprint: first.root}
+    # A dataset's splits are disjoint (documents are split by identity), so one dataset's train and
+    # eval splits mix like two datasets; only the same split twice is the same records.
+    seen = {(first.fingerprint, first.split): first.root}
     for other in sources[1:]:
         where = f"{other.root} (split {other.split})"
         if other.kind != first.kind:
@@ -103,9 +114,10 @@ def check_compatible(sources: Sequence[Source]) -> None:
                                f"{other.spec.get(diff[0][0])} vs {first.spec.get(diff[0][0])}): mix datasets of one layout")
         if other.dynamic != first.dynamic:
             raise MixtureError(f"{where}: dynamic and static masking cannot be mixed ({first.root})")
-        if other.fingerprint in seen:
-            raise MixtureError(f"{where}: the same dataset as {seen[other.fingerprint]}: give it once, with its weight")
-        seen[other.fingerprint] = other.root
+        if (other.fingerprint, other.split) in seen:
+            raise MixtureError(f"{where}: the same dataset and split as {seen[other.fingerprint, other.split]}: give "
+                               "it once, with its weight")
+        seen[other.fingerprint, other.split] = other.root
 
 
 def _vocab_sha(source: Source) -> str | None:
@@ -135,7 +147,7 @@ class MixedBatches(Stepping):
         self.seed, self.batch_size, self.block_size, self.window = seed, batch_size, block_size, window
         self.world_size, self.rank = world_size, rank
         self.step, self.stop = start, stop
-        self.fingerprint = mixture_fingerprint([s.fingerprint for s in sources], self.counts, window)
+        self.fingerprint = mixture_fingerprint([split_identity(s) for s in sources], self.counts, window)
         self._key = derive_key(seed, MIX_VERSION, self.fingerprint)
 
     # ------------------------------------------------------------ where each position reads
@@ -197,6 +209,13 @@ class MixedBatches(Stepping):
         return {"mixture": self.fingerprint, "window": self.window,
                 "datasets": [{"path": s.root, "split": s.split, "fingerprint": s.fingerprint, "weight": w,
                               "per_window": c} for s, w, c in zip(self.sources, self.weights, self.counts, strict=True)]}
+
+
+def split_identity(source: Source) -> str:
+    """What names a split's records in a mixture: the dataset's fingerprint, with the split's name
+    unless it is ``train`` (so the mixtures of train splits, all runs' so far, keep their fingerprints,
+    while A's eval split and A's train split are two datasets)."""
+    return source.fingerprint if source.split == "train" else f"{source.fingerprint}/{source.split}"
 
 
 def mixture_fingerprint(fingerprints: Sequence[str], counts: Sequence[int], window: int) -> str:

@@ -35,7 +35,9 @@ def _beam_parser():
 
     try:  # registers DaskOptions, when the dask extra is installed
         import apache_beam.runners.dask.dask_runner  # noqa: F401
-    except ImportError:
+    except (ImportError, AttributeError):
+        # AttributeError: dask without distributed, where Beam's module fails on an annotation
+        # (`ddist.Client` of the {} it puts in distributed's place); the runner check names the package.
         pass
 
     class CheckingParser(_BeamArgumentParser):

@@ -171,6 +171,8 @@ class RunnerOptions:
                               f"processes of a local Dask cluster, at most {LOCAL_WORKERS_PER_CORE} a core of this "
                               f"machine's {os.cpu_count() or 1}")
         check_beam_ranges(list(self.beam_args))
+        if self.runner == "DaskRunner":
+            check_dask_installed()
 
 
 def canonical_runner(name: str) -> str:
@@ -281,6 +283,16 @@ def portable_args(beam_args: list[str]) -> list[str]:
     if not _has_flag(beam_args, "--job_endpoint"):
         raise RunnerError("--runner PortableRunner needs --job_endpoint (a job service address, or embed)")
     return list(beam_args)
+
+
+def check_dask_installed() -> None:
+    """RunnerError unless dask and distributed are installed: found before any work, not when the
+    cluster starts (imported then; finding them is enough here and keeps this check cheap)."""
+    from importlib.util import find_spec
+
+    missing = [name for name in ("dask", "distributed") if find_spec(name) is None]
+    if missing:
+        raise RunnerError(f"--runner DaskRunner needs {' and '.join(missing)}: pip install 'bert-datagen[dask]'")
 
 
 @contextlib.contextmanager

@@ -181,7 +181,14 @@ def run_command(ctx: click.Context, **options) -> None:
     options["mask_ratios"] = parse_mask_ratios(options["mask_ratios"])
     with usage_errors():
         config = DatagenConfig(**options)
+    from bert_datagen.datagen.segmenters import SegmenterError, check_segmenter
     from bert_datagen.datagen.sentences import available_splitters
+
+    if config.word_segmenter is not None:
+        try:
+            check_segmenter(config.word_segmenter)
+        except SegmenterError as e:
+            raise click.UsageError(str(e)) from e
 
     if config.sentence_splitter not in available_splitters():
         raise click.UsageError(f"--sentence-splitter {config.sentence_splitter!r} is not one of "

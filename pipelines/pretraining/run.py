@@ -264,6 +264,13 @@ def generate_dataset(
     ``read_chunk_mb_for``'s choice); like the runner options, it never changes a byte of the dataset.
     """
     start = time.monotonic()
+    if config.word_segmenter is not None:  # its package, before any work (the CLI has checked it too)
+        from bert_datagen.datagen.segmenters import SegmenterError, check_segmenter
+
+        try:
+            check_segmenter(config.word_segmenter)
+        except SegmenterError as e:
+            raise DatagenError(str(e)) from e
     low, high = READ_CHUNK_MB_RANGE
     if read_chunk_mb is not None and not low <= read_chunk_mb <= high:  # NaN fails too
         raise DatagenError(f"--read-chunk-mb {read_chunk_mb} must be in [{low:g}, {high:g}] MiB")

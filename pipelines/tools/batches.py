@@ -101,6 +101,8 @@ def batches_command(ctx, target, seed, batch_size, step, world_size, rank, split
         check_step(step, batch_size)
     except ArgumentError as e:
         raise click.BadParameter(str(e), param_hint=f"--{e.argument.replace('_', '-')}") from e
+    if not mix:
+        refuse_unused_options(ctx, {"mix_window": "only a mixture (--mix, --weights) is cut into windows"})
     if mix:
         refuse_unused_options(ctx, {"group_by_length": "a mixture is pre-training data"})
         return _mixture(target, mix, weights, seed, batch_size, step, world_size, rank, split, block_size, mix_window,

@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 
 import numpy as np
 import pytest
@@ -240,6 +241,15 @@ def test_resume_at_any_step_into_another_world_size(static_ds):
     got = [{k: v.numpy() for k, v in b.items()} for b in ds.loader(num_workers=1)]
     for j, batch in enumerate(got):
         _same(batch, expect[j], ("torch", j))
+
+
+@pytest.mark.parametrize("prefetch", ["no", 1, 0.0])
+def test_prefetch_is_true_false_or_none(static_ds, prefetch):
+    """Issue #43 point 8: prefetch="no" read ahead (bool("no") is True) without a word."""
+    with pytest.raises(TypeError, match=re.escape(f"prefetch must be True, False or None, got {prefetch!r}")):
+        NumpyBatches(open_source(static_ds), seed=SEED, batch_size=B, block_size=BS, prefetch=prefetch)
+    for fine in (True, False, None, np.bool_(True)):
+        NumpyBatches(open_source(static_ds), seed=SEED, batch_size=B, block_size=BS, prefetch=fine)
 
 
 def test_state_of_another_order_is_refused(static_ds):

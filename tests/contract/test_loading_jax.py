@@ -141,3 +141,34 @@ def test_64_bit_instance_keys_are_never_narrowed(tmp_path, x64: bool) -> None:
     else:
         assert "'weights'" in seen["float64"] and "float64" in seen["float64"] and "x64" in seen["float64"]
 
+
+
+BAD_ARGUMENTS = textwrap.dedent("""
+    import sys
+    from bert_datagen.contract.loading.jax_hosts import JaxBatches
+    from bert_datagen.contract.loading.source import open_source
+
+    source = open_source(sys.argv[1])
+    for kw in ({"batch_size": 0}, {"batch_size": 8, "prefetch": "no"}, {"batch_size": 8, "prefetch": True},
+               {"batch_size": 8, "seed": -1}):
+        kw.setdefault("seed", 1)
+        try:
+            JaxBatches(source, **kw)
+            print("accepted", kw)
+        except ValueError as e:
+            print(getattr(e, "argument", None), "|", e)
+""")
+
+
+@pytest.mark.timeout(120)
+def test_bad_arguments_are_named_before_any_work(tmp_path) -> None:
+    """Issue #43 point 8: JaxBatches(batch_size=0) failed with "min() arg is an empty sequence"."""
+    pytest.importorskip("jax")
+    data = write_synthetic_dataset(str(tmp_path / "data"), train_shards=1, records_per_shard=20, eval_records=0)
+    env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=1")
+    done = subprocess.run([sys.executable, "-c", BAD_ARGUMENTS, data], env=env, capture_output=True, text=True,
+                          timeout=100)
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = done.stdout.strip().splitlines()
+    assert [line.split(" | ")[0] for line in lines] == ["batch_size", "prefetch", "prefetch", "seed"], lines
+    assert "batch_size 0 is not in [1, " in lines[0] and "must be an integer, got 'no'" in lines[1], lines

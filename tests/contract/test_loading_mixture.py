@@ -4,6 +4,8 @@ weights exact per window, and datasets of another layout or vocab refused with o
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
@@ -13,6 +15,7 @@ from bert_datagen.contract.loading.mixture import (
     MixedBatches,
     MixtureError,
     apportion,
+    mixture_fingerprint,
     parse_weights,
 )
 from bert_datagen.contract.loading.source import LoadError, open_source
@@ -57,6 +60,42 @@ def test_a_world_size_without_a_rank_and_the_reverse_are_refused(datasets, given
     with pytest.raises(ArgumentError, match=f"without {missing}") as raised:
         _mix(datasets, **given)
     assert raised.value.argument == missing
+
+
+def test_weights_are_numbers_whose_shares_are_kept_even_when_their_sum_overflows(datasets) -> None:
+    """Issue #43 point 8: [1e308, 1e308] ended in IndexError (their sum is inf); "0.7" and True were
+    taken as weights by float()."""
+    assert apportion([1e308, 1e308], 40) == (20, 20)
+    assert apportion([1e308, 5e307], 30) == (20, 10)
+    assert _mix(datasets, weights=(1e308, 1e308)).counts == (20, 20)
+    for weights, bad in ((("0.7", "0.3"), "weights[0] must be a number, got '0.7' (str)"),
+                         ((True, True), "weights[0] must be a number, got True (bool)"),
+                         ((0.7, None), "weights[1] must be a number, got None (NoneType)")):
+        with pytest.raises(TypeError, match=re.escape(bad)):
+            _mix(datasets, weights=weights)
+
+
+def test_a_datasets_train_and_eval_splits_mix_as_two_datasets(tmp_path) -> None:
+    """Issue #43 point 8: they were refused as "the same dataset", though their records are disjoint;
+    the same split twice still is the same records. A mixture of train splits keeps the fingerprint
+    it had (runs recorded it), and one with another split is told apart from it."""
+    path = write_synthetic_dataset(str(tmp_path / "both"), train_shards=1, records_per_shard=40, eval_records=32)
+    train, held = open_source(path), open_source(path, "eval")
+    mix = MixedBatches([train, held], [1, 1], seed=SEED, batch_size=B, block_size=BS, window=WINDOW)
+    own = [NumpyBatches(s, seed=SEED, batch_size=B, block_size=BS) for s in (train, held)]
+    batch = mix.batch_at(0)
+    dataset, sub = mix.place(np.arange(B))
+    for row, (d, p) in enumerate(zip(dataset.tolist(), sub.tolist(), strict=True)):
+        assert np.array_equal(batch["input_ids"][row], own[d].read_positions(np.array([p]))["input_ids"][0])
+    assert set(dataset.tolist()) == {0, 1}
+    with pytest.raises(MixtureError, match="the same dataset and split as"):
+        MixedBatches([train, open_source(path)], [1, 1], seed=SEED, batch_size=B, block_size=BS, window=WINDOW)
+    assert mix.fingerprint != mixture_fingerprint([train.fingerprint, train.fingerprint], mix.counts, WINDOW)
+
+
+def test_a_mixture_of_train_splits_keeps_its_recorded_fingerprint(datasets) -> None:
+    mix = _mix(datasets)
+    assert mix.fingerprint == mixture_fingerprint([s.fingerprint for s in mix.sources], mix.counts, WINDOW)
 
 
 def test_each_record_comes_from_its_datasets_own_order(datasets) -> None:

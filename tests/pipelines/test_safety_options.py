@@ -194,3 +194,55 @@ def test_config_bounds_the_target_and_the_shards_it_makes() -> None:
     assert shard_counts(config, {"train": MAX_SHARDS * small, "eval": small})["train"] == MAX_SHARDS
     with pytest.raises(ConfigError, match="--target-shard-mb 0.01: the train split would be 100,001 shards"):
         shard_counts(config, {"train": MAX_SHARDS * small + 1, "eval": small})
+
+
+# ---------------------------------------------------------------- issue #43 point 8: optional packages first
+
+BLOCKED = """
+import sys
+for name in sys.argv[1].split(","):
+    sys.modules[name] = None  # as if the extra were not installed: importing it raises ImportError
+from bert_datagen.pipelines.cli import main
+main(sys.argv[2:], prog_name="bert-datagen")
+"""
+
+
+@pytest.mark.parametrize(("blocked", "extra", "message"), [
+    ("jieba", ["--whole-word-mask", "--word-segmenter", "jieba"],
+     "--word-segmenter jieba needs the jieba package: pip install 'bert-datagen[zh]'"),
+    ("distributed", ["--runner", "DaskRunner"], "--runner DaskRunner needs distributed: pip install 'bert-datagen[dask]'"),
+])
+def test_a_missing_optional_package_is_found_before_any_work(corpus, blocked, extra, message) -> None:
+    """A missing jieba was a `SegmenterError ... (unexpected)` after the pipeline had started; now the
+    option is refused before anything is created (exit 2, one Error line, no traceback)."""
+    import subprocess
+    import sys
+
+    root, vocab = corpus
+    before = tree_snapshot(root)
+    done = subprocess.run([sys.executable, "-c", BLOCKED, blocked, "run", "--input", str(root / "in" / "*.txt"),
+                           "--vocab", str(vocab), "--output", str(root / "blocked"), "--dupe-factor", "1", *extra],
+                          capture_output=True, text=True, timeout=120)
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 2 and lines[-1] == f"Error: {message}", done.stderr
+    assert "Traceback" not in done.stderr and "unexpected" not in done.stderr
+    assert tree_snapshot(root) == before
+
+
+def test_the_library_checks_the_segmenter_before_any_work(corpus, monkeypatch) -> None:
+    import sys
+
+    from bert_datagen.datagen import segmenters
+    from bert_datagen.pipelines.beam.errors import DatagenError
+    from bert_datagen.pipelines.pretraining.run import generate_dataset
+
+    root, vocab = corpus
+    monkeypatch.setitem(sys.modules, "jieba", None)
+    segmenters.segmenter_info.cache_clear()
+    before = tree_snapshot(root)
+    config = DatagenConfig(whole_word_mask=True, masking_unit="word", word_segmenter="jieba", dupe_factor=1)
+    with pytest.raises(DatagenError, match="needs the jieba package"):
+        generate_dataset(config, inputs=[str(root / "in" / "*.txt")], vocab_path=str(vocab),
+                         output_dir=str(root / "lib"))
+    assert tree_snapshot(root) == before
+    segmenters.segmenter_info.cache_clear()

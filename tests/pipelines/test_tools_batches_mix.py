@@ -51,6 +51,8 @@ def test_each_record_names_its_dataset_as_the_reader_reads_it(pair) -> None:
     (["--weights", "1,1"], 2, "--mix and --weights go together"),
     (["--mix", "B", "--weights", "1"], 2, "1 weights"),
     (["--mix", "LONG", "--weights", "1,1"], 1, "features differ"),
+    # Issue #43 point 8: a window of a mixture that is not there was accepted and ignored.
+    (["--mix-window", "20"], 2, "--mix-window does not apply here: only a mixture"),
 ])
 def test_refusals(pair, extra, code, says) -> None:
     a, b, long = pair
