@@ -257,7 +257,7 @@ def seconds_per_step(setup: Setup, work: str, timing_steps: int) -> dict[str, di
     import transformers
 
     from bert_datagen.trainer.finetune.train import FinetuneConfig, FinetuneRun
-    from bert_datagen.trainer.runtime.optimizer import learning_rate
+    from bert_datagen.trainer.runtime.updates import learning_rate
 
     run = FinetuneRun(FinetuneConfig(data=setup.data, out=os.path.join(work, f"timing-{setup.name}-{time.time_ns()}"),
                                      init_checkpoint=minilm_dir(), batch_size=setup.batch_size, seed=1,

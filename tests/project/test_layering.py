@@ -45,8 +45,9 @@ LAYERS: dict[str, frozenset[str]] = {
 }
 
 # Bottom up; each rank a set of sub-packages or top-level modules (by name) of the layer.
-# trainer: the error types and TensorFlow's start-up quieting need nothing of ours; the model needs only
-# them (nanoGPT's model beside its config); a run (step, checkpoints, devices, run directories) builds
+# trainer: the error types and TensorFlow's start-up quieting need nothing of ours; the backends (the
+# choice of one, and each one's compiled step and placement, given the model's functions as
+# arguments) sit at the bottom; the model needs only them (nanoGPT's model beside its config); a run (step, checkpoints, devices, run directories) builds
 # on the model; interop (TF1 / Hugging Face weights, exports) on runs' checkpoints; pre-training
 # starts from interop's weights; fine-tuning starts from pre-training's runs and data checks; the
 # commands that span several (`bert-train` itself, `eval` of any run) on top.
@@ -54,7 +55,7 @@ LAYERS: dict[str, frozenset[str]] = {
 # stats, diff, batches, the card) on the contract alone; `run` writes a pre-training dataset and its
 # card; `task` shares `run`'s driver steps; the command groups on top.
 SUBLAYERS: dict[str, list[frozenset[str]]] = {
-    "trainer": [frozenset({"errors", "quiet"}), frozenset({"model"}), frozenset({"runtime"}), frozenset({"interop"}),
+    "trainer": [frozenset({"errors", "quiet"}), frozenset({"backends"}), frozenset({"model"}), frozenset({"runtime"}), frozenset({"interop"}),
                 frozenset({"pretrain"}), frozenset({"finetune"}), frozenset({"cli", "eval_cli"})],
     "pipelines": [frozenset({"beam"}), frozenset({"tools"}), frozenset({"pretraining"}), frozenset({"tasks"}),
                   frozenset({"cli", "vocab_cli"})],

@@ -14,7 +14,8 @@ from bert_datagen.trainer.errors import ConfigError  # noqa: E402
 from bert_datagen.trainer.model.bert import LayerNorm, build_model, gelu, tf1_variable_map  # noqa: E402
 from bert_datagen.trainer.model.config import BertConfig  # noqa: E402
 from bert_datagen.trainer.pretrain.objective import masked_lm_loss, next_sentence_loss  # noqa: E402
-from bert_datagen.trainer.runtime.optimizer import AdamWeightDecay, learning_rate, uses_weight_decay  # noqa: E402
+from bert_datagen.trainer.runtime.optimizer import AdamWeightDecay  # noqa: E402
+from bert_datagen.trainer.runtime.updates import learning_rate, uses_weight_decay  # noqa: E402
 
 # ---------------------------------------------------------------- a NumPy BERT from the recipe
 

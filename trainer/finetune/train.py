@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 import tensorflow as tf
+from keras import ops
 
 from bert_datagen.trainer.errors import DataError, TrainingError
 from bert_datagen.trainer.finetune.checks import check_data_fits, check_vocab, task_summary
@@ -63,10 +64,10 @@ from bert_datagen.trainer.runtime import checkpoint as ckpt_lib
 from bert_datagen.trainer.runtime import cluster, rundir
 from bert_datagen.trainer.runtime.checkpoint import checkpoint_arrays, restore_checkpoint_arrays
 from bert_datagen.trainer.runtime.devices import enable_determinism, make_run_strategy, replica_slices
-from bert_datagen.trainer.runtime.optimizer import AdamWeightDecay, learning_rate, loss_scale_for
+from bert_datagen.trainer.runtime.optimizer import AdamWeightDecay, loss_scale_for
 from bert_datagen.trainer.runtime.ordered_input import INPUT_ORDER, OrderedInput, input_closed
 from bert_datagen.trainer.runtime.rundir import cleanup_temp, write_atomic
-from bert_datagen.trainer.runtime.step import Objective, make_train_step, replica_sum
+from bert_datagen.trainer.runtime.step import Objective, make_train_step
 from bert_datagen.trainer.runtime.stopping import (
     LOST_WORKER_ERRORS,
     interrupts_between_steps,
@@ -75,6 +76,7 @@ from bert_datagen.trainer.runtime.stopping import (
     stop_on_non_finite_loss,
 )
 from bert_datagen.trainer.runtime.tensorboard import tensorboard_writers, write_scalar
+from bert_datagen.trainer.runtime.updates import learning_rate
 
 FINETUNING_DROPOUT_SALT = 0xF17E  # other dropout masks than pre-training's at the same seed and step
 CONFIG_FILE = rundir.FINETUNE_CONFIG_FILE
@@ -93,9 +95,9 @@ def finetuning_objective(model: FineTuneModel, task_type: str) -> Objective:
     """The task's mean loss over the whole batch: its examples, or for tagging its labelled positions."""
     head = head_class(task_type)
 
-    def whole_batch_total(batch):
+    def whole_batch_total(batch, reduce):
         # At least 1: a tagging batch may hold no labelled position (its loss sum is then 0).
-        return tf.maximum(replica_sum(head.denominator(batch)), 1.0)
+        return ops.maximum(reduce(head.denominator(batch)), 1.0)
 
     def micro_loss(part, denominator, seed):
         out = model(part, training=True, dropout_seed=seed)

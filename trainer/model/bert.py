@@ -1,5 +1,5 @@
 """BERT: the encoder (`BertEncoder`) and the pre-training model on it (`BertPretrainer`: + MLM and
-NSP heads), Keras 3 on TensorFlow, numerics of the original.
+NSP heads), Keras 3 (`keras.ops`: the same code on TensorFlow and JAX), numerics of the original.
 
 Everything RECIPE.md section 6 fixes is written out here rather than taken from Keras defaults,
 because the defaults differ: GELU is the tanh approximation (`hidden_act="gelu_new"`, the default;
@@ -30,8 +30,9 @@ block-diagonal (a token attends only to tokens of its own sequence), positions c
 `nsp_logits` [B,N,2]. Each sequence therefore computes what it would alone. Without these inputs
 the original computation runs unchanged.
 
-Dropout is stateless: every row's mask is a pure function of the step's seed pair, the dropout site
-and the row's position in the global batch (`dropout_key`), so a run that restarts from a checkpoint
+Dropout is stateless: every row's mask is a pure function of the step's key, the dropout site
+and the row's position in the global batch (`model/dropout.py`, bits of our own, equal on both
+backends), so a run that restarts from a checkpoint
 draws exactly the masks the uninterrupted run would have, no random state needs saving, and the
 masks do not depend on how the global batch is cut over replicas, workers or micro-batches. The
 trainer derives the seed pair from (run seed, step) and the position from the replica's and the
@@ -46,79 +47,67 @@ from __future__ import annotations
 import math
 
 import keras
-import tensorflow as tf
-from tensorflow.python.ops import gen_stateless_random_ops_v2
+import numpy as np
+from keras import ops
 
-from bert_datagen.datagen.rng import derive_key
+from bert_datagen.datagen.rng import Stream
 from bert_datagen.trainer.model.config import BertConfig
+from bert_datagen.trainer.model.dropout import dropout
 
 LAYER_NORM_EPSILON = 1e-12
 ATTENTION_MASK_VALUE = -10000.0
-PHILOX = 1  # TensorFlow's number for the Philox algorithm in its random ops
 
 
-def gelu(x: tf.Tensor) -> tf.Tensor:
+def gelu(x):
     """The tanh approximation of GELU used by the original BERT (`hidden_act="gelu_new"`)."""
-    cdf = 0.5 * (1.0 + tf.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * tf.pow(x, 3))))
+    cdf = 0.5 * (1.0 + ops.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * ops.power(x, 3))))
     return x * cdf
 
 
-def gelu_exact(x: tf.Tensor) -> tf.Tensor:
+def gelu_exact(x):
     """The exact GELU, x * Phi(x) with erf (`hidden_act="gelu"`, Hugging Face's default)."""
-    return 0.5 * x * (1.0 + tf.math.erf(x * (1.0 / math.sqrt(2.0))))
+    return 0.5 * x * (1.0 + ops.erf(x * (1.0 / math.sqrt(2.0))))
 
 
 ACTIVATIONS = {"gelu": gelu, "gelu_new": gelu, "gelu_exact": gelu_exact}
 
 
-def dropout_key(seed: tf.Tensor, first_row: tf.Tensor | int = 0) -> tf.Tensor:
-    """The [3] int64 `dropout_seed` of a call whose first row is row `first_row` of the step's global
-    batch: (seed pair, first_row). A [2] seed alone means first_row 0."""
-    seed = tf.cast(tf.convert_to_tensor(seed), tf.int64)
-    return tf.concat([seed[:2], tf.reshape(tf.cast(first_row, tf.int64), [1])], axis=0)
+class SeededTruncatedNormal(keras.initializers.Initializer):
+    """Normal(0, stddev) cut at 2 stddev (the original's initializer), drawn in NumPy from the
+    project's counter-based stream of (seed, weight name): Keras's own initializers draw from each
+    backend's generator, so the same seed would start TensorFlow and JAX runs from other weights.
+    One stream per weight name, so the weights do not depend on the order layers are built in."""
+
+    def __init__(self, stddev: float, seed: int, name: str):
+        self.stddev, self.seed, self.name = stddev, seed, name
+
+    def __call__(self, shape, dtype=None):
+        values = truncated_normal_array(self.seed, self.name, tuple(shape), self.stddev)
+        return ops.cast(values, dtype or "float32")
+
+    def get_config(self) -> dict:
+        return {"stddev": self.stddev, "seed": self.seed, "name": self.name}
 
 
-def dropout(x: tf.Tensor, rate: float, seed: tf.Tensor | None, site: int) -> tf.Tensor:
-    """Inverted dropout whose mask of each row (the first axis) depends only on (seed pair, site,
-    the row's position in the global batch): `seed` is a `dropout_key` ([3]: the pair and the global
-    position of x's first row; a [2] pair means 0).
-
-    A row's mask is therefore the same whether the global batch runs on one device, is cut over
-    replicas and workers, or over accumulation micro-batches, and with or without XLA: the bits are
-    Philox's raw 32-bit outputs at counter (row position x words per row), which TensorFlow's CPU
-    and GPU kernels and XLA all produce alike (its float conversion is where XLA's uniforms differ,
-    so the threshold is compared on integers)."""
-    if seed is None or rate == 0.0:
-        return x
-    seed = tf.cast(tf.convert_to_tensor(seed), tf.int64)
-    first_row = seed[2] if seed.shape[0] == 3 else tf.constant(0, tf.int64)
-    site_seed = _low_words(tf.random.experimental.stateless_fold_in(_low_words(seed[:2]), site, alg="philox"))
-    key, counter, _ = gen_stateless_random_ops_v2.stateless_random_get_key_counter_alg(site_seed)
-    shape = tf.shape(x)
-    per_row = tf.cast(tf.reduce_prod(shape[1:]), tf.int64)
-    words = (per_row + 3) // 4  # Philox gives 4 words a counter: each row starts on a counter of its own
-    start = tf.stack([tf.cast(first_row * words, tf.uint64), counter[1]])
-    bits = gen_stateless_random_ops_v2.stateless_random_uniform_full_int_v2(
-        shape=tf.stack([tf.cast(shape[0], tf.int64), words * 4]), key=key, counter=start, alg=PHILOX,
-        dtype=tf.uint32)
-    bits = tf.reshape(bits[:, :per_row], shape)
-    # The top 24 bits as a uniform integer in [0, 2^24): kept where it is at least rate * 2^24.
-    uniform = tf.cast(tf.bitwise.right_shift(bits, tf.constant(8, tf.uint32)), tf.int32)
-    keep = uniform >= int(round(rate * (1 << 24)))
-    return tf.where(keep, x * tf.cast(1.0 / (1.0 - rate), x.dtype), tf.zeros_like(x))
-
-
-def _low_words(seed: tf.Tensor) -> tf.Tensor:
-    """A seed pair as int64 words of 32 bits: XLA reads only the low 32 bits of each seed word, the
-    CPU and GPU kernels all 64, so only such seeds draw the same numbers with and without --jit."""
-    return tf.bitwise.bitwise_and(tf.cast(seed, tf.int64), tf.constant(0xFFFFFFFF, tf.int64))
+def truncated_normal_array(seed: int, name: str, shape: tuple[int, ...], stddev: float) -> np.ndarray:
+    """float32 draws of N(0, stddev) kept within 2 stddev, in draw order (Box-Muller on the stream's
+    uniforms; a draw outside the cut is skipped, as TensorFlow's truncated normal resamples)."""
+    stream = Stream.for_purpose(seed, "bert-init", name)
+    count = int(np.prod(shape, dtype=np.int64))
+    kept: list[np.ndarray] = []
+    have = 0
+    while have < count:
+        pairs = (count - have) + (count - have) // 16 + 16  # 95.4% fall inside the cut
+        u1, u2 = stream.uniform_array(pairs), stream.uniform_array(pairs)
+        z = np.sqrt(-2.0 * np.log1p(-u1)) * np.cos(2.0 * np.pi * u2)
+        z = z[np.abs(z) < 2.0]
+        kept.append(z)
+        have += z.size
+    return (np.concatenate(kept)[:count] * stddev).astype(np.float32).reshape(shape)
 
 
 def truncated_normal(config: BertConfig, seed: int, name: str) -> keras.initializers.Initializer:
-    # One seed per weight, derived from its name: initial weights do not depend on the order in
-    # which layers happen to be built.
-    key = derive_key(seed, "bert-init", name) & 0x7FFFFFFF
-    return keras.initializers.TruncatedNormal(stddev=config.initializer_range, seed=key)
+    return SeededTruncatedNormal(config.initializer_range, seed, name)
 
 
 class LayerNorm(keras.layers.Layer):
@@ -130,13 +119,13 @@ class LayerNorm(keras.layers.Layer):
         self.beta = self.add_weight(name="beta", shape=(hidden_size,), initializer="zeros")
         self.built = True
 
-    def call(self, x: tf.Tensor) -> tf.Tensor:
+    def call(self, x):
         dtype = x.dtype
-        x = tf.cast(x, tf.float32)
-        mean, variance = tf.nn.moments(x, axes=[-1], keepdims=True)
-        y = (x - mean) * tf.math.rsqrt(variance + LAYER_NORM_EPSILON)
-        y = y * tf.cast(self.gamma, tf.float32) + tf.cast(self.beta, tf.float32)
-        return tf.cast(y, dtype)
+        x = ops.cast(x, "float32")
+        mean, variance = ops.moments(x, axes=[-1], keepdims=True)
+        y = (x - mean) * ops.rsqrt(variance + LAYER_NORM_EPSILON)
+        y = y * ops.cast(self.gamma, "float32") + ops.cast(self.beta, "float32")
+        return ops.cast(y, dtype)
 
 
 def dense(config: BertConfig, seed: int, key: str, units: int, in_dim: int,
@@ -169,17 +158,16 @@ class Embeddings(keras.layers.Layer):
         self.layer_norm = LayerNorm(h, name="LayerNorm", dtype=self.dtype_policy)
         self.built = True
 
-    def call(self, input_ids: tf.Tensor, segment_ids: tf.Tensor, dropout_seed: tf.Tensor | None = None,
-             position_ids: tf.Tensor | None = None) -> tf.Tensor:
-        seq_len = tf.shape(input_ids)[1]
+    def call(self, input_ids, segment_ids, dropout_seed=None, position_ids=None):
+        seq_len = ops.shape(input_ids)[1]
         # Same summation order as the original: word, then token type, then position.
-        x = tf.gather(self.word_embeddings, input_ids)
-        x = x + tf.gather(self.token_type_embeddings, segment_ids)
+        x = ops.take(self.word_embeddings, input_ids, axis=0)
+        x = x + ops.take(self.token_type_embeddings, segment_ids, axis=0)
         if position_ids is None:
             x = x + self.position_embeddings[None, :seq_len, :]
         else:
-            x = x + tf.gather(self.position_embeddings, position_ids)
-        x = tf.cast(x, self.compute_dtype)
+            x = x + ops.take(self.position_embeddings, position_ids, axis=0)
+        x = ops.cast(x, self.compute_dtype)
         x = self.layer_norm(x)
         return dropout(x, self.config.hidden_dropout_prob, dropout_seed, site=0)
 
@@ -205,21 +193,21 @@ class EncoderLayer(keras.layers.Layer):
         self.output_norm = LayerNorm(h, name="output_LayerNorm", dtype=policy)
         self.built = True
 
-    def call(self, x: tf.Tensor, attention_bias: tf.Tensor, dropout_seed: tf.Tensor | None = None) -> tf.Tensor:
+    def call(self, x, attention_bias, dropout_seed=None):
         c = self.config
         site = 1 + 3 * self.index
-        batch, seq_len = tf.shape(x)[0], tf.shape(x)[1]
+        batch = ops.shape(x)[0]
         heads, size = c.num_attention_heads, c.head_size
 
         def split_heads(t):  # [B,S,H] -> [B,A,S,d]
-            return tf.transpose(tf.reshape(t, [batch, seq_len, heads, size]), [0, 2, 1, 3])
+            return ops.transpose(ops.reshape(t, (batch, -1, heads, size)), (0, 2, 1, 3))
 
         q, k, v = split_heads(self.query(x)), split_heads(self.key(x)), split_heads(self.value(x))
-        scores = tf.matmul(q, k, transpose_b=True) * (1.0 / math.sqrt(size))
-        scores = scores + tf.cast(attention_bias, scores.dtype)
-        probs = tf.nn.softmax(scores, axis=-1)
+        scores = ops.matmul(q, ops.transpose(k, (0, 1, 3, 2))) * (1.0 / math.sqrt(size))
+        scores = scores + ops.cast(attention_bias, scores.dtype)
+        probs = ops.softmax(scores, axis=-1)
         probs = dropout(probs, c.attention_probs_dropout_prob, dropout_seed, site)
-        context = tf.reshape(tf.transpose(tf.matmul(probs, v), [0, 2, 1, 3]), [batch, seq_len, c.hidden_size])
+        context = ops.reshape(ops.transpose(ops.matmul(probs, v), (0, 2, 1, 3)), (batch, -1, c.hidden_size))
 
         attended = dropout(self.attention_output(context), c.hidden_dropout_prob, dropout_seed, site + 1)
         x = self.attention_norm(attended + x)
@@ -245,39 +233,45 @@ class BertEncoder(keras.Model):
         self.pooler = dense(c, seed, "bert/pooler/dense", h, h, policy)
         self.built = True
 
-    def call(self, inputs: dict[str, tf.Tensor], training: bool = False,
-             dropout_seed: tf.Tensor | None = None) -> dict[str, tf.Tensor]:
+    def call(self, inputs: dict, training: bool = False, dropout_seed=None) -> dict:
         if training and dropout_seed is None and (
             self.config.hidden_dropout_prob > 0 or self.config.attention_probs_dropout_prob > 0
         ):
             raise ValueError("training=True needs a dropout_seed (dropout_key: [3] int tensor, or a [2] seed)")
-        seed = tf.convert_to_tensor(dropout_seed) if training and dropout_seed is not None else None
-        input_ids = tf.cast(inputs["input_ids"], tf.int32)
-        segment_ids = tf.cast(inputs["segment_ids"], tf.int32)
+        seed = dropout_seed if training else None
+        input_ids = ops.cast(inputs["input_ids"], "int32")
+        segment_ids = ops.cast(inputs["segment_ids"], "int32")
         packed = "sequence_ids" in inputs  # a row of several sequences (`bert-datagen run --packing`)
-        position_ids = tf.cast(inputs["position_ids"], tf.int32) if packed else None
+        position_ids = ops.cast(inputs["position_ids"], "int32") if packed else None
 
         x = self.embeddings(input_ids, segment_ids, dropout_seed=seed, position_ids=position_ids)
         attention_bias = _attention_bias(inputs)
         for layer in self.encoder_layers:
             x = layer(x, attention_bias, dropout_seed=seed)
         # Packed: each sequence's [CLS] -> [B,N,H]; else the row's first position -> [B,H].
-        first = tf.gather(x, tf.cast(inputs["cls_positions"], tf.int32), batch_dims=1) if packed else x[:, 0, :]
-        pooled = tf.tanh(self.pooler(first))
+        first = gather_rows(x, inputs["cls_positions"]) if packed else x[:, 0, :]
+        pooled = ops.tanh(self.pooler(first))
         return {"sequence_output": x, "pooled_output": pooled}
 
 
-def _attention_bias(inputs: dict[str, tf.Tensor]) -> tf.Tensor:
+def gather_rows(x, positions):
+    """x [B,S,...] at `positions` [B,P] of each row: [B,P,...]."""
+    index = ops.cast(positions, "int32")
+    index = ops.reshape(index, (*ops.shape(index), *([1] * (len(x.shape) - 2))))
+    return ops.take_along_axis(x, index, axis=1)
+
+
+def _attention_bias(inputs: dict):
     """0 where a query may attend to a key, -10000 elsewhere: [B,1,1,S] masking padding, or for
     packed rows [B,1,S,S], where a query attends to the keys of its own sequence only (the same
     -10000, so a sequence's scores equal its scores alone: exp underflows to 0 either way)."""
     if "sequence_ids" not in inputs:
-        mask = tf.cast(inputs["input_mask"], tf.float32)
+        mask = ops.cast(inputs["input_mask"], "float32")
         return (1.0 - mask[:, None, None, :]) * ATTENTION_MASK_VALUE
-    sequence_ids = tf.cast(inputs["sequence_ids"], tf.int32)
-    same = tf.logical_and(tf.equal(sequence_ids[:, :, None], sequence_ids[:, None, :]),
-                          tf.not_equal(sequence_ids[:, None, :], 0))
-    return (1.0 - tf.cast(same, tf.float32)[:, None, :, :]) * ATTENTION_MASK_VALUE
+    sequence_ids = ops.cast(inputs["sequence_ids"], "int32")
+    same = ops.logical_and(ops.equal(sequence_ids[:, :, None], sequence_ids[:, None, :]),
+                           ops.not_equal(sequence_ids[:, None, :], 0))
+    return (1.0 - ops.cast(same, "float32")[:, None, :, :]) * ATTENTION_MASK_VALUE
 
 
 class BertPretrainer(keras.Model):
@@ -302,29 +296,28 @@ class BertPretrainer(keras.Model):
         self.nsp_output_bias = self.add_weight(name="nsp_output_bias", shape=(2,), initializer="zeros")
         self.built = True
 
-    def call(self, inputs: dict[str, tf.Tensor], training: bool = False,
-             dropout_seed: tf.Tensor | None = None) -> dict[str, tf.Tensor]:
+    def call(self, inputs: dict, training: bool = False, dropout_seed=None) -> dict:
         out = dict(self.encoder(inputs, training=training, dropout_seed=dropout_seed))
         # Logits leave the model in float32 whatever the compute dtype (losses need the range).
         # Packed rows pool [B,N,H]: the [2,H] head applies per sequence ([B,N,2]).
-        out["nsp_logits"] = tf.cast(
-            tf.matmul(out["pooled_output"], self.nsp_output_weights, transpose_b=True) + self.nsp_output_bias,
-            tf.float32,
+        out["nsp_logits"] = ops.cast(
+            ops.matmul(out["pooled_output"], ops.transpose(self.nsp_output_weights)) + self.nsp_output_bias,
+            "float32",
         )
         if "masked_lm_positions" in inputs:
             out["mlm_logits"] = self.masked_lm_logits(out["sequence_output"], inputs["masked_lm_positions"])
         return out
 
-    def masked_lm_logits(self, sequence_output: tf.Tensor, positions: tf.Tensor) -> tf.Tensor:
-        positions = tf.cast(positions, tf.int32)
-        picked = tf.gather(sequence_output, positions, batch_dims=1)  # [B,P,H]
+    def masked_lm_logits(self, sequence_output, positions):
+        picked = gather_rows(sequence_output, positions)  # [B,P,H]
         h = self.mlm_norm(ACTIVATIONS[self.config.hidden_act](self.mlm_transform(picked)))
         # Tied output matrix: the word embeddings, transposed. Flattened to 2-D first: a [B,P,H] x
         # [V,H] matmul would broadcast the matrix over B and build a [B,V,H] gradient.
-        flat = tf.reshape(h, [-1, self.config.hidden_size])
-        logits = tf.matmul(flat, self.encoder.embeddings.word_embeddings, transpose_b=True) + self.mlm_output_bias
-        logits = tf.reshape(logits, tf.concat([tf.shape(positions), [self.config.vocab_size]], axis=0))
-        return tf.cast(logits, tf.float32)
+        flat = ops.reshape(h, (-1, self.config.hidden_size))
+        embeddings = ops.cast(self.encoder.embeddings.word_embeddings, flat.dtype)
+        logits = ops.matmul(flat, ops.transpose(embeddings)) + ops.cast(self.mlm_output_bias, flat.dtype)
+        logits = ops.reshape(logits, (ops.shape(positions)[0], -1, self.config.vocab_size))
+        return ops.cast(logits, "float32")
 
 
 def build_model(config: BertConfig, seed: int = 12345, dtype: str | None = None) -> BertPretrainer:

@@ -25,19 +25,32 @@ from __future__ import annotations
 from typing import ClassVar
 
 import keras
-import tensorflow as tf
+from keras import ops
 
-from bert_datagen.trainer.model.bert import BertEncoder, dropout, tf1_variable_map, truncated_normal
+from bert_datagen.trainer.model.bert import BertEncoder, tf1_variable_map, truncated_normal
 from bert_datagen.trainer.model.config import BertConfig
+from bert_datagen.trainer.model.dropout import dropout
 
 HEAD_DROPOUT = 0.1  # the original's keep_prob 0.9, whatever the encoder's dropout
 HEAD_DROPOUT_SITE = 1_000_003  # a dropout site no encoder layer uses
 IGNORE_LABEL = -1
 
 
-def _cross_entropy(logits: tf.Tensor, labels: tf.Tensor) -> tf.Tensor:
-    log_probs = tf.nn.log_softmax(tf.cast(logits, tf.float32), axis=-1)
-    return -tf.gather(log_probs, tf.cast(labels, tf.int32)[..., None], axis=-1, batch_dims=labels.shape.rank)[..., 0]
+def cross_entropy(logits, labels):
+    """-log softmax(logits)[label] along the last axis, in float32 (labels: logits' shape minus it)."""
+    log_probs = ops.log_softmax(ops.cast(logits, "float32"), axis=-1)
+    picked = ops.take_along_axis(log_probs, ops.expand_dims(ops.cast(labels, "int32"), -1), axis=-1)
+    return -picked[..., 0]
+
+
+def hits(logits, labels):
+    """1.0 where the arg-max of `logits` (last axis) is the label, else 0.0."""
+    predicted = ops.cast(ops.argmax(logits, axis=-1), "int32")
+    return ops.cast(ops.equal(predicted, ops.cast(labels, "int32")), "float32")
+
+
+def count(labels):
+    return ops.cast(ops.size(labels), "float32")
 
 
 class TaskHead(keras.layers.Layer):
@@ -80,22 +93,22 @@ class TaskHead(keras.layers.Layer):
         """The HF config's id2label, in id order."""
         return list(labels)
 
-    def logits(self, x: tf.Tensor) -> tf.Tensor:
-        w = tf.cast(self.output_weights, x.dtype)
-        logits = tf.matmul(x, w, transpose_b=True) if x.shape.rank == 2 else tf.einsum("bsh,oh->bso", x, w)
-        return tf.cast(logits + tf.cast(self.output_bias, x.dtype), tf.float32)
+    def logits(self, x):
+        w = ops.cast(self.output_weights, x.dtype)
+        logits = ops.matmul(x, ops.transpose(w)) if len(x.shape) == 2 else ops.einsum("bsh,oh->bso", x, w)
+        return ops.cast(logits + ops.cast(self.output_bias, x.dtype), "float32")
 
-    def call(self, encoded: dict[str, tf.Tensor], dropout_seed: tf.Tensor | None = None) -> dict[str, tf.Tensor]:
+    def call(self, encoded: dict, dropout_seed=None) -> dict:
         """`encoded`: the encoder's outputs; `dropout_seed` None when not training."""
         raise NotImplementedError
 
     @staticmethod
-    def denominator(batch: dict) -> tf.Tensor:
+    def denominator(batch: dict):
         """What this (sub-)batch adds to the count its loss is averaged over: its examples."""
-        return tf.cast(tf.shape(batch["input_ids"])[0], tf.float32)
+        return ops.cast(ops.shape(batch["input_ids"])[0], "float32")
 
     @staticmethod
-    def sums(outputs: dict, batch: dict) -> dict[str, tf.Tensor]:
+    def sums(outputs: dict, batch: dict) -> dict:
         """Additive statistics of a (sub-)batch: `loss_sum` / `loss_count` is its mean loss;
         `correct` / `count` its accuracy."""
         raise NotImplementedError
@@ -115,12 +128,11 @@ class ClassificationHead(TaskHead):
 
     @staticmethod
     def sums(outputs, batch):
-        labels = tf.reshape(tf.cast(batch["label_ids"], tf.int32), [-1])
+        labels = ops.reshape(ops.cast(batch["label_ids"], "int32"), (-1,))
         logits = outputs["logits"]
-        hits = tf.equal(tf.argmax(logits, axis=-1, output_type=tf.int32), labels)
-        n = tf.cast(tf.size(labels), tf.float32)
-        return {"loss_sum": tf.reduce_sum(_cross_entropy(logits, labels)), "loss_count": n,
-                "correct": tf.reduce_sum(tf.cast(hits, tf.float32)), "count": n}
+        n = count(labels)
+        return {"loss_sum": ops.sum(cross_entropy(logits, labels)), "loss_count": n,
+                "correct": ops.sum(hits(logits, labels)), "count": n}
 
 
 class RegressionHead(TaskHead):
@@ -146,10 +158,10 @@ class RegressionHead(TaskHead):
 
     @staticmethod
     def sums(outputs, batch):
-        labels = tf.reshape(tf.cast(batch["label_ids"], tf.float32), [-1])
-        n = tf.cast(tf.size(labels), tf.float32)
-        error = tf.reduce_sum(tf.square(outputs["logits"] - labels))
-        return {"loss_sum": error, "loss_count": n, "correct": tf.constant(0.0), "count": n}
+        labels = ops.reshape(ops.cast(batch["label_ids"], "float32"), (-1,))
+        n = count(labels)
+        error = ops.sum(ops.square(outputs["logits"] - labels))
+        return {"loss_sum": error, "loss_count": n, "correct": ops.zeros((), "float32"), "count": n}
 
 
 class SpanHead(TaskHead):
@@ -177,14 +189,12 @@ class SpanHead(TaskHead):
 
     @staticmethod
     def sums(outputs, batch):
-        starts = tf.reshape(tf.cast(batch["start_positions"], tf.int32), [-1])
-        ends = tf.reshape(tf.cast(batch["end_positions"], tf.int32), [-1])
-        ce = 0.5 * (_cross_entropy(outputs["start_logits"], starts) + _cross_entropy(outputs["end_logits"], ends))
-        hit = tf.logical_and(tf.equal(tf.argmax(outputs["start_logits"], -1, output_type=tf.int32), starts),
-                             tf.equal(tf.argmax(outputs["end_logits"], -1, output_type=tf.int32), ends))
-        n = tf.cast(tf.size(starts), tf.float32)
-        return {"loss_sum": tf.reduce_sum(ce), "loss_count": n,
-                "correct": tf.reduce_sum(tf.cast(hit, tf.float32)), "count": n}
+        starts = ops.reshape(ops.cast(batch["start_positions"], "int32"), (-1,))
+        ends = ops.reshape(ops.cast(batch["end_positions"], "int32"), (-1,))
+        ce = 0.5 * (cross_entropy(outputs["start_logits"], starts) + cross_entropy(outputs["end_logits"], ends))
+        hit = hits(outputs["start_logits"], starts) * hits(outputs["end_logits"], ends)
+        n = count(starts)
+        return {"loss_sum": ops.sum(ce), "loss_count": n, "correct": ops.sum(hit), "count": n}
 
 
 class TaggingHead(TaskHead):
@@ -200,19 +210,18 @@ class TaggingHead(TaskHead):
 
     @staticmethod
     def denominator(batch):
-        return tf.reduce_sum(tf.cast(tf.not_equal(batch["label_ids"], IGNORE_LABEL), tf.float32))
+        return ops.sum(ops.cast(ops.not_equal(batch["label_ids"], IGNORE_LABEL), "float32"))
 
     @staticmethod
     def sums(outputs, batch):
-        labels = tf.cast(batch["label_ids"], tf.int32)  # [B,S], -1 where ignored
-        keep = tf.not_equal(labels, IGNORE_LABEL)
-        safe = tf.where(keep, labels, 0)
-        weight = tf.cast(keep, tf.float32)
-        ce = _cross_entropy(outputs["logits"], safe)
-        hits = tf.cast(tf.equal(tf.argmax(outputs["logits"], -1, output_type=tf.int32), safe), tf.float32)
-        n = tf.reduce_sum(weight)
-        return {"loss_sum": tf.reduce_sum(ce * weight), "loss_count": n, "correct": tf.reduce_sum(hits * weight),
-                "count": n}
+        labels = ops.cast(batch["label_ids"], "int32")  # [B,S], -1 where ignored
+        keep = ops.not_equal(labels, IGNORE_LABEL)
+        safe = ops.where(keep, labels, 0)
+        weight = ops.cast(keep, "float32")
+        ce = cross_entropy(outputs["logits"], safe)
+        n = ops.sum(weight)
+        return {"loss_sum": ops.sum(ce * weight), "loss_count": n,
+                "correct": ops.sum(hits(outputs["logits"], safe) * weight), "count": n}
 
 
 HEADS: dict[str, type[TaskHead]] = {h.task_type: h for h in (ClassificationHead, RegressionHead, SpanHead, TaggingHead)}
@@ -254,7 +263,7 @@ class FineTuneModel(keras.Model):
         self.built = True
 
     def call(self, inputs, training=False, dropout_seed=None):
-        seed = tf.convert_to_tensor(dropout_seed) if training and dropout_seed is not None else None
+        seed = dropout_seed if training else None
         if training and seed is None:
             raise ValueError("training=True needs a dropout_seed (dropout_key: [3] int tensor, or a [2] seed)")
         encoded = self.encoder(inputs, training=training, dropout_seed=seed)
@@ -290,12 +299,12 @@ def encoder_variable_map(model: FineTuneModel) -> dict[str, keras.Variable]:
     return dict(tf1_variable_map(model.encoder))
 
 
-def task_sums(task_type: str, outputs: dict, batch: dict) -> dict[str, tf.Tensor]:
+def task_sums(task_type: str, outputs: dict, batch: dict) -> dict:
     """The task head's `sums` (additive statistics of a (sub-)batch)."""
     return head_class(task_type).sums(outputs, batch)
 
 
-def task_loss(task_type: str, outputs: dict, batch: dict) -> tf.Tensor:
+def task_loss(task_type: str, outputs: dict, batch: dict):
     """The mean loss of one whole batch (the original's formula)."""
     sums = task_sums(task_type, outputs, batch)
-    return sums["loss_sum"] / tf.maximum(sums["loss_count"], 1.0)
+    return sums["loss_sum"] / ops.maximum(sums["loss_count"], 1.0)

@@ -8,6 +8,7 @@ import click
 
 from bert_datagen.cli.plumbing import FiniteFloat, Int, refuse_unused_options
 from bert_datagen.contract.ranges import INT32_MAX, MAX_SEED, MAX_TIMEOUT_S
+from bert_datagen.trainer.backends.option import backend_option, use_backend
 from bert_datagen.trainer.errors import ConfigError, TrainerError
 from bert_datagen.trainer.model.config import MODEL_SIZES, BertConfig
 from bert_datagen.trainer.runtime.cluster import DEFAULT_TIMEOUT, join_for
@@ -112,6 +113,7 @@ def _check_data_options(ctx: click.Context, options: dict) -> None:
 @click.option("--cluster-timeout", type=Int(1, MAX_TIMEOUT_S), default=DEFAULT_TIMEOUT, show_default=True,
               help="--strategy multi-worker: seconds to wait for the other workers (TF_CONFIG) to join, and "
                    "for each collective step, before stopping.")
+@backend_option
 @click.option("--precision", type=click.Choice(PRECISIONS), default="float32", show_default=True)
 @click.option("--jit/--no-jit", default=False, show_default=True, help="Compile the step with XLA.")
 @click.option("--init-from", help="Phase 2: start from the weights of a run (its latest checkpoint) or checkpoint.")
@@ -127,6 +129,7 @@ def _check_data_options(ctx: click.Context, options: dict) -> None:
 def pretrain_command(ctx: click.Context, bert_config_file, cluster_timeout, **options) -> None:
     """Pre-train BERT (MLM + NSP) from a dataset; resumes RUN when it has checkpoints."""
     refuse_unused_options(ctx, _unused_run_options(options["strategy"], bert_config_file, options["init_checkpoint"]))
+    options["backend"] = use_backend(options["backend"])
     try:
         if options["strategy"] == "multi-worker":  # before anything runs on TensorFlow (cluster.py)
             join_for(options["out"], PRETRAINING, cluster_timeout)

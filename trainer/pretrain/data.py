@@ -16,6 +16,7 @@ import os
 import struct
 from dataclasses import dataclass, field
 
+import numpy as np
 import tensorflow as tf
 
 from bert_datagen.contract.features import PRETRAINING, TASK, word_segmented
@@ -75,14 +76,14 @@ def packed_feature_spec(row_length: int, max_predictions: int, sequences: int,
     return records.packed_feature_spec(row_length, max_predictions, sequences, objective)
 
 
-def with_sequence_weights(batch: dict[str, tf.Tensor]) -> dict[str, tf.Tensor]:
+def with_sequence_weights(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """Packed rows without NSP carry no `next_sentence_weights`; the losses count sequences by
     them, so derive them: slot s is present when the row holds more than s sequences."""
     if "next_sentence_weights" in batch or "cls_positions" not in batch:
         return batch
-    present = tf.reduce_max(batch["sequence_ids"], axis=-1, keepdims=True)  # [B,1]: sequences in the row
-    slots = tf.range(1, tf.shape(batch["cls_positions"])[-1] + 1)[None, :]
-    return {**batch, "next_sentence_weights": tf.cast(slots <= present, tf.float32)}
+    present = np.max(batch["sequence_ids"], axis=-1, keepdims=True)  # [B,1]: sequences in the row
+    slots = np.arange(1, batch["cls_positions"].shape[-1] + 1)[None, :]
+    return {**batch, "next_sentence_weights": (slots <= present).astype(np.float32)}
 
 
 def open_pretraining_data(data: str, max_seq_length: int | None = None, max_predictions_per_seq: int | None = None,

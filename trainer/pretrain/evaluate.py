@@ -44,6 +44,23 @@ def evaluate_model(eval_step: Callable, strategy: tf.distribute.Strategy, info: 
     return result
 
 
+def evaluate_batches(eval_sums: Callable, info: DatasetInfo, batch_size: int, max_batches: int | None,
+                     files: list[str] | None = None) -> dict[str, float]:
+    """`evaluate_model` for a step that takes whole NumPy batches (the JAX backend's)."""
+    dataset = eval_dataset(info, batch_size, files)
+    if max_batches:
+        dataset = dataset.take(max_batches)
+    totals: dict[str, float] = {}
+    for batch in dataset.as_numpy_iterator():
+        for k, v in eval_sums(batch).items():
+            totals[k] = totals.get(k, 0.0) + float(v)
+    if not totals:
+        raise DataError(f"{info.source}: fewer eval records than one batch of {batch_size}")
+    result = losses_from_sums(totals)
+    result["examples"] = totals["examples"]
+    return result
+
+
 def evaluate_restored(model: BertPretrainer, bert: BertConfig, data: str, batch_size: int = 32,
                       max_batches: int | None = None, split: str = "eval", max_seq_length: int | None = None,
                       max_predictions_per_seq: int | None = None) -> dict[str, float]:

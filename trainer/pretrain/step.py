@@ -7,12 +7,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import tensorflow as tf
+from keras import ops
 
+from bert_datagen.trainer.errors import ConfigError
 from bert_datagen.trainer.model.bert import BertPretrainer
 from bert_datagen.trainer.pretrain.objective import MLM_DENOMINATOR_EPSILON, batch_sums
 from bert_datagen.trainer.runtime.config import TrainConfig
 from bert_datagen.trainer.runtime.optimizer import AdamWeightDecay, DynamicLossScale
-from bert_datagen.trainer.runtime.step import Objective, make_train_step, replica_sum, summed_over_replicas
+from bert_datagen.trainer.runtime.step import Objective, make_train_step, summed_over_replicas
 
 PRETRAINING_DROPOUT_SALT = 0x5EED
 
@@ -28,8 +30,8 @@ def pretraining_objective(model: BertPretrainer, batch_size: int) -> Objective:
     example count."""
     global_examples = float(batch_size)
 
-    def whole_batch_total(batch):
-        return replica_sum(tf.reduce_sum(batch["masked_lm_weights"]))
+    def whole_batch_total(batch, reduce):
+        return reduce(ops.sum(ops.cast(batch["masked_lm_weights"], "float32")))
 
     def micro_loss(part, weight_total, seed):
         out = model(part, training=True, dropout_seed=seed)
@@ -46,15 +48,15 @@ def packed_pretraining_objective(model: BertPretrainer) -> Objective:
     sequences in the batch (not rows), so a packed step equals the unpacked step over the same
     instances."""
 
-    def whole_batch_total(batch):
-        return tf.stack([replica_sum(tf.reduce_sum(batch["masked_lm_weights"])),
-                         replica_sum(tf.reduce_sum(tf.cast(batch["next_sentence_weights"], tf.float32)))])
+    def whole_batch_total(batch, reduce):
+        return ops.stack([reduce(ops.sum(ops.cast(batch["masked_lm_weights"], "float32"))),
+                          reduce(ops.sum(ops.cast(batch["next_sentence_weights"], "float32")))])
 
     def micro_loss(part, totals, seed):
         out = model(part, training=True, dropout_seed=seed)
         sums = batch_sums(out, part)
         return (sums["mlm_ce"] / (totals[0] + MLM_DENOMINATOR_EPSILON)
-                + sums["nsp_ce"] / tf.maximum(totals[1], 1.0)), sums
+                + sums["nsp_ce"] / ops.maximum(totals[1], 1.0)), sums
 
     return Objective(whole_batch_total, micro_loss, PRETRAINING_DROPOUT_SALT, tf.UnconnectedGradients.ZERO)
 
@@ -71,3 +73,27 @@ def make_step_functions(model: BertPretrainer, optimizer: AdamWeightDecay, strat
         return summed_over_replicas(strategy, replica_eval, batch)
 
     return StepFunctions(train_step=train_step, eval_step=tf.function(eval_step))
+
+
+def refuse_unported_on_jax(cfg: TrainConfig) -> None:
+    """What the JAX backend does not run yet, refused before any work, each naming why."""
+    if cfg.strategy in ("multi-worker", "tpu"):
+        raise ConfigError(f"--strategy {cfg.strategy} runs on TensorFlow only so far (the JAX backend runs on "
+                          "this process's devices: --strategy auto, one-device or mirrored)")
+    if cfg.precision == "mixed_float16":
+        raise ConfigError("--precision mixed_float16 needs loss scaling, which the JAX backend does not have yet: "
+                          "use mixed_bfloat16 or float32, or --backend tensorflow")
+
+
+def jax_pretraining(model: BertPretrainer, named: dict, cfg: TrainConfig, packed: bool):
+    """The run's weights, slots and compiled steps on JAX (a `JaxTraining`), for the same objective as
+    TensorFlow's."""
+    from bert_datagen.trainer.runtime.jax_training import JaxTraining  # imports JAX: only on its backend
+
+    objective = packed_pretraining_objective(model) if packed else pretraining_objective(model, cfg.batch_size)
+
+    def eval_sums(batch):
+        return batch_sums(model(batch, training=False), batch)
+
+    devices = 1 if cfg.strategy == "one-device" else None
+    return JaxTraining(named, list(named), objective, eval_sums, cfg, cfg.optimizer, cfg.weight_decay, devices)

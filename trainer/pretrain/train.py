@@ -44,17 +44,17 @@ from bert_datagen.trainer.pretrain.data import (
     with_sequence_weights,
 )
 from bert_datagen.trainer.pretrain.earlier_runs_input import earlier_run_input
-from bert_datagen.trainer.pretrain.evaluate import evaluate_model
+from bert_datagen.trainer.pretrain.evaluate import evaluate_batches, evaluate_model
 from bert_datagen.trainer.pretrain.mixture_input import MIXTURE_FEATURE, check_resumed_mixture, mixed_batches
 from bert_datagen.trainer.pretrain.objective import losses_from_sums
 from bert_datagen.trainer.pretrain.options import as_run, model_vocab_size
-from bert_datagen.trainer.pretrain.step import make_step_functions
+from bert_datagen.trainer.pretrain.step import jax_pretraining, make_step_functions, refuse_unported_on_jax
 from bert_datagen.trainer.runtime import checkpoint as ckpt_lib
 from bert_datagen.trainer.runtime import cluster, rundir
 from bert_datagen.trainer.runtime.checkpoint import checkpoint_arrays, restore_checkpoint_arrays
 from bert_datagen.trainer.runtime.config import TrainConfig
 from bert_datagen.trainer.runtime.devices import enable_determinism, make_run_strategy, replica_slices
-from bert_datagen.trainer.runtime.optimizer import learning_rate, loss_scale_for, make_optimizer
+from bert_datagen.trainer.runtime.optimizer import loss_scale_for, make_optimizer
 from bert_datagen.trainer.runtime.ordered_input import INPUT_ORDER, OrderedInput, input_closed
 from bert_datagen.trainer.runtime.stopping import (
     LOST_WORKER_ERRORS,
@@ -64,6 +64,7 @@ from bert_datagen.trainer.runtime.stopping import (
     stop_on_non_finite_loss,
 )
 from bert_datagen.trainer.runtime.tensorboard import tensorboard_writers, write_scalar
+from bert_datagen.trainer.runtime.updates import learning_rate
 
 _TF_DATA_ERRORS = (tf.errors.DataLossError, tf.errors.InvalidArgumentError)
 
@@ -91,7 +92,10 @@ class PretrainRun:
         rundir.check_settings(self.run_dir, cfg)
         if cfg.init_from:
             ckpt_lib.resolve_checkpoint(cfg.init_from)  # a bad --init-from fails before any work
-        enable_determinism(cfg.seed)
+        self.on_jax = cfg.backend == "jax"
+        if self.on_jax:
+            refuse_unported_on_jax(cfg)
+        enable_determinism(cfg.seed, cfg.backend)
         self.info = open_pretraining_data(cfg.data, cfg.max_seq_length, cfg.max_predictions_per_seq, cfg.eval_data)
         rundir.check_dataset(self.run_dir, cfg.data, self.info.identity)
         self.bert = load_bert_config_for(cfg, self.info)
@@ -101,14 +105,22 @@ class PretrainRun:
             check_split_size(self.info, "eval", cfg.batch_size)
         check_first_records(self.info)
         check_token_ids(self.info, self.bert.vocab_size, cfg.batch_size)
-        self.strategy = make_run_strategy(cfg.strategy, cfg.tpu, cfg.batch_size, cfg.accumulation_steps)
-        with self.strategy.scope():
+        self.strategy = None if self.on_jax else make_run_strategy(cfg.strategy, cfg.tpu, cfg.batch_size,
+                                                                     cfg.accumulation_steps)
+        self.jax = None  # a JaxTraining on the JAX backend
+        if self.on_jax:
             self.model = build_model(self.bert, seed=cfg.seed, dtype=dtype_policy(cfg.precision))
             self.named = tf1_variable_map(self.model)
-            self.optimizer = make_optimizer(cfg.optimizer, self.named, weight_decay=cfg.weight_decay)
-            self.loss_scale = loss_scale_for(cfg.precision)
-        self.steps = make_step_functions(self.model, self.optimizer, self.strategy, cfg, self.loss_scale,
-                                         packed=self.info.packed)
+            self.optimizer = self.loss_scale = None
+            self.jax = jax_pretraining(self.model, self.named, cfg, self.info.packed)
+        else:
+            with self.strategy.scope():
+                self.model = build_model(self.bert, seed=cfg.seed, dtype=dtype_policy(cfg.precision))
+                self.named = tf1_variable_map(self.model)
+                self.optimizer = make_optimizer(cfg.optimizer, self.named, weight_decay=cfg.weight_decay)
+                self.loss_scale = loss_scale_for(cfg.precision)
+            self.steps = make_step_functions(self.model, self.optimizer, self.strategy, cfg, self.loss_scale,
+                                             packed=self.info.packed)
         self.step = 0
         self.saved_step: int | None = None
         self.skipped: list[tuple[int, int]] = []
@@ -125,6 +137,11 @@ class PretrainRun:
         else:
             self.batches = NumpyBatches(training_source(self.info), seed=cfg.seed, batch_size=cfg.batch_size,
                                         world_size=self.world, rank=self.rank)
+        if self.on_jax and self.jax.devices > 1 and cfg.batch_size % (self.jax.devices * cfg.accumulation_steps):
+            raise ConfigError(f"batch size {cfg.batch_size} is not a multiple of devices ({self.jax.devices}) x "
+                              f"accumulation steps ({cfg.accumulation_steps})")
+        if self.on_jax:
+            return
         # Before the chief writes anything: all workers run the same configuration, or none runs.
         cluster.agree(self.strategy, cluster.start_record(cfg.to_dict(), cfg.out, self.info.identity["fingerprint"],
                                                           self.bert.to_dict(), self.strategy))
@@ -140,7 +157,10 @@ class PretrainRun:
             step, path = found[-1]
             if not self.tf_data_input:
                 check_resumed_mixture(ckpt_lib.load_state(path).get("input"), self.batches, str(path))
-            restore_checkpoint_arrays(path, self.named, self.optimizer, self.loss_scale)
+            if self.on_jax:
+                self.jax.restore(path)
+            else:
+                restore_checkpoint_arrays(path, self.named, self.optimizer, self.loss_scale)
             if self.tf_data_input:
                 try:
                     self.iterator_ckpt.read(str(path / ckpt_lib.INPUT_PREFIX)).assert_consumed()
@@ -150,9 +170,14 @@ class PretrainRun:
             self.step = self.saved_step = step
             return f"resumed from {path} (step {step})"
         if self.cfg.init_from:
-            return f"initialised from {init_weights_from(self.model, self.cfg.init_from)}"
+            source = init_weights_from(self.model, self.cfg.init_from)
+            if self.on_jax:
+                self.jax.reload_from_model()
+            return f"initialised from {source}"
         if self.cfg.init_checkpoint:
             load_init_checkpoint(self.model, self.cfg.init_checkpoint)
+            if self.on_jax:
+                self.jax.reload_from_model()
             return f"initialised from {self.cfg.init_checkpoint}"
         return f"new run (seed {self.cfg.seed})"
 
@@ -193,8 +218,11 @@ class PretrainRun:
         if not self.chief:
             self.saved_step = self.step
             return None
-        model_arrays, opt_arrays = checkpoint_arrays(self.named, self.optimizer, self.loss_scale, self.step)
-        state = {"step": self.step, "bert_config": self.bert.to_dict(), "metrics": metrics or {},
+        if self.on_jax:
+            model_arrays, opt_arrays = self.jax.checkpoint_arrays(self.step)
+        else:
+            model_arrays, opt_arrays = checkpoint_arrays(self.named, self.optimizer, self.loss_scale, self.step)
+        state = {"step": self.step, "backend": self.cfg.backend, "bert_config": self.bert.to_dict(), "metrics": metrics or {},
                  "data": self.info.source, "data_fingerprint": self.info.identity["fingerprint"],
                  "max_seq_length": self.info.max_seq_length,
                  "max_predictions_per_seq": self.info.max_predictions_per_seq}
@@ -212,6 +240,8 @@ class PretrainRun:
         if not self.tf_data_input:
             if self.input is None:
                 self.input = OrderedInput(self._batch_for_step, self.step)
+            if self.on_jax:
+                return with_sequence_weights(self.input.next())
             return replica_slices(self.strategy, with_sequence_weights(self.input.next()), self.cfg.batch_size,
                                   self.world)
         try:
@@ -232,6 +262,8 @@ class PretrainRun:
         if not self.info.eval_files:
             return None
         self._check_data_unchanged()
+        if self.on_jax:
+            return evaluate_batches(self.jax.eval_sums, self.info, self.cfg.batch_size, max_batches)
         return evaluate_model(self.steps.eval_step, self.strategy, self.info, self.cfg.batch_size, max_batches)
 
     def _check_data_unchanged(self) -> None:
@@ -245,8 +277,9 @@ class PretrainRun:
         if self.chief:
             rundir.start(self.run_dir, {rundir.TRAIN_CONFIG_FILE: cfg.to_json(), rundir.BERT_CONFIG_FILE: self.bert.to_json()},
                          cfg.data, self.info.identity)
+        replicas = self.jax.devices if self.on_jax else self.strategy.num_replicas_in_sync
         self.log(f"{self.restore_or_initialise()}; {self.info.source}: seq {self.info.max_seq_length}, "
-                 f"{self.strategy.num_replicas_in_sync} replica(s), {cfg.precision}")
+                 f"{replicas} replica(s), {cfg.precision}, Keras on {cfg.backend}")
         if self.world > 1:
             self.log(f"worker {self.rank} of {self.world} reads its share of each global batch "
                      f"({cfg.batch_size // self.world} of {cfg.batch_size} sequences)")
@@ -290,6 +323,10 @@ class PretrainRun:
 
     def _train_step(self, lr: np.float32) -> dict[str, float]:
         batch = self.next_batch()
+        if self.on_jax:
+            sums = self.jax.train_step(batch, lr, self.step)
+            stop_on_non_finite_loss(losses_from_sums(sums)["loss"], self.step, self.run_dir, None)
+            return sums
         try:
             sums = self.steps.train_step(batch, tf.constant(lr), tf.constant(self.step, tf.int64))
         except LOST_WORKER_ERRORS as exc:

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from bert_datagen.contract.ranges import MAX_SEED, max_batches
+from bert_datagen.trainer.backends import BACKENDS
 from bert_datagen.trainer.errors import ConfigError
 from bert_datagen.trainer.model.config import MODEL_SIZES
 
@@ -64,6 +65,7 @@ class TrainConfig:
     eval_batches: int = 20
     log_every: int = 50
     strategy: str = "auto"
+    backend: str = "tensorflow"  # the Keras backend (trainer/backends); a run may move between them
     precision: str = "float32"
     jit: bool = False
     init_from: str | None = None  # phase 2: weights from a run or a checkpoint of ours
@@ -120,6 +122,8 @@ class TrainConfig:
             raise ConfigError(f"clip_norm must be positive and finite, got {self.clip_norm}")
         if self.strategy not in STRATEGIES:
             raise ConfigError(f"strategy {self.strategy!r} not in {STRATEGIES}")
+        if self.backend not in BACKENDS:
+            raise ConfigError(f"backend {self.backend!r} not in {BACKENDS}")
         if self.optimizer not in OPTIMIZERS:
             raise ConfigError(f"optimizer {self.optimizer!r} not in {OPTIMIZERS}")
         if self.precision not in PRECISIONS:
@@ -177,5 +181,5 @@ class TrainConfig:
     # earlier version reads with the shuffle buffer it recorded, whatever is given
     # (`recorded_shuffle_buffer` refuses another); other runs have none.
     RESUMABLE_CHANGES: ClassVar[frozenset[str]] = frozenset({"out", "checkpoint_every", "keep_checkpoints", "eval_every",
-                                   "eval_batches", "log_every", "strategy", "jit", "tpu", "extra",
+                                   "eval_batches", "log_every", "strategy", "jit", "tpu", "extra", "backend",
                                    "skip_batches", "shuffle_buffer"})

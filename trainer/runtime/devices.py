@@ -10,9 +10,12 @@ from bert_datagen.trainer.errors import ConfigError
 from bert_datagen.trainer.runtime import cluster
 
 
-def enable_determinism(seed: int) -> None:
+def enable_determinism(seed: int, backend: str = "tensorflow") -> None:
+    """Seeds Keras; on TensorFlow also its deterministic kernels (JAX's XLA kernels on the CPU are
+    deterministic as they are)."""
     keras.utils.set_random_seed(seed)
-    tf.config.experimental.enable_op_determinism()
+    if backend == "tensorflow":
+        tf.config.experimental.enable_op_determinism()
 
 
 def make_strategy(name: str, tpu: str | None = None) -> tf.distribute.Strategy:

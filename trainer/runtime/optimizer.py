@@ -36,28 +36,16 @@ import tensorflow as tf
 
 from bert_datagen.trainer.errors import CheckpointError
 from bert_datagen.trainer.runtime.config import OPTIMIZERS
+from bert_datagen.trainer.runtime.updates import (
+    EXCLUDE_FROM_WEIGHT_DECAY,
+    adam_moments,
+    adamw_direction,
+    lamb_corrections,
+    lamb_direction,
+    uses_weight_decay,
+)
 
-EXCLUDE_FROM_WEIGHT_DECAY = ("LayerNorm", "layer_norm", "bias")
 LAMB_UPDATES_KEY = "lamb_updates"
-
-
-def learning_rate(step: int, init_lr: float, warmup_steps: int, total_steps: int) -> np.float32:
-    """The original schedule at `step` (the value of global_step before the update), in float32.
-
-    Linear decay to 0 at `total_steps` (polynomial decay, power 1), replaced by `init_lr * step /
-    warmup` while `step < warmup`: the rate jumps from the warmup line to the decay line at the
-    crossover, exactly like the original.
-    """
-    f32 = np.float32
-    decayed = f32(init_lr) * (f32(1.0) - f32(min(step, total_steps)) / f32(total_steps))
-    if warmup_steps and step < warmup_steps:
-        return f32(init_lr) * (f32(step) / f32(warmup_steps))
-    return f32(decayed)
-
-
-def uses_weight_decay(name: str, exclude: Sequence[str] = EXCLUDE_FROM_WEIGHT_DECAY) -> bool:
-    """Whether the variable called `name` (its TF1 name) is decayed: the original's regex search."""
-    return not any(re.search(pattern, name) for pattern in exclude)
 
 
 class AdamWeightDecay:
@@ -101,9 +89,7 @@ class AdamWeightDecay:
 
     def _update_one(self, w, g, m, v, lr, ok, step_terms, index: int):
         """The Adam moments (shared by every subclass), then the subclass's update direction."""
-        g = tf.convert_to_tensor(g, tf.float32)
-        next_m = self.beta_1 * m + (1.0 - self.beta_1) * g
-        next_v = self.beta_2 * v + (1.0 - self.beta_2) * tf.square(g)
+        next_m, next_v = adam_moments(tf.convert_to_tensor(g, tf.float32), m, v, self.beta_1, self.beta_2)
         next_w = w - lr * self._update_direction(w, next_m, next_v, step_terms, index)
         if ok is not None:
             next_w = tf.where(ok, next_w, w)
@@ -119,12 +105,7 @@ class AdamWeightDecay:
 
     def _update_direction(self, w, next_m, next_v, step_terms, index: int) -> tf.Tensor:
         """u of the module docstring: the original's uncorrected Adam step plus decoupled decay."""
-        return self._with_weight_decay(next_m / (tf.sqrt(next_v) + self.epsilon), w, index)
-
-    def _with_weight_decay(self, update, w, index: int) -> tf.Tensor:
-        if self.decay[index]:
-            update += self.weight_decay * w
-        return update
+        return adamw_direction(w, next_m, next_v, self.epsilon, self.weight_decay, self.decay[index])
 
     def _count_update(self, strategy, ok) -> None:
         """Hook after each step's updates (no state to count here)."""
@@ -166,20 +147,12 @@ class Lamb(AdamWeightDecay):
 
     def _step_terms(self):
         """The bias corrections (1 - b1^t, 1 - b2^t), t counting this update."""
-        t = tf.cast(tf.convert_to_tensor(self.updates) + 1, tf.float32)
-        return (1.0 - tf.pow(tf.constant(self.beta_1, tf.float32), t),
-                1.0 - tf.pow(tf.constant(self.beta_2, tf.float32), t))
+        return lamb_corrections(tf.convert_to_tensor(self.updates), self.beta_1, self.beta_2)
 
     def _update_direction(self, w, next_m, next_v, step_terms, index: int) -> tf.Tensor:
         """r * u of the module docstring: bias-corrected Adam plus decay, scaled by the trust ratio."""
-        corrections = step_terms
-        update = (next_m / corrections[0]) / (tf.sqrt(next_v / corrections[1]) + self.epsilon)
-        update = self._with_weight_decay(update, w, index)
-        if self.adapt[index]:
-            w_norm, u_norm = tf.norm(w), tf.norm(update)
-            ratio = tf.where(w_norm > 0, tf.where(u_norm > 0, w_norm / u_norm, 1.0), 1.0)
-            update = ratio * update
-        return update
+        return lamb_direction(w, next_m, next_v, step_terms, self.epsilon, self.weight_decay, self.decay[index],
+                              self.adapt[index])
 
     def _count_update(self, strategy, ok) -> None:
         if ok is None:

@@ -6,7 +6,7 @@ One optimizer step = one global batch of `batch_size` sequences, split over repl
 positions for tagging), so the summed gradient equals the gradient of the original loss on the
 whole batch: distribution and accumulation change the arithmetic order, not what is computed.
 Dropout masks are too: each row's mask is a pure function of (seed, step, the row's position in the
-global batch) (`model.bert.dropout_key`), never of the replica, worker, micro-batch or `--jit`, so
+global batch) (`model/dropout.py`), never of the replica, worker, micro-batch or `--jit`, so
 one process, N mirrored replicas, N workers and K accumulation steps draw the same masks.
 
 Pre-training and fine-tuning differ only in their `Objective` (what is minimised; theirs are in
@@ -23,7 +23,7 @@ from typing import Protocol
 
 import tensorflow as tf
 
-from bert_datagen.trainer.model.bert import dropout_key
+from bert_datagen.trainer.model.dropout import dropout_key, run_key, step_key
 from bert_datagen.trainer.runtime.optimizer import AdamWeightDecay, DynamicLossScale, clip_by_global_norm
 
 SUM = tf.distribute.ReduceOp.SUM
@@ -44,13 +44,14 @@ class StepSettings(Protocol):
 class Objective:
     """What a training step minimises; everything else about the step is shared.
 
-    `whole_batch_total(replica_batch)` runs once per replica and step, in a replica context, and
-    returns the normaliser of the whole global batch (use `replica_sum`); `micro_loss(part, total,
+    `whole_batch_total(batch, reduce)` runs once per step on each replica's (TensorFlow) or on the
+    whole (JAX) batch and returns the normaliser of the whole global batch, passing each of its sums
+    through `reduce` (the sum over replicas; the identity where the batch is whole); `micro_loss(part, total,
     dropout_seed)` returns one micro-batch's share of the whole batch's loss and its additive
     figures (summed over micro-batches and replicas into the step's result).
     """
 
-    whole_batch_total: Callable[[Batch], tf.Tensor]
+    whole_batch_total: Callable[[Batch, Callable], tf.Tensor]
     micro_loss: Callable[[Batch, tf.Tensor, tf.Tensor], tuple[tf.Tensor, dict[str, tf.Tensor]]]
     dropout_salt: int  # keeps the dropout streams of different kinds of runs apart
     # ZERO where a trained variable may take no part in the loss (pre-training without NSP data).
@@ -69,7 +70,7 @@ def make_train_step(objective: Objective, optimizer: AdamWeightDecay, strategy: 
     variables = optimizer.variables
     accum = settings.accumulation_steps
     replicas = strategy.num_replicas_in_sync
-    base_seed = tf.constant([settings.seed & 0x7FFFFFFF, objective.dropout_salt], dtype=tf.int64)
+    base_key = tf.constant(run_key(settings.seed, objective.dropout_salt))
 
     def micro_grads(part, total, seed, scale):
         with tf.GradientTape() as tape:
@@ -94,9 +95,9 @@ def make_train_step(objective: Objective, optimizer: AdamWeightDecay, strategy: 
 
     def replica_step(batch, lr, step):
         ctx = tf.distribute.get_replica_context()
-        total = objective.whole_batch_total(batch)
+        total = objective.whole_batch_total(batch, replica_sum)
         scale = loss_scale.scale if loss_scale is not None else None
-        seed = tf.random.experimental.stateless_fold_in(base_seed, step, alg="philox")
+        seed = step_key(base_key, step)
         # Replica r holds rows [r*n, (r+1)*n) of the global batch (`devices.replica_slices`, the
         # workers' shares of the global order), so its rows keep their global positions' masks.
         rows = tf.cast(tf.shape(batch["input_ids"])[0], tf.int64)
