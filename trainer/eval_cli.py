@@ -10,6 +10,7 @@ import click
 
 from bert_datagen.cli.plumbing import Int, refuse_unused_options
 from bert_datagen.contract.ranges import INT32_MAX
+from bert_datagen.trainer.backends.option import refuse_on_jax, use_backend
 from bert_datagen.trainer.errors import ConfigError, TrainerError
 from bert_datagen.trainer.finetune.cli import ALLOW_OTHER_TASK_HELP, ALLOW_VOCAB_MISMATCH_HELP
 
@@ -35,6 +36,7 @@ def eval_command(ctx: click.Context, run, init_checkpoint, bert_config_file, dat
                  max_seq_length, max_predictions_per_seq, as_json, allow_other_task, allow_vocab_mismatch) -> None:
     """MLM/NSP loss and accuracy of a run's latest checkpoint on a dataset split; for a fine-tuned
     run, its task metric."""
+    refuse_on_jax(use_backend(None), "bert-train eval", "only pre-training is ported so far")
     from bert_datagen.trainer.interop.finetune_export import is_finetune_run
 
     finetuned = bool(run) and is_finetune_run(run)

@@ -8,6 +8,7 @@ import click
 
 from bert_datagen.cli.plumbing import FiniteFloat, Int, given, refuse_unused_options
 from bert_datagen.contract.ranges import MAX_SEED, MAX_TIMEOUT_S
+from bert_datagen.trainer.backends.option import refuse_on_jax, use_backend
 from bert_datagen.trainer.finetune.config import BUCKETS, SPAN_METRICS
 from bert_datagen.trainer.runtime.config import PRECISIONS, STRATEGIES, ConfigError
 
@@ -76,6 +77,7 @@ def _seed_list(value: str | None) -> list[int] | None:
 def finetune_command(ctx: click.Context, bert_config_file, seeds, seed, epochs, learning_rate, batch_size, eval_split,
                      cluster_timeout, **options) -> None:
     """Fine-tune a pre-trained BERT on a task dataset; evaluates after each epoch."""
+    refuse_on_jax(use_backend(None), "bert-train finetune", "only pre-training is ported so far")
     seed_list = _seed_list(seeds)
     if seed_list is not None and seed is not None:
         raise click.UsageError("--seed and --seeds are exclusive")
@@ -206,6 +208,7 @@ def _predict(run: str, data: str, split: str, out: str | None, batch_size: int,
 def predict_command(ctx: click.Context, run, data, split, out, batch_size, null_score_diff_threshold, span_metric,
                     allow_other_task, allow_vocab_mismatch, overwrite) -> None:
     """Write a fine-tuned run's predictions for a split (predictions.tsv / SQuAD JSON / predictions.conll)."""
+    refuse_on_jax(use_backend(None), "bert-train predict", "only pre-training is ported so far")
     try:
         from bert_datagen.trainer.finetune.checks import threshold_unused
         from bert_datagen.trainer.finetune.data import open_task_dataset

@@ -239,7 +239,7 @@ class PretrainRun:
     def next_batch(self) -> dict[str, tf.Tensor]:
         if not self.tf_data_input:
             if self.input is None:
-                self.input = OrderedInput(self._batch_for_step, self.step)
+                self.input = OrderedInput(self._batch_for_step, self.step, as_tensors=not self.on_jax)
             if self.on_jax:
                 return with_sequence_weights(self.input.next())
             return replica_slices(self.strategy, with_sequence_weights(self.input.next()), self.cfg.batch_size,

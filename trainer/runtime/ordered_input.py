@@ -30,8 +30,10 @@ class OrderedInput:
     """Batches ``make(start)``, ``make(start + 1)``, ... computed ``depth`` ahead on one thread (the
     reader releases the GIL in I/O and NumPy, so it overlaps the step); a LoadError is a DataError."""
 
-    def __init__(self, make: Callable[[int], dict[str, np.ndarray]], start: int, depth: int = 2) -> None:
-        self._make, self._next, self._depth = make, start, depth
+    def __init__(self, make: Callable[[int], dict[str, np.ndarray]], start: int, depth: int = 2,
+                 as_tensors: bool = True) -> None:
+        # as_tensors: TensorFlow's step takes tf tensors; the JAX step places NumPy arrays itself.
+        self._make, self._next, self._depth, self._as_tensors = make, start, depth, as_tensors
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="bert-input")
         self._ahead: list[Future] = []
 
@@ -44,6 +46,8 @@ class OrderedInput:
         except LoadError as exc:
             # The loader says "corrupt shard" where the trainer's messages say "corrupt input" first.
             raise DataError(f"corrupt input: {str(exc).replace(': corrupt shard: ', ': ', 1)}") from exc
+        if not self._as_tensors:
+            return batch
         return {name: tf.constant(value) for name, value in batch.items()}
 
     def close(self) -> None:

@@ -1,0 +1,175 @@
+"""The trainer on both Keras backends (issue #42): one model and numerics, the same run on either,
+bitwise resume on JAX, a run that moves between them, N devices equal one, and the `--backend` switch.
+
+Each backend runs in a process of its own (Keras fixes its backend at import), through
+`tests/support/backend_runs.py`. Dropout is on (the tiny model's default 0.1) in every run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("jax")
+pytest.importorskip("tensorflow")
+
+from tests.support.synthetic import write_synthetic_dataset  # noqa: E402
+
+REPO = Path(__file__).resolve().parent.parent.parent
+# The attention key bias has no effect on any output (softmax is invariant to a constant added to all
+# of a query's scores), so its true gradient is 0 and Adam turns each backend's rounding noise into
+# updates of the learning rate's size: the one weight the backends' runs do not share.
+NO_EFFECT = "/attention/self/key/bias"
+
+
+def on_backend(backend: str, spec: dict, tmp: Path, env: dict | None = None) -> str:
+    path = tmp / f"spec-{backend}-{len(list(tmp.glob('spec-*')))}.json"
+    path.write_text(json.dumps(spec))
+    environ = {**os.environ, "KERAS_BACKEND": backend, **(env or {})}
+    done = subprocess.run([sys.executable, "-m", "tests.support.backend_runs", str(path)], cwd=REPO,
+                          env=environ, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done.stdout
+
+
+def weights(run: Path, step: int) -> dict[str, np.ndarray]:
+    with np.load(run / f"ckpt-{step:08d}" / "model.npz") as data:
+        return {k: data[k] for k in data.files}
+
+
+def worst_difference(a: dict, b: dict, skip: str | None = NO_EFFECT) -> float:
+    """Largest |a - b| over every array, relative to that array's largest value."""
+    assert sorted(a) == sorted(b)
+    return max(float(np.max(np.abs(a[k] - b[k])) / max(np.max(np.abs(b[k])), 1e-12))
+               for k in a if not (skip and skip in k))
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory) -> str:
+    return write_synthetic_dataset(str(tmp_path_factory.mktemp("data") / "ds"), seq_len=32, max_pred=5,
+                                   vocab_size=120, train_shards=2, records_per_shard=48, eval_records=16)
+
+
+def run_spec(data: str, out: Path, **kw) -> dict:
+    return {"data": data, "out": str(out), "model": "tiny", "batch_size": 8, "steps": 12, "learning_rate": 2e-3,
+            "warmup_steps": 2, "seed": 3, "checkpoint_every": 3, "keep_checkpoints": 5, "log_every": 6,
+            "eval_batches": 2, **kw}
+
+
+@pytest.fixture(scope="module")
+def runs(data, tmp_path_factory) -> dict[str, Path]:
+    """The same 12-step run on TensorFlow and on JAX; JAX stopped at 6 and resumed; TensorFlow stopped at
+    6 and resumed on JAX; and each backend's logits, loss and gradients on one batch."""
+    tmp = tmp_path_factory.mktemp("runs")
+    r = {name: tmp / name for name in ("tf", "jax", "jax_resumed", "tf_half", "tf_then_jax")}
+    on_backend("tensorflow", {"outputs": str(tmp / "tf.npz"), "runs": [
+        run_spec(data, r["tf"], backend="tensorflow"),
+        run_spec(data, r["tf_half"], backend="tensorflow", stop_at=6)]}, tmp)
+    on_backend("jax", {"outputs": str(tmp / "jax.npz"), "runs": [
+        run_spec(data, r["jax"], backend="jax"),
+        run_spec(data, r["jax_resumed"], backend="jax", stop_at=6),
+        run_spec(data, r["jax_resumed"], backend="jax"),
+        run_spec(data, r["tf_then_jax"], backend="jax", copy_from=str(r["tf_half"]))]}, tmp)
+    r["tf_outputs"], r["jax_outputs"] = tmp / "tf.npz", tmp / "jax.npz"
+    return r
+
+
+def test_one_batch_gives_the_same_logits_losses_and_gradients_on_both_backends(runs):
+    with np.load(runs["tf_outputs"]) as tf_out, np.load(runs["jax_outputs"]) as jax_out:
+        for name in ("mlm_logits", "nsp_logits", "loss", "mlm_loss"):
+            scale = max(float(np.max(np.abs(tf_out[name]))), 1.0)
+            assert np.max(np.abs(tf_out[name] - jax_out[name])) / scale <= 1e-5, name
+        grads = [k for k in tf_out.files if k.startswith("grad/")]
+        assert len(grads) == 46  # every weight of the tiny pre-training model
+        for name in grads:
+            if NO_EFFECT in name:  # a true gradient of 0: rounding noise on both (and tiny)
+                assert np.max(np.abs(jax_out[name])) < 1e-5 and np.max(np.abs(tf_out[name])) < 1e-5
+                continue
+            ref = tf_out[name]
+            assert np.max(np.abs(ref - jax_out[name])) / np.max(np.abs(ref)) <= 1e-4, name
+
+
+def test_the_same_run_with_dropout_ends_alike_on_both_backends(runs):
+    tf_metrics = json.loads((runs["tf"] / "final_metrics.json").read_text())
+    jax_metrics = json.loads((runs["jax"] / "final_metrics.json").read_text())
+    for part in ("train", "eval"):
+        for name in ("loss", "mlm_loss", "nsp_loss"):
+            assert abs(tf_metrics[part][name] - jax_metrics[part][name]) <= 1e-3, (part, name)
+        for name in ("mlm_accuracy", "nsp_accuracy"):
+            assert abs(tf_metrics[part][name] - jax_metrics[part][name]) <= 0.005, (part, name)
+    assert worst_difference(weights(runs["jax"], 12), weights(runs["tf"], 12)) <= 1e-3
+    # Not the same by accident: the key biases, which only rounding moves, do differ.
+    a, b = weights(runs["jax"], 12), weights(runs["tf"], 12)
+    assert any(not np.array_equal(a[k], b[k]) for k in a if NO_EFFECT in k)
+
+
+def test_a_jax_run_resumed_ends_bitwise_as_the_run_that_never_stopped(runs):
+    straight, resumed = weights(runs["jax"], 12), weights(runs["jax_resumed"], 12)
+    assert all(np.array_equal(straight[k], resumed[k]) for k in straight)
+    for name in ("optimizer.npz",):
+        with np.load(runs["jax"] / "ckpt-00000012" / name) as a, np.load(runs["jax_resumed"] / "ckpt-00000012" / name) as b:
+            assert all(np.array_equal(a[k], b[k]) for k in a.files)
+
+
+def test_a_run_started_on_tensorflow_resumes_on_jax(runs):
+    moved = weights(runs["tf_then_jax"], 12)
+    assert worst_difference(moved, weights(runs["tf"], 12)) <= 1e-4
+    state = json.loads((runs["tf_then_jax"] / "ckpt-00000012" / "state.json").read_text())
+    assert state["backend"] == "jax" and state["step"] == 12
+    first = json.loads((runs["tf_then_jax"] / "ckpt-00000006" / "state.json").read_text())
+    assert first["backend"] == "tensorflow"
+
+
+def test_two_devices_of_one_process_equal_one_with_accumulation(data, tmp_path):
+    one, two = tmp_path / "one", tmp_path / "two"
+    spec = {"data": data, "model": "tiny", "batch_size": 8, "accumulation_steps": 2, "steps": 6,
+            "learning_rate": 2e-3, "warmup_steps": 2, "seed": 3, "checkpoint_every": 6, "log_every": 6,
+            "eval_batches": 1, "backend": "jax"}
+    flags = {"XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
+    on_backend("jax", {"runs": [{**spec, "out": str(one), "strategy": "one-device"}]}, tmp_path, flags)
+    log = on_backend("jax", {"runs": [{**spec, "out": str(two)}]}, tmp_path, flags)
+    assert "2 replica(s)" in log
+    assert worst_difference(weights(two, 6), weights(one, 6)) <= 1e-5
+
+
+def bert_train(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    environ = {k: v for k, v in os.environ.items() if k != "KERAS_BACKEND"}
+    return subprocess.run([sys.executable, "-m", "bert_datagen.trainer.cli", *args], cwd=REPO,
+                          env={**environ, **(env or {})}, capture_output=True, text=True, timeout=300)
+
+
+def test_the_backend_is_chosen_once_recorded_and_named(data, tmp_path):
+    out = tmp_path / "run"
+    args = ["pretrain", "--data", data, "--out", str(out), "--steps", "2", "--batch-size", "8",
+            "--checkpoint-every", "2", "--log-every", "2", "--warmup-steps", "1"]
+    refused = bert_train(*args, "--backend", "jax", env={"KERAS_BACKEND": "tensorflow"})
+    assert refused.returncode == 2 and not out.exists()
+    assert "--backend jax contradicts KERAS_BACKEND=tensorflow" in refused.stderr
+    assert "Traceback" not in refused.stderr
+    done = bert_train(*args, env={"KERAS_BACKEND": "jax"})  # Keras's own variable, honoured
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.splitlines()[0].endswith("Keras on jax")
+    assert json.loads((out / "train_config.json").read_text())["backend"] == "jax"
+    assert json.loads((out / "ckpt-00000002" / "state.json").read_text())["backend"] == "jax"
+    unknown = bert_train(*args, "--backend", "torch")
+    assert unknown.returncode == 2 and "--backend" in unknown.stderr
+
+
+@pytest.mark.parametrize("command", ["finetune", "predict", "eval", "export"])
+def test_commands_not_ported_are_refused_on_jax_before_any_work(command, tmp_path):
+    done = bert_train(command, "--help", env={"KERAS_BACKEND": "jax"})
+    assert done.returncode == 0  # help still answers
+    args = {"finetune": ["--data", str(tmp_path / "d"), "--out", str(tmp_path / "o")],
+            "predict": ["--run", str(tmp_path / "r"), "--data", str(tmp_path / "d"), "--out", str(tmp_path / "o")],
+            "eval": ["--run", str(tmp_path / "r"), "--data", str(tmp_path / "d")],
+            "export": ["--run", str(tmp_path / "r"), "--format", "hf", "--out", str(tmp_path / "o")]}[command]
+    refused = bert_train(command, *args, env={"KERAS_BACKEND": "jax"})
+    assert refused.returncode == 2, refused.stderr
+    assert f"bert-train {command} does not run on the JAX backend yet" in refused.stderr
+    assert "Traceback" not in refused.stderr and not (tmp_path / "o").exists()
