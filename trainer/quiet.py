@@ -19,7 +19,8 @@ from bert_datagen.cli.plumbing import debug_requested, filter_process_stderr
 
 # absl INFO lines ("I0000 00:00:1796114780.736876  1234 port.cc:153] ..."), absl's own notice, and
 # the CUDA probing and registration complaints that every CPU-only or pip-installed TensorFlow prints,
-# and the op-attribute skew a Python-fed tf.data pipeline (a dataset in a bucket) logs once.
+# and the op-attribute skew a Python-fed tf.data pipeline (a dataset in a bucket) logs once, and
+# oneDNN's note that it leaves integer and bool ops (the model's keras.ops masks) to Eigen on this CPU.
 # Also the aborts a multi-worker step's collectives log (with gRPC's continuation lines) when a
 # worker is lost: the command's one line says which worker and where to resume (run/stopping.py).
 TF_NATIVE_NOISE = re.compile(
@@ -27,7 +28,8 @@ TF_NATIVE_NOISE = re.compile(
     rb"|WARNING: All log messages before absl::InitializeLog\(\) is called"
     rb"|[EW]\d{4} [\d:.]+ +\d+ [\w.]+:\d+\] .*(failed call to cuInit|Unable to register cu(DNN|FFT|BLAS) factory"
     rb"|TF-TRT Warning|computation placer already"
-    rb"|NodeDef mentions attribute \w+ which is not in the op definition)"
+    rb"|NodeDef mentions attribute \w+ which is not in the op definition"
+    rb"|oneDNN supports DT_\w+ only on platforms with AVX-512)"
     rb"|[EW]\d{4} [\d:.]+ +\d+ (ring_alg|base_collective_executor|collective_[a-z_]+)\.cc:\d+\] "
     rb"|Additional GRPC error information from remote target /job:"
     rb"|:UNKNOWN:Error received from peer )"
