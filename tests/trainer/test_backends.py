@@ -166,10 +166,30 @@ def test_commands_not_ported_are_refused_on_jax_before_any_work(command, tmp_pat
     done = bert_train(command, "--help", env={"KERAS_BACKEND": "jax"})
     assert done.returncode == 0  # help still answers
     args = {"finetune": ["--data", str(tmp_path / "d"), "--out", str(tmp_path / "o")],
-            "predict": ["--run", str(tmp_path / "r"), "--data", str(tmp_path / "d"), "--out", str(tmp_path / "o")],
+            "predict": ["--run", str(tmp_path / "r"), "--data", str(tmp_path / "d"), "--split", "dev",
+                        "--out", str(tmp_path / "o")],
             "eval": ["--run", str(tmp_path / "r"), "--data", str(tmp_path / "d")],
             "export": ["--run", str(tmp_path / "r"), "--format", "hf", "--out", str(tmp_path / "o")]}[command]
     refused = bert_train(command, *args, env={"KERAS_BACKEND": "jax"})
     assert refused.returncode == 2, refused.stderr
     assert f"bert-train {command} does not run on the JAX backend yet" in refused.stderr
     assert "Traceback" not in refused.stderr and not (tmp_path / "o").exists()
+
+
+def test_what_jax_does_not_run_yet_is_refused_before_any_work(data, tmp_path, monkeypatch):
+    from bert_datagen.trainer.errors import ConfigError
+    from bert_datagen.trainer.pretrain.train import PretrainRun
+    from bert_datagen.trainer.runtime import checkpoint as ckpt_lib
+    from bert_datagen.trainer.runtime.config import TrainConfig
+
+    def refused(**kw):
+        cfg = TrainConfig(**{**run_spec(data, tmp_path / "run", backend="jax"), **kw})
+        with pytest.raises(ConfigError) as caught:
+            PretrainRun(cfg, log=lambda _: None)
+        assert not (tmp_path / "run").exists()
+        return str(caught.value)
+
+    assert "--strategy multi-worker runs on TensorFlow only" in refused(strategy="multi-worker")
+    assert "mixed_float16 needs loss scaling" in refused(precision="mixed_float16")
+    monkeypatch.setattr(ckpt_lib, "reads_through_tf_data", lambda run_dir: True)
+    assert "a run of an earlier version, which reads through tf.data" in refused()

@@ -14,6 +14,7 @@ from bert_datagen.trainer.model.bert import build_model  # noqa: E402
 from bert_datagen.trainer.model.config import BertConfig  # noqa: E402
 from bert_datagen.trainer.pretrain.objective import batch_sums, losses_from_sums  # noqa: E402
 from bert_datagen.trainer.pretrain.step import packed_pretraining_objective, pretraining_objective  # noqa: E402
+from bert_datagen.trainer.runtime.step import replica_sum  # noqa: E402
 from tests.support.packed_rows import pack_instances, unbatch  # noqa: E402
 from tests.support.synthetic import synthetic_batch  # noqa: E402
 
@@ -59,7 +60,7 @@ def _loss_and_grads(model, objective, batch):
     strategy = tf.distribute.get_strategy()
 
     def run():
-        total = objective.whole_batch_total(batch)
+        total = objective.whole_batch_total(batch, replica_sum)
         with tf.GradientTape() as tape:
             loss, sums = objective.micro_loss(batch, total, tf.constant([1, 2], tf.int64))
         return loss, sums, tape.gradient(loss, model.trainable_variables,

@@ -49,7 +49,7 @@ def hits(logits, labels):
     return ops.cast(ops.equal(predicted, ops.cast(labels, "int32")), "float32")
 
 
-def count(labels):
+def _count(labels):
     return ops.cast(ops.size(labels), "float32")
 
 
@@ -130,7 +130,7 @@ class ClassificationHead(TaskHead):
     def sums(outputs, batch):
         labels = ops.reshape(ops.cast(batch["label_ids"], "int32"), (-1,))
         logits = outputs["logits"]
-        n = count(labels)
+        n = _count(labels)
         return {"loss_sum": ops.sum(cross_entropy(logits, labels)), "loss_count": n,
                 "correct": ops.sum(hits(logits, labels)), "count": n}
 
@@ -159,7 +159,7 @@ class RegressionHead(TaskHead):
     @staticmethod
     def sums(outputs, batch):
         labels = ops.reshape(ops.cast(batch["label_ids"], "float32"), (-1,))
-        n = count(labels)
+        n = _count(labels)
         error = ops.sum(ops.square(outputs["logits"] - labels))
         return {"loss_sum": error, "loss_count": n, "correct": ops.zeros((), "float32"), "count": n}
 
@@ -193,7 +193,7 @@ class SpanHead(TaskHead):
         ends = ops.reshape(ops.cast(batch["end_positions"], "int32"), (-1,))
         ce = 0.5 * (cross_entropy(outputs["start_logits"], starts) + cross_entropy(outputs["end_logits"], ends))
         hit = hits(outputs["start_logits"], starts) * hits(outputs["end_logits"], ends)
-        n = count(starts)
+        n = _count(starts)
         return {"loss_sum": ops.sum(ce), "loss_count": n, "correct": ops.sum(hit), "count": n}
 
 

@@ -86,6 +86,15 @@ def with_sequence_weights(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]
     return {**batch, "next_sentence_weights": (slots <= present).astype(np.float32)}
 
 
+def _with_sequence_weights_in_graph(batch: dict[str, tf.Tensor]) -> dict[str, tf.Tensor]:
+    """`with_sequence_weights` inside a tf.data map (the eval split), where NumPy cannot run."""
+    if "next_sentence_weights" in batch or "cls_positions" not in batch:
+        return batch
+    present = tf.reduce_max(batch["sequence_ids"], axis=-1, keepdims=True)
+    slots = tf.range(1, tf.shape(batch["cls_positions"])[-1] + 1)[None, :]
+    return {**batch, "next_sentence_weights": tf.cast(slots <= present, tf.float32)}
+
+
 def open_pretraining_data(data: str, max_seq_length: int | None = None, max_predictions_per_seq: int | None = None,
                  eval_data: str | None = None) -> DatasetInfo:
     """Describe `data`: a dataset directory with manifest.json, or a TFRecord glob (comma-separated
@@ -413,7 +422,7 @@ def eval_dataset(info: DatasetInfo, batch_size: int, files: list[str] | None = N
 def parsed_batches(records: tf.data.Dataset, info: DatasetInfo, batch_size: int) -> tf.data.Dataset:
     ds = records.batch(batch_size, drop_remainder=True)
     spec = info.features()
-    ds = ds.map(lambda s: with_sequence_weights(parse_batch(s, info.max_seq_length, info.max_predictions_per_seq,
+    ds = ds.map(lambda s: _with_sequence_weights_in_graph(parse_batch(s, info.max_seq_length, info.max_predictions_per_seq,
                                                             spec)),
                 num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
     options = tf.data.Options()

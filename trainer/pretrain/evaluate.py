@@ -25,34 +25,19 @@ from bert_datagen.trainer.runtime import checkpoint as ckpt_lib
 from bert_datagen.trainer.runtime.devices import replica_slices
 
 
-def evaluate_model(eval_step: Callable, strategy: tf.distribute.Strategy, info: DatasetInfo, batch_size: int,
+def evaluate_model(eval_step: Callable, strategy: tf.distribute.Strategy | None, info: DatasetInfo, batch_size: int,
                    max_batches: int | None, files: list[str] | None = None) -> dict[str, float]:
-    """MLM/NSP loss and accuracy over the first `max_batches` full batches (all when None)."""
+    """MLM/NSP loss and accuracy over the first `max_batches` full batches (all when None). Without a
+    strategy (the JAX backend) `eval_step` takes each whole batch as NumPy arrays."""
     dataset = eval_dataset(info, batch_size, files)
     if max_batches:
         dataset = dataset.take(max_batches)
     totals: dict[str, float] = {}
-    for batch in dataset:
+    for batch in (dataset if strategy is not None else dataset.as_numpy_iterator()):
         # Every replica takes its slice of the one global batch, as in training: a tf.distribute
         # dataset would shard it per worker, and a worker left without a batch stops the others.
-        for k, v in eval_step(replica_slices(strategy, batch, batch_size)).items():
-            totals[k] = totals.get(k, 0.0) + float(v)
-    if not totals:
-        raise DataError(f"{info.source}: fewer eval records than one batch of {batch_size}")
-    result = losses_from_sums(totals)
-    result["examples"] = totals["examples"]
-    return result
-
-
-def evaluate_batches(eval_sums: Callable, info: DatasetInfo, batch_size: int, max_batches: int | None,
-                     files: list[str] | None = None) -> dict[str, float]:
-    """`evaluate_model` for a step that takes whole NumPy batches (the JAX backend's)."""
-    dataset = eval_dataset(info, batch_size, files)
-    if max_batches:
-        dataset = dataset.take(max_batches)
-    totals: dict[str, float] = {}
-    for batch in dataset.as_numpy_iterator():
-        for k, v in eval_sums(batch).items():
+        sums = eval_step(replica_slices(strategy, batch, batch_size) if strategy is not None else batch)
+        for k, v in sums.items():
             totals[k] = totals.get(k, 0.0) + float(v)
     if not totals:
         raise DataError(f"{info.source}: fewer eval records than one batch of {batch_size}")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 
 import tensorflow as tf
 from keras import ops
@@ -66,13 +67,15 @@ def make_step_functions(model: BertPretrainer, optimizer: AdamWeightDecay, strat
     objective = packed_pretraining_objective(model) if packed else pretraining_objective(model, cfg.batch_size)
     train_step = make_train_step(objective, optimizer, strategy, cfg, loss_scale)
 
-    def replica_eval(batch):
-        return batch_sums(model(batch, training=False), batch)
-
     def eval_step(batch):
-        return summed_over_replicas(strategy, replica_eval, batch)
+        return summed_over_replicas(strategy, partial(eval_sums, model), batch)
 
     return StepFunctions(train_step=train_step, eval_step=tf.function(eval_step))
+
+
+def eval_sums(model: BertPretrainer, batch: dict) -> dict:
+    """The additive eval figures of one batch (dropout off), on either backend."""
+    return batch_sums(model(batch, training=False), batch)
 
 
 def refuse_unported_on_jax(cfg: TrainConfig) -> None:
@@ -92,8 +95,9 @@ def jax_pretraining(model: BertPretrainer, named: dict, cfg: TrainConfig, packed
 
     objective = packed_pretraining_objective(model) if packed else pretraining_objective(model, cfg.batch_size)
 
-    def eval_sums(batch):
-        return batch_sums(model(batch, training=False), batch)
-
     devices = 1 if cfg.strategy == "one-device" else None
-    return JaxTraining(named, list(named), objective, eval_sums, cfg, cfg.optimizer, cfg.weight_decay, devices)
+    training = JaxTraining(named, list(named), objective, partial(eval_sums, model), cfg, cfg.optimizer, cfg.weight_decay, devices)
+    if cfg.batch_size % (training.devices * cfg.accumulation_steps):  # as make_run_strategy on TensorFlow
+        raise ConfigError(f"batch size {cfg.batch_size} is not a multiple of devices ({training.devices}) x "
+                          f"accumulation steps ({cfg.accumulation_steps})")
+    return training

@@ -44,7 +44,7 @@ from bert_datagen.trainer.pretrain.data import (
     with_sequence_weights,
 )
 from bert_datagen.trainer.pretrain.earlier_runs_input import earlier_run_input
-from bert_datagen.trainer.pretrain.evaluate import evaluate_batches, evaluate_model
+from bert_datagen.trainer.pretrain.evaluate import evaluate_model
 from bert_datagen.trainer.pretrain.mixture_input import MIXTURE_FEATURE, check_resumed_mixture, mixed_batches
 from bert_datagen.trainer.pretrain.objective import losses_from_sums
 from bert_datagen.trainer.pretrain.options import as_run, model_vocab_size
@@ -95,6 +95,9 @@ class PretrainRun:
         self.on_jax = cfg.backend == "jax"
         if self.on_jax:
             refuse_unported_on_jax(cfg)
+            if ckpt_lib.reads_through_tf_data(self.run_dir):
+                raise ConfigError(f"{self.run_dir}: a run of an earlier version, which reads through tf.data: "
+                                  "resume it with --backend tensorflow")
         enable_determinism(cfg.seed, cfg.backend)
         self.info = open_pretraining_data(cfg.data, cfg.max_seq_length, cfg.max_predictions_per_seq, cfg.eval_data)
         rundir.check_dataset(self.run_dir, cfg.data, self.info.identity)
@@ -137,14 +140,11 @@ class PretrainRun:
         else:
             self.batches = NumpyBatches(training_source(self.info), seed=cfg.seed, batch_size=cfg.batch_size,
                                         world_size=self.world, rank=self.rank)
-        if self.on_jax and self.jax.devices > 1 and cfg.batch_size % (self.jax.devices * cfg.accumulation_steps):
-            raise ConfigError(f"batch size {cfg.batch_size} is not a multiple of devices ({self.jax.devices}) x "
-                              f"accumulation steps ({cfg.accumulation_steps})")
-        if self.on_jax:
-            return
-        # Before the chief writes anything: all workers run the same configuration, or none runs.
-        cluster.agree(self.strategy, cluster.start_record(cfg.to_dict(), cfg.out, self.info.identity["fingerprint"],
-                                                          self.bert.to_dict(), self.strategy))
+        if not self.on_jax:  # one process on JAX: nothing to agree with
+            # Before the chief writes anything: all workers run the same configuration, or none runs.
+            cluster.agree(self.strategy, cluster.start_record(cfg.to_dict(), cfg.out,
+                                                              self.info.identity["fingerprint"], self.bert.to_dict(),
+                                                              self.strategy))
 
     # -- state
 
@@ -212,7 +212,7 @@ class PretrainRun:
             batch.pop(INSTANCE_KEY)
             batch.pop(WORD_BITS, None)
         batch.pop(MIXTURE_FEATURE, None)  # which dataset: for the record and `batches`, not the model
-        return batch
+        return with_sequence_weights(batch)
 
     def save(self, metrics: dict | None = None) -> Path | None:
         if not self.chief:
@@ -241,9 +241,8 @@ class PretrainRun:
             if self.input is None:
                 self.input = OrderedInput(self._batch_for_step, self.step, as_tensors=not self.on_jax)
             if self.on_jax:
-                return with_sequence_weights(self.input.next())
-            return replica_slices(self.strategy, with_sequence_weights(self.input.next()), self.cfg.batch_size,
-                                  self.world)
+                return self.input.next()
+            return replica_slices(self.strategy, self.input.next(), self.cfg.batch_size, self.world)
         try:
             batch = next(self.iterator)
         except _TF_DATA_ERRORS as exc:
@@ -262,9 +261,8 @@ class PretrainRun:
         if not self.info.eval_files:
             return None
         self._check_data_unchanged()
-        if self.on_jax:
-            return evaluate_batches(self.jax.eval_sums, self.info, self.cfg.batch_size, max_batches)
-        return evaluate_model(self.steps.eval_step, self.strategy, self.info, self.cfg.batch_size, max_batches)
+        step = self.jax.eval_sums if self.on_jax else self.steps.eval_step
+        return evaluate_model(step, self.strategy, self.info, self.cfg.batch_size, max_batches)
 
     def _check_data_unchanged(self) -> None:
         now = open_pretraining_data(self.cfg.data, self.cfg.max_seq_length, self.cfg.max_predictions_per_seq,

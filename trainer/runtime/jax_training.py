@@ -35,7 +35,7 @@ class JaxTraining:
         self.rule = UpdateRule(optimizer, self.trained, weight_decay=weight_decay)
         self.sharding = backend.data_sharding(devices)
         self.devices = 1 if self.sharding is None else len(self.sharding.mesh.devices.flat)
-        self.params = backend.replicate([np.asarray(v.numpy()) for v in self.variables], self.sharding)
+        self.reload_from_model()
         self._set_slots(self.rule.init_slots([tuple(v.shape) for v in self.variables]))
         base = run_key(settings.seed, objective.dropout_salt)
 
@@ -64,15 +64,14 @@ class JaxTraining:
     def eval_sums(self, batch: dict[str, np.ndarray]) -> dict[str, float]:
         return {k: float(v) for k, v in self._eval(self.params, backend.place_batch(batch, self.sharding)).items()}
 
-    def sync_model(self) -> None:
-        """The trained weights into the model's Keras variables (for exports and Keras-side reads)."""
-        for var, value in zip(self.variables, backend.to_numpy(self.params), strict=True):
-            var.assign(value)
-
     def checkpoint_arrays(self, step: int) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
-        """(model arrays by TF1 name, optimizer arrays): what TensorFlow's runs write, by the same names."""
-        self.sync_model()
-        model_arrays = {name: np.asarray(var.numpy()) for name, var in self.named.items()}
+        """(model arrays by TF1 name, optimizer arrays): what TensorFlow's runs write, by the same names.
+        The model's Keras variables get the trained weights too, so the model object is current."""
+        trained = dict(zip(self.trained, backend.to_numpy(self.params), strict=True))
+        for name, value in trained.items():
+            self.named[name].assign(value)
+        model_arrays = {name: trained[name] if name in trained else np.asarray(var.numpy())
+                        for name, var in self.named.items()}
         slots = {"m": backend.to_numpy(self.slots["m"]), "v": backend.to_numpy(self.slots["v"])}
         if "updates" in self.slots:
             slots["updates"] = backend.to_numpy([self.slots["updates"]])[0]
@@ -90,7 +89,7 @@ class JaxTraining:
             slots = self.rule.from_arrays(opt, str(path / OPTIMIZER_FILE))
         except KeyError as exc:
             raise CheckpointError(exc.args[0]) from exc
-        self.params = backend.replicate([np.asarray(v.numpy()) for v in self.variables], self.sharding)
+        self.reload_from_model()
         self._set_slots(slots)
 
     def reload_from_model(self) -> None:

@@ -81,10 +81,6 @@ def clip_by_global_norm(grads: Sequence, clip_norm: float) -> tuple[list, object
     return [g * scale for g in grads], norm
 
 
-def all_finite(grads: Sequence) -> object:
-    return ops.all(ops.stack([ops.all(ops.isfinite(g)) for g in grads]))
-
-
 class UpdateRule:
     """AdamWeightDecay or LAMB as a pure function of arrays, for backends whose step is a function
     of the weights (JAX): `apply(params, grads, slots, lr)` -> (params, slots). Slots are
