@@ -18,6 +18,7 @@ from typing import TypeVar
 import click
 
 from bert_datagen.cli.plumbing import Int, closest_option, refuse_unused_options
+from bert_datagen.pipelines.beam.parser import BeamOptionError, beam_parser
 from bert_datagen.pipelines.beam.runners import RUNNERS, RunnerError, RunnerOptions
 
 F = TypeVar("F", bound=Callable[..., object])
@@ -26,35 +27,8 @@ F = TypeVar("F", bound=Callable[..., object])
 PASS_THROUGH_SETTINGS = {"ignore_unknown_options": True, "allow_extra_args": True}
 
 
-class BeamOptionError(ValueError):
-    """A Beam option with a value Beam's parser rejects."""
-
-
-def _beam_parser():
-    from apache_beam.options.pipeline_options import PipelineOptions, _BeamArgumentParser
-
-    try:  # registers DaskOptions, when the dask extra is installed
-        import apache_beam.runners.dask.dask_runner  # noqa: F401
-    except (ImportError, AttributeError):
-        # AttributeError: dask without distributed, where Beam's module fails on an annotation
-        # (`ddist.Client` of the {} it puts in distributed's place); the runner check names the package.
-        pass
-
-    class CheckingParser(_BeamArgumentParser):
-        def error(self, message: str):  # argparse would print its own usage and exit
-            raise BeamOptionError(message)
-
-    parser = CheckingParser(allow_abbrev=False)
-    seen: dict[str, type] = {}
-    for cls in PipelineOptions.__subclasses__():
-        seen.setdefault(str(cls), cls)
-    for cls in seen.values():
-        cls._add_argparse_args(parser)  # same construction as PipelineOptions.get_all_options
-    return parser
-
-
 def beam_option_names() -> list[str]:
-    return sorted(s for s in _beam_parser()._option_string_actions if s.startswith("--"))
+    return sorted(s for s in beam_parser()._option_string_actions if s.startswith("--"))
 
 
 # Beam's S3 options configure Beam's S3 filesystem, which bert-datagen does not use (s3:// goes through
@@ -66,7 +40,7 @@ _S3_SETTINGS = {"--s3_endpoint_url": "AWS_ENDPOINT_URL", "--s3_access_key_id": "
 
 def check_pass_through_options(args: Sequence[str], own_options: Sequence[str], command: str) -> None:
     """Raise click.UsageError (exit 2) unless every option in ``args`` is Beam's, with a valid value."""
-    parser = _beam_parser()
+    parser = beam_parser()
     beam_names = [s for s in parser._option_string_actions if s.startswith("--")]
     for arg in args:
         if arg.startswith("-") and arg != "--":

@@ -108,9 +108,9 @@ def check_beam_ranges(beam_args: list[str]) -> None:
     given = [a.split("=", 1)[0] for a in beam_args if a.startswith("--")]
     if not given:
         return
-    from bert_datagen.pipelines.beam.options import BeamOptionError, _beam_parser
+    from bert_datagen.pipelines.beam.parser import BeamOptionError, beam_parser
 
-    parser = _beam_parser()
+    parser = beam_parser()
     try:
         namespace, _ = parser.parse_known_args(list(beam_args))
     except BeamOptionError as e:
