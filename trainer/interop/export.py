@@ -20,9 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import tensorflow as tf
 
-from bert_datagen.contract.fs import TMP_MARKER, os_error_in, temp_name
+from bert_datagen.contract.fs import DEFAULT_FS, TMP_MARKER, os_error_in, temp_name
 from bert_datagen.trainer.errors import CheckpointFormatError, ConfigError, TrainerError
 from bert_datagen.trainer.interop.hf import (
     HF_WEIGHTS,
@@ -91,11 +90,14 @@ def vocab_tokens(vocab: bytes, source: str, vocab_size: int) -> list[str]:
 
 
 def _read(path: str) -> bytes:
-    try:  # gfile reads local and gs:// paths alike
-        with tf.io.gfile.GFile(path, "rb") as f:
+    """A file's bytes as stored: local and bucket paths (s3://, gs://) through the project's filesystem
+    seam, whose clients honour the configured endpoint (tf.io.gfile has no s3:// and its gs:// client
+    ignores the emulator)."""
+    try:
+        with DEFAULT_FS.open_read(path) as f:
             return f.read()
-    except tf.errors.OpError as exc:
-        raise ConfigError(f"{path}: cannot read: {exc.message}") from exc
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read: {exc.strerror or exc}") from exc
 
 
 def dataset_vocab(data: str) -> VocabSource | None:
@@ -270,7 +272,8 @@ def write_export_dir(out: str | os.PathLike, overwrite: bool, write: Callable[[P
 
 def _failed_write(exc: BaseException, tmp: Path, out: Path) -> OSError | None:
     """A failed write into the export (a full disk) as one OSError naming the file of ``out`` it was
-    writing, not the temp directory's name; TensorFlow's SaveV2 reports it only as text with the path."""
+    writing, not the temp directory's name; a library that reports it only as text (safetensors) is
+    read for the errno and the path."""
     def shown(path: str) -> str:
         return str(out) + path[len(str(tmp)):] if path.startswith(str(tmp)) else path
 
@@ -282,8 +285,7 @@ def _failed_write(exc: BaseException, tmp: Path, out: Path) -> OSError | None:
         return None
     text = str(exc)
     path = re.search(re.escape(str(tmp)) + r"[^\s;'\"]*", text)
-    written = re.sub(r"\.tempstate\d+$", "", path.group(0)) if path else str(tmp)
-    return os_error_in(text, shown(written))
+    return os_error_in(text, shown(path.group(0) if path else str(tmp)))
 
 
 def export_tf1(out: str | os.PathLike, arrays: Mapping[str, np.ndarray], bert_config: Mapping,
