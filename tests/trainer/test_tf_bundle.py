@@ -361,3 +361,23 @@ def test_export_of_a_run_trained_on_bucket_data(bucket, tmp_path, local_only):
     names = dict(tf.train.list_variables(str(tmp_path / "tf1" / "bert_model.ckpt")))
     assert names["bert/embeddings/word_embeddings"] == [40, 16]
     assert local_only and set(local_only) <= {"127.0.0.1", "localhost", "::1"}
+
+
+@pytest.mark.parametrize("header, entry, reason", [
+    (None, {"size": 20}, r"w: 20 bytes for float32\[2, 3\] \(24 expected\)"),
+    (None, {"shard": 1}, "w: shard 1 of 1"),
+    (b"\x08\x01\x10\x01\x1a\x02\x08\x01", {}, "big-endian"),
+    (b"\x08\x01\x1a\x04\x08\x02\x10\x02", {}, "needs a newer reader"),
+])
+def test_an_index_that_cannot_describe_its_data_is_refused(tmp_path, header, entry, reason):
+    """Well-formed tables (their CRCs right) whose entries are wrong: each refused, naming the index."""
+    from bert_datagen.trainer.interop.sstable import table_bytes
+
+    fields = {"offset": 0, "size": 24, "shard": 0, **entry}
+    described = tf_bundle.TensorEntry("w", 1, (2, 3), crc32c=1, **fields)
+    (tmp_path / "c.index").write_bytes(table_bytes([(b"", header or tf_bundle.header_bytes()),
+                                                    (b"w", tf_bundle.entry_bytes(described))]))
+    (tmp_path / f"c{DATA}").write_bytes(bytes(24))
+    with pytest.raises(BundleError, match=reason) as err:
+        BundleReader(tmp_path / "c")
+    assert str(err.value).startswith(f"{tmp_path / 'c'}.index: ")

@@ -15,6 +15,7 @@ variables, are listed but refused when read.
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -224,7 +225,7 @@ class BundleReader:
                              f"size {entry.size}")
         dtype = entry.dtype
         if dtype is not None and not entry.sliced:
-            expected = int(np.prod(entry.shape, dtype=np.int64)) * dtype.itemsize
+            expected = math.prod(entry.shape) * dtype.itemsize  # (exact: a corrupt shape cannot wrap around)
             if entry.size != expected:
                 raise TableError(f"tensor {entry.name}: {entry.size} bytes for {dtype.name}{list(entry.shape)} "
                                  f"({expected} expected)")
