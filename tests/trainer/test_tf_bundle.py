@@ -267,31 +267,46 @@ from bert_datagen.trainer.interop.tf1 import (checkpoint_step, read_bert_config,
                                               resolve_tf1_prefix, write_tf1_checkpoint)
 from bert_datagen.trainer.interop.tf_bundle import read_bundle
 from bert_datagen.trainer.model.weights import expected_tf1_shapes
-saver_dir, savev2_prefix, out = sys.argv[1:4]
+from bert_datagen.trainer.interop.export import export_tf1
+saver_dir, savev2_prefix, out, vocab = sys.argv[1:5]
 config = read_bert_config(saver_dir + "/bert_config.json")
 arrays, report = read_tf1_checkpoint(saver_dir, expected_tf1_shapes(config))
 write_tf1_checkpoint(out + "/bert_model.ckpt", read_bundle(savev2_prefix))
+export_tf1(out + "/export", arrays, config, open(vocab, "rb").read())
 print(json.dumps({"step": checkpoint_step(report), "prefix": resolve_tf1_prefix(out), "loaded": report.loaded,
                   "sum": float(sum(float(a.astype("float64").sum()) for a in arrays.values())),
                   "tensorflow": sorted(m for m in sys.modules if m.split(".")[0] == "tensorflow")}))
 """
 
 
-def test_tf1_interop_reads_and_writes_with_tensorflow_blocked(tmp_path):
+def test_tf1_interop_and_export_read_and_write_with_tensorflow_blocked(tmp_path):
+    """In a process where importing TensorFlow fails: a V1 Saver release and its bert_config.json are
+    read, a checkpoint written with SaveV2's bytes, and `export_tf1` writes the files, byte for byte,
+    that it writes here with TensorFlow loaded."""
+    from bert_datagen.trainer.interop.export import export_tf1
+    from tests.support.interop_names import VOCAB
+
     weights = {n: a for n, a in bert_like(seed=4).items() if n in expected_tf1_shapes(TINY)}
     write_with_v1_saver(tmp_path / "release" / "model.ckpt-12", weights, {"global_step": np.array(12, np.int64)})
     (tmp_path / "release" / "bert_config.json").write_text(json.dumps(TINY))
     savev2(tmp_path / "tf" / "bert_model.ckpt", {n: weights[n] for n in sorted(weights)})
+    vocab = tmp_path / "vocab.txt"
+    vocab.write_text("\n".join(VOCAB) + "\n")
     env = {**os.environ, "KERAS_BACKEND": "jax",
            "PYTHONPATH": str(REPO.parent) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     done = subprocess.run([sys.executable, "-c", NO_TF, str(tmp_path / "release"), str(tmp_path / "tf" / "bert_model.ckpt"),
-                           str(tmp_path / "out")], capture_output=True, text=True, timeout=180, env=env)
+                           str(tmp_path / "out"), str(vocab)], capture_output=True, text=True, timeout=180, env=env)
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(done.stdout.strip().splitlines()[-1])
     assert result["tensorflow"] == [] and result["step"] == 12 and result["loaded"] == len(weights)
     assert result["prefix"] == str(tmp_path / "out" / "bert_model.ckpt")
     assert result["sum"] == pytest.approx(sum(float(a.astype(np.float64).sum()) for a in weights.values()), rel=1e-12)
     assert files(tmp_path / "out" / "bert_model.ckpt") == files(tmp_path / "tf" / "bert_model.ckpt")
+    export_tf1(tmp_path / "export", weights, read_bert_config(str(tmp_path / "release" / "bert_config.json")),
+               vocab.read_bytes())
+    exported = {p.name: p.read_bytes() for p in (tmp_path / "export").iterdir()}
+    assert {p.name: p.read_bytes() for p in (tmp_path / "out" / "export").iterdir()} == exported
+    assert "bert_model.ckpt.index" in exported and "vocab.txt" in exported
 
 
 # --- buckets ------------------------------------------------------------------------------------

@@ -21,7 +21,9 @@ from pathlib import Path
 
 import numpy as np
 
-from bert_datagen.contract.fs import DEFAULT_FS, TMP_MARKER, os_error_in, temp_name
+from bert_datagen.contract.dataset import DatasetError, open_dataset
+from bert_datagen.contract.fs import DEFAULT_FS, TMP_MARKER, is_remote, os_error_in, temp_name
+from bert_datagen.contract.manifest import MANIFEST_NAME, Manifest, ManifestError
 from bert_datagen.trainer.errors import CheckpointFormatError, ConfigError, TrainerError
 from bert_datagen.trainer.interop.hf import (
     HF_WEIGHTS,
@@ -34,7 +36,6 @@ from bert_datagen.trainer.interop.loading import restore_model
 from bert_datagen.trainer.interop.tf1 import write_tf1_checkpoint
 from bert_datagen.trainer.model.weights import check_arrays, expected_tf1_shapes, model_tf1_arrays
 from bert_datagen.trainer.runtime import checkpoint as ckpt_lib
-from bert_datagen.trainer.runtime.dataset_dir import load_dataset_manifest
 from bert_datagen.trainer.runtime.rundir import output_lock
 from bert_datagen.vocab.vocab_file import SPECIAL_TOKENS
 
@@ -100,9 +101,21 @@ def _read(path: str) -> bytes:
         raise ConfigError(f"{path}: cannot read: {exc.strerror or exc}") from exc
 
 
+def _dataset_manifest(data: str) -> Manifest | None:
+    """The manifest of the run's dataset; None for TFRecord globs and manifests that cannot be read.
+    Through the contract with the TensorFlow-free filesystem (runtime.dataset_dir's twin uses
+    tf.io.gfile for other schemes, and importing it needs TensorFlow), so an export runs without it."""
+    if not is_remote(data) and not os.path.exists(os.path.join(data, MANIFEST_NAME)):
+        return None
+    try:
+        return open_dataset(data, DEFAULT_FS, need_vocab=False).manifest
+    except (ManifestError, DatasetError, OSError):
+        return None
+
+
 def dataset_vocab(data: str) -> VocabSource | None:
     """The vocab a bert-datagen dataset was made with (checked against its manifest's sha256)."""
-    manifest = load_dataset_manifest(data)
+    manifest = _dataset_manifest(data)
     if manifest is None:
         return None
     vocab = manifest.vocab
