@@ -13,6 +13,9 @@ All ratios are taken in one run on this machine:
   a shared machine still moves with other jobs, the process CPU time per step is reported too:
   cached CPU / real CPU bounds the slowdown the input pipeline can cause on a saturated machine
   (its threads compete with the step for the same cores), whatever the other jobs do.
+- Backends (`backend_speed`): the same `bert-train` pre-training jobs (tiny; 4 layers of base's width)
+  and SST-2 fine-tuning on TensorFlow with `--jit` and on JAX, steady-state steps/s and the JAX/TF
+  ratio, the runs alternated A B B A.
 """
 
 from __future__ import annotations
@@ -168,7 +171,21 @@ def masking_cost(batch: int = 32, seq: int = 128, repeats: int = 50) -> dict[str
     return out
 
 
-def main(quick: bool = False) -> dict:
+def main(quick: bool = False, only_backends: bool = False) -> dict:
+    from pathlib import Path
+
+    from benchmarks import backend_speed
+
+    with tempfile.TemporaryDirectory() as workdir:
+        backends = backend_speed.main(Path(workdir), quick)
+    if only_backends:
+        return {"backends": backends}
+    results = _in_process(quick)
+    results["backends"] = backends
+    return results
+
+
+def _in_process(quick: bool) -> dict:
     import tensorflow as tf
 
     from bert_datagen.trainer.runtime.devices import enable_determinism
@@ -199,4 +216,10 @@ def main(quick: bool = False) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    import argparse
+
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="fewer steps and rounds")
+    parser.add_argument("--backends-only", action="store_true", help="only the TensorFlow / JAX rows")
+    options = parser.parse_args()
+    main(options.quick, options.backends_only)
