@@ -178,17 +178,12 @@ class NumpyBatches(Stepping):
             return
         ranges, position, rows = plan
         src = self.source
-        try:
-            fetched = self._take_prefetched(ranges)
-            if fetched is None:
-                fetched = src.fetch(ranges)
-            # The bytes are in hand: they are of the dataset opened only if its manifest is still the
-            # one read then (a replacement retires the old manifest first and places the new one last).
-            src.check_unchanged()
-            src.check(fetched)
-        except LoadError:
-            src.check_unchanged()  # a shard that changed under us reads as corrupt: say what happened
-            raise
+        fetched = self._take_prefetched(ranges)
+        if fetched is None:
+            fetched = src.fetch(ranges)
+        # The bytes are in hand: checked that the dataset is still the one opened (they are then
+        # its), and every frame and CRC, before any record of them is decoded.
+        src.check(fetched)
         where = []
         for a in range(0, len(rows), _STORE_ROWS):  # a store each, decoded when first asked for
             piece = rows[a:a + _STORE_ROWS]
@@ -286,11 +281,7 @@ class NumpyBatches(Stepping):
         arrays = self._stores.pop(store, None)
         if arrays is None:
             fetched, rows = self._raw[store]
-            try:
-                arrays = self.source.decode_rows(fetched, rows, model_inputs=True)
-            except LoadError:
-                self.source.check_unchanged()
-                raise
+            arrays = self.source.decode_rows(fetched, rows, model_inputs=True)
         self._stores[store] = arrays  # the most recent last
         for old in list(self._stores)[:-keep]:
             del self._stores[old]

@@ -2,17 +2,26 @@
 and any range of a shard's records, CRC-checked and decoded into NumPy.
 
 A shard's records are found through its record index (`bert_datagen.datagen.tfrecord_index`),
-which `run` and `task` write beside it and list in the manifest: a read fetches the index lines of
-just the records it needs, then their bytes, as few ranged reads (adjacent spans joined, shards read
-concurrently), and `bert_datagen.datagen.tfrecord` checks every frame and CRC against the index. A
-dataset written before indexes still loads: its shards' offsets are found once by walking their
-length headers (12 bytes per record, each header CRC checked).
+which `run` and `task` write beside it and list in the manifest. A source reads a shard's index
+whole, once, the first time it reads the shard, and keeps its offsets: an index is checked only
+whole (its size and sha256 against the manifest's, its lines chaining from byte 0 to the shard's
+size), and an index whose lines are shifted by a record still chains wherever it is cut, so lines
+read a few at a time would place records wrongly without a sign. Then a read fetches the bytes of
+just its records, as few ranged reads (adjacent spans joined, shards read concurrently), and
+`bert_datagen.datagen.tfrecord` checks every frame and CRC at the offset the index gives. A dataset
+written before indexes still loads: its shards' offsets are found once by walking their length
+headers (12 bytes per record, each header CRC checked).
+
+Every read checks, once its bytes are in hand, that the dataset is still the one opened
+(`Source.check_unchanged`): a replaced dataset is an error before any of its records is handed out.
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
+import hashlib
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -21,7 +30,7 @@ import numpy as np
 from bert_datagen.contract.dataset import DatasetError, ShardRef, open_dataset
 from bert_datagen.contract.features import TASK
 from bert_datagen.contract.fs import DEFAULT_FS, FileSystem, is_remote
-from bert_datagen.contract.manifest import MANIFEST_NAME, Manifest, ManifestError
+from bert_datagen.contract.manifest import MANIFEST_NAME, IndexInfo, Manifest, ManifestError
 from bert_datagen.contract.vocab_io import load_vocab
 from bert_datagen.datagen.config import DatagenConfig
 from bert_datagen.datagen.example_codec import FeatureSpec, decode_raw
@@ -31,7 +40,6 @@ from bert_datagen.datagen.tfrecord_index import (
     FRAME_OVERHEAD,
     RecordIndexError,
     check_run,
-    check_runs,
     line_width,
     parse_lines,
 )
@@ -40,6 +48,43 @@ from bert_datagen.vocab.vocab_file import Vocab, VocabError
 
 class LoadError(ValueError):
     """A dataset a loader cannot read (missing or corrupt shard, unusable manifest); names the file."""
+
+
+class DatasetReplaced(LoadError):
+    """The dataset was replaced (or removed) since the loader opened it: records read from now on
+    could be of another dataset. ``manifest`` is the manifest's path, ``what`` "replaced" or "removed"."""
+
+    def __init__(self, manifest: str, what: str) -> None:
+        self.manifest, self.what = manifest, what
+        super().__init__(f"{manifest}: the dataset was {what} while this loader read it (a run --overwrite?); "
+                         "its batches would mix two datasets: open it again to read the new one")
+
+
+def manifest_version(root: str, fs: FileSystem) -> str | None:
+    """What the dataset's manifest is now (`PathFS.version`), to compare with later; None where the
+    filesystem cannot tell or the manifest cannot be looked at (then opening the dataset fails)."""
+    if not hasattr(fs, "version"):
+        return None
+    with contextlib.suppress(OSError):
+        return fs.version(fs.join(root, MANIFEST_NAME))
+    return None
+
+
+def check_unchanged(root: str, version: str | None, fs: FileSystem) -> None:
+    """DatasetReplaced unless the manifest of the dataset at ``root`` is still ``version`` (nothing
+    to compare with when None). A replacement retires the old manifest first and places the new one
+    last, so bytes read before a check that passes are the dataset's that was opened."""
+    if version is None:
+        return
+    path = fs.join(root, MANIFEST_NAME)
+    try:
+        now = fs.version(path)  # type: ignore[attr-defined]
+    except OSError as e:  # a bucket's missing object is an OSError of ENOENT, not FileNotFoundError
+        if e.errno != errno.ENOENT:
+            raise LoadError(f"{path}: cannot check that the dataset is unchanged: {e}") from e
+        now = "gone"
+    if now != version:
+        raise DatasetReplaced(path, "removed" if now == "gone" else "replaced")
 
 
 def masking_config(manifest: Manifest) -> DatagenConfig:
@@ -87,22 +132,22 @@ class Source:
     _offsets: dict[int, np.ndarray] = field(default_factory=dict, repr=False)
 
     def check_unchanged(self) -> None:
-        """LoadError unless the dataset is still the one opened: a `run --overwrite` (or anything
-        else) that replaced its manifest since makes every record read after it suspect, so a
-        loader stops rather than mix records of two datasets."""
-        if self.manifest_version is None:
-            return
-        path = self.fs.join(self.root, MANIFEST_NAME)
+        """DatasetReplaced unless the dataset is still the one opened: a `run --overwrite` (or
+        anything else) that replaced its manifest since makes every record read after it suspect,
+        so a loader stops rather than mix records of two datasets. Every read calls it once its
+        bytes are in hand (`check`); a read that failed calls it first, to say what happened."""
+        check_unchanged(self.root, self.manifest_version, self.fs)
+
+    @contextlib.contextmanager
+    def _explained(self) -> Iterator[None]:
+        # A shard or index that changed under a read reads as missing or corrupt: when the dataset
+        # was replaced, that is the error to report.
         try:
-            now = self.fs.version(path)  # type: ignore[attr-defined]
-        except OSError as e:  # a bucket's missing object is an OSError of ENOENT, not FileNotFoundError
-            if e.errno != errno.ENOENT:
-                raise LoadError(f"{path}: cannot check that the dataset is unchanged: {e}") from e
-            now = "gone"
-        if now != self.manifest_version:
-            what = "was removed" if now == "gone" else "was replaced"
-            raise LoadError(f"{path}: the dataset {what} while this loader read it (a run --overwrite?); "
-                            "its batches would mix two datasets: open it again to read the new one")
+            yield
+        except LoadError as e:
+            if not isinstance(e, DatasetReplaced):
+                self.check_unchanged()
+            raise
 
     @property
     def has_instance_key(self) -> bool:
@@ -130,28 +175,27 @@ class Source:
 
     def fetch(self, ranges: list[tuple[int, int, int]] | np.ndarray) -> Fetched:
         """The bytes of several ``(shard, start, stop)`` record ranges, every record's frame located:
-        the only I/O of a read (a loader runs it ahead, on another thread). Through the shards'
-        indexes, just the index lines and bytes of these records are fetched; adjacent ranges of a
-        shard are joined into one read; the shards are read concurrently. Records are placed with
-        array operations, not a step per range: fine-tuning's order reads ranges of one record."""
-        table = np.asarray(ranges, np.int64).reshape(-1, 3)
+        the only I/O of a read (a loader runs it ahead, on another thread). A shard's offsets come
+        from its whole index, read and checked the first time the shard is read (`offsets`); then
+        just these records' bytes are fetched, adjacent ranges of a shard joined into one read, the
+        shards read concurrently. Records are placed with array operations, not a step per range:
+        fine-tuning's order reads ranges of one record."""
+        with self._explained():
+            return self._fetch(np.asarray(ranges, np.int64).reshape(-1, 3))
+
+    def _fetch(self, table: np.ndarray) -> Fetched:
         shard, sizes = table[:, 0], table[:, 2] - table[:, 1]
         firsts = np.cumsum(sizes) - sizes
         rec_shard = np.repeat(shard, sizes)  # every record of the ranges, in the ranges' order
         rec_index = np.arange(len(rec_shard), dtype=np.int64) + np.repeat(table[:, 1] - firsts, sizes)
         at, frames = np.zeros(len(rec_shard), np.int64), np.zeros(len(rec_shard), np.int64)
         shards = np.unique(shard[sizes > 0]).tolist()
+        self._load_offsets(shards)
         mine = {s: np.flatnonzero(rec_shard == s) for s in shards}
-        lines = self._index_lines({s: table[(shard == s) & (sizes > 0), 1:] for s in shards if self._uses_index(s)})
         for s in shards:
-            records = rec_index[mine[s]]
-            if s in lines:
-                line = _placed(*lines[s][:2], records)
-                at[mine[s]], frames[mine[s]] = lines[s][2][line], lines[s][3][line]
-            else:
-                offsets = self.offsets(s)
-                at[mine[s]] = offsets[records]
-                frames[mine[s]] = offsets[records + 1] - offsets[records]
+            records, offsets = rec_index[mine[s]], self._offsets[s]
+            at[mine[s]] = offsets[records]
+            frames[mine[s]] = offsets[records + 1] - at[mine[s]]
         full = sizes > 0
         last = firsts + sizes - 1
         spans = {s: np.stack([at[firsts[sel]], at[last[sel]] + frames[last[sel]]], axis=1)
@@ -159,7 +203,7 @@ class Source:
         heads = np.zeros(len(at), np.int64)
         datas: list[bytes] = []
         base = 0
-        for s, (begins, parts) in self._read_files(spans, "shard").items():
+        for s, (begins, parts) in self._read_files(spans).items():
             sizes_read = np.array([len(p) for p in parts], np.int64)
             heads[mine[s]] = _placed(begins, base + np.cumsum(sizes_read) - sizes_read, at[mine[s]])
             datas.extend(parts)
@@ -167,21 +211,22 @@ class Source:
         blob = datas[0] if len(datas) == 1 else b"".join(datas)
         return Fetched(table, blob, heads, frames - FRAME_OVERHEAD, at)
 
-    def _uses_index(self, shard: int) -> bool:
-        return self.shards[shard].index is not None and shard not in self._offsets
-
     def decode(self, fetched: Fetched, model_inputs: bool = False, order: np.ndarray | None = None,
                piece: int | None = None) -> list[dict[str, np.ndarray]]:
-        """Fetched records: every frame and CRC checked, then decoded (a decode call has a fixed
-        cost, so a window's chunks are decoded together) in pieces of at most ``piece`` rows
-        (default _DECODE_RECORDS); LoadError names the shard and record."""
+        """Fetched records: the dataset checked unchanged and every frame and CRC checked, then
+        decoded (a decode call has a fixed cost, so a window's chunks are decoded together) in
+        pieces of at most ``piece`` rows (default _DECODE_RECORDS); LoadError names the shard and
+        record."""
         self.check(fetched)
         rows = np.arange(len(fetched.heads)) if order is None else np.asarray(order, np.int64)
         step = piece or _DECODE_RECORDS
         return [self.decode_rows(fetched, rows[a:a + step], model_inputs) for a in range(0, max(len(rows), 1), step)]
 
     def check(self, fetched: Fetched) -> None:
-        """Every frame and CRC of fetched records checked; LoadError names the shard and record."""
+        """What fetched records must pass before any is decoded: the dataset is still the one opened
+        (the bytes are in hand, so they are of that dataset), and every frame and CRC at the offset
+        the index gives holds; LoadError names the shard and record."""
+        self.check_unchanged()
         problems = check_frames_at(fetched.blob, fetched.heads, fetched.lengths)
         if problems:
             at, record = self._locate(fetched.ranges, problems[0][0])
@@ -198,56 +243,37 @@ class Source:
                                      self.spec, narrow)
         if problems:
             at, record = self._locate(fetched.ranges, problems[0][0])
-            raise LoadError(f"{self.shards[at].path}: record {record}: {problems[0][1]}")
+            with self._explained():
+                raise LoadError(f"{self.shards[at].path}: record {record}: {problems[0][1]}")
         return batch.features
 
-    def _index_lines(self, wanted: dict[int, np.ndarray]) -> dict[int, tuple[np.ndarray, np.ndarray, np.ndarray,
-                                                                              np.ndarray]]:
-        """For each shard, the index lines of its ``(start, stop)`` record ranges, read in as few reads
-        as `coalesce` makes of them: (each read's first line, where its lines start in the arrays,
-        the lines' offsets, their frame lengths), for `_placed`; every read's lines checked against
-        each other and the shard's size."""
-        widths = {}
-        for shard in wanted:
-            path, entry = self.shards[shard].index  # type: ignore[misc]
-            try:
-                widths[shard] = line_width(entry.bytes, self.counts[shard])
-            except RecordIndexError as e:
-                raise LoadError(f"{path}: corrupt index: {e} (bert-datagen verify tells more)") from e
-        got = self._read_files({s: r * widths[s] for s, r in wanted.items()}, "index")
-        out = {}
-        for shard, (begins, parts) in got.items():
-            path = self.shards[shard].index[0]  # type: ignore[index]
-            size = self.shards[shard].expected.bytes  # type: ignore[union-attr]
-            width = widths[shard]
-            firsts, sizes = begins // width, np.array([len(d) // width for d in parts], np.int64)
-            try:
-                try:  # the reads' lines at once; read by read only to name a malformed line
-                    offsets, lengths = parse_lines(b"".join(parts), width, 0, path)
-                except RecordIndexError:
-                    for first, data in zip(firsts.tolist(), parts, strict=True):
-                        parse_lines(data, width, first, path)
-                    raise
-                check_runs(offsets, lengths, firsts, sizes, self.counts[shard], size, path)
-            except RecordIndexError as e:
-                raise LoadError(f"corrupt index: {e} (bert-datagen verify tells more)") from e
-            out[shard] = (firsts, np.cumsum(sizes) - sizes, offsets, lengths)
-        return out
+    def _load_offsets(self, shards: list[int]) -> None:
+        """The offsets of these shards read where they are not yet (`offsets`): their indexes
+        fetched concurrently when they are remote, as a window's shards are."""
+        todo = [s for s in shards if s not in self._offsets]
+        if len(todo) > 1 and any(is_remote(self.shards[s].path) for s in todo):
+            with ThreadPoolExecutor(min(len(todo), _CONCURRENT_FILES)) as pool:
+                got = list(pool.map(self._read_offsets, todo))
+        else:
+            got = [self._read_offsets(s) for s in todo]
+        self._offsets.update(zip(todo, got, strict=True))
 
-    def _read_files(self, wanted: dict[int, np.ndarray], what: str) -> dict[int, tuple[np.ndarray, list[bytes]]]:
-        """The bytes of each shard's ``[begin, end)`` spans (``what``: "shard", or "index" for its
-        index file) as the reads `coalesce` makes of them: (their begins, their bytes) per shard;
-        the files are read concurrently when they are remote."""
+    def _read_offsets(self, shard: int) -> np.ndarray:
+        return _index_shard(self.shards[shard], self.counts[shard], self.fs)
+
+    def _read_files(self, wanted: dict[int, np.ndarray]) -> dict[int, tuple[np.ndarray, list[bytes]]]:
+        """The bytes of each shard's ``[begin, end)`` spans as the reads `coalesce` makes of them:
+        (their begins, their bytes) per shard; the files are read concurrently when they are remote."""
         reads = {s: coalesce(spans, _JOIN_GAP) for s, spans in wanted.items() if len(spans)}
 
         def read(shard: int) -> list[bytes]:
-            path = self.shards[shard].path if what == "shard" else self.shards[shard].index[0]  # type: ignore[index]
+            path = self.shards[shard].path
             try:
                 return self.fs.read_ranges(path, reads[shard])
             except FileNotFoundError as e:
-                raise LoadError(f"{path}: {what} listed in the manifest is missing") from e
+                raise LoadError(f"{path}: shard listed in the manifest is missing") from e
             except OSError as e:
-                raise LoadError(f"{path}: cannot read {what}: {e}") from e
+                raise LoadError(f"{path}: cannot read shard: {e}") from e
 
         remote = [s for s in reads if is_remote(self.shards[s].path)]
         if len(remote) > 1:
@@ -266,15 +292,11 @@ class Source:
 
     def offsets(self, shard: int) -> np.ndarray:
         """Byte offset of every record of the shard, and its size last (count + 1 entries): from the
-        shard's index when it has one (one read of it), else by walking the shard's headers."""
-        got = self._offsets.get(shard)
-        if got is None:
-            got = self._offsets[shard] = _index_shard(self.shards[shard], self.counts[shard], self.fs)
-        return got
-
-
-def _joined(arrays: list[np.ndarray]) -> np.ndarray:
-    return np.concatenate(arrays).astype(np.int64) if arrays else np.zeros(0, np.int64)
+        shard's whole index when it has one (read once and checked, `check_index`), else by walking
+        the shard's headers. Kept for the source's life: 4 bytes a record (8 past 4 GiB shards)."""
+        with self._explained():
+            self._load_offsets([shard])
+        return self._offsets[shard]
 
 
 def _placed(begins: np.ndarray, bases: np.ndarray, at: np.ndarray) -> np.ndarray:
@@ -311,24 +333,39 @@ def coalesce(spans: np.ndarray | list[tuple[int, int]], gap: int) -> list[tuple[
 
 
 
+def check_index(data: bytes, records: int, shard_size: int | None, entry: IndexInfo | None,
+                path: str) -> np.ndarray:
+    """The offsets (count + 1, the shard's size last) of a shard's whole index ``data``, checked
+    against what the manifest says: a line per record, each ending where the next starts, the first
+    at byte 0 and the last ending at the shard's size, then the index's size and sha256 (a mismatch
+    there with sound lines: lines that chain but name other records). RecordIndexError says why."""
+    if not records:
+        if data:
+            raise RecordIndexError(f"{path}: {len(data)} bytes for a shard without records")
+        return np.zeros(1, np.int64)
+    offsets, lengths = parse_lines(data, line_width(len(data), records), 0, path)
+    check_run(offsets, lengths, True, shard_size, 0, path)
+    if entry is not None and len(data) != entry.bytes:
+        raise RecordIndexError(f"{path}: {len(data)} bytes, the manifest says {entry.bytes}")
+    if entry is not None and (digest := hashlib.sha256(data).hexdigest()) != entry.sha256:
+        raise RecordIndexError(f"{path}: its sha256 is {digest}, the manifest says {entry.sha256}: the index "
+                               "was changed after the dataset was written")
+    ends = np.append(offsets, offsets[-1] + lengths[-1])
+    return ends.astype(np.uint32) if ends[-1] < 1 << 32 else ends
+
+
 def _index_shard(ref: ShardRef, count: int, fs: FileSystem) -> np.ndarray:
     size = ref.expected.bytes if ref.expected else None
     if ref.index is not None:
-        path, _ = ref.index
+        path, entry = ref.index
         try:
-            data = fs.read_bytes(path)
-            offsets, lengths = parse_lines(data, line_width(len(data), count), 0, path) if count else (
-                np.zeros(0, np.int64), np.zeros(0, np.int64))
-            check_run(offsets, lengths, True, size, 0, path)
+            return check_index(fs.read_bytes(path), count, size, entry, path)
         except RecordIndexError as e:
             raise LoadError(f"corrupt index: {e} (bert-datagen verify tells more)") from e
         except FileNotFoundError as e:
             raise LoadError(f"{path}: index listed in the manifest is missing") from e
         except OSError as e:
             raise LoadError(f"{path}: cannot read index: {e}") from e
-        if count and len(offsets) != count:
-            raise LoadError(f"{path}: corrupt index: {len(offsets)} lines for {count} records")
-        return np.append(offsets, offsets[-1] + lengths[-1] if count else 0).astype(np.int64)
     try:
         with fs.open_read(ref.path) as f:
             offsets = record_offsets(f.read, count, ref.path)
@@ -341,16 +378,15 @@ def _index_shard(ref: ShardRef, count: int, fs: FileSystem) -> np.ndarray:
     if size is not None and int(offsets[-1]) != size:
         raise LoadError(f"{ref.path}: corrupt shard: {count} records end at byte {int(offsets[-1])}, the manifest "
                         f"says {size} bytes (bert-datagen verify tells more)")
-    return offsets
+    return offsets.astype(np.uint32) if offsets[-1] < 1 << 32 else offsets
 
 
-def open_source(target: str, split: str = "train", fs: FileSystem = DEFAULT_FS) -> Source:
-    """A split of a bert-datagen dataset (pre-training or task) for the loaders."""
-    version = None
-    if hasattr(fs, "version"):
-        # Before the manifest is read: a replacement in between then reads as a change, never the reverse.
-        with contextlib.suppress(OSError):
-            version = fs.version(fs.join(target, MANIFEST_NAME))
+def open_source(target: str, split: str = "train", fs: FileSystem = DEFAULT_FS, version: str | None = None) -> Source:
+    """A split of a bert-datagen dataset (pre-training or task) for the loaders. ``version``: the
+    manifest's `manifest_version` when the caller first read the dataset (a run that opened it at
+    its start), so that a dataset replaced since is refused at the first read, not read anew."""
+    # Before the manifest is read: a replacement in between then reads as a change, never the reverse.
+    version = version if version is not None else manifest_version(target, fs)
     try:
         ds = open_dataset(target, fs, need_vocab=False, original_data=False)
     except (DatasetError, ManifestError) as e:
@@ -383,10 +419,17 @@ def open_source(target: str, split: str = "train", fs: FileSystem = DEFAULT_FS) 
 
 def files_source(root: str, files: list[str], counts: list[int], fingerprint: str, spec: FeatureSpec, kind: str,
                  fs: FileSystem = DEFAULT_FS, vocab: Vocab | None = None,
-                 mask_config: DatagenConfig | None = None) -> Source:
+                 mask_config: DatagenConfig | None = None, refs: list[ShardRef] | None = None,
+                 version: str | None = None) -> Source:
     """A source over a list of shard files with known record counts: a split the caller has
-    described itself (the trainer's TFRecord globs of the original tool, which have no manifest).
-    ``vocab`` and ``mask_config`` make it dynamic-masking data."""
-    refs = [ShardRef(split="train", name=path, path=path) for path in files]
+    described itself (the trainer's TFRecord globs of the original tool, which have no manifest;
+    the train split of a dataset the trainer opened). ``vocab`` and ``mask_config`` make it
+    dynamic-masking data. ``refs``: the files as the manifest lists them (sizes, indexes), in the
+    order of ``files``; ``version``: the manifest's `manifest_version` when the caller read it, so
+    that a replaced dataset stops the reads (`Source.check_unchanged`)."""
+    if refs is None:
+        refs = [ShardRef(split="train", name=path, path=path) for path in files]
+    elif [r.path for r in refs] != list(files):
+        raise ValueError("refs must list the files, in their order")
     return Source(root, "train", refs, tuple(int(c) for c in counts), fingerprint, spec, kind,
-                  vocab is not None, fs, vocab, mask_config)
+                  vocab is not None, fs, vocab, mask_config, version)

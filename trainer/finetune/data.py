@@ -11,11 +11,16 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
+import numpy as np
 import tensorflow as tf
 
 from bert_datagen.contract.features import TASK
+from bert_datagen.contract.loading.source import LoadError, manifest_version, open_source
+from bert_datagen.contract.loading.source import check_unchanged as check_manifest_unchanged
+from bert_datagen.contract.loading.split_records import SplitRecords
 from bert_datagen.contract.loading.task_batches import GROUP_WINDOW, bucket_lengths
 from bert_datagen.contract.manifest import MANIFEST_NAME
 from bert_datagen.contract.manifest import SplitInfo as ManifestSplit
@@ -28,6 +33,8 @@ from bert_datagen.trainer.pretrain.data import (
     open_manifest_dataset,
 )
 from bert_datagen.trainer.runtime import gfs
+from bert_datagen.trainer.runtime.gfs import GFILE_FS
+from bert_datagen.trainer.runtime.ordered_input import data_error
 
 
 @dataclass
@@ -40,6 +47,9 @@ class SplitInfo:
     features: dict[str, tuple[str, int]]
     side: dict[str, str] = field(default_factory=dict)  # file name -> path
     sizes: dict[str, int] = field(default_factory=dict)  # shard path -> bytes, as the manifest lists them
+    root: str = ""  # the dataset's directory
+    # Its manifest before it was read (`manifest_version`): the split's reads stop once it changes.
+    manifest_version: str | None = None
 
 
 @dataclass
@@ -69,6 +79,7 @@ class TaskDataset:
 
 def open_task_dataset(directory: str) -> TaskDataset:
     """Describe a task dataset; DataError (naming the file) for anything else, e.g. pre-training data."""
+    version = manifest_version(directory, GFILE_FS)  # before the manifest is read: see open_source
     ds = open_manifest_dataset(directory)
     manifest = ds.manifest
     assert manifest is not None
@@ -83,7 +94,7 @@ def open_task_dataset(directory: str) -> TaskDataset:
         if task_type not in TASK_TYPES:
             raise DataError(f"{path}: task type {task_type!r} is not one of {', '.join(TASK_TYPES)}")
         vocab = manifest.vocab
-        splits = {name: _split_info(directory, name, info, path) for name, info in manifest.splits.items()}
+        splits = {name: _split_info(directory, name, info, path, version) for name, info in manifest.splits.items()}
         # docs/tasks.md records it in "task"; older writers only beside the vocab or in the config.
         recorded = vocab.do_lower_case if vocab.do_lower_case is not None else manifest.config.get("do_lower_case", True)
         do_lower_case = bool(task.get("do_lower_case", recorded))
@@ -99,7 +110,8 @@ def open_task_dataset(directory: str) -> TaskDataset:
         raise DataError(f"{path}: not a valid task manifest ({type(exc).__name__}: {exc})") from exc
 
 
-def _split_info(directory: str, name: str, info: ManifestSplit, manifest_path: str) -> SplitInfo:
+def _split_info(directory: str, name: str, info: ManifestSplit, manifest_path: str,
+                version: str | None) -> SplitInfo:
     files = [os.path.join(directory, s.path) for s in info.shards]
     for f in files:
         if not gfs.exists(f):
@@ -110,7 +122,7 @@ def _split_info(directory: str, name: str, info: ManifestSplit, manifest_path: s
     sizes = {path: s.bytes for path, s in zip(files, info.shards, strict=True)}
     return SplitInfo(name=name, files=files, records=info.records, labelled=info.labelled,
                      mode=str(info.mode if info.mode is not None else "predict"), features=dict(info.features),
-                     side=side, sizes=sizes)
+                     side=side, sizes=sizes, root=directory, manifest_version=version)
 
 
 def check_split_files(dataset: TaskDataset, splits: list[SplitInfo | None]) -> None:
@@ -132,9 +144,54 @@ def check_split_files(dataset: TaskDataset, splits: list[SplitInfo | None]) -> N
 TF_DATA_ERRORS = (tf.errors.DataLossError, tf.errors.InvalidArgumentError)
 
 
+def check_unchanged(split: SplitInfo) -> None:
+    """DataError unless the split's dataset is still the one opened (`Source.check_unchanged`)."""
+    try:
+        check_manifest_unchanged(split.root, split.manifest_version, GFILE_FS)
+    except LoadError as exc:
+        raise data_error(exc) from exc
+
+
+def _checked(ds: tf.data.Dataset, split: SplitInfo) -> tf.data.Dataset:
+    """``ds`` whose every batch, once its records are read, passes only while the dataset is still
+    the one opened: a replacement stops the reading (as an InvalidArgumentError, which
+    `split_data_error` names) before any of its records reaches a figure or a prediction."""
+    if split.manifest_version is None:
+        return ds
+
+    def unchanged() -> bool:
+        check_manifest_unchanged(split.root, split.manifest_version, GFILE_FS)  # a ValueError: tf's InvalidArgument
+        return True
+
+    def after_check(batch: dict[str, tf.Tensor]) -> dict[str, tf.Tensor]:
+        done = tf.py_function(unchanged, [], tf.bool)
+        with tf.control_dependencies([done]):
+            return {k: tf.identity(v) for k, v in batch.items()}
+
+    return ds.map(after_check, deterministic=True)
+
+
+def read_split(split: SplitInfo, batch_size: int) -> Iterator[dict[str, np.ndarray]]:
+    """The split in record order, once, as NumPy batches (the last may be short), through the
+    loaders every framework shares (`contract/loading`); the dataset must still be the one
+    `open_task_dataset` read (a replaced one is refused at the first batch), a record the loaders
+    cannot read is a DataError."""
+    try:
+        records = SplitRecords(open_source(split.root, split.name, GFILE_FS, split.manifest_version))
+        for start in range(0, len(records), batch_size):
+            yield records[start:start + batch_size]
+    except LoadError as exc:
+        raise data_error(exc) from exc
+
+
 def split_data_error(split: SplitInfo, exc: Exception) -> DataError:
-    """The DataError for a tf.data failure while reading `split`: the shard and record at fault,
-    found as pre-training finds them (bert_datagen.trainer.pretrain.data.find_bad_record)."""
+    """The DataError for a tf.data failure while reading `split`: the dataset replaced under it, or
+    the shard and record at fault, found as pre-training finds them
+    (bert_datagen.trainer.pretrain.data.find_bad_record)."""
+    try:
+        check_unchanged(split)
+    except DataError as replaced:
+        return replaced
     where = find_bad_record(split.files, 0, 0, split.features)
     if where is not None:
         return DataError(f"corrupt input: {where}")
@@ -187,7 +244,7 @@ def train_batches(split: SplitInfo, batch_size: int, seed: int, epoch: int,
         return _grouped(records, split, batch_size, shuffle_seed)
     ds = records.batch(batch_size, drop_remainder=True)
     ds = ds.map(lambda s: parse_batch(s, split.features), num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
-    return ds.with_options(_options()).prefetch(tf.data.AUTOTUNE)
+    return _checked(ds, split).with_options(_options()).prefetch(tf.data.AUTOTUNE)
 
 
 def bucket_length(longest: tf.Tensor, max_seq_length: int) -> tf.Tensor:
@@ -220,7 +277,7 @@ def _grouped(records: tf.data.Dataset, split: SplitInfo, batch_size: int, seed: 
                                                                      deterministic=True)
     ds = ds.unbatch().map(lambda b: trim_batch(b, seq_len), num_parallel_calls=tf.data.AUTOTUNE,
                                deterministic=True)
-    return ds.with_options(_options()).prefetch(tf.data.AUTOTUNE)
+    return _checked(ds, split).with_options(_options()).prefetch(tf.data.AUTOTUNE)
 
 
 def ordered_batches(split: SplitInfo, batch_size: int) -> tf.data.Dataset:
@@ -228,4 +285,4 @@ def ordered_batches(split: SplitInfo, batch_size: int) -> tf.data.Dataset:
     records = gfs.record_dataset(split.files)
     ds = records.batch(batch_size).map(lambda s: parse_batch(s, split.features),
                                        num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
-    return ds.with_options(_options()).prefetch(tf.data.AUTOTUNE)
+    return _checked(ds, split).with_options(_options()).prefetch(tf.data.AUTOTUNE)

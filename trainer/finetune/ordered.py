@@ -20,9 +20,11 @@ class FinetuneBatches:
     """``batch(step)``: this worker's share of training step ``step``'s batch (NumPy arrays)."""
 
     def __init__(self, data: str, split: str, seed: int, batch_size: int, per_epoch: int, world_size: int,
-                 rank: int, group_by_length: bool) -> None:
+                 rank: int, group_by_length: bool, version: str | None = None) -> None:
+        """``version``: the manifest's when the run opened the dataset (`SplitInfo.manifest_version`):
+        a dataset replaced since is refused at the first batch, not read anew."""
         try:
-            source = open_source(data, split, GFILE_FS)
+            source = open_source(data, split, GFILE_FS, version)
             self.batches = TaskBatches(source, seed=seed, batch_size=batch_size, world_size=world_size, rank=rank,
                                        group_by_length=group_by_length)
         except LoadError as exc:

@@ -19,8 +19,10 @@ from dataclasses import dataclass, field
 import numpy as np
 import tensorflow as tf
 
+from bert_datagen.contract.dataset import ShardRef
 from bert_datagen.contract.features import PRETRAINING, TASK, word_segmented
-from bert_datagen.contract.loading.source import Source, files_source
+from bert_datagen.contract.loading.source import LoadError, Source, files_source, manifest_version
+from bert_datagen.contract.loading.source import check_unchanged as check_manifest_unchanged
 from bert_datagen.contract.manifest import MANIFEST_NAME, Manifest
 from bert_datagen.contract.vocab_io import load_vocab
 from bert_datagen.datagen import records
@@ -32,6 +34,7 @@ from bert_datagen.trainer.model.config import BertConfig
 from bert_datagen.trainer.runtime import gfs
 from bert_datagen.trainer.runtime.dataset_dir import open_manifest_dataset
 from bert_datagen.trainer.runtime.gfs import GFILE_FS
+from bert_datagen.trainer.runtime.ordered_input import data_error
 
 
 @dataclass
@@ -53,6 +56,10 @@ class DatasetInfo:
     sequences_per_row: int = 0
     # Data of a word segmenter: with dynamic masking its records carry `word_continues_bits`.
     word_segmented: bool = False
+    # The manifest as it was before it was read (`manifest_version`): what `check_unchanged` and the
+    # training input compare with, so that a replaced dataset stops the run. None: TFRecord globs.
+    manifest_version: str | None = None
+    train_refs: list[ShardRef] | None = None  # the train shards as the manifest lists them (sizes, indexes)
 
     @property
     def has_nsp(self) -> bool:
@@ -141,10 +148,20 @@ def training_source(info: DatasetInfo) -> Source:
         vocab = load_vocab(os.path.join(info.source, info.manifest.vocab.path), GFILE_FS)
         masking = {"vocab": vocab, "mask_config": masking_config(info.manifest)}
     return files_source(info.source, info.train_files, counts, info.identity["fingerprint"], info.features(),
-                       PRETRAINING, GFILE_FS, **masking)
+                        PRETRAINING, GFILE_FS, **masking, refs=info.train_refs, version=info.manifest_version)
+
+
+def check_unchanged(info: DatasetInfo) -> None:
+    """DataError unless the dataset is still the one `info` was read from: what the eval split's
+    tf.data reads must pass once read, as every batch of the training input does."""
+    try:
+        check_manifest_unchanged(info.source, info.manifest_version, GFILE_FS)
+    except LoadError as exc:
+        raise data_error(exc) from exc
 
 
 def _from_manifest(directory: str) -> DatasetInfo:
+    version = manifest_version(directory, GFILE_FS)  # before the manifest is read: see open_source
     ds = open_manifest_dataset(directory)
     if ds.kind != PRETRAINING:
         raise DataError(f"{directory}/{MANIFEST_NAME}: a {ds.kind!r} dataset, not a pre-training dataset: "
@@ -184,7 +201,8 @@ def _from_manifest(directory: str) -> DatasetInfo:
                        train_files=train, eval_files=evals, vocab_size=vocab.size,
                        train_records=n_train, train_counts=[r.expected.records for r in ds.split_shards("train")],  # type: ignore[union-attr]
                        eval_records=n_eval, manifest=manifest, objective=objective, masking=masking,
-                       sequences_per_row=sequences, word_segmented=segmented)
+                       sequences_per_row=sequences, word_segmented=segmented, manifest_version=version,
+                       train_refs=ds.split_shards("train"))
 
 
 def packed_sequences(manifest: Manifest, where: str) -> int:

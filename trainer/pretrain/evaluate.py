@@ -17,6 +17,7 @@ from bert_datagen.trainer.pretrain.data import (
     DatasetInfo,
     check_fits,
     check_split_size,
+    check_unchanged,
     eval_dataset,
     open_pretraining_data,
 )
@@ -33,12 +34,19 @@ def evaluate_model(eval_step: Callable, strategy: tf.distribute.Strategy | None,
     if max_batches:
         dataset = dataset.take(max_batches)
     totals: dict[str, float] = {}
-    for batch in (dataset if strategy is not None else dataset.as_numpy_iterator()):
-        # Every replica takes its slice of the one global batch, as in training: a tf.distribute
-        # dataset would shard it per worker, and a worker left without a batch stops the others.
-        sums = eval_step(replica_slices(strategy, batch, batch_size) if strategy is not None else batch)
-        for k, v in sums.items():
-            totals[k] = totals.get(k, 0.0) + float(v)
+    try:
+        for batch in (dataset if strategy is not None else dataset.as_numpy_iterator()):
+            # Every replica takes its slice of the one global batch, as in training: a tf.distribute
+            # dataset would shard it per worker, and a worker left without a batch stops the others.
+            sums = eval_step(replica_slices(strategy, batch, batch_size) if strategy is not None else batch)
+            for k, v in sums.items():
+                totals[k] = totals.get(k, 0.0) + float(v)
+    except tf.errors.OpError:
+        check_unchanged(info)  # a shard replaced under tf.data reads as corrupt: say what happened
+        raise
+    # The figures are of the dataset the run trains on only if its manifest is still the one read
+    # at the start: a replacement retires the old one before any shard changes.
+    check_unchanged(info)
     if not totals:
         raise DataError(f"{info.source}: fewer eval records than one batch of {batch_size}")
     result = losses_from_sums(totals)

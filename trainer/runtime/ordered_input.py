@@ -19,7 +19,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 import numpy as np
 import tensorflow as tf
 
-from bert_datagen.contract.loading.source import LoadError
+from bert_datagen.contract.loading.source import DatasetReplaced, LoadError
 from bert_datagen.trainer.errors import DataError
 
 # What a run records (checkpoint state and RUN files) about how it reads.
@@ -44,8 +44,7 @@ class OrderedInput:
         try:
             batch = self._ahead.pop(0).result()
         except LoadError as exc:
-            # The loader says "corrupt shard" where the trainer's messages say "corrupt input" first.
-            raise DataError(f"corrupt input: {str(exc).replace(': corrupt shard: ', ': ', 1)}") from exc
+            raise data_error(exc) from exc
         if not self._as_tensors:
             return batch
         return {name: tf.constant(value) for name, value in batch.items()}
@@ -54,6 +53,17 @@ class OrderedInput:
         for future in self._ahead:
             future.cancel()
         self._pool.shutdown(wait=True)
+
+
+def data_error(exc: LoadError) -> DataError:
+    """The trainer's error for a loader's: a replaced dataset says so and what to do (the run read
+    nothing of the new one, and resuming it there is refused); a corrupt one is "corrupt input"."""
+    if isinstance(exc, DatasetReplaced):
+        return DataError(f"{exc.manifest}: the dataset was {exc.what} during this run (a run --overwrite or task "
+                         "--overwrite?): stopped before using any record of another dataset; train on the new one "
+                         "in a new run (another --out)")
+    # The loader says "corrupt shard" where the trainer's messages say "corrupt input" first.
+    return DataError(f"corrupt input: {str(exc).replace(': corrupt shard: ', ': ', 1)}")
 
 
 @contextlib.contextmanager
