@@ -97,7 +97,7 @@ READERS = {"numpy": (_numpy, _pretraining), "mixed": (_mixed, _pretraining), "ta
            "split_records": (_split_records, _pretraining), "torch": (_torch, _task), "jax": (_jax, _pretraining)}
 
 
-def _read_across_a_replacement(open_reader, make, target: str, reference: str, replace) -> int:
+def _read_across_a_replacement(open_reader, target: str, reference: str, replace) -> int:
     """Batches of a reader over ``target`` until it errors, its dataset replaced after the first
     batch: every batch must be the old dataset's (``reference``, an untouched copy) and the error
     the replacement's. Returns how many batches came before the error."""
@@ -118,7 +118,7 @@ def test_every_reader_stops_before_the_first_batch_of_a_replacing_dataset(kind, 
     open_reader, make = READERS[kind]
     target = make(str(tmp_path / "ds"), 1)
     reference = shutil.copytree(target, tmp_path / "old")
-    n = _read_across_a_replacement(open_reader, make, target, str(reference),
+    n = _read_across_a_replacement(open_reader, target, str(reference),
                                    lambda: replace_dataset(target, lambda d: make(d, 2)))
     assert n < 200  # it stopped at its next window, not at the end of the data
 
@@ -132,7 +132,7 @@ def test_readers_stop_on_a_dataset_replaced_in_a_bucket(kind, bucket, tmp_path) 
     local = make(str(tmp_path / "old"), 1)
     remote = f"{bucket}/ds"
     upload_tree(Path(local), remote)
-    _read_across_a_replacement(open_reader, make, remote, local,
+    _read_across_a_replacement(open_reader, remote, local,
                                lambda: replace_dataset(remote, lambda d: make(d, 2)))
 
 

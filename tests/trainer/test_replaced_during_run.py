@@ -33,7 +33,7 @@ pytestmark = pytest.mark.timeout(300)
 SMALL_BERT = {"vocab_size": 40, "hidden_size": 16, "num_hidden_layers": 1, "num_attention_heads": 2,
               "intermediate_size": 32, "max_position_embeddings": 16}
 B = 8  # pre-training: a window of the global order is B * 64 records, 64 steps
-REPLACED = "the dataset was replaced during this run"
+REPLACED = "the dataset was replaced while this command read it"
 
 
 def _pretraining(directory: str, seed: int) -> str:

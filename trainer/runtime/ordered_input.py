@@ -59,9 +59,9 @@ def data_error(exc: LoadError) -> DataError:
     """The trainer's error for a loader's: a replaced dataset says so and what to do (the run read
     nothing of the new one, and resuming it there is refused); a corrupt one is "corrupt input"."""
     if isinstance(exc, DatasetReplaced):
-        return DataError(f"{exc.manifest}: the dataset was {exc.what} during this run (a run --overwrite or task "
-                         "--overwrite?): stopped before using any record of another dataset; train on the new one "
-                         "in a new run (another --out)")
+        return DataError(f"{exc.manifest}: the dataset was {exc.what} while this command read it (a run or task "
+                         "--overwrite?): stopped before using any record of another dataset; to train on the new one, "
+                         "start a new run (another --out)")
     # The loader says "corrupt shard" where the trainer's messages say "corrupt input" first.
     return DataError(f"corrupt input: {str(exc).replace(': corrupt shard: ', ': ', 1)}")
 
