@@ -10,7 +10,7 @@ import click
 
 from bert_datagen.cli.plumbing import Int, refuse_unused_options
 from bert_datagen.contract.ranges import INT32_MAX
-from bert_datagen.trainer.backends.option import refuse_on_jax, use_backend
+from bert_datagen.trainer.backends.option import backend_option, refuse_on_jax, use_backend
 from bert_datagen.trainer.errors import ConfigError, TrainerError
 from bert_datagen.trainer.finetune.cli import ALLOW_OTHER_TASK_HELP, ALLOW_VOCAB_MISMATCH_HELP
 
@@ -31,12 +31,14 @@ from bert_datagen.trainer.finetune.cli import ALLOW_OTHER_TASK_HELP, ALLOW_VOCAB
 @click.option("--json", "as_json", is_flag=True, help="Print the figures as JSON.")
 @click.option("--allow-other-task", is_flag=True, help="Fine-tuned runs: " + ALLOW_OTHER_TASK_HELP)
 @click.option("--allow-vocab-mismatch", is_flag=True, help="Fine-tuned runs: " + ALLOW_VOCAB_MISMATCH_HELP)
+@backend_option
 @click.pass_context
 def eval_command(ctx: click.Context, run, init_checkpoint, bert_config_file, data, split, batch_size, max_batches,
-                 max_seq_length, max_predictions_per_seq, as_json, allow_other_task, allow_vocab_mismatch) -> None:
+                 max_seq_length, max_predictions_per_seq, as_json, allow_other_task, allow_vocab_mismatch,
+                 backend) -> None:
     """MLM/NSP loss and accuracy of a run's latest checkpoint on a dataset split; for a fine-tuned
     run, its task metric."""
-    refuse_on_jax(use_backend(None), "bert-train eval", "only pre-training is ported so far")
+    backend = use_backend(backend)
     from bert_datagen.trainer.interop.finetune_export import is_finetune_run
 
     finetuned = bool(run) and is_finetune_run(run)
@@ -54,7 +56,9 @@ def eval_command(ctx: click.Context, run, init_checkpoint, bert_config_file, dat
     if finetuned:
         from bert_datagen.trainer.finetune.cli import eval_finetuned
 
-        return eval_finetuned(run, data, split, batch_size, as_json, allow_other_task, allow_vocab_mismatch)
+        return eval_finetuned(run, data, split, batch_size, as_json, allow_other_task, allow_vocab_mismatch,
+                              backend)
+    refuse_on_jax(backend, "bert-train eval of a pre-training model", "fine-tuned runs are")
     split = split or "eval"
     if split not in ("eval", "train"):
         raise click.BadParameter(f"{split!r} is not one of 'eval', 'train' for a pre-training run",

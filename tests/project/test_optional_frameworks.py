@@ -34,9 +34,11 @@ def test_only_the_glue_imports_torch_or_jax() -> None:
     assert importers == GLUE
 
 
-# The JAX backend's run state imports its step module; pre-training reaches it only inside the function
-# that runs on JAX, so a TensorFlow-only install never loads it.
-BACKEND_USERS = {("bert_datagen.trainer.runtime.jax_training", "bert_datagen.trainer.backends.jax")}
+# The JAX backend's run state and inference import its step module; a run reaches them only inside the
+# functions that run on JAX (`runtime/training.py`, `runtime/inference.py`), so a TensorFlow-only install
+# never loads it.
+BACKEND_USERS = {("bert_datagen.trainer.runtime.jax_training", "bert_datagen.trainer.backends.jax"),
+                 ("bert_datagen.trainer.runtime.inference", "bert_datagen.trainer.backends.jax")}
 
 
 def test_nothing_of_ours_imports_the_glue() -> None:

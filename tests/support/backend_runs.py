@@ -1,7 +1,9 @@
 """Runs and model outputs on one Keras backend, in a process of its own (Keras picks its backend once
 per process): `python -m tests.support.backend_runs SPEC.json`. SPEC holds a list of `runs`
-(TrainConfig fields plus `stop_at`, `copy_from`) and optionally `outputs` (a file to write the
-model's logits, loss and gradients on a fixed batch into)."""
+(TrainConfig fields plus `stop_at`, `copy_from`), of `finetune_runs` (FinetuneConfig fields, the
+same two), of `predictions` (a fine-tuned `run`, `data`, `split` and the `.npz` to write its
+predicted arrays into) and optionally `outputs` (a file to write the model's logits, loss and
+gradients on a fixed batch into)."""
 
 from __future__ import annotations
 
@@ -81,12 +83,42 @@ def run(spec: dict) -> None:
     pretrain(TrainConfig(**spec), log=lambda line: print(line, flush=True), stop_at=stop_at)
 
 
+def finetune_run(spec: dict) -> None:
+    from bert_datagen.trainer.finetune.config import FinetuneConfig
+    from bert_datagen.trainer.finetune.train import finetune
+
+    spec = dict(spec)
+    stop_at = spec.pop("stop_at", None)
+    copy_from = spec.pop("copy_from", None)
+    if copy_from:
+        shutil.copytree(copy_from, spec["out"])
+    finetune(FinetuneConfig(**spec), log=lambda line: print(line, flush=True), stop_at=stop_at)
+
+
+def predictions(spec: dict) -> None:
+    import keras
+
+    from bert_datagen.trainer.finetune.data import open_task_dataset
+    from bert_datagen.trainer.finetune.evaluate import predict_arrays
+    from bert_datagen.trainer.interop.finetune_export import restore_finetuned
+
+    model = restore_finetuned(spec["run"])[0]
+    dataset = open_task_dataset(spec["data"])
+    arrays = predict_arrays(model, dataset.split(spec["split"]), 16,
+                            backend=keras.backend.backend())
+    np.savez(spec["out"], **arrays)
+
+
 def main() -> None:
     spec = json.loads(Path(sys.argv[1]).read_text())
     if spec.get("outputs"):
         model_outputs(spec["outputs"])
     for one in spec.get("runs", []):
         run(one)
+    for one in spec.get("finetune_runs", []):
+        finetune_run(one)
+    for one in spec.get("predictions", []):
+        predictions(one)
 
 
 if __name__ == "__main__":

@@ -161,18 +161,15 @@ def test_the_backend_is_chosen_once_recorded_and_named(data, tmp_path):
     assert unknown.returncode == 2 and "--backend" in unknown.stderr
 
 
-@pytest.mark.parametrize("command", ["finetune", "predict", "eval", "export"])
+@pytest.mark.parametrize("command", ["eval", "export"])
 def test_commands_not_ported_are_refused_on_jax_before_any_work(command, tmp_path):
     done = bert_train(command, "--help", env={"KERAS_BACKEND": "jax"})
     assert done.returncode == 0  # help still answers
-    args = {"finetune": ["--data", str(tmp_path / "d"), "--out", str(tmp_path / "o")],
-            "predict": ["--run", str(tmp_path / "r"), "--data", str(tmp_path / "d"), "--split", "dev",
-                        "--out", str(tmp_path / "o")],
-            "eval": ["--run", str(tmp_path / "r"), "--data", str(tmp_path / "d")],
+    args = {"eval": ["--run", str(tmp_path / "r"), "--data", str(tmp_path / "d")],
             "export": ["--run", str(tmp_path / "r"), "--format", "hf", "--out", str(tmp_path / "o")]}[command]
     refused = bert_train(command, *args, env={"KERAS_BACKEND": "jax"})
     assert refused.returncode == 2, refused.stderr
-    assert f"bert-train {command} does not run on the JAX backend yet" in refused.stderr
+    assert f"bert-train {command}" in refused.stderr and "does not run on the JAX backend yet" in refused.stderr
     assert "Traceback" not in refused.stderr and not (tmp_path / "o").exists()
 
 

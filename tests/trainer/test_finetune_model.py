@@ -207,22 +207,24 @@ def test_evaluations_reuse_one_trace_per_model_and_predict_the_same(tmp_path):
     # Each evaluation used to make and trace its own tf.function (twice: once more for the short
     # last batch), seconds per epoch and TensorFlow's retracing warning.
     from bert_datagen.trainer.finetune.data import open_task_dataset, ordered_batches
-    from bert_datagen.trainer.finetune.evaluate import MODEL_INPUTS, evaluate_split, predict_function
+    from bert_datagen.trainer.finetune.evaluate import evaluate_split
+    from bert_datagen.trainer.runtime.inference import MODEL_INPUTS, model_predictor
     from tests.support.task_fixtures import classification_dataset, tiny_bert
 
     data = open_task_dataset(classification_dataset(str(tmp_path / "d"), n_dev=40))
     model = heads.build_finetune_model(tiny_bert(), "classification", 2, seed=1)
     runs = [evaluate_split(model, data, split, 16, need_labels=False).arrays["logits"]
             for _ in range(2) for split in ("dev", "test")]  # 40 and 12 records: short last batches
-    step = predict_function(model, data.split("dev").features["input_ids"][1])
+    step = model_predictor(model, "tensorflow").functions[data.split("dev").features["input_ids"][1]]
     assert step.experimental_get_tracing_count() == 1
     for split, first, second in (("dev", runs[0], runs[2]), ("test", runs[1], runs[3])):
         np.testing.assert_array_equal(first, second)
-        # What a trace per batch shape (the former way) predicts.
+        # What a trace per batch shape (the former way) predicts on the batches tf.data reads.
         static = tf.function(lambda batch: model(batch, training=False))
         want = np.concatenate([static({k: b[k] for k in MODEL_INPUTS})["logits"].numpy()
                                for b in ordered_batches(data.split(split), 16)])
         np.testing.assert_array_equal(first, want)
     other = heads.build_finetune_model(tiny_bert(), "classification", 2, seed=2)
     evaluate_split(other, data, "dev", 16, need_labels=False)
-    assert predict_function(other, 16) is not step and step.experimental_get_tracing_count() == 1
+    assert model_predictor(other, "tensorflow").functions[16] is not step
+    assert step.experimental_get_tracing_count() == 1

@@ -62,7 +62,7 @@ MIRRORED = textwrap.dedent("""
     for name, kw in runs.items():
         run = FinetuneRun(FinetuneConfig(data=data, out=f"{out}/{name}", init_from=init, epochs=1, max_steps=10,
                                          learning_rate=1e-3, batch_size=8, log_every=10, seed=5, **kw), log=print)
-        print("REPLICAS", name, run.strategy.num_replicas_in_sync)
+        print("REPLICAS", name, run.training.replicas)
         result = run.run()
         print("METRICS", name, *(f"{k}={v!r}" for k, v in sorted(result["final"].items())))
     for name in ("one-device-acc2", "mirrored-acc2"):
@@ -146,7 +146,7 @@ def test_jit_compiled_step_matches_the_graph_step(tmp_path, init_run):
     # anyway: the data read through tf.io.gfile (ram:// for gs://), the step compiled from static shapes.
     remote = to_object_store(data, f"ram://{tmp_path.name}/cls")
     run = FinetuneRun(_cfg(remote, tmp_path / "xla", init_run, jit=True, max_steps=6), log=lambda _: None)
-    run.train_step = recorded = Recorded(run.train_step)
+    run.training.step_function = recorded = Recorded(run.training.step_function)
     xla = run.run()
     assert_static_and_compiled(recorded, micro_batch=8)
     _assert_finite_metrics(graph)

@@ -150,9 +150,6 @@ def _finetune_across_a_replacement(tmp_path: Path, monkeypatch, bucket: str | No
     assert _checkpoints(run) and max(_checkpoints(run)) <= 50
 
 
-@pytest.mark.xfail(strict=True, reason="trainer/finetune/evaluate.py's split_batches opens the split anew at each "
-                   "evaluation: it must read through finetune.data.read_split (or pass open_source the "
-                   "SplitInfo's manifest_version), and train.py pass FinetuneBatches version= (issue #43 point 1)")
 def test_finetuning_eval_split_replaced_after_training_writes_no_checkpoint_of_it(tmp_path, monkeypatch):
     data = _task(str(tmp_path / "data"), 1)
     init = write_pretrain_run(str(tmp_path / "pre"), tiny_bert())

@@ -168,20 +168,12 @@ def test_a_step_that_fails_on_good_data_is_not_blamed_on_the_data(data, tmp_path
     this process) on records that are all fine is a failed step, not 'corrupt input'."""
     import tensorflow as tf
 
-    from bert_datagen.trainer.pretrain import train as train_module
+    from bert_datagen.trainer.runtime import tf_training
 
-    real = train_module.make_step_functions
+    def failing_step(*_):
+        raise tf.errors.InvalidArgumentError(None, None, "Shape mismatch in the collective instance 101")
 
-    def failing_steps(*args, **kwargs):
-        steps = real(*args, **kwargs)
-
-        def train_step(*_):
-            raise tf.errors.InvalidArgumentError(None, None, "Shape mismatch in the collective instance 101")
-
-        steps.train_step = train_step
-        return steps
-
-    monkeypatch.setattr(train_module, "make_step_functions", failing_steps)
+    monkeypatch.setattr(tf_training, "make_train_step", lambda *args, **kwargs: failing_step)
     with pytest.raises(TrainingError, match="training step 1 failed: InvalidArgumentError: Shape mismatch"):
         pretrain(config(data, tmp_path / "run"), log=quiet)
 

@@ -29,7 +29,7 @@ def test_pretraining_step_compiles_with_static_shapes_from_gfile_data(tmp_path):
     settings = dict(bert_config=bert, batch_size=8, steps=3, accumulation_steps=2, learning_rate=1e-3,
                     warmup_steps=1, seed=1, checkpoint_every=3, log_every=1, eval_batches=1)
     run = PretrainRun(TrainConfig(data=data, out=str(tmp_path / "run"), jit=True, **settings), log=lambda _: None)
-    run.steps.train_step = recorded = Recorded(run.steps.train_step)
+    run.training.step_function = recorded = Recorded(run.training.step_function)
     result = run.pretrain()
     assert result["step"] == 3 and result["eval"]["examples"] == 8
     assert_static_and_compiled(recorded, micro_batch=4)

@@ -8,7 +8,7 @@ import click
 
 from bert_datagen.cli.plumbing import FiniteFloat, Int, given, refuse_unused_options
 from bert_datagen.contract.ranges import MAX_SEED, MAX_TIMEOUT_S
-from bert_datagen.trainer.backends.option import refuse_on_jax, use_backend
+from bert_datagen.trainer.backends.option import backend_option, use_backend
 from bert_datagen.trainer.finetune.config import BUCKETS, SPAN_METRICS
 from bert_datagen.trainer.runtime.config import PRECISIONS, STRATEGIES, ConfigError
 
@@ -65,6 +65,7 @@ def _seed_list(value: str | None) -> list[int] | None:
 @click.option("--cluster-timeout", type=Int(1, MAX_TIMEOUT_S), default=300, show_default=True,
               help="--strategy multi-worker: seconds to wait for the other workers (TF_CONFIG) to join, and "
                    "for each collective step, before stopping.")
+@backend_option
 @click.option("--precision", type=click.Choice(PRECISIONS), default="float32", show_default=True)
 @click.option("--jit/--no-jit", default=False, show_default=True)
 @click.option("--group-by-length/--no-group-by-length", default=False, show_default=True,
@@ -77,7 +78,7 @@ def _seed_list(value: str | None) -> list[int] | None:
 def finetune_command(ctx: click.Context, bert_config_file, seeds, seed, epochs, learning_rate, batch_size, eval_split,
                      cluster_timeout, **options) -> None:
     """Fine-tune a pre-trained BERT on a task dataset; evaluates after each epoch."""
-    refuse_on_jax(use_backend(None), "bert-train finetune", "only pre-training is ported so far")
+    options["backend"] = use_backend(options["backend"])
     seed_list = _seed_list(seeds)
     if seed_list is not None and seed is not None:
         raise click.UsageError("--seed and --seeds are exclusive")
@@ -146,7 +147,7 @@ ALLOW_VOCAB_MISMATCH_HELP = ("Run the model on data made with another vocab than
 def predict_run(run: str, data: str, split: str, out: str | None, batch_size: int = 64,
                 null_score_diff_threshold: float = 0.0, need_labels: bool = False,
                 allow_other_task: bool = False, overwrite: bool = False,
-                allow_vocab_mismatch: bool = False, span_metric: str = "auto") -> dict:
+                allow_vocab_mismatch: bool = False, span_metric: str = "auto", backend: str = "tensorflow") -> dict:
     """Predictions (and metrics, for labelled splits) of a fine-tuned run on a split of a task dataset;
     `out`, when given, is checked before any work (`evaluate.check_predictions_out`) and locked
     from the start to the end (reading a run takes no lock)."""
@@ -160,27 +161,28 @@ def predict_run(run: str, data: str, split: str, out: str | None, batch_size: in
     with output_lock(out) if out else contextlib.nullcontext():
         previous = check_predictions_out(out, overwrite) if out else []
         return _predict(run, data, split, out, batch_size, null_score_diff_threshold, need_labels, previous,
-                        allow_other_task, allow_vocab_mismatch, span_metric)
+                        allow_other_task, allow_vocab_mismatch, span_metric, backend)
 
 
 def _predict(run: str, data: str, split: str, out: str | None, batch_size: int,
              null_score_diff_threshold: float, need_labels: bool, previous: list[str],
              allow_other_task: bool = False, allow_vocab_mismatch: bool = False,
-             span_metric: str = "auto") -> dict:
+             span_metric: str = "auto", backend: str = "tensorflow") -> dict:
     from bert_datagen.trainer.finetune.checks import check_data_fits, check_same_task
     from bert_datagen.trainer.finetune.data import check_split_files, open_task_dataset
     from bert_datagen.trainer.finetune.evaluate import evaluate_split, write_predictions_dir
     from bert_datagen.trainer.interop.finetune_export import restore_finetuned
     from bert_datagen.trainer.runtime.devices import enable_determinism
 
-    enable_determinism(0)
+    enable_determinism(0, backend)
     model, bert, task, ckpt = restore_finetuned(run)
     dataset = open_task_dataset(data)
     check_split_files(dataset, [dataset.split(split)])
     check_same_task(dataset, task, str(ckpt), allow_other_task, allow_vocab_mismatch)
     check_data_fits(dataset, bert, str(ckpt))
     result = evaluate_split(model, dataset, split, batch_size, need_labels=need_labels,
-                            null_score_diff_threshold=null_score_diff_threshold, span_metric=span_metric)
+                            null_score_diff_threshold=null_score_diff_threshold, span_metric=span_metric,
+                            backend=backend)
     written = []
     if out:
         about = {"run": str(run), "checkpoint": str(ckpt), "data": str(data), "split": split}
@@ -204,11 +206,12 @@ def _predict(run: str, data: str, split: str, out: str | None, batch_size: int,
 @click.option("--allow-vocab-mismatch", is_flag=True, help=ALLOW_VOCAB_MISMATCH_HELP)
 @click.option("--overwrite", is_flag=True, help="Replace the predictions an earlier `bert-train predict` wrote "
               "in --out (recognised by its predictions_record.json; nothing else is replaced).")
+@backend_option
 @click.pass_context
 def predict_command(ctx: click.Context, run, data, split, out, batch_size, null_score_diff_threshold, span_metric,
-                    allow_other_task, allow_vocab_mismatch, overwrite) -> None:
+                    allow_other_task, allow_vocab_mismatch, overwrite, backend) -> None:
     """Write a fine-tuned run's predictions for a split (predictions.tsv / SQuAD JSON / predictions.conll)."""
-    refuse_on_jax(use_backend(None), "bert-train predict", "only pre-training is ported so far")
+    backend = use_backend(backend)
     try:
         from bert_datagen.trainer.finetune.checks import threshold_unused
         from bert_datagen.trainer.finetune.data import open_task_dataset
@@ -220,7 +223,7 @@ def predict_command(ctx: click.Context, run, data, split, out, batch_size, null_
         _refuse_span_metric(ctx, dataset)
         result = predict_run(run, data, split, out, batch_size, null_score_diff_threshold,
                              allow_other_task=allow_other_task, overwrite=overwrite,
-                             allow_vocab_mismatch=allow_vocab_mismatch, span_metric=span_metric)
+                             allow_vocab_mismatch=allow_vocab_mismatch, span_metric=span_metric, backend=backend)
     except _user_errors() as exc:
         raise click.ClickException(str(exc)) from exc
     for path in result["files"]:
@@ -230,11 +233,13 @@ def predict_command(ctx: click.Context, run, data, split, out, batch_size, null_
 
 
 def eval_finetuned(run: str, data: str, split: str | None, batch_size: int, as_json: bool,
-                   allow_other_task: bool = False, allow_vocab_mismatch: bool = False) -> None:
+                   allow_other_task: bool = False, allow_vocab_mismatch: bool = False,
+                   backend: str = "tensorflow") -> None:
     """`bert-train eval --run FINETUNED_RUN`: the task metric on a labelled split (default dev)."""
     try:
         result = predict_run(run, data, split or "dev", None, batch_size, need_labels=True,
-                             allow_other_task=allow_other_task, allow_vocab_mismatch=allow_vocab_mismatch)
+                             allow_other_task=allow_other_task, allow_vocab_mismatch=allow_vocab_mismatch,
+                             backend=backend)
     except _user_errors() as exc:
         raise click.ClickException(str(exc)) from exc
     if as_json:

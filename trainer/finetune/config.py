@@ -10,6 +10,7 @@ from typing import Any, ClassVar
 
 from bert_datagen.contract.loading.task_batches import BUCKETS  # noqa: F401 (re-exported: the CLI help states it)
 from bert_datagen.contract.ranges import INT64_MAX
+from bert_datagen.trainer.backends import BACKENDS
 from bert_datagen.trainer.runtime.config import PRECISIONS, STRATEGIES, ConfigError, check_seed, check_tpu
 
 SPAN_METRICS = ("auto", "squad", "cmrc2018")
@@ -60,10 +61,11 @@ class FinetuneConfig:
     # Length-grouped training batches (finetune.data.train_batches): other batches, so a setting
     # of the run, not resumable with the other value.
     group_by_length: bool = False
+    backend: str = "tensorflow"  # the Keras backend (trainer/backends); a run may move between them
 
     RESUMABLE_CHANGES: ClassVar[frozenset[str]] = frozenset({
         "out", "checkpoint_every", "keep_checkpoints", "log_every", "eval_batch_size", "strategy", "jit", "tpu",
-        "allow_vocab_mismatch", "span_metric"})  # span_metric: how evaluations score, not what trains
+        "allow_vocab_mismatch", "span_metric", "backend"})  # span_metric: how evaluations score, not what trains
 
     def __post_init__(self) -> None:
         self.validate()
@@ -107,6 +109,8 @@ class FinetuneConfig:
         if self.precision not in PRECISIONS:
             raise ConfigError(f"precision {self.precision!r} not in {PRECISIONS}")
         check_tpu(self.tpu, self.strategy)
+        if self.backend not in BACKENDS:
+            raise ConfigError(f"backend {self.backend!r} not in {BACKENDS}")
 
     def total_steps(self, records: int) -> int:
         """The run's optimizer steps on a training split of ``records`` examples (whole batches of

@@ -17,26 +17,18 @@ ours; never a dataset, a run, or inside one (`check_predictions_out`).
 from __future__ import annotations
 
 import json
-import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-import tensorflow as tf
 
+from bert_datagen.contract.loading.task_batches import bucket_length
 from bert_datagen.trainer.errors import ConfigError, DataError
 from bert_datagen.trainer.finetune import cmrc_eval, squad_eval, squad_postprocess
 from bert_datagen.trainer.finetune import metrics as metric_lib
-from bert_datagen.trainer.finetune.data import (
-    TF_DATA_ERRORS,
-    SplitInfo,
-    TaskDataset,
-    ordered_batches,
-    read_side_file,
-    split_data_error,
-    trim_batch,
-)
+from bert_datagen.trainer.finetune.data import SplitInfo, TaskDataset, read_side_file, read_split
 from bert_datagen.trainer.runtime import rundir
+from bert_datagen.trainer.runtime.inference import MODEL_INPUTS, model_predictor
 from bert_datagen.trainer.runtime.rundir import write_atomic
 
 
@@ -61,76 +53,55 @@ def is_squad_v2(dataset: TaskDataset) -> bool:
     return dataset.task_kind == "squad2" or bool(dataset.task.get("version_2_with_negative"))
 
 
-MODEL_INPUTS = ("input_ids", "input_mask", "segment_ids")
-
-# One traced prediction function per model and sequence length, kept for every later evaluation: a
-# function made per call traced the model again at each evaluation (and once more for the short
-# last batch), seconds each time, and TensorFlow warned of the retracing. The batch dimension is
-# left open, so full and short batches share the one trace. Weak keys: a model no longer used
-# takes its function with it.
-_PREDICT_FUNCTIONS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-
-def predict_function(model, seq_length: int) -> tf.types.experimental.PolymorphicFunction:
-    """The model's inference step on batches of ``seq_length`` tokens, traced once."""
-    functions = _PREDICT_FUNCTIONS.setdefault(model, {})
-    if seq_length not in functions:
-        owner = weakref.ref(model)  # a strong reference here would keep the cache's key alive
-        spec = {k: tf.TensorSpec([None, seq_length], tf.int32, name=k) for k in MODEL_INPUTS}
-
-        @tf.function(input_signature=[spec])
-        def step(batch):
-            return owner()(batch, training=False)
-
-        functions[seq_length] = step
-    return functions[seq_length]
-
-
 # Task types whose predictions read no output at padding positions: their batches are cut to
-# their bucket length (finetune.data.trim_batch), per-token outputs padded back with zeros. Span
+# their bucket length (`trim_to_bucket`), per-token outputs padded back with zeros. Span
 # predictions rank every position of the window, padding included (as the original does), so
 # their batches keep the full length and the padding's logits stay what they always were.
 TRIMMED_TASK_TYPES = ("classification", "regression", "tagging")
+# What the predictions are scored and written with, besides the model's outputs.
+CARRIED_FEATURES = ("label_ids", "unique_ids", "start_positions", "end_positions")
 
 
-def predict_arrays(model, split: SplitInfo, batch_size: int, trim: bool = False) -> dict[str, np.ndarray]:
+def trim_to_bucket(inputs: dict[str, np.ndarray], max_seq_length: int) -> dict[str, np.ndarray]:
+    """The batch cut to the shortest bucket length (`bucket_lengths`) that holds its longest row."""
+    length = bucket_length(int(inputs["input_mask"].sum(axis=1).max()), max_seq_length)
+    return {k: v[:, :length] for k, v in inputs.items()}
+
+
+def predict_arrays(model, split: SplitInfo, batch_size: int, trim: bool = False,
+                   backend: str = "tensorflow") -> dict[str, np.ndarray]:
     """Run the model over a split in record order; logits plus the label/id features, concatenated.
     `trim`: each batch runs at its bucket length (same predictions, less work on padding)."""
     seq_length = split.features["input_ids"][1]
+    predict = model_predictor(model, backend)
     parts: dict[str, list[np.ndarray]] = {}
-    try:
-        for batch in ordered_batches(split, batch_size):
-            inputs = {k: batch[k] for k in MODEL_INPUTS}
-            if trim:
-                inputs = trim_batch(inputs, seq_length)
-            step = predict_function(model, int(inputs["input_ids"].shape[1]))
-            _predict_batch(step, inputs, batch, parts, seq_length)
-    except TF_DATA_ERRORS as exc:
-        raise split_data_error(split, exc) from exc
+    # In record order through the loaders every framework shares, against the dataset the command
+    # opened: one replaced since is refused at its first batch.
+    for batch in read_split(split, batch_size):
+        inputs = {k: batch[k] for k in MODEL_INPUTS}
+        if trim:
+            inputs = trim_to_bucket(inputs, seq_length)
+        for k, v in predict(inputs).items():
+            if v.ndim == 3 and v.shape[1] < seq_length:  # per-token logits of a trimmed batch
+                v = np.pad(v, [(0, 0), (0, seq_length - v.shape[1]), (0, 0)])
+            parts.setdefault(k, []).append(v)
+        for k in CARRIED_FEATURES:
+            if k in batch:
+                parts.setdefault(k, []).append(batch[k])
     if not parts:
         raise DataError(f"split {split.name!r} has no records")
     return {k: np.concatenate(v) for k, v in parts.items()}
 
 
-def _predict_batch(step, inputs: dict, batch: dict, parts: dict[str, list[np.ndarray]], seq_length: int) -> None:
-    out = step(inputs)
-    for k, v in out.items():
-        v = v.numpy()
-        if v.ndim == 3 and v.shape[1] < seq_length:  # per-token logits of a trimmed batch
-            v = np.pad(v, [(0, 0), (0, seq_length - v.shape[1]), (0, 0)])
-        parts.setdefault(k, []).append(v)
-    for k in ("label_ids", "unique_ids", "start_positions", "end_positions"):
-        if k in batch:
-            parts.setdefault(k, []).append(batch[k].numpy())
-
-
 def evaluate_split(model, dataset: TaskDataset, split_name: str, batch_size: int, *, need_labels: bool,
-                   null_score_diff_threshold: float = 0.0, span_metric: str = "auto") -> SplitPredictions:
+                   null_score_diff_threshold: float = 0.0, span_metric: str = "auto",
+                   backend: str = "tensorflow") -> SplitPredictions:
     split = dataset.split(split_name)
     if need_labels and not split.labelled:
         raise DataError(f"{dataset.source}: split {split_name!r} is unlabelled; it can be predicted "
                         "(`bert-train predict`) but not evaluated")
-    arrays = predict_arrays(model, split, batch_size, trim=dataset.task_type in TRIMMED_TASK_TYPES)
+    arrays = predict_arrays(model, split, batch_size, trim=dataset.task_type in TRIMMED_TASK_TYPES,
+                            backend=backend)
     result = SplitPredictions(dataset.task_type, arrays)
     kind = dataset.task_type
     if kind in ("classification", "regression"):

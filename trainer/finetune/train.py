@@ -1,7 +1,7 @@
 """`bert-train finetune`: one fine-tuning run (or one sub-run per seed) on a task dataset.
 
-Like pre-training (trainer/pretrain/train.py), with the same step (trainer/runtime/step.py's `make_train_step`,
-given the task's `finetuning_objective`), optimizer, clipping and schedule: one optimizer step = one
+Like pre-training (trainer/pretrain/train.py), with the same loop (trainer/runtime/loop.py), step (each
+backend's, given the task's `finetuning_objective`: trainer/finetune/step.py), optimizer, clipping and schedule: one optimizer step = one
 global batch, split over replicas and `accumulation_steps` micro-batches, each part's loss divided
 by the WHOLE batch's denominator (examples; labelled positions for tagging) so the summed gradient
 is the whole batch's. Dropout masks are a pure function of (seed, step, position in the global batch) and
@@ -26,24 +26,14 @@ import contextlib
 import dataclasses
 import json
 import statistics
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import tensorflow as tf
-from keras import ops
-
-from bert_datagen.trainer.errors import DataError, TrainingError
+from bert_datagen.trainer.errors import ConfigError, DataError, TrainingError
 from bert_datagen.trainer.finetune.checks import check_data_fits, check_vocab, task_summary
 from bert_datagen.trainer.finetune.config import FinetuneConfig
-from bert_datagen.trainer.finetune.data import (
-    TF_DATA_ERRORS,
-    check_split_files,
-    open_task_dataset,
-    split_data_error,
-    train_batches,
-)
+from bert_datagen.trainer.finetune.data import check_split_files, open_task_dataset
 from bert_datagen.trainer.finetune.evaluate import evaluate_split, primary_metric, write_outputs
 from bert_datagen.trainer.finetune.init import (
     init_checkpoint_config,
@@ -51,34 +41,19 @@ from bert_datagen.trainer.finetune.init import (
     initialise_encoder,
 )
 from bert_datagen.trainer.finetune.ordered import BLOCK_SIZE, FinetuneBatches
-from bert_datagen.trainer.interop.loading import dtype_policy
+from bert_datagen.trainer.finetune.step import finetuning_spec
 from bert_datagen.trainer.model.config import BertConfig
-from bert_datagen.trainer.model.heads import (
-    FineTuneModel,
-    build_finetune_model,
-    finetune_variable_map,
-    head_class,
-    trained_variable_map,
-)
+from bert_datagen.trainer.pretrain.data import find_bad_record
 from bert_datagen.trainer.runtime import checkpoint as ckpt_lib
 from bert_datagen.trainer.runtime import cluster, rundir
-from bert_datagen.trainer.runtime.checkpoint import checkpoint_arrays, restore_checkpoint_arrays
-from bert_datagen.trainer.runtime.devices import enable_determinism, make_run_strategy, replica_slices
-from bert_datagen.trainer.runtime.optimizer import AdamWeightDecay, loss_scale_for
-from bert_datagen.trainer.runtime.ordered_input import INPUT_ORDER, OrderedInput, input_closed
+from bert_datagen.trainer.runtime.devices import enable_determinism
+from bert_datagen.trainer.runtime.loop import TrainingLoop
+from bert_datagen.trainer.runtime.ordered_input import INPUT_ORDER, OrderedInput
 from bert_datagen.trainer.runtime.rundir import cleanup_temp, write_atomic
-from bert_datagen.trainer.runtime.step import Objective, make_train_step
-from bert_datagen.trainer.runtime.stopping import (
-    LOST_WORKER_ERRORS,
-    interrupts_between_steps,
-    lost_worker_error,
-    stop_interrupted,
-    stop_on_non_finite_loss,
-)
 from bert_datagen.trainer.runtime.tensorboard import tensorboard_writers, write_scalar
+from bert_datagen.trainer.runtime.training import refuse_unported_on_jax, start_training
 from bert_datagen.trainer.runtime.updates import learning_rate
 
-FINETUNING_DROPOUT_SALT = 0xF17E  # other dropout masks than pre-training's at the same seed and step
 CONFIG_FILE = rundir.FINETUNE_CONFIG_FILE
 TASK_FILE = "task.json"
 BERT_CONFIG_FILE = "bert_config.json"
@@ -91,23 +66,7 @@ def model_config_for(cfg: FinetuneConfig, bert_config_file: str | None = None) -
     return init_checkpoint_config(cfg.init_checkpoint, bert_config_file)
 
 
-def finetuning_objective(model: FineTuneModel, task_type: str) -> Objective:
-    """The task's mean loss over the whole batch: its examples, or for tagging its labelled positions."""
-    head = head_class(task_type)
-
-    def whole_batch_total(batch, reduce):
-        # At least 1: a tagging batch may hold no labelled position (its loss sum is then 0).
-        return ops.maximum(reduce(head.denominator(batch)), 1.0)
-
-    def micro_loss(part, denominator, seed):
-        out = model(part, training=True, dropout_seed=seed)
-        sums = head.sums(out, part)
-        return sums["loss_sum"] / denominator, sums
-
-    return Objective(whole_batch_total, micro_loss, FINETUNING_DROPOUT_SALT)
-
-
-class FinetuneRun:
+class FinetuneRun(TrainingLoop):
     """Everything one fine-tuning run holds; `run()` drives it."""
 
     def __init__(self, cfg: FinetuneConfig, log: Callable[[str], None] = print, bert_config_file: str | None = None):
@@ -118,7 +77,8 @@ class FinetuneRun:
         if self.chief:  # the others checked it before joining: now the chief may be writing in it
             rundir.check_out_dir(cfg.out, rundir.FINETUNING)
         rundir.check_settings(self.run_dir, cfg, CONFIG_FILE)
-        enable_determinism(cfg.seed)
+        refuse_unported_on_jax(cfg)
+        enable_determinism(cfg.seed, cfg.backend)
         self.data = open_task_dataset(cfg.data)
         rundir.check_dataset(self.run_dir, cfg.data, self.data.identity)
         self.train_split = self.data.split(cfg.train_split)
@@ -140,30 +100,27 @@ class FinetuneRun:
         vocab_note = check_vocab(self.data, cfg.init_from, cfg.init_checkpoint, cfg.allow_vocab_mismatch)
         if vocab_note:
             log(vocab_note)
-        self.strategy = make_run_strategy(cfg.strategy, cfg.tpu, cfg.batch_size, cfg.accumulation_steps)
         self.steps_per_epoch = self.train_split.records // cfg.batch_size
         if self.steps_per_epoch == 0:
             raise DataError(f"{cfg.data}: split {cfg.train_split!r} has {self.train_split.records} records, "
                             f"fewer than one batch of {cfg.batch_size}")
         self.total_steps = cfg.total_steps(self.train_split.records)
         self.warmup_steps = int(self.total_steps * cfg.warmup_proportion)
-        with self.strategy.scope():
-            self.model = build_finetune_model(self.bert, self.data.task_type, self.data.num_labels, seed=cfg.seed,
-                                              dtype=dtype_policy(cfg.precision))
-            self.named = finetune_variable_map(self.model)
-            self.optimizer = AdamWeightDecay(trained_variable_map(self.model), weight_decay=cfg.weight_decay)
-            self.loss_scale = loss_scale_for(cfg.precision)
-        self.train_step = make_train_step(finetuning_objective(self.model, self.data.task_type), self.optimizer,
-                                          self.strategy, cfg, self.loss_scale)
+        self.training = start_training(finetuning_spec(cfg, self.bert, self.data.task_type, self.data.num_labels,
+                                                       self._bad_record))
+        self.model, self.named = self.training.model, self.training.named
         self.step = 0
         self.saved_step: int | None = None
         self.history: list[dict] = []
         self.tf_data_input = False  # set on resume: a run of an earlier version reads through tf.data
         self.world, self.rank = cluster.worker_share()
         self.input: OrderedInput | None = None
-        # Before the chief writes anything: all workers run the same configuration, or none runs.
-        cluster.agree(self.strategy, cluster.start_record(cfg.to_dict(), cfg.out, self.data.identity["fingerprint"],
-                                                          self.bert.to_dict(), self.strategy))
+        self._next_batch: Callable[[], dict] | None = None
+        strategy = self.training.strategy
+        if strategy is not None:  # one process on JAX: nothing to agree with
+            # Before the chief writes anything: all workers run the same configuration, or none runs.
+            cluster.agree(strategy, cluster.start_record(cfg.to_dict(), cfg.out, self.data.identity["fingerprint"],
+                                                         self.bert.to_dict(), strategy))
 
     # -- state
 
@@ -178,7 +135,9 @@ class FinetuneRun:
             cleanup_temp(self.run_dir)  # what interrupted writes of ours left (checkpoints, marked files)
         found = ckpt_lib.list_checkpoints(self.run_dir)
         if not found:
-            return initialise_encoder(self.model, self.cfg.init_from, self.cfg.init_checkpoint)
+            source = initialise_encoder(self.model, self.cfg.init_from, self.cfg.init_checkpoint)
+            self.training.reload_from_model()
+            return source
         step, path = found[-1]
         state = ckpt_lib.load_state(path)
         saved = state.get("task", {})
@@ -187,19 +146,22 @@ class FinetuneRun:
                 f"{path}: the run's head was fine-tuned for a {saved.get('type')} task with "
                 f"{len(saved.get('labels', []))} labels {saved.get('labels')}, the dataset has a "
                 f"{self.data.task_type} task with {self.data.num_labels} labels {self.data.labels}")
-        restore_checkpoint_arrays(path, self.named, self.optimizer, self.loss_scale)
-        self.step = self.saved_step = step
-        self.history = list(state.get("history", []))
         # Checkpoints of earlier versions record no input: their runs go on reading through tf.data.
         self.tf_data_input = "input" not in state
+        if self.tf_data_input and self.cfg.backend == "jax":
+            raise ConfigError(f"{path}: a run of an earlier version, which reads through tf.data: resume it with "
+                              "--backend tensorflow")
+        self.training.restore(path)
+        self.step = self.saved_step = step
+        self.history = list(state.get("history", []))
         return f"resumed from {path} (step {step})"
 
-    def save(self) -> Path | None:
+    def save(self, figures: dict | None = None) -> Path | None:
         if not self.chief:
             self.saved_step = self.step
             return None
-        model_arrays, opt_arrays = checkpoint_arrays(self.named, self.optimizer, self.loss_scale, self.step)
-        state = {"step": self.step, "bert_config": self.bert.to_dict(), "task": self.task_record(),
+        model_arrays, opt_arrays = self.training.checkpoint_arrays(self.step)
+        state = {"step": self.step, "backend": self.cfg.backend, "bert_config": self.bert.to_dict(), "task": self.task_record(),
                  "history": self.history, "data": self.data.source, "total_steps": self.total_steps,
                  "steps_per_epoch": self.steps_per_epoch}
         if not self.tf_data_input:
@@ -211,38 +173,30 @@ class FinetuneRun:
 
     # -- loop
 
-    def batches_from(self, step: int):
-        """Batches from global step `step` on, epoch after epoch (each epoch its own shuffle)."""
-        epoch, offset = divmod(step, self.steps_per_epoch)
-        while True:
-            ds = train_batches(self.train_split, self.cfg.batch_size, self.cfg.seed, epoch,
-                               group_by_length=self.cfg.group_by_length)
-            yield from (iter(ds.skip(offset)) if offset else iter(ds))
-            epoch, offset = epoch + 1, 0
-
-    def _train_input(self) -> tuple[Callable[[], dict], int]:
-        """(the next training batch, from the current step on; the workers it is shared over)."""
+    def _train_input(self) -> Callable[[], dict]:
+        """The next training batch, from the current step on (this worker's share of it)."""
         if self.tf_data_input:
-            batches = self.batches_from(self.step)
-            return (lambda: self._next_batch(batches)), 1
+            from bert_datagen.trainer.finetune.earlier_runs_input import earlier_run_batches
+
+            return earlier_run_batches(self.train_split, self.cfg, self.steps_per_epoch, self.step)
         cfg = self.cfg
         ordered = FinetuneBatches(cfg.data, cfg.train_split, cfg.seed, cfg.batch_size, self.steps_per_epoch,
-                                  self.world, self.rank, cfg.group_by_length)
-        self.input = OrderedInput(ordered.batch, self.step)
-        return self.input.next, self.world
+                                  self.world, self.rank, cfg.group_by_length,
+                                  version=self.train_split.manifest_version)
+        self.workers = self.world
+        self.input = OrderedInput(ordered.batch, self.step, as_tensors=False)
+        return self.input.next
 
-    def _next_batch(self, batches):
-        try:
-            return next(batches)
-        except TF_DATA_ERRORS as exc:
-            raise split_data_error(self.train_split, exc) from exc
+    def _bad_record(self) -> str | None:
+        return find_bad_record(self.train_split.files, 0, 0, self.train_split.features)
 
     def evaluate(self) -> dict | None:
         if self.eval_split is None:
             return None
+        self.training.sync_model()
         result = evaluate_split(self.model, self.data, self.eval_split.name, self.cfg.eval_batch_size,
                                 need_labels=True, null_score_diff_threshold=self.cfg.null_score_diff_threshold,
-                                span_metric=self.cfg.span_metric)
+                                span_metric=self.cfg.span_metric, backend=self.cfg.backend)
         return {"metrics": result.metrics, "result": result}
 
     def run(self, stop_at: int | None = None) -> dict:
@@ -253,58 +207,55 @@ class FinetuneRun:
                          cfg.data, self.data.identity)
         self.log(f"{self.restore_or_initialise()}; {self.data.source}: {task_summary(self.data)}, "
                  f"{self.train_split.records} train records, "
-                 f"{self.total_steps} steps ({self.steps_per_epoch} per epoch), warmup {self.warmup_steps}")
-        writer, eval_writer = tensorboard_writers(self.run_dir, self.chief)
+                 f"{self.total_steps} steps ({self.steps_per_epoch} per epoch), warmup {self.warmup_steps}, "
+                 f"{self.training.replicas} replica(s), {cfg.precision}, Keras on {cfg.backend}")
+        self.writer, self.eval_writer = tensorboard_writers(self.run_dir, self.chief)
         end = self.total_steps if stop_at is None else min(stop_at, self.total_steps)
         if self.step >= self.total_steps and (self.run_dir / "final_metrics.json").is_file():
             self.log(f"{self.run_dir}: the run is complete (step {self.step})")
             return {**json.loads((self.run_dir / "final_metrics.json").read_text()), "step": self.step,
                     "total_steps": self.total_steps, "run_dir": str(self.run_dir)}
-        window: dict[str, float] = {}
-        window_start, window_steps = time.perf_counter(), 0
-        next_batch, workers = self._train_input()
-        last_eval = None
-        with interrupts_between_steps() as interrupted, input_closed(self):
-            while self.step < end:
-                if interrupted():
-                    stop_interrupted(self.run_dir, self.step, self.saved_step, self.save, self.log)
-                lr = learning_rate(self.step, cfg.learning_rate, self.warmup_steps, self.total_steps)
-                batch = replica_slices(self.strategy, next_batch(), cfg.batch_size, workers)
-                try:
-                    sums = self.train_step(batch, tf.constant(lr), tf.constant(self.step, tf.int64))
-                except LOST_WORKER_ERRORS as exc:
-                    raise lost_worker_error(exc, self.step + 1, self.run_dir) from exc
-                sums = {k: float(v) for k, v in sums.items()}
-                stop_on_non_finite_loss(sums["loss_sum"] / max(sums["loss_count"], 1.0), self.step, self.run_dir,
-                                        self.loss_scale)
-                self.step += 1
-                window_steps += 1
-                for k, v in sums.items():
-                    window[k] = window.get(k, 0.0) + v
-                if self.step % cfg.log_every == 0 or self.step == end:
-                    elapsed = time.perf_counter() - window_start
-                    m = {"loss": window["loss_sum"] / max(window["loss_count"], 1.0),
-                         "accuracy": window["correct"] / max(window["count"], 1.0), "learning_rate": float(lr),
-                         "seconds_per_step": elapsed / window_steps}
-                    self.log(f"step {self.step:>6}/{self.total_steps}  loss {m['loss']:.4f}  lr {m['learning_rate']:.3e}  "
-                             f"{m['seconds_per_step']:.3f} s/step")
-                    with writer.as_default(step=self.step):
-                        for name, value in m.items():
-                            write_scalar(name, value)
-                    window, window_start, window_steps = {}, time.perf_counter(), 0
-                epoch_done = self.step % self.steps_per_epoch == 0 or self.step == self.total_steps
-                if epoch_done:
-                    last_eval = self.evaluate()
-                    self._record_epoch(eval_writer, last_eval)
-                if epoch_done or (cfg.checkpoint_every and self.step % cfg.checkpoint_every == 0) or self.step == end:
-                    self.save()
-        writer.flush()
-        eval_writer.flush()
+        self._next_batch = self._train_input()
+        self.last_eval = None
+        self.train_steps(end)
+        self.writer.flush()
+        self.eval_writer.flush()
         result = {"step": self.step, "total_steps": self.total_steps, "run_dir": str(self.run_dir),
                   "history": self.history}
         if self.step >= self.total_steps:
-            result.update(self._final(last_eval))
+            result.update(self._final(self.last_eval))
         return result
+
+    # -- the loop's hooks (runtime/loop.py)
+
+    def learning_rate(self, step: int) -> float:
+        return learning_rate(step, self.cfg.learning_rate, self.warmup_steps, self.total_steps)
+
+    def next_batch(self) -> dict:
+        return self._next_batch()
+
+    def loss_of(self, sums: dict[str, float]) -> float:
+        return sums["loss_sum"] / max(sums["loss_count"], 1.0)
+
+    def window_figures(self, sums: dict[str, float], steps: int, seconds: float, lr: float) -> dict[str, float]:
+        return {"loss": self.loss_of(sums), "accuracy": sums["correct"] / max(sums["count"], 1.0),
+                "learning_rate": lr, "seconds_per_step": seconds / steps}
+
+    def report(self, figures: dict[str, float]) -> None:
+        self.log(f"step {self.step:>6}/{self.total_steps}  loss {figures['loss']:.4f}  "
+                 f"lr {figures['learning_rate']:.3e}  {figures['seconds_per_step']:.3f} s/step")
+        with self.writer.as_default(step=self.step):
+            for name, value in figures.items():
+                write_scalar(name, value)
+
+    def after_step(self, end: int, figures: dict[str, float]) -> None:
+        epoch_done = self.step % self.steps_per_epoch == 0 or self.step == self.total_steps
+        if epoch_done:
+            self.last_eval = self.evaluate()
+            self._record_epoch(self.eval_writer, self.last_eval)
+        every = self.cfg.checkpoint_every
+        if epoch_done or (every and self.step % every == 0) or self.step == end:
+            self.save()
 
     def _record_epoch(self, writer, evaluation: dict | None) -> None:
         epoch = self.step / self.steps_per_epoch

@@ -11,13 +11,14 @@ reaches this module only.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import tensorflow as tf
 
-from bert_datagen.trainer.errors import ConfigError
+from bert_datagen.trainer.errors import CheckpointError, ConfigError
 from bert_datagen.trainer.pretrain.data import DatasetInfo, parse_batch, parsed_batches
+from bert_datagen.trainer.runtime.checkpoint import INPUT_PREFIX
 from bert_datagen.trainer.runtime.config import TrainConfig
 from bert_datagen.trainer.runtime.rundir import TRAIN_CONFIG_FILE
 
@@ -78,3 +79,24 @@ def train_dataset(info: DatasetInfo, batch_size: int, seed: int, shuffle_buffer:
     )
     records = records.shuffle(shuffle_buffer, seed=seed + 1, reshuffle_each_iteration=True)
     return parsed_batches(records, info, batch_size)
+
+
+# What tf.data raises on a record it cannot read (a failed CRC, a truncated file) or parse.
+_TF_DATA_ERRORS = (tf.errors.DataLossError, tf.errors.InvalidArgumentError)
+
+
+def next_tf_data_batch(iterator: Iterator, data_error: Callable[[Exception], Exception]) -> dict:
+    """The next batch of such a run; a record tf.data cannot read is `data_error(exc)`."""
+    try:
+        return next(iterator)
+    except _TF_DATA_ERRORS as exc:
+        raise data_error(exc) from exc
+
+
+def restore_input_position(iterator_ckpt: tf.train.Checkpoint, path: Path) -> None:
+    """The iterator's position from checkpoint directory `path`."""
+    try:
+        iterator_ckpt.read(str(path / INPUT_PREFIX)).assert_consumed()
+    except (tf.errors.OpError, AssertionError, ValueError) as exc:
+        raise CheckpointError(f"{path / INPUT_PREFIX}: cannot restore the input position: "
+                              f"{getattr(exc, 'message', exc)}") from exc

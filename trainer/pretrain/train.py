@@ -15,21 +15,18 @@ its first records parse with the model's lengths, that data and model fit.
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
-import tensorflow as tf
 
 from bert_datagen.contract.loading.batches import NumpyBatches
 from bert_datagen.contract.loading.mixture import MixedBatches
 from bert_datagen.contract.loading.skips import SkipError, add_ranges, batch_of_step
 from bert_datagen.datagen.packed import compact_predictions
 from bert_datagen.datagen.records import INSTANCE_KEY, WORD_BITS
-from bert_datagen.trainer.errors import CheckpointError, ConfigError, DataError, TrainingError
-from bert_datagen.trainer.interop.loading import dtype_policy, init_weights_from, load_init_checkpoint
-from bert_datagen.trainer.model.bert import build_model, tf1_variable_map
+from bert_datagen.trainer.errors import ConfigError, DataError
+from bert_datagen.trainer.interop.loading import init_weights_from, load_init_checkpoint
 from bert_datagen.trainer.model.config import BertConfig
 from bert_datagen.trainer.pretrain.data import (
     DatasetInfo,
@@ -43,30 +40,25 @@ from bert_datagen.trainer.pretrain.data import (
     training_source,
     with_sequence_weights,
 )
-from bert_datagen.trainer.pretrain.earlier_runs_input import earlier_run_input
+from bert_datagen.trainer.pretrain.earlier_runs_input import (
+    earlier_run_input,
+    next_tf_data_batch,
+    restore_input_position,
+)
 from bert_datagen.trainer.pretrain.evaluate import evaluate_model
 from bert_datagen.trainer.pretrain.mixture_input import MIXTURE_FEATURE, check_resumed_mixture, mixed_batches
 from bert_datagen.trainer.pretrain.objective import losses_from_sums
 from bert_datagen.trainer.pretrain.options import as_run, model_vocab_size
-from bert_datagen.trainer.pretrain.step import jax_pretraining, make_step_functions, refuse_unported_on_jax
+from bert_datagen.trainer.pretrain.step import pretraining_spec
 from bert_datagen.trainer.runtime import checkpoint as ckpt_lib
 from bert_datagen.trainer.runtime import cluster, rundir
-from bert_datagen.trainer.runtime.checkpoint import checkpoint_arrays, restore_checkpoint_arrays
 from bert_datagen.trainer.runtime.config import TrainConfig
-from bert_datagen.trainer.runtime.devices import enable_determinism, make_run_strategy, replica_slices
-from bert_datagen.trainer.runtime.optimizer import loss_scale_for, make_optimizer
-from bert_datagen.trainer.runtime.ordered_input import INPUT_ORDER, OrderedInput, input_closed
-from bert_datagen.trainer.runtime.stopping import (
-    LOST_WORKER_ERRORS,
-    interrupts_between_steps,
-    lost_worker_error,
-    stop_interrupted,
-    stop_on_non_finite_loss,
-)
+from bert_datagen.trainer.runtime.devices import enable_determinism
+from bert_datagen.trainer.runtime.loop import TrainingLoop
+from bert_datagen.trainer.runtime.ordered_input import INPUT_ORDER, OrderedInput
 from bert_datagen.trainer.runtime.tensorboard import tensorboard_writers, write_scalar
+from bert_datagen.trainer.runtime.training import refuse_unported_on_jax, start_training
 from bert_datagen.trainer.runtime.updates import learning_rate
-
-_TF_DATA_ERRORS = (tf.errors.DataLossError, tf.errors.InvalidArgumentError)
 
 
 def load_bert_config_for(cfg: TrainConfig, info: DatasetInfo) -> BertConfig:
@@ -79,7 +71,7 @@ def load_bert_config_for(cfg: TrainConfig, info: DatasetInfo) -> BertConfig:
     return BertConfig.from_name(cfg.model, int(vocab_size))
 
 
-class PretrainRun:
+class PretrainRun(TrainingLoop):
     """Everything one `bert-train pretrain` invocation holds; `pretrain()` drives it."""
 
     def __init__(self, cfg: TrainConfig, log: Callable[[str], None] = print):
@@ -108,22 +100,8 @@ class PretrainRun:
             check_split_size(self.info, "eval", cfg.batch_size)
         check_first_records(self.info)
         check_token_ids(self.info, self.bert.vocab_size, cfg.batch_size)
-        self.strategy = None if self.on_jax else make_run_strategy(cfg.strategy, cfg.tpu, cfg.batch_size,
-                                                                     cfg.accumulation_steps)
-        self.jax = None  # a JaxTraining on the JAX backend
-        if self.on_jax:
-            self.model = build_model(self.bert, seed=cfg.seed, dtype=dtype_policy(cfg.precision))
-            self.named = tf1_variable_map(self.model)
-            self.optimizer = self.loss_scale = None
-            self.jax = jax_pretraining(self.model, self.named, cfg, self.info.packed)
-        else:
-            with self.strategy.scope():
-                self.model = build_model(self.bert, seed=cfg.seed, dtype=dtype_policy(cfg.precision))
-                self.named = tf1_variable_map(self.model)
-                self.optimizer = make_optimizer(cfg.optimizer, self.named, weight_decay=cfg.weight_decay)
-                self.loss_scale = loss_scale_for(cfg.precision)
-            self.steps = make_step_functions(self.model, self.optimizer, self.strategy, cfg, self.loss_scale,
-                                             packed=self.info.packed)
+        self.training = start_training(pretraining_spec(cfg, self.bert, self.info.packed, self._bad_record))
+        self.model, self.named = self.training.model, self.training.named
         self.step = 0
         self.saved_step: int | None = None
         self.skipped: list[tuple[int, int]] = []
@@ -133,6 +111,7 @@ class PretrainRun:
         self.tf_data_input = ckpt_lib.reads_through_tf_data(self.run_dir)
         self.cfg = cfg = as_run(cfg, self.tf_data_input, log)
         self.world, self.rank = (1, 0) if self.tf_data_input else cluster.worker_share()
+        self.workers = self.world
         if self.tf_data_input:
             self.iterator, self.iterator_ckpt = earlier_run_input(self.info, cfg, self.run_dir)
         elif cfg.mix:
@@ -140,11 +119,11 @@ class PretrainRun:
         else:
             self.batches = NumpyBatches(training_source(self.info), seed=cfg.seed, batch_size=cfg.batch_size,
                                         world_size=self.world, rank=self.rank)
-        if not self.on_jax:  # one process on JAX: nothing to agree with
+        strategy = self.training.strategy
+        if strategy is not None:  # one process on JAX: nothing to agree with
             # Before the chief writes anything: all workers run the same configuration, or none runs.
-            cluster.agree(self.strategy, cluster.start_record(cfg.to_dict(), cfg.out,
-                                                              self.info.identity["fingerprint"], self.bert.to_dict(),
-                                                              self.strategy))
+            cluster.agree(strategy, cluster.start_record(cfg.to_dict(), cfg.out, self.info.identity["fingerprint"],
+                                                         self.bert.to_dict(), strategy))
 
     # -- state
 
@@ -157,27 +136,18 @@ class PretrainRun:
             step, path = found[-1]
             if not self.tf_data_input:
                 check_resumed_mixture(ckpt_lib.load_state(path).get("input"), self.batches, str(path))
-            if self.on_jax:
-                self.jax.restore(path)
-            else:
-                restore_checkpoint_arrays(path, self.named, self.optimizer, self.loss_scale)
+            self.training.restore(path)
             if self.tf_data_input:
-                try:
-                    self.iterator_ckpt.read(str(path / ckpt_lib.INPUT_PREFIX)).assert_consumed()
-                except (tf.errors.OpError, AssertionError, ValueError) as exc:
-                    raise CheckpointError(f"{path / ckpt_lib.INPUT_PREFIX}: cannot restore the input position: "
-                                          f"{getattr(exc, 'message', exc)}") from exc
+                restore_input_position(self.iterator_ckpt, path)
             self.step = self.saved_step = step
             return f"resumed from {path} (step {step})"
         if self.cfg.init_from:
             source = init_weights_from(self.model, self.cfg.init_from)
-            if self.on_jax:
-                self.jax.reload_from_model()
+            self.training.reload_from_model()
             return f"initialised from {source}"
         if self.cfg.init_checkpoint:
             load_init_checkpoint(self.model, self.cfg.init_checkpoint)
-            if self.on_jax:
-                self.jax.reload_from_model()
+            self.training.reload_from_model()
             return f"initialised from {self.cfg.init_checkpoint}"
         return f"new run (seed {self.cfg.seed})"
 
@@ -218,10 +188,7 @@ class PretrainRun:
         if not self.chief:
             self.saved_step = self.step
             return None
-        if self.on_jax:
-            model_arrays, opt_arrays = self.jax.checkpoint_arrays(self.step)
-        else:
-            model_arrays, opt_arrays = checkpoint_arrays(self.named, self.optimizer, self.loss_scale, self.step)
+        model_arrays, opt_arrays = self.training.checkpoint_arrays(self.step)
         state = {"step": self.step, "backend": self.cfg.backend, "bert_config": self.bert.to_dict(), "metrics": metrics or {},
                  "data": self.info.source, "data_fingerprint": self.info.identity["fingerprint"],
                  "max_seq_length": self.info.max_seq_length,
@@ -236,18 +203,12 @@ class PretrainRun:
 
     # -- loop
 
-    def next_batch(self) -> dict[str, tf.Tensor]:
-        if not self.tf_data_input:
-            if self.input is None:
-                self.input = OrderedInput(self._batch_for_step, self.step, as_tensors=not self.on_jax)
-            if self.on_jax:
-                return self.input.next()
-            return replica_slices(self.strategy, self.input.next(), self.cfg.batch_size, self.world)
-        try:
-            batch = next(self.iterator)
-        except _TF_DATA_ERRORS as exc:
-            raise self._data_error(exc) from exc
-        return replica_slices(self.strategy, batch, self.cfg.batch_size)
+    def next_batch(self) -> dict:
+        if self.tf_data_input:
+            return next_tf_data_batch(self.iterator, self._data_error)
+        if self.input is None:
+            self.input = OrderedInput(self._batch_for_step, self.step, as_tensors=False)
+        return self.input.next()
 
     def _bad_record(self) -> str | None:
         return find_bad_record(self.info.train_files, self.info.max_seq_length,
@@ -261,8 +222,8 @@ class PretrainRun:
         if not self.info.eval_files:
             return None
         self._check_data_unchanged()
-        step = self.jax.eval_sums if self.on_jax else self.steps.eval_step
-        return evaluate_model(step, self.strategy, self.info, self.cfg.batch_size, max_batches)
+        return evaluate_model(self.training.eval_step, self.training.strategy, self.info, self.cfg.batch_size,
+                              max_batches)
 
     def _check_data_unchanged(self) -> None:
         now = open_pretraining_data(self.cfg.data, self.cfg.max_seq_length, self.cfg.max_predictions_per_seq,
@@ -275,75 +236,49 @@ class PretrainRun:
         if self.chief:
             rundir.start(self.run_dir, {rundir.TRAIN_CONFIG_FILE: cfg.to_json(), rundir.BERT_CONFIG_FILE: self.bert.to_json()},
                          cfg.data, self.info.identity)
-        replicas = self.jax.devices if self.on_jax else self.strategy.num_replicas_in_sync
         self.log(f"{self.restore_or_initialise()}; {self.info.source}: seq {self.info.max_seq_length}, "
-                 f"{replicas} replica(s), {cfg.precision}, Keras on {cfg.backend}")
+                 f"{self.training.replicas} replica(s), {cfg.precision}, Keras on {cfg.backend}")
         if self.world > 1:
             self.log(f"worker {self.rank} of {self.world} reads its share of each global batch "
                      f"({cfg.batch_size // self.world} of {cfg.batch_size} sequences)")
-        writer, eval_writer = tensorboard_writers(self.run_dir, self.chief)
+        self.writer, self.eval_writer = tensorboard_writers(self.run_dir, self.chief)
         end = cfg.steps if stop_at is None else min(stop_at, cfg.steps)
-        window: dict[str, float] = {}
-        window_start, window_steps = time.perf_counter(), 0
-        last: dict = {}
-        with interrupts_between_steps() as interrupted, input_closed(self):
-            while self.step < end:
-                if interrupted():
-                    self._stop_interrupted(last)
-                lr = learning_rate(self.step, cfg.learning_rate, cfg.warmup_steps, cfg.steps)
-                sums = self._train_step(lr)
-                self.step += 1
-                window_steps += 1
-                for k, v in sums.items():
-                    window[k] = window.get(k, 0.0) + v
-                if self.step % cfg.log_every == 0 or self.step == end:
-                    elapsed = time.perf_counter() - window_start
-                    last = losses_from_sums(window)
-                    last.update(learning_rate=float(lr), grad_norm=window["grad_norm"] / window_steps,
-                                sequences_per_second=window_steps * cfg.batch_size / elapsed)
-                    self._report(writer, last)
-                    window, window_start, window_steps = {}, time.perf_counter(), 0
-                if cfg.eval_every and self.step % cfg.eval_every == 0 and self.step < cfg.steps:
-                    self._report_eval(eval_writer, self.evaluate(cfg.eval_batches))
-                if self.step % cfg.checkpoint_every == 0 or self.step == end:
-                    self.save(last)
+        last = self.train_steps(end)
         result = {"step": self.step, "train": last, "run_dir": str(self.run_dir)}
         if self.step >= cfg.steps:
             ev = self.evaluate(cfg.eval_batches)
-            self._report_eval(eval_writer, ev)
+            self._report_eval(self.eval_writer, ev)
             result["eval"] = ev
             if self.chief:
                 rundir.write_atomic(self.run_dir / "final_metrics.json",
                                     json.dumps(result, indent=2, sort_keys=True) + "\n")
-        writer.flush()
-        eval_writer.flush()
+        self.writer.flush()
+        self.eval_writer.flush()
         return result
 
-    def _train_step(self, lr: np.float32) -> dict[str, float]:
-        batch = self.next_batch()
-        if self.on_jax:
-            sums = self.jax.train_step(batch, lr, self.step)
-            stop_on_non_finite_loss(losses_from_sums(sums)["loss"], self.step, self.run_dir, None)
-            return sums
-        try:
-            sums = self.steps.train_step(batch, tf.constant(lr), tf.constant(self.step, tf.int64))
-        except LOST_WORKER_ERRORS as exc:
-            raise lost_worker_error(exc, self.step + 1, self.run_dir) from exc
-        except _TF_DATA_ERRORS as exc:
-            # The step can fail on input the pipeline let through, or for reasons of its own (e.g. a
-            # collective of another strategy in this process): blame the data only when a record is bad.
-            where = self._bad_record()
-            if where:
-                raise DataError(f"corrupt input: {where}") from exc
-            # TensorFlow's message goes on with the graph's stack trace: its first line is the reason.
-            reason = str(getattr(exc, "message", exc)).strip().splitlines()[0]
-            raise TrainingError(f"training step {self.step + 1} failed: {type(exc).__name__}: {reason}") from exc
-        sums = {k: float(v) for k, v in sums.items()}
-        stop_on_non_finite_loss(losses_from_sums(sums)["loss"], self.step, self.run_dir, self.loss_scale)
-        return sums
+    # -- the loop's hooks (runtime/loop.py)
 
-    def _stop_interrupted(self, metrics: dict) -> None:
-        stop_interrupted(self.run_dir, self.step, self.saved_step, lambda: self.save(metrics), self.log)
+    def learning_rate(self, step: int) -> float:
+        return learning_rate(step, self.cfg.learning_rate, self.cfg.warmup_steps, self.cfg.steps)
+
+    def loss_of(self, sums: dict[str, float]) -> float:
+        return losses_from_sums(sums)["loss"]
+
+    def window_figures(self, sums: dict[str, float], steps: int, seconds: float, lr: float) -> dict[str, float]:
+        figures = losses_from_sums(sums)
+        figures.update(learning_rate=lr, grad_norm=sums["grad_norm"] / steps,
+                       sequences_per_second=steps * self.cfg.batch_size / seconds)
+        return figures
+
+    def report(self, figures: dict[str, float]) -> None:
+        self._report(self.writer, figures)
+
+    def after_step(self, end: int, figures: dict[str, float]) -> None:
+        cfg = self.cfg
+        if cfg.eval_every and self.step % cfg.eval_every == 0 and self.step < cfg.steps:
+            self._report_eval(self.eval_writer, self.evaluate(cfg.eval_batches))
+        if self.step % cfg.checkpoint_every == 0 or self.step == end:
+            self.save(figures)
 
     def _report(self, writer, m: dict) -> None:
         nsp = f"nsp_acc {m['nsp_accuracy']:.4f}  " if "nsp_accuracy" in m else ""

@@ -1,18 +1,20 @@
-"""A run's weights, optimizer slots and compiled steps on the JAX backend.
+"""A run's weights, optimizer slots and compiled steps on the JAX backend: the twin of
+`tf_training.py`, behind the same methods.
 
-The same objective (`runtime/step.Objective`), optimizer arithmetic (`runtime/updates.py`) and
+The same objective (`runtime/objective.py`), optimizer arithmetic (`runtime/updates.py`) and
 keyed dropout as on TensorFlow, held as device arrays and stepped by `backends/jax.py`; checkpoint
 arrays under the same names as TensorFlow's (`checkpoint.py`), so a run moves between backends.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from functools import partial
+from pathlib import Path
 
 import numpy as np
 
 from bert_datagen.trainer.backends import jax as backend
-from bert_datagen.trainer.errors import CheckpointError
+from bert_datagen.trainer.errors import CheckpointError, ConfigError
 from bert_datagen.trainer.model.dropout import dropout_key, run_key, step_key
 from bert_datagen.trainer.runtime.checkpoint import (
     MODEL_FILE,
@@ -24,30 +26,42 @@ from bert_datagen.trainer.runtime.updates import UpdateRule, clip_by_global_norm
 
 
 class JaxTraining:
-    """Weights (`params`, the trained variables in `trained` order) and slots on the devices; the
-    model's Keras variables hold the weights only where `sync_model` put them."""
+    """The model (`model`, its variables by TF1 name in `named`); during training its trained weights
+    live as device arrays (`params`, in `trained` order) with the optimizer slots, and the model's
+    Keras variables hold them only where `sync_model` put them."""
 
-    def __init__(self, named: dict, trained: Sequence[str], objective, eval_sums: Callable, settings,
-                 optimizer: str, weight_decay: float, devices: int | None = None):
-        self.named = named
-        self.trained = list(trained)
-        self.variables = [named[n] for n in self.trained]
-        self.rule = UpdateRule(optimizer, self.trained, weight_decay=weight_decay)
-        self.sharding = backend.data_sharding(devices)
-        self.devices = 1 if self.sharding is None else len(self.sharding.mesh.devices.flat)
+    backend = "jax"
+    strategy = None  # evaluation takes whole NumPy batches (`pretrain/evaluate.py`)
+    loss_scale = None  # float16 loss scaling is refused on JAX before any work
+
+    def __init__(self, spec) -> None:
+        cfg = spec.settings
+        self.model = spec.build_model()
+        self.named = spec.variable_map(self.model)
+        self.trained = list(spec.trained_map(self.model))
+        self.variables = [self.named[n] for n in self.trained]
+        self.rule = UpdateRule(spec.optimizer, self.trained, weight_decay=cfg.weight_decay)
+        self.sharding = backend.data_sharding(1 if cfg.strategy == "one-device" else None)
+        self.replicas = 1 if self.sharding is None else len(self.sharding.mesh.devices.flat)
+        if cfg.batch_size % (self.replicas * cfg.accumulation_steps):  # as make_run_strategy on TensorFlow
+            raise ConfigError(f"batch size {cfg.batch_size} is not a multiple of devices ({self.replicas}) x "
+                              f"accumulation steps ({cfg.accumulation_steps})")
         self.reload_from_model()
         self._set_slots(self.rule.init_slots([tuple(v.shape) for v in self.variables]))
-        base = run_key(settings.seed, objective.dropout_salt)
+        objective = spec.objective(self.model)
+        base = run_key(cfg.seed, objective.dropout_salt)
 
         def micro_key(step, first_row):
             return dropout_key(step_key(base, step), first_row)
 
         def clip(grads):
-            return clip_by_global_norm(grads, settings.clip_norm)
+            return clip_by_global_norm(grads, cfg.clip_norm)
 
         self._train = backend.make_train_step(self.variables, objective.micro_loss, objective.whole_batch_total,
-                                              micro_key, self.rule.apply, settings.accumulation_steps, clip)
-        self._eval = backend.make_eval_step(self.variables, eval_sums)
+                                              micro_key, self.rule.apply, cfg.accumulation_steps, clip)
+        self._eval = None
+        if spec.eval_sums is not None:
+            self._eval = backend.make_eval_step(self.variables, partial(spec.eval_sums, self.model))
 
     def _set_slots(self, slots: dict) -> None:
         placed = {"m": backend.replicate(slots["m"], self.sharding), "v": backend.replicate(slots["v"], self.sharding)}
@@ -55,23 +69,27 @@ class JaxTraining:
             placed["updates"] = backend.replicate([slots["updates"]], self.sharding)[0]
         self.slots = placed
 
-    def train_step(self, batch: dict[str, np.ndarray], lr: np.float32, step: int) -> dict[str, float]:
+    def train_step(self, batch: dict[str, np.ndarray], lr: np.float32, step: int, workers: int = 1) -> dict[str, float]:
+        """One optimizer step on the global batch (NumPy arrays); its summed figures."""
         placed = backend.place_batch(batch, self.sharding)
         self.params, self.slots, figures = self._train(self.params, self.slots, placed, np.float32(lr),
                                                        np.int32(step))
         return {k: float(v) for k, v in figures.items()}
 
-    def eval_sums(self, batch: dict[str, np.ndarray]) -> dict[str, float]:
+    def eval_step(self, batch: dict[str, np.ndarray]) -> dict[str, float]:
         return {k: float(v) for k, v in self._eval(self.params, backend.place_batch(batch, self.sharding)).items()}
+
+    def sync_model(self) -> None:
+        """The trained weights into the model's Keras variables (before the model is read directly:
+        fine-tuning's evaluation, an export)."""
+        for variable, value in zip(self.variables, backend.to_numpy(self.params), strict=True):
+            variable.assign(value)
 
     def checkpoint_arrays(self, step: int) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
         """(model arrays by TF1 name, optimizer arrays): what TensorFlow's runs write, by the same names.
         The model's Keras variables get the trained weights too, so the model object is current."""
-        trained = dict(zip(self.trained, backend.to_numpy(self.params), strict=True))
-        for name, value in trained.items():
-            self.named[name].assign(value)
-        model_arrays = {name: trained[name] if name in trained else np.asarray(var.numpy())
-                        for name, var in self.named.items()}
+        self.sync_model()
+        model_arrays = {name: np.asarray(var.numpy()) for name, var in self.named.items()}
         slots = {"m": backend.to_numpy(self.slots["m"]), "v": backend.to_numpy(self.slots["v"])}
         if "updates" in self.slots:
             slots["updates"] = backend.to_numpy([self.slots["updates"]])[0]
@@ -79,7 +97,7 @@ class JaxTraining:
         opt_arrays["global_step"] = np.asarray(step, dtype=np.int64)
         return model_arrays, opt_arrays
 
-    def restore(self, path) -> None:
+    def restore(self, path: Path) -> None:
         """Weights and slots from checkpoint directory `path` (written on either backend)."""
         assign_named_weights(self.named, load_arrays(path, MODEL_FILE), str(path / MODEL_FILE))
         opt = load_arrays(path, OPTIMIZER_FILE)

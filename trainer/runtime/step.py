@@ -9,21 +9,20 @@ Dropout masks are too: each row's mask is a pure function of (seed, step, the ro
 global batch) (`model/dropout.py`), never of the replica, worker, micro-batch or `--jit`, so
 one process, N mirrored replicas, N workers and K accumulation steps draw the same masks.
 
-Pre-training and fine-tuning differ only in their `Objective` (what is minimised; theirs are in
-`trainer/pretrain/step.py` and `trainer/finetune/train.py`); the step around it (accumulation,
-all-reduce, loss-scale unscaling, skipped non-finite steps, clipping, the update) is the one
-`make_train_step` builds, so both keep the same numerics by construction.
+Pre-training and fine-tuning differ only in their `Objective` (`runtime/objective.py`); the step
+around it (accumulation, all-reduce, loss-scale unscaling, skipped non-finite steps, clipping, the
+update) is the one `make_train_step` builds, so both keep the same numerics by construction.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Protocol
 
 import tensorflow as tf
 
 from bert_datagen.trainer.model.dropout import dropout_key, run_key, step_key
+from bert_datagen.trainer.runtime.objective import Objective
 from bert_datagen.trainer.runtime.optimizer import AdamWeightDecay, DynamicLossScale, clip_by_global_norm
 
 SUM = tf.distribute.ReduceOp.SUM
@@ -40,24 +39,6 @@ class StepSettings(Protocol):
     jit: bool
 
 
-@dataclass(frozen=True)
-class Objective:
-    """What a training step minimises; everything else about the step is shared.
-
-    `whole_batch_total(batch, reduce)` runs once per step on each replica's (TensorFlow) or on the
-    whole (JAX) batch and returns the normaliser of the whole global batch, passing each of its sums
-    through `reduce` (the sum over replicas; the identity where the batch is whole); `micro_loss(part, total,
-    dropout_seed)` returns one micro-batch's share of the whole batch's loss and its additive
-    figures (summed over micro-batches and replicas into the step's result).
-    """
-
-    whole_batch_total: Callable[[Batch, Callable], tf.Tensor]
-    micro_loss: Callable[[Batch, tf.Tensor, tf.Tensor], tuple[tf.Tensor, dict[str, tf.Tensor]]]
-    dropout_salt: int  # keeps the dropout streams of different kinds of runs apart
-    # ZERO where a trained variable may take no part in the loss (pre-training without NSP data).
-    unconnected: tf.UnconnectedGradients = tf.UnconnectedGradients.NONE
-
-
 def replica_sum(value: tf.Tensor) -> tf.Tensor:
     """`value` summed over all replicas (call it in a replica context)."""
     return tf.distribute.get_replica_context().all_reduce(SUM, value)
@@ -71,12 +52,13 @@ def make_train_step(objective: Objective, optimizer: AdamWeightDecay, strategy: 
     accum = settings.accumulation_steps
     replicas = strategy.num_replicas_in_sync
     base_key = tf.constant(run_key(settings.seed, objective.dropout_salt))
+    unconnected = tf.UnconnectedGradients.ZERO if objective.unconnected_zero else tf.UnconnectedGradients.NONE
 
     def micro_grads(part, total, seed, scale):
         with tf.GradientTape() as tape:
             loss, sums = objective.micro_loss(part, total, seed)
             scaled = loss * scale if scale is not None else loss
-        grads = tape.gradient(scaled, [v.value for v in variables], unconnected_gradients=objective.unconnected)
+        grads = tape.gradient(scaled, [v.value for v in variables], unconnected_gradients=unconnected)
         # Embedding lookups give IndexedSlices; dense sums keep accumulation and all-reduce simple.
         return [tf.convert_to_tensor(g) for g in grads], sums
 

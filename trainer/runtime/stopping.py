@@ -1,24 +1,24 @@
 """How a run stops between steps and says where it resumes: on a non-finite loss, on a lost worker of
-a cluster, on SIGINT (or SIGTERM, which `bert-train` turns into a SIGINT) with a checkpoint of the last
+a cluster (`tf_training.py` names it), on SIGINT (or SIGTERM, which `bert-train` turns into a SIGINT) with a checkpoint of the last
 step. One implementation for the pre-training and the fine-tuning run."""
 
 from __future__ import annotations
 
 import contextlib
 import math
-import re
 import signal
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import FrameType
-
-import tensorflow as tf
+from typing import TYPE_CHECKING
 
 from bert_datagen.cli.plumbing import interrupt_requested
 from bert_datagen.trainer.errors import TrainingError
 from bert_datagen.trainer.runtime import checkpoint as ckpt_lib
-from bert_datagen.trainer.runtime.optimizer import DynamicLossScale
+
+if TYPE_CHECKING:
+    from bert_datagen.trainer.runtime.optimizer import DynamicLossScale
 
 
 def stop_on_non_finite_loss(loss: float, step: int, run_dir: Path, loss_scale: DynamicLossScale | None) -> None:
@@ -29,24 +29,6 @@ def stop_on_non_finite_loss(loss: float, step: int, run_dir: Path, loss_scale: D
     good = ckpt_lib.list_checkpoints(run_dir)
     kept = f"last good checkpoint: {good[-1][1]}" if good else "no checkpoint was written"
     raise TrainingError(f"step {step}: loss is {loss}; stopped ({kept})")
-
-
-# What a collective raises when another worker of the cluster is gone (killed, lost, timed out).
-LOST_WORKER_ERRORS = (tf.errors.UnavailableError, tf.errors.AbortedError, tf.errors.DeadlineExceededError,
-                      tf.errors.CancelledError)
-_TASK = re.compile(r"/job:(\w+)/replica:\d+/task:(\d+)")
-
-
-def lost_worker_error(exc: Exception, step: int, run_dir: Path) -> TrainingError:
-    """One line for a step of a cluster that failed because a worker is gone: which (as TensorFlow
-    names it), and the checkpoint the relaunched workers resume from."""
-    message = str(getattr(exc, "message", exc))
-    named = sorted({f"{job} {task}" for job, task in _TASK.findall(message)})
-    who = ", ".join(named) if named else "another worker"
-    kept = ckpt_lib.list_checkpoints(run_dir)
-    where = f"from {kept[-1][1]}" if kept else "from the start (no checkpoint yet)"
-    return TrainingError(f"training step {step}: lost {who} of the cluster ({type(exc).__name__}); the run can "
-                         f"be resumed {where}: start every worker's command again")
 
 
 @contextlib.contextmanager
