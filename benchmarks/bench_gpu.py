@@ -1,21 +1,21 @@
-"""GPU figures on a lent accelerator machine (docs/gpu.md): BERT base and large pre-training steps
-at 128 and 512 tokens in float32 and bfloat16 mixed precision, eager and compiled; fine-tuning
-steps/s; whether our PyTorch loader keeps the GPU fed; bitwise determinism and resume on the GPU.
+"""GPU figures on a lent accelerator machine (docs/gpu.md): OUR Keras trainer on the JAX backend
+(`gpu_keras`: sequences/s and MFU of base and large at 128 and 512 tokens in float32 and bf16, SST-2
+fine-tuning, its input keeping the GPU fed, bitwise determinism and resume), and Hugging Face's
+`BertForPreTraining` on PyTorch beside it (the same figures, eager and compiled), fed by this package's
+loader (`share_loader`).
 
-The Keras trainer needs TensorFlow, which the accelerator machines here do not have and which cannot
-be carried to them (a 600 MB wheel against 64 MiB a call), so the model measured is Hugging Face's
-`BertForPreTraining` (the architecture our exporter maps one-to-one), fed by this package's loader
-(`share_loader`), with `torch.compile` in the place of the Keras trainer's XLA (`--jit`).
-
-Two steps, because the accelerator machine has no network and none of our data:
-  python -m benchmarks.bench_gpu prepare --out .gpu    # here: vocab, datasets at 128 and 512, SST-2
+The accelerator machines have JAX, PyTorch and CUDA but no TensorFlow and no network. So:
+  python -m benchmarks.bench_gpu prepare --out .gpu    # here: vocab, datasets at 128 and 512, SST-2,
+                                                       # and the wheels our trainer needs there
   python -m benchmarks.bench_gpu measure --data .gpu --out DIR   # there: one JSON line a figure
-``measure --smoke`` runs every section with a tiny model on the CPU, to check the script first.
+`measure` unpacks the wheels (Keras and what it needs; `gpu_wheels`) of the distributions missing there
+into a temporary folder put first on the path, then runs each section in a process of its own.
+``measure --smoke --device cpu`` runs every section with a tiny model on the CPU, to check the script first.
 
-MFU = model FLOPs per second / the datasheet's dense peak of the precision (H200 SXM: 989 TFLOP/s
-bfloat16, 67 TFLOP/s float32 without TF32). Model FLOPs as `bench_trainer` counts them: 3 x the
-forward's matmuls, the masked-LM head over the predicted positions only (Hugging Face's head runs
-over every position; that extra work is not counted as useful).
+MFU = model FLOPs per second / the datasheet's dense peak of the precision (H100 SXM and H200 SXM alike:
+989 TFLOP/s bfloat16, 67 TFLOP/s float32 without TF32; the device row names the card). Model FLOPs as
+`bench_trainer` counts them: 3 x the forward's matmuls, the masked-LM head over the predicted positions
+only (Hugging Face's head runs over every position; that extra work is not counted as useful).
 """
 
 from __future__ import annotations
@@ -32,7 +32,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-PEAK_FLOPS = {"bf16": 989e12, "fp32": 67e12}  # H200 SXM datasheet, dense
+from benchmarks import gpu_keras, gpu_wheels
+
+PEAK_FLOPS = {"bf16": 989e12, "fp32": 67e12}  # H100 SXM and H200 SXM datasheets, dense
 SIZES = {  # hidden, layers, heads, intermediate
     "base": (768, 12, 12, 3072),
     "large": (1024, 24, 16, 4096),
@@ -51,9 +53,9 @@ def emit(out: Path, record: dict[str, Any]) -> None:
         f.write(line + "\n")
 
 
-def prepare(out: Path) -> None:
-    """The vocab and datasets `measure` reads, from ../shared (run here, not on the accelerator). What is
-    in ``out`` already is kept and reused: nothing there is replaced."""
+def prepare(out: Path, python: str = "3.12") -> None:
+    """The vocab, datasets and wheels `measure` reads, from ../shared and the package index (run here, not
+    on the accelerator). What is in ``out`` already is kept and reused: nothing there is replaced."""
     from benchmarks.bench_datagen import corpus_files, train_vocab
     from benchmarks.bench_tasks import TASKS
 
@@ -76,6 +78,43 @@ def prepare(out: Path) -> None:
             sst2.write_text("".join((TASKS / "sst2" / "train.tsv").read_text().splitlines(True)[:8001]))
             subprocess.run(tool + ["task", "--task", "glue/sst2", "--split", f"train={sst2}", "--vocab", str(vocab),
                                    "--output", str(out / "sst2"), "--max-seq-length", "128"], check=True)
+    prepare_wheels(out, python)
+
+
+TRAVEL_LIMIT = 64 * 2**20  # what may travel to a lent machine: the working tree and this folder together
+
+
+def prepare_wheels(out: Path, python: str) -> None:
+    """The wheels of what our trainer needs on the accelerator machines beyond what they have, for
+    their Python, in out/wheels; and whether the JAX path ran with TensorFlow blocked."""
+    from benchmarks import gpu_wheels
+
+    with tempfile.TemporaryDirectory() as scratch:
+        probe = gpu_wheels.probe(out / "pt-128", out / "sst2", Path(scratch))
+    names = gpu_wheels.wanted(set(probe["distributions"]))
+    wheels = gpu_wheels.fetch(names, out / "wheels", python)
+    print(f"wheels for Python {python} in {out / 'wheels'}: " + ", ".join(w.name for w in wheels))
+    if probe["tensorflow_from"]:
+        print(f"NOTE: the JAX path still imports TensorFlow (first from {probe['tensorflow_from']}): our trainer "
+              "cannot run on the accelerator machines until it does not", file=sys.stderr)
+    for error in probe["errors"]:
+        print(f"NOTE: with TensorFlow blocked, {error}", file=sys.stderr)
+    folder = sum(f.stat().st_size for f in out.rglob("*") if f.is_file())
+    tree = _tracked_bytes()
+    print(f"{out}: {folder / 2**20:.1f} MiB; with the working tree ({tree / 2**20:.1f} MiB): "
+          f"{(folder + tree) / 2**20:.1f} MiB of the {TRAVEL_LIMIT // 2**20} MiB that may travel")
+    if folder + tree > TRAVEL_LIMIT:
+        raise SystemExit(f"{out}: {(folder + tree) / 2**20:.1f} MiB with the working tree, over the "
+                         f"{TRAVEL_LIMIT // 2**20} MiB a lent machine takes")
+
+
+def _tracked_bytes() -> int:
+    root = Path(__file__).resolve().parents[1]
+    try:
+        names = subprocess.run(["git", "ls-files", "-z"], cwd=root, capture_output=True, check=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        return 0
+    return sum((root / n).stat().st_size for n in names.decode().split("\0") if n and (root / n).is_file())
 
 
 def bert_config(size: str, vocab_size: int, labels: int = 2) -> Any:
@@ -390,6 +429,7 @@ def _free() -> None:
 
 
 SECTIONS = {
+    **gpu_keras.SECTIONS,
     "determinism": determinism,
     "pretrain-eager": lambda a, o: pretrain_speed(a, o, compiled=False),
     "finetune": finetune_speed,
@@ -406,15 +446,35 @@ def measure(args: argparse.Namespace) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "gpu.jsonl").write_text("")  # this run's figures only, not appended to an earlier run's
     deadline = time.monotonic() + args.budget_s
+    # Ours first: the Hugging Face rows were measured before (docs/gpu.md).
+    plan = args.sections or [("keras-pretrain", ["--rows", "targets"]), ("keras-determinism", []),
+                             ("keras-finetune", []), ("keras-feed", []), ("keras-pretrain", ["--rows", "others"]),
+                             ("determinism", ["--deterministic"]), ("determinism", []), ("pretrain-eager", []),
+                             ("finetune", []), ("loader", []), ("end-to-end", []), ("deterministic-cost", []),
+                             ("pretrain-compiled", [])]
+    with tempfile.TemporaryDirectory(prefix="bench-gpu-site-") as site:
+        try:
+            unpacked = gpu_wheels.install(args.data / "wheels", Path(site), every_fitting=args.smoke)
+        except gpu_wheels.WheelError as exc:
+            print(f"bench_gpu measure: {exc}", file=sys.stderr)
+            return 1
+        print(f"# unpacked onto the path: {', '.join(unpacked) or 'nothing (all installed)'}", flush=True)
+        paths = [site, str(Path(__file__).resolve().parents[1]), os.environ.get("PYTHONPATH", "")]
+        env = dict(os.environ, CUBLAS_WORKSPACE_CONFIG=":4096:8", PYTHONPATH=os.pathsep.join(filter(None, paths)))
+        failed = _run_plan(args, plan, deadline, env)
+    rows = [json.loads(line) for line in (args.out / "gpu.jsonl").read_text().splitlines() if line.strip()]
+    for line in gpu_keras.mfu_summary(rows):
+        print(f"# {line}", flush=True)
+    return 1 if failed else 0
+
+
+def _run_plan(args: argparse.Namespace, plan: list[tuple[str, list[str]]], deadline: float, env: dict) -> int:
     failed = 0
-    plan = args.sections or [("determinism", ["--deterministic"]), ("determinism", []), ("pretrain-eager", []), ("finetune", []),
-            ("loader", []), ("end-to-end", []), ("deterministic-cost", []), ("pretrain-compiled", [])]
     for name, extra in plan:
         left = deadline - time.monotonic()
         if left < 20:
             emit(args.out, {"section": name, "skipped": "time"})
             continue
-        env = dict(os.environ, CUBLAS_WORKSPACE_CONFIG=":4096:8")
         command = [sys.executable, "-m", "benchmarks.bench_gpu", "section", name, "--data", str(args.data),
                    "--out", str(args.out), "--device", args.device, "--steps", str(args.steps),
                    "--warmup", str(args.warmup), "--deadline-in", str(left - 10), *extra]
@@ -427,7 +487,7 @@ def measure(args: argparse.Namespace) -> int:
             rc = "timeout"
         print(f"# {name} {' '.join(extra)}: rc {rc}, {time.monotonic() - start:.1f} s", flush=True)
         failed += rc != 0
-    return 1 if failed else 0
+    return failed
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -435,12 +495,15 @@ def main(argv: list[str] | None = None) -> int:
     commands = parser.add_subparsers(dest="command", required=True)
     prep = commands.add_parser("prepare")
     prep.add_argument("--out", type=Path, default=Path(".gpu"))
+    prep.add_argument("--python-version", default="3.12", help="the accelerator machine's Python, for its wheels")
     for name in ("measure", "section"):
         sub = commands.add_parser(name)
         if name == "section":
             sub.add_argument("name", choices=sorted(SECTIONS))
             sub.add_argument("--deadline-in", type=float, default=1e9)
             sub.add_argument("--deterministic", action="store_true")
+            sub.add_argument("--rows", choices=sorted(gpu_keras.ROWS), default="targets",
+                             help="keras-pretrain: the rows with a target, or the others")
         sub.add_argument("--data", type=Path, default=Path(".gpu"))
         sub.add_argument("--out", type=Path, required=True)
         sub.add_argument("--device", default="cuda")
@@ -452,13 +515,25 @@ def main(argv: list[str] | None = None) -> int:
             sub.add_argument("--only", dest="sections", type=lambda v: [(n, []) for n in v.split(",")], default=None,
                              help="comma-separated sections to run, in this order (default: all)")
     args = parser.parse_args(argv)
+    if args.command != "prepare":
+        if not (args.device == "cpu" or args.device.split(":")[0] == "cuda"):
+            parser.error(f"--device: cpu or cuda[:N], got {args.device!r}")
+        unknown = [n for n, _ in args.sections or [] if n not in SECTIONS] if args.command == "measure" else []
+        if unknown:
+            parser.error(f"--only: no section {', '.join(map(repr, unknown))} (sections: {', '.join(sorted(SECTIONS))})")
+        if not (args.data / "vocab.txt").is_file():
+            print(f"bench_gpu: --data {args.data}: not a prepared folder (no vocab.txt): run "
+                  "`python -m benchmarks.bench_gpu prepare --out DIR` first", file=sys.stderr)
+            return 1
     if args.command == "prepare":
-        prepare(args.out)
+        prepare(args.out, args.python_version)
         return 0
     if args.command == "measure":
         return measure(args)
     args.out.mkdir(parents=True, exist_ok=True)
     args.deadline = time.monotonic() + args.deadline_in
+    if not args.device.startswith("cuda"):
+        os.environ["JAX_PLATFORMS"] = "cpu"  # before JAX starts: the sections' own JAX, and their runs'
     if args.device.startswith("cuda"):
         import torch
 

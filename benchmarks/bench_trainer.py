@@ -76,17 +76,28 @@ def _make_run(workdir: str, size: str, vocab: int, seq: int, preds: int, batch: 
     return PretrainRun(cfg, log=lambda _: None)
 
 
+def train_step_of(run):
+    """The run's optimizer step as (batch, lr, step) -> figures: `run.training.train_step` where the
+    trainer has one step object for both backends, else its TensorFlow step functions."""
+    training = getattr(run, "training", None)
+    if training is not None:
+        import numpy as np
+
+        return lambda batch, lr, step: training.train_step(batch, np.float32(lr), step)
+    import tensorflow as tf
+
+    return lambda batch, lr, step: run.steps.train_step(batch, tf.constant(lr), tf.constant(step, tf.int64))
+
+
 def _timed_steps(run, batches, step0: int) -> tuple[float, float]:
     """(wall, process CPU) seconds for len(batches) steps, or that many steps from the pipeline
     when batches is an int."""
-    import tensorflow as tf
-
-    lr = tf.constant(1e-4)
+    step = train_step_of(run)
     start, cpu = time.perf_counter(), time.process_time()
     # From the pipeline, each batch is fetched inside the timed loop, as the real loop does.
     source = (run.next_batch() for _ in range(batches)) if isinstance(batches, int) else batches
     for i, batch in enumerate(source):
-        sums = run.steps.train_step(batch, lr, tf.constant(step0 + i, tf.int64))
+        sums = step(batch, 1e-4, step0 + i)
         float(sums["mlm_ce"])  # the real loop reads the loss every step
     return time.perf_counter() - start, time.process_time() - cpu
 
