@@ -227,25 +227,47 @@ def probe(pretrain_data: Path, task_data: Path, work: Path) -> dict:
     return found
 
 
-class _BlockTensorFlow:
-    """An import hook: importing TensorFlow fails, and the first of our modules that asked is noted."""
+OUR_PACKAGES = ("cli", "contract", "datagen", "pipelines", "trainer", "vocab")
+
+
+def _caller(frame: object) -> Path | None:
+    """The file of the first frame above the import machinery (`importlib.import_module` included)."""
+    while frame is not None and (frame.f_code.co_filename.startswith("<frozen")
+                                 or Path(frame.f_code.co_filename).parent.name == "importlib"):
+        frame = frame.f_back
+    return None if frame is None else Path(frame.f_code.co_filename)
+
+
+def _ours(file: Path | None) -> bool:
+    return (file is not None and file.is_relative_to(ROOT) and len(file.parts) > len(ROOT.parts)
+            and file.parts[len(ROOT.parts)] in OUR_PACKAGES)
+
+
+class _ImportWatch:
+    """An import hook: importing TensorFlow fails (noting who asked first), and the top-level modules
+    our own modules import are noted: what the JAX path needs, as against what the libraries it uses
+    import when it happens to be installed (Keras tries matplotlib, scikit-learn, requests, ...)."""
 
     def __init__(self) -> None:
-        self.first: str | None = None
+        self.tensorflow_from: str | None = None
+        self.ours: set[str] = set()
 
     def find_spec(self, name: str, path: object = None, target: object = None) -> None:
+        caller = _caller(sys._getframe(1))
+        if "." not in name and _ours(caller):
+            self.ours.add(name)
         if name.split(".")[0] != "tensorflow":
             return None
-        if self.first is None:
-            frame = sys._getframe(1)
-            while frame is not None:
-                file = Path(frame.f_code.co_filename)
-                if file.is_relative_to(ROOT) and "benchmarks" not in file.parts:
-                    self.first = f"{file.relative_to(ROOT)}:{frame.f_lineno}"
-                    break
-                frame = frame.f_back
-            self.first = self.first or "?"
+        if self.tensorflow_from is None:
+            where = caller.relative_to(ROOT) if _ours(caller) else caller
+            self.tensorflow_from = f"{where}:{_line_of(sys._getframe(1), caller)}"
         raise ModuleNotFoundError(f"No module named {name!r} (blocked: the JAX path must not need it)", name=name)
+
+
+def _line_of(frame: object, file: Path | None) -> int:
+    while frame is not None and Path(frame.f_code.co_filename) != file:
+        frame = frame.f_back
+    return 0 if frame is None else frame.f_lineno
 
 
 def _cli(args: list[str]) -> str | None:
@@ -261,9 +283,8 @@ def _cli(args: list[str]) -> str | None:
 
 
 def _probe_main(pretrain_data: str, task_data: str, work: str, out: str) -> None:
-    blocker = _BlockTensorFlow()
-    sys.meta_path.insert(0, blocker)
-    before = set(sys.modules)
+    watch = _ImportWatch()
+    sys.meta_path.insert(0, watch)
     vocab = sum(1 for _ in open(Path(pretrain_data) / "vocab.txt", "rb"))
     config = Path(work) / "probe-config.json"
     config.write_text(json.dumps({"vocab_size": vocab, "hidden_size": 32, "num_hidden_layers": 1,
@@ -275,9 +296,9 @@ def _probe_main(pretrain_data: str, task_data: str, work: str, out: str) -> None
         errors.append(_cli(["finetune", "--data", task_data, "--out", str(Path(work) / "probe-finetune"), "--init-from",
                             run, "--batch-size", "2", "--max-steps", "2", "--eval-split", "none", "--log-every", "1"]))
     names = metadata.packages_distributions()
-    tops = {m.split(".")[0] for m in set(sys.modules) - before} - set(sys.stdlib_module_names)
+    tops = watch.ours - set(sys.stdlib_module_names)
     dists = sorted({canonical(d) for t in tops for d in names.get(t, [])} - {"bert-datagen"})
-    Path(out).write_text(json.dumps({"distributions": dists, "tensorflow_from": blocker.first,
+    Path(out).write_text(json.dumps({"distributions": dists, "tensorflow_from": watch.tensorflow_from,
                                      "errors": [e for e in errors if e]}, indent=1))
 
 

@@ -103,3 +103,25 @@ def test_the_weights_digest_sees_one_bit(tmp_path: Path):
         np.savez(tmp_path / name / "model.npz", **arrays)
     digest = {name: gpu_keras.weights_digest(tmp_path / name) for name in ("a", "a2", "b")}
     assert digest["a"] == digest["a2"] != digest["b"]
+
+
+WATCH = """
+import sys
+from benchmarks.gpu_wheels import ROOT, _ImportWatch
+watch = _ImportWatch()
+sys.meta_path.insert(0, watch)
+exec(compile("import colorsys", str(ROOT / "trainer" / "made_up.py"), "exec"))  # as if one of ours
+exec(compile("import wave", str(ROOT / "benchmarks" / "made_up.py"), "exec"))  # not ours
+try:
+    exec(compile("import tensorflow", str(ROOT / "trainer" / "made_up.py"), "exec"))
+except ModuleNotFoundError as exc:
+    print("refused:", exc)
+print(sorted(watch.ours), watch.tensorflow_from)
+"""
+
+
+def test_the_probe_notes_what_our_modules_import_and_refuses_tensorflow():
+    out = subprocess.run([sys.executable, "-c", WATCH], capture_output=True, text=True, check=True,
+                         cwd=gpu_wheels.ROOT).stdout.splitlines()
+    assert out[0].startswith("refused: No module named 'tensorflow' (blocked")
+    assert out[1] == "['colorsys', 'tensorflow'] trainer/made_up.py:1"
