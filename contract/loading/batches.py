@@ -2,8 +2,9 @@
 `GlobalOrder`, as a dict of arrays (every feature of the records; dynamic masking applied).
 
 A rank reads only the chunks its batch positions need (1/N of a full window's bytes), each chunk
-as one CRC-checked range read, and keeps the chunks of the window(s) it is in: memory is bounded
-by ``batch_size * block_size / world_size`` records (plus, at an epoch's end, its tail window).
+as one CRC-checked range read, and of an epoch's last, partial window (one permutation of its
+records) just the records at its positions; it keeps the window(s) it is in: memory is bounded by
+``batch_size * block_size / world_size`` records a window.
 Its state is one number, the next global step, so it resumes at any step and into any world size.
 """
 
@@ -101,9 +102,7 @@ class NumpyBatches(Stepping):
             return self.source.read_ranges([], model_inputs=True)
         at, found = self._find(positions)
         if not found.all():
-            placed = self.order.place(positions[~found])
-            codes = placed.epoch * self._per_epoch + placed.chunk(self.order.block_size)
-            self._load(self._with_window_share(np.unique(codes).tolist()))
+            self._load(*self._with_window_share(positions[~found]))
             at, found = self._find(positions)
         store, rows = self._where[at, 0], self._where[at, 1]
         needed = np.unique(store).tolist()
@@ -156,24 +155,48 @@ class NumpyBatches(Stepping):
         at = np.minimum(np.searchsorted(self._keys, positions), len(self._keys) - 1)
         return at, self._keys[at] == positions
 
-    def _with_window_share(self, codes: list[int]) -> list[int]:
-        """``codes`` plus every chunk of this rank's slots in the full windows they are in: the rank
-        will need them for the window's next batches, and one decode of all is cheaper than many."""
+    def _with_window_share(self, positions: np.ndarray) -> tuple[list[int], np.ndarray]:
+        """What to read for these missing positions: (chunks, positions) of every window they are
+        in, this rank's share of it. A full window's share is whole chunks (its slots feed this
+        rank's positions of every batch of the window); the epoch's last, partial window is one
+        permutation of its records, so its share is the records at this rank's positions, read one
+        by one (its chunks would be ``world_size`` times the share). Positions asked that are not
+        this rank's (readers that cut batches their own way) are read as well."""
         o = self.order
-        B, full = o.batch_size, o.total // (o.batch_size * o.block_size)
-        share = B // self.world_size
-        out = dict.fromkeys(codes)
-        for code in codes:
-            epoch, chunk = divmod(code, self._per_epoch)
-            window = chunk // B
-            if window < full:
-                first = epoch * self._per_epoch + window * B + self.rank * share
-                out.update(dict.fromkeys(range(first, first + share)))
-        return list(out)
+        epoch, offset = np.divmod(positions, o.total)
+        window = offset // (o.batch_size * o.block_size)
+        tail = window >= o.total // (o.batch_size * o.block_size)
+        placed = o.place(positions[~tail])
+        codes = dict.fromkeys((placed.epoch * self._per_epoch + placed.chunk(o.block_size)).tolist())
+        extra = [positions[tail]]
+        for e, w in sorted(set(zip(epoch.tolist(), window.tolist(), strict=True))):
+            chunks, records = self._window_share(e, w, int(positions[(epoch == e) & (window == w)].min()))
+            codes.update(dict.fromkeys(chunks))
+            extra.append(records)
+        return list(codes), np.unique(np.concatenate(extra))
 
-    def _load(self, codes: list[int]) -> None:
-        """Read and decode these chunks together into one store, its rows in position order."""
-        plan = self._plan(codes)
+    def _window_share(self, epoch: int, window: int, since: int = 0) -> tuple[list[int], np.ndarray]:
+        """This rank's share of a window of an epoch: (chunk codes, positions). Rank ``r`` holds
+        positions ``p`` with ``p mod B`` in ``[r*B/N, (r+1)*B/N)``; an epoch starts at position
+        ``epoch * total``, which need not be a batch's first, so in a full window its slots are
+        those positions shifted by ``epoch * total mod B`` (cyclically). Of a tail window, only
+        positions from ``since`` on: a run moves forward, and one resumed in the tail (or whose
+        first batch straddles into an epoch) would read records it has passed."""
+        o = self.order
+        B, window_len = o.batch_size, o.batch_size * o.block_size
+        share = B // self.world_size
+        if window < o.total // window_len:
+            slots = (self.rank * share + np.arange(share, dtype=np.int64) - epoch * o.total) % B
+            return (epoch * self._per_epoch + window * B + slots).tolist(), np.zeros(0, np.int64)
+        first = max(epoch * o.total + window * window_len, since)
+        end = (epoch + 1) * o.total if self.stop is None else min((epoch + 1) * o.total, self.stop * B)
+        positions = np.arange(first, max(first, end), dtype=np.int64)
+        return [], positions[(positions % B) // share == self.rank]
+
+    def _load(self, codes: list[int], positions: np.ndarray | None = None) -> None:
+        """Read and decode these chunks and the records at these positions together into one store,
+        its rows in position order."""
+        plan = self._plan(codes, positions)
         if plan is None:
             return
         ranges, position, rows = plan
@@ -195,17 +218,19 @@ class NumpyBatches(Stepping):
         order = np.argsort(keys, kind="stable")
         self._keys, self._where = keys[order], where[order]
         if self.prefetch:
-            self._prefetch_after(codes)
+            self._prefetch_after(int(position.max()))
 
-    def _plan(self, codes: list[int]) -> tuple[list[tuple[int, int, int]], np.ndarray, np.ndarray] | None:
-        """The record ranges of these chunks not in the cache yet, their positions, and the order
-        their rows are decoded in (the order they will be asked for); None when all are here."""
+    def _plan(self, codes: list[int], positions: np.ndarray | None = None,
+              ) -> tuple[list[tuple[int, int, int]], np.ndarray, np.ndarray] | None:
+        """The record ranges of these chunks and positions not in the cache yet, their positions,
+        and the order their rows are decoded in (the order they will be asked for); None when all
+        are here."""
         o = self.order
         epoch, chunk = np.divmod(np.asarray(codes, np.int64), self._per_epoch)
         sizes = np.minimum((chunk + 1) * o.block_size, o.total) - chunk * o.block_size
         firsts = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
-        # The chunks' records in order, then cut into runs of consecutive records of a shard: one
-        # range read per run (a chunk spans one block, or a few where blocks are short).
+        # The chunks' records, then cut into runs of consecutive records of a shard: one range read
+        # per run (a chunk spans one block, or a few where blocks are short).
         virtual = np.repeat(chunk * o.block_size - firsts, sizes) + np.arange(int(sizes.sum()))
         epochs = np.repeat(epoch, sizes)
         shard, index, position = np.empty_like(virtual), np.empty_like(virtual), np.empty_like(virtual)
@@ -213,33 +238,39 @@ class NumpyBatches(Stepping):
             sel = epochs == e
             shard[sel], index[sel] = o.locate(e, virtual[sel])
             position[sel] = e * o.total + o.offsets_of(e, virtual[sel])
-        new = ~self._find(position)[1]  # a chunk may be partly here already (tail windows, odd orders)
+        if positions is not None and len(positions):
+            placed = o.place(positions)
+            shard, index = np.concatenate([shard, placed.shard]), np.concatenate([index, placed.index])
+            position = np.concatenate([position, positions])
+        # In file order: neighbouring blocks and a tail window's single records are then one range
+        # each, and the same records always make the same ranges (a read-ahead is recognised).
+        new = np.flatnonzero(~self._find(position)[1])  # a chunk may be partly here already
+        new = new[np.lexsort((index[new], shard[new]))]
         shard, index, position = shard[new], index[new], position[new]
         if not len(position):
             return None
         run = np.flatnonzero(np.concatenate([[True], (np.diff(shard) != 0) | (np.diff(index) != 1)]))
         length = np.diff(np.append(run, len(shard)))
         ranges = list(zip(shard[run].tolist(), index[run].tolist(), (index[run] + length).tolist(), strict=True))
-        # Read in file order, decoded in the order the records will be asked for; in the dtypes
-        # batches have (int32 ids): half the bytes to write and copy.
+        # Decoded in the order the records will be asked for; in the dtypes batches have (int32
+        # ids): half the bytes to write and copy.
         return ranges, position, np.argsort(position, kind="stable")
 
     # ------------------------------------------------------------ reading ahead
 
-    def _prefetch_after(self, codes: list[int]) -> None:
-        """Start fetching this rank's share of the window after the one just loaded, on a background
-        thread, so that its requests run while the current window's batches are used (full windows;
-        an epoch's tail window is read when its batches come)."""
+    def _prefetch_after(self, last: int) -> None:
+        """Start fetching this rank's share of the window after the one holding position ``last``
+        (the last one just loaded), on a background thread, so that its requests run while the
+        current window's batches are used."""
         o = self.order
-        B, full = o.batch_size, o.total // (o.batch_size * o.block_size)
-        epoch, chunk = divmod(max(codes), self._per_epoch)
-        epoch, window = (epoch, chunk // B + 1) if chunk // B + 1 < full else (epoch + 1, 0)
-        first_position = epoch * o.total + window * B * o.block_size
-        if window >= full or self.stop is not None and first_position >= self.stop * B:
+        B, window_len = o.batch_size, o.batch_size * o.block_size
+        epoch, offset = divmod(last, o.total)
+        window = offset // window_len + 1
+        if window * window_len >= o.total:
+            epoch, window = epoch + 1, 0
+        if self.stop is not None and epoch * o.total + window * window_len >= self.stop * B:
             return
-        share = B // self.world_size
-        first = epoch * self._per_epoch + window * B + self.rank * share
-        plan = self._plan(list(range(first, first + share)))
+        plan = self._plan(*self._window_share(epoch, window))
         if plan is None or self._pending is not None and self._pending[0] == plan[0]:
             return
         if self._pool is None or self._pool[0] != os.getpid():  # none yet, or one a fork left behind

@@ -21,6 +21,8 @@ from __future__ import annotations
 import contextlib
 import errno
 import hashlib
+import os
+import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -130,6 +132,11 @@ class Source:
     # file, ETag or generation of an object); None for shard lists without a manifest.
     manifest_version: str | None = None
     _offsets: dict[int, np.ndarray] = field(default_factory=dict, repr=False)
+    # A loader's read-ahead thread and its caller may both need a shard's offsets first: its index
+    # is then read once, not by each. (The process that made the lock: a forked DataLoader worker
+    # makes its own, as the parent's may have been held by another thread at the fork.)
+    _offsets_lock: tuple[int, threading.Lock] = field(
+        default_factory=lambda: (os.getpid(), threading.Lock()), repr=False, compare=False)
 
     def check_unchanged(self) -> None:
         """DatasetReplaced unless the dataset is still the one opened: a `run --overwrite` (or
@@ -250,13 +257,18 @@ class Source:
     def _load_offsets(self, shards: list[int]) -> None:
         """The offsets of these shards read where they are not yet (`offsets`): their indexes
         fetched concurrently when they are remote, as a window's shards are."""
-        todo = [s for s in shards if s not in self._offsets]
-        if len(todo) > 1 and any(is_remote(self.shards[s].path) for s in todo):
-            with ThreadPoolExecutor(min(len(todo), _CONCURRENT_FILES)) as pool:
-                got = list(pool.map(self._read_offsets, todo))
-        else:
-            got = [self._read_offsets(s) for s in todo]
-        self._offsets.update(zip(todo, got, strict=True))
+        if all(s in self._offsets for s in shards):
+            return
+        if self._offsets_lock[0] != os.getpid():  # a forked child has one thread: safe to replace
+            self._offsets_lock = (os.getpid(), threading.Lock())
+        with self._offsets_lock[1]:
+            todo = [s for s in shards if s not in self._offsets]
+            if len(todo) > 1 and any(is_remote(self.shards[s].path) for s in todo):
+                with ThreadPoolExecutor(min(len(todo), _CONCURRENT_FILES)) as pool:
+                    got = list(pool.map(self._read_offsets, todo))
+            else:
+                got = [self._read_offsets(s) for s in todo]
+            self._offsets.update(zip(todo, got, strict=True))
 
     def _read_offsets(self, shard: int) -> np.ndarray:
         return _index_shard(self.shards[shard], self.counts[shard], self.fs)
@@ -306,11 +318,11 @@ def _placed(begins: np.ndarray, bases: np.ndarray, at: np.ndarray) -> np.ndarray
     return bases[j] + at - begins[j]
 
 
-def coalesce(spans: np.ndarray | list[tuple[int, int]], gap: int) -> list[tuple[int, int]]:
+def coalesce(spans: np.ndarray | list[tuple[int, int]], gap: int, waste: float = 1 / 8) -> list[tuple[int, int]]:
     """Byte spans of one file, sorted, joined where they overlap or touch, or lie at most ``gap``
-    bytes apart and the bytes between are at most an eighth of the two spans': a read of a few
-    bytes between costs less than another request, and what is read but not used stays under
-    1/8 of what is (the loaders' target: at most 1.2x their share of the dataset)."""
+    bytes apart while the bytes between, all of a read's together, stay at most ``waste`` of the
+    bytes it was asked for: a read of a few bytes between costs less than another request, and
+    what is read but not used stays under that fraction of what is, whatever the spans."""
     spans = np.asarray(spans, np.int64).reshape(-1, 2)
     if not len(spans):
         return []
@@ -322,12 +334,14 @@ def coalesce(spans: np.ndarray | list[tuple[int, int]], gap: int) -> list[tuple[
     begins, ends = spans[runs, 0].tolist(), np.maximum.reduceat(spans[:, 1], runs).tolist()
     out: list[tuple[int, int]] = []
     first, last = begins[0], ends[0]  # the read being built (runs neither overlap nor touch now)
+    unused = 0  # bytes of the read between its spans
     for begin, end in zip(begins[1:], ends[1:], strict=True):
-        if begin - last <= gap and 8 * (begin - last) <= last - first + end - begin:
-            last = end
+        between = begin - last
+        if between <= gap and unused + between <= waste * (last - first - unused + end - begin):
+            last, unused = end, unused + between
         else:
             out.append((first, last))
-            first, last = begin, end
+            first, last, unused = begin, end, 0
     out.append((first, last))
     return out
 
