@@ -66,8 +66,11 @@ bench-scale: $(VENV)/.stamp-dev
 	mkdir -p .bench
 	$(PY) -m benchmarks.bench_scale --plot .bench/scale.png --json .bench/scale.json $(SCALE_ARGS)
 
-# GPU figures (docs/gpu.md) on a machine with a CUDA GPU, PyTorch and transformers: the vocab and datasets
-# from ../shared into .gpu/, then one JSON line a figure in .bench/gpu/gpu.jsonl (about 8 minutes on an H200).
+# GPU figures (docs/gpu.md) on a machine with a CUDA GPU, JAX, PyTorch and transformers: our Keras trainer on
+# JAX, then Hugging Face's model. prepare: the vocab and datasets from ../shared and the wheels our trainer
+# needs where TensorFlow and Keras are not installed, into .gpu/; measure: one JSON line a figure in
+# .bench/gpu/gpu.jsonl, within its --budget-s. On a lent machine without network run measure alone there,
+# with .gpu/ carried beside the working tree.
 bench-gpu: $(VENV)/.stamp-dev
 	$(PY) -m benchmarks.bench_gpu prepare --out .gpu
 	$(PY) -m benchmarks.bench_gpu measure --data .gpu --out .bench/gpu
