@@ -21,8 +21,9 @@ from bert_datagen.cli.plumbing import debug_requested, filter_process_stderr
 # the CUDA probing and registration complaints that every CPU-only or pip-installed TensorFlow prints,
 # and the op-attribute skew a Python-fed tf.data pipeline (a dataset in a bucket) logs once, and
 # oneDNN's note that it leaves integer and bool ops (the model's keras.ops masks) to Eigen on this CPU.
-# Also the aborts a multi-worker step's collectives log (with gRPC's continuation lines) when a
-# worker is lost: the command's one line says which worker and where to resume (run/stopping.py).
+# Also the aborts a multi-worker step's collectives log when a worker is lost, with their
+# continuation lines (gRPC's, and the note an aborted collective executor appends to its status on
+# a line of its own): the command's one line says which worker and where to resume (run/stopping.py).
 TF_NATIVE_NOISE = re.compile(
     rb"^(I\d{4} [\d:.]+ +\d+ [\w.]+:\d+\] "
     rb"|WARNING: All log messages before absl::InitializeLog\(\) is called"
@@ -32,7 +33,8 @@ TF_NATIVE_NOISE = re.compile(
     rb"|oneDNN supports DT_\w+ only on platforms with AVX-512)"
     rb"|[EW]\d{4} [\d:.]+ +\d+ (ring_alg|base_collective_executor|collective_[a-z_]+)\.cc:\d+\] "
     rb"|Additional GRPC error information from remote target /job:"
-    rb"|:UNKNOWN:Error received from peer )"
+    rb"|:UNKNOWN:Error received from peer "
+    rb"|\s*The error could be from a previous operation\. Restart your program to reset\.)"
 )
 
 
