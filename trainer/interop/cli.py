@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import click
 
 from bert_datagen.cli.plumbing import refuse_unused_options
+from bert_datagen.contract.fs import is_remote
 from bert_datagen.trainer.backends.option import refuse_on_jax, use_backend
 from bert_datagen.trainer.errors import TrainerError
+from bert_datagen.trainer.runtime.rundir import refuse_inside_dataset
 
 FORMATS = ("tf1", "hf")  # bert_datagen.trainer.interop.export.FORMATS; spelled here so --help does not import TensorFlow
 
@@ -32,6 +36,8 @@ def export_command(ctx: click.Context, run, fmt, out, vocab, do_lower_case, over
         refuse_unused_options(ctx, {"do_lower_case": "the tf1 layout has no tokenizer settings (the original code "
                                                      "takes --do_lower_case itself)"})
     try:
+        if not is_remote(out):  # a dataset is another command's input: nothing of ours is written in it
+            refuse_inside_dataset(Path(out))
         from bert_datagen.trainer.interop.export import ExportConfig, export_run
         from bert_datagen.trainer.interop.finetune_export import export_finetuned, is_finetune_run
 

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from bert_datagen.cli.plumbing import unfiltered_stderr
+from bert_datagen.contract.fs import is_remote
 from bert_datagen.trainer.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -172,7 +173,8 @@ def start_record(options: dict[str, object], run_dir: str, fingerprint: str, mod
     this worker would resume from, its number of replicas and the cluster its TF_CONFIG lists."""
     from bert_datagen.trainer.runtime import checkpoint as ckpt_lib
 
-    record: dict[str, object] = {"--" + name.replace("_", "-"): value for name, value in options.items()}
+    record: dict[str, object] = {"--" + name.replace("_", "-"): _resolved(value) if name in _PATH_OPTIONS else value
+                                 for name, value in options.items()}
     record["--out"] = os.path.abspath(run_dir)
     found = ckpt_lib.list_checkpoints(run_dir) if os.path.isdir(run_dir) else []
     record["the checkpoint it resumes from"] = str(found[-1][1].name) if found else "none (a new run)"
@@ -182,6 +184,22 @@ def start_record(options: dict[str, object], run_dir: str, fingerprint: str, mod
     task = _joined.get("task")
     record["TF_CONFIG's cluster"] = task.workers if task is not None else []  # type: ignore[union-attr]
     return record
+
+
+# Options that name files or directories: each worker records them resolved against its own working
+# directory (symlinks too), so `--data data/c128` on one and `--data /home/me/data/c128` on another
+# agree when they are one dataset, and two datasets never do.
+_PATH_OPTIONS = frozenset({"data", "eval_data", "mix", "init_from", "init_checkpoint"})
+
+
+def _resolved(value: object) -> object:
+    """A path option's value with every local path absolute and its symlinks resolved; an object
+    store's path without a trailing slash; anything else as it is."""
+    if isinstance(value, list):
+        return [_resolved(v) for v in value]
+    if not isinstance(value, str) or not value:
+        return value
+    return value.rstrip("/") if is_remote(value) else os.path.realpath(value)
 
 
 def agree(strategy: tf.distribute.Strategy, record: dict[str, object]) -> None:
