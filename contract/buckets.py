@@ -9,21 +9,85 @@ credentials and ``STORAGE_EMULATOR_HOST``), need neither Beam nor TensorFlow (so
 stays small), and read several byte ranges of an object concurrently (`read_ranges`).
 
 Every failure is an `OSError` whose text is one line naming the path and the cause (a missing extra,
-no credentials, no such bucket, access denied), so both CLIs print it as their ``Error:`` line.
+no credentials, no such bucket, access denied, no answer within the deadline), so both CLIs print it as
+their ``Error:`` line.
+
+A server that stops answering is an error within one `Deadline` (docs/buckets.md), never a hang: the
+clients' own defaults retried for minutes (s3fs: 5 attempts of botocore's 5, each waiting 15 s for a
+byte; gcsfs: 6 attempts, each waiting up to aiohttp's 300 s).
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
+import logging
 import os
 import posixpath
 import threading
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any, BinaryIO
 
 # scheme -> (the module that serves it, the extra that installs it)
 SCHEMES = {"s3": ("s3fs", "s3"), "gs": ("gcsfs", "gcs"), "gcs": ("gcsfs", "gcs")}
+
+
+MIN_DEADLINE, MAX_DEADLINE = 2.0, 3600.0
+MIN_TRY = 1.0  # seconds: a try's share below this would fail on a loaded machine's first byte
+
+
+def backoff_allowance(attempts: int) -> float:
+    """The clients' longest total wait between ``attempts`` tries, in seconds: gcsfs waits under
+    1 + 2**(i-1) s before try i+1 (botocore's standard mode under 2**(i-1) s)."""
+    return float(sum(min(1 + 2 ** (i - 1), 32) for i in range(1, attempts)))
+
+
+@dataclass(frozen=True)
+class Deadline:
+    """How long a bucket request may go unanswered, its retries included, before it fails.
+
+    ``seconds`` holds ``attempts`` tries and the clients' waits between them (`backoff_allowance`);
+    each try has a connect timeout (a third of its share) and a read timeout (no byte for two thirds
+    of its share), so even a try that stalls in both phases ends within its share. A transfer that
+    keeps moving is never cut: the timeouts count silence, not duration."""
+
+    seconds: float = 60.0
+    attempts: int = 3
+
+    def __post_init__(self) -> None:
+        if isinstance(self.attempts, bool) or not isinstance(self.attempts, int) or not 1 <= self.attempts <= 5:
+            raise ValueError(f"a bucket deadline's attempts are 1 to 5, not {self.attempts!r}")
+        if isinstance(self.seconds, bool) or not isinstance(self.seconds, (int, float)) or not (
+                MIN_DEADLINE <= self.seconds <= MAX_DEADLINE) or self.per_attempt < MIN_TRY:
+            raise ValueError(f"a bucket deadline is {MIN_DEADLINE:g} to {MAX_DEADLINE:g} seconds, with at least "
+                             f"{MIN_TRY:g} s for each of its {self.attempts} tries besides "
+                             f"{backoff_allowance(self.attempts):g} s of waits: not {self.seconds!r}")
+
+    @classmethod
+    def within(cls, seconds: float) -> Deadline:
+        """The deadline of ``seconds`` with the most tries (up to 3) that leave each at least 2 s."""
+        for attempts in (3, 2):
+            if (seconds - backoff_allowance(attempts)) / attempts >= 2 * MIN_TRY:
+                return cls(seconds, attempts)
+        return cls(seconds, 1)
+
+    @property
+    def per_attempt(self) -> float:
+        """One try's share, in seconds: its connect timeout plus its read timeout."""
+        return (self.seconds - backoff_allowance(self.attempts)) / self.attempts
+
+    @property
+    def connect_timeout(self) -> float:
+        return self.per_attempt / 3
+
+    @property
+    def read_timeout(self) -> float:
+        return self.per_attempt * 2 / 3
+
+    def describe(self) -> str:
+        return (f"{self.seconds:g} s: {self.attempts} tries, each {self.connect_timeout:.3g} s to connect and "
+                f"{self.read_timeout:.3g} s for an answer")
 
 
 def is_bucket_path(path: str | os.PathLike) -> bool:
@@ -45,10 +109,40 @@ def StorageError(code: int, reason: str, path: str) -> OSError:  # noqa: N802 - 
     return OSError(code, reason, path)
 
 
-def _cause(exc: BaseException, path: str) -> StorageError:
+# What a client raises when the server did not answer (timeouts, refused or dropped connections), by
+# type name: the clients' exception classes live in packages a reader may not have (botocore, aiohttp).
+_UNANSWERED = {"ReadTimeoutError", "ConnectTimeoutError", "EndpointConnectionError", "ConnectionClosedError",
+               "ServerTimeoutError", "ClientConnectorError", "ServerDisconnectedError", "ClientOSError",
+               "TimeoutError", "FSTimeoutError", "ConnectionRefusedError", "ConnectionResetError",
+               "ConnectionError", "ProxyError"}
+
+
+def _unanswered(exc: BaseException) -> BaseException | None:
+    """The exception in ``exc``'s chain that says the server did not answer, if any."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if type(exc).__name__ in _UNANSWERED or isinstance(exc, (TimeoutError, ConnectionError)):
+            return exc
+        exc = exc.__cause__ or exc.__context__  # type: ignore[assignment]
+    return None
+
+
+def _first_line(exc: BaseException) -> str:
+    name = type(exc).__name__
+    return str(exc).splitlines()[0] if str(exc).strip() else name
+
+
+def _cause(exc: BaseException, path: str, deadline: Deadline | None = None) -> StorageError:
     """The one-line error for a client's exception on ``path``."""
     name = type(exc).__name__
-    text = str(exc).splitlines()[0] if str(exc) else name
+    text = _first_line(exc)
+    silent = None if isinstance(exc, (FileNotFoundError, PermissionError)) else _unanswered(exc)
+    if silent is not None:
+        within = f"within the bucket deadline ({deadline.describe()})" if deadline else "in time"
+        said = _first_line(silent)
+        said = type(silent).__name__ + (f": {said}" if said != type(silent).__name__ else "")
+        return StorageError(errno.ETIMEDOUT, f"the server did not answer {within}: {said}", path)
     bucket = split_bucket(path)[0]
     if name in ("NoCredentialsError", "PartialCredentialsError", "DefaultCredentialsError") or "credentials" in text.lower() and "not" in text.lower():
         hint = ("set AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, AWS_PROFILE or an instance role"
@@ -67,7 +161,7 @@ def _cause(exc: BaseException, path: str) -> StorageError:
 
 
 @contextlib.contextmanager
-def reported(path: str) -> Iterator[None]:
+def reported(path: str, deadline: Deadline | None = None) -> Iterator[None]:
     """Turn a client's exception on ``path`` into a `StorageError` with one line naming it."""
     try:
         yield
@@ -76,67 +170,165 @@ def reported(path: str) -> Iterator[None]:
     except Exception as exc:
         if isinstance(exc, OSError) and exc.filename == path:  # already ours
             raise  # noqa: BLE001 - clients raise their own types (botocore, google-auth, aiohttp)
-        raise _cause(exc, path) from exc
+        raise _cause(exc, path, deadline) from exc
+
+
+class ReportedStream:
+    """A client's stream of an object whose reads fail as `reported` says: the client fetches blocks
+    as they are read, so a server that stops answering shows up in ``read``, not in ``open``."""
+
+    def __init__(self, stream: Any, path: str, deadline: Deadline) -> None:
+        self._stream, self._path, self._deadline = stream, path, deadline
+
+    def read(self, size: int = -1) -> bytes:
+        with reported(self._path, self._deadline):
+            return self._stream.read(size)
+
+    def readinto(self, buffer: Any) -> int:
+        with reported(self._path, self._deadline):
+            return self._stream.readinto(buffer)
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        with reported(self._path, self._deadline):
+            return self._stream.seek(offset, whence)
+
+    def __getattr__(self, name: str) -> Any:  # tell, close, closed, readable, seekable, size ...
+        return getattr(self._stream, name)
+
+    def __enter__(self) -> ReportedStream:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stream.close()
 
 
 # What configures the clients (read by the clients themselves; here only to know when to make a new one).
 _CLIENT_ENV = ("AWS_", "STORAGE_EMULATOR_HOST", "GOOGLE_", "GCSFS_")
 
 
+class _RaisedAnyway(logging.Filter):
+    """Drops gcsfs's log of a request that failed for good: it logs the exception with its traceback
+    (``logger.exception``) and then raises it, which the caller reports as one line; with a handler on
+    the root logger (the CLIs') or none at all (Python's last resort) those were 5-7 tracebacks on
+    stderr before that line. Its other records are kept."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = str(record.msg)
+        return not ("out of retries on exception" in message or "non-retriable exception" in message)
+
+
+def _quiet_client_logs() -> None:
+    log = logging.getLogger("gcsfs")
+    if not any(isinstance(f, _RaisedAnyway) for f in log.filters):
+        log.addFilter(_RaisedAnyway())
+
+
+def _s3_session() -> Any:
+    """botocore's session without its ``Expect: 100-continue`` on uploads: aiohttp waits for the
+    server's "continue" without any timeout, so a write to a server that stopped answering hung for
+    good. Without it a refused upload sends its body before the refusal (a shard: megabytes)."""
+    from aiobotocore.session import AioSession
+    from botocore.handlers import add_expect_header
+
+    session = AioSession()
+    session.unregister("before-call.s3", add_expect_header)
+    return session
+
+
+def _gcs_emulated() -> bool:
+    """Whether gcsfs is pointed at an emulator (its own reading of STORAGE_EMULATOR_HOST): then it is
+    anonymous, as emulators are. Otherwise it looks for credentials, and Google's default chain asks
+    the metadata server (169.254.169.254) whether this is a GCE machine, an address the user never
+    configured."""
+    from gcsfs import core
+
+    return not core._location().startswith("https://storage.")
+
+
+def _gcs_class(attempts: int) -> type:
+    """gcsfs's filesystem with ``attempts`` tries a request: its own count (6) is fixed when the class
+    is defined, and its waits between tries grow to 32 s."""
+    from gcsfs.core import GCSFileSystem
+    from gcsfs.retry import retry_request
+
+    class BoundedGCSFileSystem(GCSFileSystem):
+        _request = retry_request(retries=attempts)(GCSFileSystem._request.__wrapped__)
+
+    return BoundedGCSFileSystem
+
+
 class BucketObjects:
     """The `bert_datagen.contract.fs.ObjectStore` primitives for s3:// and gs:// (object names are full
-    paths). Clients are made on first use per process and scheme; listings are never cached (another
-    process may have written since)."""
+    paths), every request bounded by ``deadline``. Clients are made on first use per process and
+    scheme; listings are never cached (another process may have written since)."""
 
-    def __init__(self) -> None:
+    def __init__(self, deadline: Deadline = Deadline()) -> None:
+        self.deadline = deadline
         self._clients: dict[tuple, Any] = {}
         self._lock = threading.Lock()
+
+    def with_deadline(self, deadline: Deadline) -> BucketObjects:
+        """These primitives with another deadline (clients of their own)."""
+        return self if deadline == self.deadline else BucketObjects(deadline)
 
     def client(self, path: str) -> Any:
         scheme = path.partition("://")[0]
         # A client per configuration: a process that changes its endpoint or credentials variables
         # (a test, a notebook) gets a client that sees the change, as a new process would.
-        key = (scheme, tuple(sorted((k, v) for k, v in os.environ.items() if k.startswith(_CLIENT_ENV))))
+        key = (scheme, self.deadline,
+               tuple(sorted((k, v) for k, v in os.environ.items() if k.startswith(_CLIENT_ENV))))
         with self._lock:
             if key not in self._clients:
-                self._clients[key] = self._make_client(scheme, path)
+                self._clients[key] = self._make_client(scheme, path, self.deadline)
             return self._clients[key]
 
     @staticmethod
-    def _make_client(scheme: str, path: str) -> Any:
+    def _make_client(scheme: str, path: str, deadline: Deadline) -> Any:
         module, extra = SCHEMES[scheme]
+        connect, read = deadline.connect_timeout, deadline.read_timeout
         try:
             if module == "s3fs":
                 import s3fs
 
-                return s3fs.S3FileSystem(use_listings_cache=False, skip_instance_cache=True)
+                # botocore makes the tries (standard mode: timeouts, dropped connections, 5xx and
+                # throttling), s3fs none of its own on top (its default multiplied botocore's).
+                client = s3fs.S3FileSystem(
+                    use_listings_cache=False, skip_instance_cache=True, session=_s3_session(),
+                    config_kwargs={"connect_timeout": connect, "read_timeout": read,
+                                   "retries": {"total_max_attempts": deadline.attempts, "mode": "standard"}})
+                client.retries = 1  # an attribute, not an argument, of s3fs's
+                return client
+            import aiohttp
+
+            _quiet_client_logs()
             # The core class, not gcsfs's default export: that one first asks a gRPC control plane
             # for every bucket's layout (60 s against an emulator, and not needed for objects).
-            from gcsfs.core import GCSFileSystem
-
-            return GCSFileSystem(use_listings_cache=False, skip_instance_cache=True)
+            return _gcs_class(deadline.attempts)(
+                use_listings_cache=False, skip_instance_cache=True, token="anon" if _gcs_emulated() else None,
+                requests_timeout=aiohttp.ClientTimeout(total=None, sock_connect=connect, sock_read=read))
         except ImportError as e:
             raise StorageError(errno.ENOPKG, f"{scheme}:// paths need {module} (pip install "
                                f"'bert-datagen[{extra}]'): {e}", path) from e
 
     def open_read(self, path: str) -> BinaryIO:
-        with reported(path):
-            return self.client(path).open(path, "rb", block_size=8 << 20)
+        with reported(path, self.deadline):
+            stream = self.client(path).open(path, "rb", block_size=8 << 20)
+        return ReportedStream(stream, path, self.deadline)  # type: ignore[return-value]
 
     def read_bytes(self, path: str) -> bytes:
-        with reported(path):
+        with reported(path, self.deadline):
             return self.client(path).cat_file(path)
 
     def read_ranges(self, path: str, ranges: list[tuple[int, int]]) -> list[bytes]:
         """The bytes ``[begin, end)`` of each range, fetched concurrently, one request per range."""
         if not ranges:
             return []
-        with reported(path):
+        with reported(path, self.deadline):
             parts = self.client(path).cat_ranges([path] * len(ranges), [b for b, _ in ranges],
                                                  [e for _, e in ranges], on_error="raise")
         for (begin, end), part in zip(ranges, parts, strict=True):
             if isinstance(part, BaseException):
-                raise _cause(part, path) from part
+                raise _cause(part, path, self.deadline) from part
             if len(part) != end - begin:
                 raise StorageError(errno.EIO, f"a read of bytes [{begin}, {end}) returned {len(part)} "
                                    "bytes: the object is shorter than expected", path)
@@ -144,17 +336,17 @@ class BucketObjects:
 
     def version(self, path: str) -> str:
         """What identifies this object's current contents: size and ETag (S3) or generation (GCS)."""
-        with reported(path):
+        with reported(path, self.deadline):
             info = self.client(path).info(path)
         tag = info.get("generation") or info.get("ETag") or info.get("etag") or info.get("LastModified")
         return f"{info.get('size')}:{tag}"
 
     def size(self, path: str) -> int:
-        with reported(path):
+        with reported(path, self.deadline):
             return int(self.client(path).info(path)["size"])
 
     def write(self, path: str, data: bytes) -> None:
-        with reported(path):
+        with reported(path, self.deadline):
             self.client(path).pipe_file(path, data)
 
     def exists(self, path: str) -> bool:
@@ -163,7 +355,7 @@ class BucketObjects:
         bucket, key = split_bucket(path)
         if not key.strip("/"):
             return self._bucket_exists(path)
-        with reported(path):
+        with reported(path, self.deadline):
             try:
                 return self.client(path).info(path)["type"] == "file"
             except FileNotFoundError:
@@ -171,7 +363,7 @@ class BucketObjects:
 
     def _bucket_exists(self, path: str) -> bool:
         bucket = split_bucket(path)[0]
-        with reported(path):
+        with reported(path, self.deadline):
             client = self.client(path)
             try:
                 if hasattr(client, "call_s3"):  # s3fs's exists() swallows every error of a bucket probe
@@ -190,14 +382,14 @@ class BucketObjects:
 
     def rename(self, src: str, dst: str) -> None:
         # An object store has no rename: copy, then delete the source (the copy appears whole).
-        with reported(src):
+        with reported(src, self.deadline):
             client = self.client(src)
             client.copy(src, dst)
             client.rm_file(src)
 
     def delete(self, paths: list[str]) -> None:
         for path in paths:
-            with reported(path):
+            with reported(path, self.deadline):
                 try:
                     self.client(path).rm_file(path)
                 except FileNotFoundError:
@@ -205,7 +397,7 @@ class BucketObjects:
 
     def list_prefix(self, prefix: str) -> list[str]:
         scheme = prefix.partition("://")[0]
-        with reported(prefix):
+        with reported(prefix, self.deadline):
             try:
                 found = self.client(prefix).find(prefix)
             except FileNotFoundError:
@@ -216,7 +408,7 @@ class BucketObjects:
 
     def glob(self, pattern: str) -> list[str]:
         scheme = pattern.partition("://")[0]
-        with reported(pattern):
+        with reported(pattern, self.deadline):
             try:
                 found = self.client(pattern).glob(pattern)
             except FileNotFoundError:
@@ -229,3 +421,15 @@ class BucketObjects:
 
 
 BUCKETS = BucketObjects()
+
+
+def check_output_bucket(path: str, option: str, buckets: BucketObjects = BUCKETS) -> None:
+    """Before any work: an OSError naming ``option`` and ``path`` when ``path`` lies in a bucket that
+    does not exist (or that these credentials cannot see, or whose server does not answer). Without
+    it a run found out at its first write, naming an internal temp object of its staging prefix."""
+    if not is_bucket_path(path):
+        return
+    try:
+        buckets.check_bucket(path)
+    except OSError as e:
+        raise StorageError(e.errno or errno.EIO, f"{e.strerror} ({option})", path) from e

@@ -33,7 +33,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import BinaryIO, Protocol
 
-from bert_datagen.contract.buckets import BUCKETS, is_bucket_path
+from bert_datagen.contract.buckets import BUCKETS, BucketObjects, Deadline, is_bucket_path
 
 TMP_MARKER = ".tmp-"
 _LOCAL_GAP = 64 << 10  # bytes between two ranges of a local file that one read spans
@@ -243,33 +243,38 @@ class PathFS:
     An object store has no directories: a "directory" is the prefix ``path/`` of the objects under
     it, and a write is complete once the object appears under its final name."""
 
-    def __init__(self, remote: ObjectStore, local: LocalFS = LOCAL_FS) -> None:
+    def __init__(self, remote: ObjectStore, local: LocalFS = LOCAL_FS, buckets: BucketObjects = BUCKETS) -> None:
         self.remote = remote
         self.local = local
+        self.buckets = buckets
+
+    def with_deadline(self, deadline: Deadline) -> PathFS:
+        """This filesystem with buckets bounded by ``deadline`` instead (docs/buckets.md)."""
+        return PathFS(self.remote, self.local, self.buckets.with_deadline(deadline))
 
     def store(self, path: str) -> ObjectStore:
         """The backend of a remote ``path``: buckets (s3://, gs://) through `bert_datagen.contract.buckets` in every
         layer, any other scheme through the layer's own backend (Beam's or TensorFlow's filesystems)."""
-        return BUCKETS if is_bucket_path(path) else self.remote
+        return self.buckets if is_bucket_path(path) else self.remote
 
     def read_bytes(self, path: str) -> bytes:
         if not is_remote(path):
             return self.local.read_bytes(path)
         if is_bucket_path(path):
-            return decompress_by_name(path, BUCKETS.read_bytes(path))
+            return decompress_by_name(path, self.buckets.read_bytes(path))
         with self.store(path).open_read(path) as f:
             return decompress_by_name(path, f.read())
 
     def check_container(self, path: str) -> None:
         """For a path in a bucket: FileNotFoundError naming it when the bucket itself is missing."""
         if is_bucket_path(path):
-            BUCKETS.check_bucket(path)
+            self.buckets.check_bucket(path)
 
     def read_ranges(self, path: str, ranges: list[tuple[int, int]]) -> list[bytes]:
         """The bytes ``[begin, end)`` of each range of a file as stored (a bucket serves them as
         concurrent ranged requests: nothing else of the object is fetched)."""
         if is_bucket_path(path):
-            return BUCKETS.read_ranges(path, ranges)
+            return self.buckets.read_ranges(path, ranges)
         # A local file's ranges that lie close together in order are one read, cut: a read costs
         # more than copying the bytes between (a loader may ask for thousands of one-record ranges).
         gap = _LOCAL_GAP if not is_remote(path) else -1
@@ -295,7 +300,7 @@ class PathFS:
         """What identifies a file's current contents without reading them: size and modification
         time for a local file, size and ETag or generation for an object."""
         if is_bucket_path(path):
-            return BUCKETS.version(path)
+            return self.buckets.version(path)
         if not is_remote(path):
             st = os.stat(path)
             return f"{st.st_size}:{st.st_mtime_ns}:{st.st_ino}"

@@ -64,6 +64,7 @@ def vocab_command(ctx: click.Context, inputs, output, overwrite, vocab_size, do_
     if layout == "auto" and given(ctx, "num_unused") and resolve_layout(layout, vocab_size, num_unused)[0] == "compact":
         # auto's compact layout has no [unused] slots; slots the user asked for are kept.
         layout = "compact"
+    from bert_datagen.contract.buckets import check_output_bucket
     from bert_datagen.datagen.config import ConfigError, DatagenConfig
     from bert_datagen.datagen.readers import InputError
     from bert_datagen.pipelines.beam.fsio import InputNotFoundError, match_files
@@ -75,6 +76,7 @@ def vocab_command(ctx: click.Context, inputs, output, overwrite, vocab_size, do_
         resolve_layout(layout, vocab_size, num_unused)  # the options against each other, before any work
     except (ConfigError, VocabError) as e:
         raise click.UsageError(str(e)) from e
+    check_output_bucket(output, "--output")  # before training: not at the write, naming a temp object
     try:
         sources = [f.path for f in match_files(list(inputs))]
         check_file_output(output, "--output", sources, overwrite)

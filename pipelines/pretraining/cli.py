@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 import click
 
 from bert_datagen.cli.plumbing import FiniteFloat, Int, refuse_unused_options
+from bert_datagen.contract.buckets import check_output_bucket
 from bert_datagen.datagen.config import (
     INPUT_FORMATS,
     MASKING_UNITS,
@@ -196,6 +197,7 @@ def run_command(ctx: click.Context, **options) -> None:
 
     from bert_datagen.pipelines.pretraining.run import generate_dataset
 
+    check_output_bucket(output_dir, "--output")  # before any work: not at the first write, naming a temp object
     with driver_errors():
         result = generate_dataset(
             config,

@@ -7,6 +7,7 @@ import sys
 import click
 
 from bert_datagen.cli.plumbing import FiniteFloat, Int, refuse_unused_options
+from bert_datagen.contract.buckets import check_output_bucket
 from bert_datagen.datagen.config import TARGET_SHARD_MB_RANGE
 from bert_datagen.datagen.tasks.config import (
     KINDS,
@@ -124,6 +125,7 @@ def task_command(ctx: click.Context, **options) -> None:
 
     from bert_datagen.pipelines.tasks.run import generate_task_dataset
 
+    check_output_bucket(output_dir, "--output")  # before any work: not at the first write, naming a temp object
     with driver_errors():
         result = generate_task_dataset(config, splits=list(splits), vocab_path=vocab_path, output_dir=output_dir,
                                        runner=runner, overwrite=overwrite)
