@@ -25,6 +25,7 @@ import logging
 import os
 import posixpath
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, BinaryIO
@@ -177,19 +178,19 @@ class ReportedStream:
     """A client's stream of an object whose reads fail as `reported` says: the client fetches blocks
     as they are read, so a server that stops answering shows up in ``read``, not in ``open``."""
 
-    def __init__(self, stream: Any, path: str, deadline: Deadline) -> None:
-        self._stream, self._path, self._deadline = stream, path, deadline
+    def __init__(self, stream: Any, path: str, objects: BucketObjects) -> None:
+        self._stream, self._path, self._objects = stream, path, objects
 
     def read(self, size: int = -1) -> bytes:
-        with reported(self._path, self._deadline):
+        with self._objects.reported(self._path):
             return self._stream.read(size)
 
     def readinto(self, buffer: Any) -> int:
-        with reported(self._path, self._deadline):
+        with self._objects.reported(self._path):
             return self._stream.readinto(buffer)
 
     def seek(self, offset: int, whence: int = 0) -> int:
-        with reported(self._path, self._deadline):
+        with self._objects.reported(self._path):
             return self._stream.seek(offset, whence)
 
     def __getattr__(self, name: str) -> Any:  # tell, close, closed, readable, seekable, size ...
@@ -266,6 +267,31 @@ class BucketObjects:
         self.deadline = deadline
         self._clients: dict[tuple, Any] = {}
         self._lock = threading.Lock()
+        # Client key -> until when its server counts as silent: once a request waited out the whole
+        # deadline, the next ones (a reader's check of what happened, the next shard) fail at once
+        # instead of each waiting it out again, so a reader stops within one deadline.
+        self._silent: dict[tuple, float] = {}
+
+    def _key(self, path: str) -> tuple:
+        # A client per configuration: a process that changes its endpoint or credentials variables
+        # (a test, a notebook) gets a client that sees the change, as a new process would.
+        return (path.partition("://")[0], self.deadline,
+                tuple(sorted((k, v) for k, v in os.environ.items() if k.startswith(_CLIENT_ENV))))
+
+    @contextlib.contextmanager
+    def reported(self, path: str) -> Iterator[None]:
+        """`reported`, failing at once while ``path``'s server counts as silent (see ``_silent``)."""
+        key = self._key(path)
+        if time.monotonic() < self._silent.get(key, 0.0):
+            raise StorageError(errno.ETIMEDOUT, "the server did not answer within the bucket deadline "
+                               f"({self.deadline.describe()}) moments ago; not asked again so soon", path)
+        try:
+            with reported(path, self.deadline):
+                yield
+        except OSError as e:
+            if e.errno == errno.ETIMEDOUT:
+                self._silent[key] = time.monotonic() + self.deadline.seconds
+            raise
 
     def with_deadline(self, deadline: Deadline) -> BucketObjects:
         """These primitives with another deadline (clients of their own)."""
@@ -273,10 +299,7 @@ class BucketObjects:
 
     def client(self, path: str) -> Any:
         scheme = path.partition("://")[0]
-        # A client per configuration: a process that changes its endpoint or credentials variables
-        # (a test, a notebook) gets a client that sees the change, as a new process would.
-        key = (scheme, self.deadline,
-               tuple(sorted((k, v) for k, v in os.environ.items() if k.startswith(_CLIENT_ENV))))
+        key = self._key(path)
         with self._lock:
             if key not in self._clients:
                 self._clients[key] = self._make_client(scheme, path, self.deadline)
@@ -311,19 +334,19 @@ class BucketObjects:
                                f"'bert-datagen[{extra}]'): {e}", path) from e
 
     def open_read(self, path: str) -> BinaryIO:
-        with reported(path, self.deadline):
+        with self.reported(path):
             stream = self.client(path).open(path, "rb", block_size=8 << 20)
-        return ReportedStream(stream, path, self.deadline)  # type: ignore[return-value]
+        return ReportedStream(stream, path, self)  # type: ignore[return-value]
 
     def read_bytes(self, path: str) -> bytes:
-        with reported(path, self.deadline):
+        with self.reported(path):
             return self.client(path).cat_file(path)
 
     def read_ranges(self, path: str, ranges: list[tuple[int, int]]) -> list[bytes]:
         """The bytes ``[begin, end)`` of each range, fetched concurrently, one request per range."""
         if not ranges:
             return []
-        with reported(path, self.deadline):
+        with self.reported(path):
             parts = self.client(path).cat_ranges([path] * len(ranges), [b for b, _ in ranges],
                                                  [e for _, e in ranges], on_error="raise")
         for (begin, end), part in zip(ranges, parts, strict=True):
@@ -336,17 +359,17 @@ class BucketObjects:
 
     def version(self, path: str) -> str:
         """What identifies this object's current contents: size and ETag (S3) or generation (GCS)."""
-        with reported(path, self.deadline):
+        with self.reported(path):
             info = self.client(path).info(path)
         tag = info.get("generation") or info.get("ETag") or info.get("etag") or info.get("LastModified")
         return f"{info.get('size')}:{tag}"
 
     def size(self, path: str) -> int:
-        with reported(path, self.deadline):
+        with self.reported(path):
             return int(self.client(path).info(path)["size"])
 
     def write(self, path: str, data: bytes) -> None:
-        with reported(path, self.deadline):
+        with self.reported(path):
             self.client(path).pipe_file(path, data)
 
     def exists(self, path: str) -> bool:
@@ -355,7 +378,7 @@ class BucketObjects:
         bucket, key = split_bucket(path)
         if not key.strip("/"):
             return self._bucket_exists(path)
-        with reported(path, self.deadline):
+        with self.reported(path):
             try:
                 return self.client(path).info(path)["type"] == "file"
             except FileNotFoundError:
@@ -363,7 +386,7 @@ class BucketObjects:
 
     def _bucket_exists(self, path: str) -> bool:
         bucket = split_bucket(path)[0]
-        with reported(path, self.deadline):
+        with self.reported(path):
             client = self.client(path)
             try:
                 if hasattr(client, "call_s3"):  # s3fs's exists() swallows every error of a bucket probe
@@ -382,14 +405,14 @@ class BucketObjects:
 
     def rename(self, src: str, dst: str) -> None:
         # An object store has no rename: copy, then delete the source (the copy appears whole).
-        with reported(src, self.deadline):
+        with self.reported(src):
             client = self.client(src)
             client.copy(src, dst)
             client.rm_file(src)
 
     def delete(self, paths: list[str]) -> None:
         for path in paths:
-            with reported(path, self.deadline):
+            with self.reported(path):
                 try:
                     self.client(path).rm_file(path)
                 except FileNotFoundError:
@@ -397,7 +420,7 @@ class BucketObjects:
 
     def list_prefix(self, prefix: str) -> list[str]:
         scheme = prefix.partition("://")[0]
-        with reported(prefix, self.deadline):
+        with self.reported(prefix):
             try:
                 found = self.client(prefix).find(prefix)
             except FileNotFoundError:
@@ -408,7 +431,7 @@ class BucketObjects:
 
     def glob(self, pattern: str) -> list[str]:
         scheme = pattern.partition("://")[0]
-        with reported(pattern, self.deadline):
+        with self.reported(pattern):
             try:
                 found = self.client(pattern).glob(pattern)
             except FileNotFoundError:
