@@ -167,7 +167,7 @@ def _torch_optimizer(model, lr: float):
 
 
 def _numpy_batches(split, batch_size: int, seed: int, epochs: int):
-    from bert_datagen.trainer.finetune.data import train_batches
+    from bert_datagen.trainer.finetune.tf_data import train_batches
 
     for epoch in range(epochs):
         for batch in train_batches(split, batch_size, seed, epoch):
@@ -209,8 +209,8 @@ def _torch_scores(model, dataset) -> dict[str, float]:
     """transformers' dev logits scored by our post-processing and metrics."""
     import torch
 
-    from bert_datagen.trainer.finetune.data import ordered_batches
     from bert_datagen.trainer.finetune.evaluate import SplitPredictions, _classification, _span, _tagging
+    from bert_datagen.trainer.finetune.tf_data import ordered_batches
 
     dev = dataset.split("dev")
     outputs = ("start_logits", "end_logits") if dataset.task_type == "span" else ("logits",)

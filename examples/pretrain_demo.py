@@ -68,20 +68,20 @@ def baselines(data: str) -> dict[str, float]:
 
     import numpy as np
 
-    from bert_datagen.trainer.pretrain.data import eval_dataset, open_pretraining_data
+    from bert_datagen.trainer.pretrain.data import eval_batches, open_pretraining_data
 
     info = open_pretraining_data(data)
     counts: collections.Counter[int] = collections.Counter()
-    for batch in eval_dataset(info, 64, files=info.train_files):
-        counts.update(batch["masked_lm_ids"].numpy()[batch["masked_lm_weights"].numpy() > 0].tolist())
+    for batch in eval_batches(info, 64, files=info.train_files):
+        counts.update(batch["masked_lm_ids"][batch["masked_lm_weights"] > 0].tolist())
     top = counts.most_common(1)[0][0]
     hits = total = 0.0
     labels = []
-    for batch in eval_dataset(info, 1):
-        w = batch["masked_lm_weights"].numpy()
-        hits += float((w * (batch["masked_lm_ids"].numpy() == top)).sum())
+    for batch in eval_batches(info, 1):
+        w = batch["masked_lm_weights"]
+        hits += float((w * (batch["masked_lm_ids"] == top)).sum())
         total += float(w.sum())
-        labels.append(int(batch["next_sentence_labels"].numpy().ravel()[0]))
+        labels.append(int(batch["next_sentence_labels"].ravel()[0]))
     notnext = float(np.mean(labels))
     return {"mlm_baseline": hits / total, "nsp_baseline": max(notnext, 1 - notnext)}
 

@@ -10,7 +10,7 @@ import click
 
 from bert_datagen.cli.plumbing import Int, refuse_unused_options
 from bert_datagen.contract.ranges import INT32_MAX
-from bert_datagen.trainer.backends.option import backend_option, refuse_on_jax, use_backend
+from bert_datagen.trainer.backends.option import backend_option, use_backend
 from bert_datagen.trainer.errors import ConfigError, TrainerError
 from bert_datagen.trainer.finetune.cli import ALLOW_OTHER_TASK_HELP, ALLOW_VOCAB_MISMATCH_HELP
 
@@ -58,25 +58,25 @@ def eval_command(ctx: click.Context, run, init_checkpoint, bert_config_file, dat
 
         return eval_finetuned(run, data, split, batch_size, as_json, allow_other_task, allow_vocab_mismatch,
                               backend)
-    refuse_on_jax(backend, "bert-train eval of a pre-training model", "fine-tuned runs are")
     split = split or "eval"
     if split not in ("eval", "train"):
         raise click.BadParameter(f"{split!r} is not one of 'eval', 'train' for a pre-training run",
                                  param_hint="--split")
     try:
         from bert_datagen.trainer.pretrain.evaluate import evaluate_external, evaluate_run
-        from bert_datagen.trainer.runtime.devices import enable_determinism
+        from bert_datagen.trainer.runtime.training import enable_determinism
 
-        enable_determinism(0)
+        enable_determinism(0, backend)
         if (run is None) == (init_checkpoint is None):
             raise ConfigError("pass exactly one of --run and --init-checkpoint")
         if init_checkpoint:
             result = evaluate_external(init_checkpoint, data, bert_config_file, batch_size=batch_size,
                                        max_batches=max_batches, split=split, max_seq_length=max_seq_length,
-                                       max_predictions_per_seq=max_predictions_per_seq)
+                                       max_predictions_per_seq=max_predictions_per_seq, backend=backend)
         else:
             result = evaluate_run(run, data, batch_size=batch_size, max_batches=max_batches, split=split,
-                                  max_seq_length=max_seq_length, max_predictions_per_seq=max_predictions_per_seq)
+                                  max_seq_length=max_seq_length, max_predictions_per_seq=max_predictions_per_seq,
+                                  backend=backend)
     except TrainerError as exc:
         raise click.ClickException(str(exc)) from exc
     if as_json:

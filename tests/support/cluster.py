@@ -68,5 +68,5 @@ def train_scalars(run: Path, name: str) -> dict[int, float]:
         for event in tf.compat.v1.train.summary_iterator(str(path)):
             for value in event.summary.value:
                 if value.tag == name:
-                    found[event.step] = float(tf.make_ndarray(value.tensor))
+                    found[event.step] = float(value.simple_value)
     return found

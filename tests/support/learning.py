@@ -13,7 +13,7 @@ import numpy as np
 from click.testing import CliRunner
 
 from bert_datagen.trainer.interop.loading import restore_model
-from bert_datagen.trainer.pretrain.data import eval_dataset, open_pretraining_data
+from bert_datagen.trainer.pretrain.data import eval_batches, open_pretraining_data
 from bert_datagen.trainer.pretrain.train import pretrain
 from bert_datagen.trainer.runtime.config import TrainConfig
 
@@ -71,8 +71,8 @@ def multilingual_dataset(corpora: Path, out: Path) -> str:
 
 def most_frequent_masked_token(info) -> int:
     counts: collections.Counter[int] = collections.Counter()
-    for batch in eval_dataset(info, 256, files=info.train_files):
-        ids, weights = batch["masked_lm_ids"].numpy(), batch["masked_lm_weights"].numpy()
+    for batch in eval_batches(info, 256, files=info.train_files):
+        ids, weights = batch["masked_lm_ids"], batch["masked_lm_weights"]
         counts.update(ids[weights > 0].tolist())
     return counts.most_common(1)[0][0]
 
@@ -97,15 +97,15 @@ def evaluate(model, info, top: int) -> dict:
     forward = tf.function(lambda batch: model(batch, training=False))  # a few times faster than eager calls
     hits = weight = base_hits = 0.0
     per_class = {0: [0, 0], 1: [0, 0]}  # label -> [correct, total]
-    for batch in eval_dataset(info, 64):
-        out = forward(batch)
-        w = batch["masked_lm_weights"].numpy()
-        ids = batch["masked_lm_ids"].numpy()
-        hits += float((w * (out["mlm_logits"].numpy().argmax(-1) == ids)).sum())
+    for batch in eval_batches(info, 64):
+        out = {k: v.numpy() for k, v in forward(batch).items()}
+        w = batch["masked_lm_weights"]
+        ids = batch["masked_lm_ids"]
+        hits += float((w * (out["mlm_logits"].argmax(-1) == ids)).sum())
         base_hits += float((w * (ids == top)).sum())
         weight += float(w.sum())
-        labels = batch["next_sentence_labels"].numpy().ravel()
-        guess = out["nsp_logits"].numpy().argmax(-1)
+        labels = batch["next_sentence_labels"].ravel()
+        guess = out["nsp_logits"].argmax(-1)
         for label in (0, 1):
             per_class[label][0] += int(((guess == label) & (labels == label)).sum())
             per_class[label][1] += int((labels == label).sum())

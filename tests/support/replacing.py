@@ -9,6 +9,8 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
+from bert_datagen.contract.fs import is_remote
+
 SPLIT_DIRS = ("train", "eval", "dev", "test")
 
 
@@ -19,7 +21,7 @@ def replace_dataset(target: str, write: Callable[[str], object]) -> None:
 
     out = prepare_dataset_output(target, overwrite=True, split_dirs=SPLIT_DIRS)
     create_staging(out)
-    if "://" in target:
+    if is_remote(target):
         from tests.support.servers import upload_tree
 
         with tempfile.TemporaryDirectory() as scratch:

@@ -174,7 +174,7 @@ def test_two_devices_of_one_process_equal_one_when_fine_tuning(runs):
     assert worst <= 1e-5
 
 
-def test_finetune_predict_and_eval_commands_run_on_jax(runs, tmp_path):
+def test_finetune_predict_and_eval_commands_run_on_jax_without_tensorflow(runs, tmp_path):
     from tests.trainer.test_backends import bert_train
 
     data, init = runs["data"]["classification"], str(runs["tmp"] / "init")
@@ -184,15 +184,16 @@ def test_finetune_predict_and_eval_commands_run_on_jax(runs, tmp_path):
     refused = bert_train(*args, "--backend", "jax", env={"KERAS_BACKEND": "tensorflow"})
     assert refused.returncode == 2 and "contradicts KERAS_BACKEND=tensorflow" in refused.stderr
     assert not out.exists()
-    done = bert_train(*args, "--backend", "jax")
+    done = bert_train(*args, "--backend", "jax", without_tensorflow=True)
     assert done.returncode == 0, done.stderr[-2000:]
     assert first_line(done.stdout).endswith("Keras on jax")
     assert json.loads((out / "finetune_config.json").read_text())["backend"] == "jax"
     predicted = bert_train("predict", "--run", str(out), "--data", data, "--split", "dev",
-                           "--out", str(tmp_path / "p"), "--backend", "jax")
+                           "--out", str(tmp_path / "p"), "--backend", "jax", without_tensorflow=True)
     assert predicted.returncode == 0, predicted.stderr[-2000:]
     assert (tmp_path / "p" / "predictions.tsv").is_file()
-    scored = bert_train("eval", "--run", str(out), "--data", data, "--json", env={"KERAS_BACKEND": "jax"})
+    scored = bert_train("eval", "--run", str(out), "--data", data, "--json", env={"KERAS_BACKEND": "jax"},
+                        without_tensorflow=True)
     assert scored.returncode == 0, scored.stderr[-2000:]
     final = json.loads((out / "final_metrics.json").read_text())["final"]
     assert json.loads(scored.stdout)["metrics"] == final  # the run's last eval, from its checkpoint

@@ -109,7 +109,8 @@ def _hf_logits(model_dir, arch, inputs):
 
 @pytest.mark.parametrize("task", ["classification", "regression", "span", "tagging"])
 def test_exported_model_gives_the_same_logits_in_transformers(tmp_path, init_run, task):
-    from bert_datagen.trainer.finetune.data import open_task_dataset, ordered_batches
+    from bert_datagen.trainer.finetune.data import open_task_dataset
+    from bert_datagen.trainer.finetune.tf_data import ordered_batches
     from bert_datagen.trainer.interop.finetune_export import restore_finetuned
 
     build = {"classification": classification_dataset, "span": span_dataset, "tagging": tagging_dataset,

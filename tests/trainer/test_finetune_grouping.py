@@ -8,13 +8,10 @@ import pytest
 
 tf = pytest.importorskip("tensorflow")
 
-from bert_datagen.trainer.finetune.data import (  # noqa: E402
-    bucket_lengths,
-    open_task_dataset,
-    ordered_batches,
-    train_batches,
-)
+from bert_datagen.contract.loading.task_batches import bucket_lengths  # noqa: E402
+from bert_datagen.trainer.finetune.data import open_task_dataset  # noqa: E402
 from bert_datagen.trainer.finetune.evaluate import evaluate_split, predict_arrays  # noqa: E402
+from bert_datagen.trainer.finetune.tf_data import ordered_batches, train_batches  # noqa: E402
 from bert_datagen.trainer.model import heads  # noqa: E402
 from tests.support.task_fixtures import classification_dataset, tagging_dataset, tiny_bert  # noqa: E402
 

@@ -206,8 +206,9 @@ def test_init_from_hf_bertforpretraining_dir_drops_the_heads(tmp_path):
 def test_evaluations_reuse_one_trace_per_model_and_predict_the_same(tmp_path):
     # Each evaluation used to make and trace its own tf.function (twice: once more for the short
     # last batch), seconds per epoch and TensorFlow's retracing warning.
-    from bert_datagen.trainer.finetune.data import open_task_dataset, ordered_batches
+    from bert_datagen.trainer.finetune.data import open_task_dataset
     from bert_datagen.trainer.finetune.evaluate import evaluate_split
+    from bert_datagen.trainer.finetune.tf_data import ordered_batches
     from bert_datagen.trainer.runtime.inference import MODEL_INPUTS, model_predictor
     from tests.support.task_fixtures import classification_dataset, tiny_bert
 

@@ -19,7 +19,8 @@ from bert_datagen.contract.loading.batches import NumpyBatches  # noqa: E402
 from bert_datagen.contract.loading.task_batches import TaskBatches  # noqa: E402
 from bert_datagen.trainer.cli import main  # noqa: E402
 from bert_datagen.trainer.errors import DataError  # noqa: E402
-from bert_datagen.trainer.finetune.data import open_task_dataset, ordered_batches, split_data_error  # noqa: E402
+from bert_datagen.trainer.finetune.data import open_task_dataset  # noqa: E402
+from bert_datagen.trainer.finetune.tf_data import ordered_batches, split_data_error  # noqa: E402
 from bert_datagen.trainer.pretrain.data import open_pretraining_data  # noqa: E402
 from bert_datagen.trainer.pretrain.evaluate import evaluate_model  # noqa: E402
 from bert_datagen.trainer.runtime.ordered_input import OrderedInput  # noqa: E402
@@ -123,7 +124,7 @@ def test_pretraining_eval_read_across_a_replacement_gives_no_figures(tmp_path):
                 "nsp_correct": 1.0}
 
     with pytest.raises(DataError, match=REPLACED):
-        evaluate_model(eval_step, None, info, 4, None)
+        evaluate_model(eval_step, info, 4, None)
     assert calls  # it read eval batches, then refused their figures
 
 
@@ -191,7 +192,7 @@ def test_a_task_split_replaced_since_the_run_opened_it_gives_no_batch(tmp_path):
         next(read_split(dataset.split("dev"), 3))
     train = dataset.split("train")
     batches = FinetuneBatches(data, "train", 5, 2, 60, 1, 0, False, version=train.manifest_version)
-    ordered = OrderedInput(batches.batch, 0, as_tensors=False)  # the run's input: the loader's error as its own
+    ordered = OrderedInput(batches.batch, 0)  # the run's input: the loader's error as its own
     try:
         with pytest.raises(DataError, match=REPLACED):
             ordered.next()

@@ -71,7 +71,7 @@ def losses_by_step(run: Path) -> dict[int, list[float]]:
         for event in tf.compat.v1.train.summary_iterator(str(path)):
             for value in event.summary.value:
                 if value.tag == "loss":
-                    found.setdefault(event.step, []).append(float(tf.make_ndarray(value.tensor)))
+                    found.setdefault(event.step, []).append(float(value.simple_value))
     return found
 
 

@@ -19,8 +19,8 @@ from click.testing import CliRunner  # noqa: E402
 
 from bert_datagen.contract.loading.batches import NumpyBatches  # noqa: E402
 from bert_datagen.contract.loading.source import open_source  # noqa: E402
+from bert_datagen.contract.loading.task_batches import bucket_lengths  # noqa: E402
 from bert_datagen.trainer.errors import ConfigError  # noqa: E402
-from bert_datagen.trainer.finetune.data import bucket_lengths  # noqa: E402
 from bert_datagen.trainer.finetune.ordered import FinetuneBatches  # noqa: E402
 from bert_datagen.trainer.pretrain import train as train_mod  # noqa: E402
 from bert_datagen.trainer.pretrain.train import PretrainRun, pretrain  # noqa: E402

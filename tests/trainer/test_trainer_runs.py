@@ -17,10 +17,11 @@ tf = pytest.importorskip("tensorflow")
 
 from click.testing import CliRunner  # noqa: E402
 
+from bert_datagen.trainer.errors import TrainingError  # noqa: E402
 from bert_datagen.trainer.model.config import BertConfig  # noqa: E402
 from bert_datagen.trainer.pretrain.data import DataError, open_pretraining_data  # noqa: E402
 from bert_datagen.trainer.pretrain.earlier_runs_input import train_dataset  # noqa: E402
-from bert_datagen.trainer.pretrain.train import TrainingError, pretrain  # noqa: E402
+from bert_datagen.trainer.pretrain.train import pretrain  # noqa: E402
 from bert_datagen.trainer.runtime import checkpoint as ckpt_lib  # noqa: E402
 from bert_datagen.trainer.runtime.config import TrainConfig  # noqa: E402
 from tests.support.synthetic import write_synthetic_dataset  # noqa: E402

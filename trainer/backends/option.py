@@ -23,9 +23,3 @@ def use_backend(option: str | None) -> str:
     except BackendError as exc:
         raise click.UsageError(str(exc)) from None
 
-
-def refuse_on_jax(backend: str, command: str, why: str) -> None:
-    """A command (or an option of one) the JAX backend does not run yet, refused before any work."""
-    if backend == "jax":
-        raise click.UsageError(f"{command} does not run on the JAX backend yet ({why}): run it on TensorFlow "
-                               "(KERAS_BACKEND=tensorflow or unset)")

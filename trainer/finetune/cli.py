@@ -172,7 +172,7 @@ def _predict(run: str, data: str, split: str, out: str | None, batch_size: int,
     from bert_datagen.trainer.finetune.data import check_split_files, open_task_dataset
     from bert_datagen.trainer.finetune.evaluate import evaluate_split, write_predictions_dir
     from bert_datagen.trainer.interop.finetune_export import restore_finetuned
-    from bert_datagen.trainer.runtime.devices import enable_determinism
+    from bert_datagen.trainer.runtime.training import enable_determinism
 
     enable_determinism(0, backend)
     model, bert, task, ckpt = restore_finetuned(run)

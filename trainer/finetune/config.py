@@ -58,7 +58,7 @@ class FinetuneConfig:
     jit: bool = False
     tpu: str | None = None
     allow_vocab_mismatch: bool = False
-    # Length-grouped training batches (finetune.data.train_batches): other batches, so a setting
+    # Length-grouped training batches (contract/loading/task_batches.py): other batches, so a setting
     # of the run, not resumable with the other value.
     group_by_length: bool = False
     backend: str = "tensorflow"  # the Keras backend (trainer/backends); a run may move between them

@@ -8,7 +8,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 
 from bert_datagen.trainer.finetune.config import FinetuneConfig
-from bert_datagen.trainer.finetune.data import TF_DATA_ERRORS, SplitInfo, split_data_error, train_batches
+from bert_datagen.trainer.finetune.data import SplitInfo
+from bert_datagen.trainer.finetune.tf_data import TF_DATA_ERRORS, split_data_error, train_batches
 
 
 def _batches_from(split: SplitInfo, cfg: FinetuneConfig, steps_per_epoch: int, step: int) -> Iterator[dict]:

@@ -46,12 +46,11 @@ from bert_datagen.trainer.model.config import BertConfig
 from bert_datagen.trainer.pretrain.data import find_bad_record
 from bert_datagen.trainer.runtime import checkpoint as ckpt_lib
 from bert_datagen.trainer.runtime import cluster, rundir
-from bert_datagen.trainer.runtime.devices import enable_determinism
 from bert_datagen.trainer.runtime.loop import TrainingLoop
 from bert_datagen.trainer.runtime.ordered_input import INPUT_ORDER, OrderedInput
 from bert_datagen.trainer.runtime.rundir import cleanup_temp, write_atomic
-from bert_datagen.trainer.runtime.tensorboard import tensorboard_writers, write_scalar
-from bert_datagen.trainer.runtime.training import refuse_unported_on_jax, start_training
+from bert_datagen.trainer.runtime.tensorboard import tensorboard_writers
+from bert_datagen.trainer.runtime.training import enable_determinism, refuse_unported_on_jax, start_training
 from bert_datagen.trainer.runtime.updates import learning_rate
 
 CONFIG_FILE = rundir.FINETUNE_CONFIG_FILE
@@ -184,7 +183,7 @@ class FinetuneRun(TrainingLoop):
                                   self.world, self.rank, cfg.group_by_length,
                                   version=self.train_split.manifest_version)
         self.workers = self.world
-        self.input = OrderedInput(ordered.batch, self.step, as_tensors=False)
+        self.input = OrderedInput(ordered.batch, self.step)
         return self.input.next
 
     def _bad_record(self) -> str | None:
@@ -218,8 +217,6 @@ class FinetuneRun(TrainingLoop):
         self._next_batch = self._train_input()
         self.last_eval = None
         self.train_steps(end)
-        self.writer.flush()
-        self.eval_writer.flush()
         result = {"step": self.step, "total_steps": self.total_steps, "run_dir": str(self.run_dir),
                   "history": self.history}
         if self.step >= self.total_steps:
@@ -244,9 +241,7 @@ class FinetuneRun(TrainingLoop):
     def report(self, figures: dict[str, float]) -> None:
         self.log(f"step {self.step:>6}/{self.total_steps}  loss {figures['loss']:.4f}  "
                  f"lr {figures['learning_rate']:.3e}  {figures['seconds_per_step']:.3f} s/step")
-        with self.writer.as_default(step=self.step):
-            for name, value in figures.items():
-                write_scalar(name, value)
+        self.writer.scalars(self.step, figures)
 
     def after_step(self, end: int, figures: dict[str, float]) -> None:
         epoch_done = self.step % self.steps_per_epoch == 0 or self.step == self.total_steps
@@ -264,9 +259,7 @@ class FinetuneRun(TrainingLoop):
             entry["metrics"] = evaluation["metrics"]
             shown = "  ".join(f"{k} {v:.4f}" for k, v in evaluation["metrics"].items())
             self.log(f"eval ({self.eval_split.name}) after epoch {entry['epoch']:g}: {shown}")
-            with writer.as_default(step=self.step):
-                for name, value in evaluation["metrics"].items():
-                    write_scalar(name, value)
+            writer.scalars(self.step, evaluation["metrics"])
         self.history.append(entry)
 
     def _final(self, last_eval: dict | None) -> dict:

@@ -8,7 +8,7 @@ import click
 
 from bert_datagen.cli.plumbing import refuse_unused_options
 from bert_datagen.contract.fs import is_remote
-from bert_datagen.trainer.backends.option import refuse_on_jax, use_backend
+from bert_datagen.trainer.backends.option import use_backend
 from bert_datagen.trainer.errors import TrainerError
 from bert_datagen.trainer.runtime.rundir import refuse_inside_dataset
 
@@ -31,7 +31,7 @@ FORMATS = ("tf1", "hf")  # bert_datagen.trainer.interop.export.FORMATS; spelled 
 @click.pass_context
 def export_command(ctx: click.Context, run, fmt, out, vocab, do_lower_case, overwrite) -> None:
     """Export a run's checkpoint for the original TF1 code or for Hugging Face transformers."""
-    refuse_on_jax(use_backend(None), "bert-train export", "only pre-training is ported so far")
+    use_backend(None)  # a contradicting or uninstalled KERAS_BACKEND is refused here too
     if fmt == "tf1":
         refuse_unused_options(ctx, {"do_lower_case": "the tf1 layout has no tokenizer settings (the original code "
                                                      "takes --do_lower_case itself)"})

@@ -13,8 +13,8 @@ from __future__ import annotations
 import struct
 from collections.abc import Iterable, Iterator
 
+from bert_datagen.datagen.protowire import WireError, read_varint, varint
 from bert_datagen.datagen.tfrecord import masked_crc32c
-from bert_datagen.trainer.interop.protowire import WireError, read_varint, varint
 
 MAGIC = 0xDB4775248B80FB57
 FOOTER_BYTES = 48  # two handles padded to 2 * 2 * 10 bytes, then the 8-byte magic

@@ -25,9 +25,7 @@ import ml_dtypes
 import numpy as np
 
 from bert_datagen.contract.fs import DEFAULT_FS, PathFS, is_remote, replacing
-from bert_datagen.datagen.tfrecord import mask_crc
-from bert_datagen.trainer.errors import CheckpointError, CheckpointFormatError
-from bert_datagen.trainer.interop.protowire import (
+from bert_datagen.datagen.protowire import (
     BYTES,
     VARINT,
     WireError,
@@ -38,6 +36,8 @@ from bert_datagen.trainer.interop.protowire import (
     read_varint,
     signed64,
 )
+from bert_datagen.datagen.tfrecord import mask_crc
+from bert_datagen.trainer.errors import CheckpointError, CheckpointFormatError
 from bert_datagen.trainer.interop.sstable import TableError, iter_table, table_bytes
 
 # TensorFlow's DataType enum (types.proto) for the dtypes whose bytes are a plain little-endian array.

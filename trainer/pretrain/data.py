@@ -3,9 +3,10 @@ tool, described (`DatasetInfo`) and checked before the first step (kind, shards 
 first records, token ids, fit with the model), and its train split as the global order reads it
 (`training_source`).
 
-Training batches of new runs come from the global order (`trainer/runtime/ordered_input.py`); tf.data
-here reads only the eval split (`eval_dataset`, in file order, once). The tf.data pipeline of runs
-started by an earlier version is `earlier_runs_input.py`, used for them alone.
+Training batches of new runs come from the global order (`trainer/runtime/ordered_input.py`), the
+eval split from the same loaders in file order (`eval_batches`); both as NumPy arrays, on either
+backend. The tf.data pipeline of runs started by an earlier version is `earlier_runs_input.py`, used
+for them alone.
 """
 
 from __future__ import annotations
@@ -14,20 +15,29 @@ import hashlib
 import json
 import os
 import struct
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
-import tensorflow as tf
 
 from bert_datagen.contract.dataset import ShardRef
 from bert_datagen.contract.features import PRETRAINING, TASK, word_segmented
-from bert_datagen.contract.loading.source import LoadError, Source, files_source, manifest_version
+from bert_datagen.contract.loading.source import (
+    LoadError,
+    Source,
+    files_source,
+    manifest_version,
+    masking_config,
+)
 from bert_datagen.contract.loading.source import check_unchanged as check_manifest_unchanged
+from bert_datagen.contract.loading.split_records import SplitRecords
 from bert_datagen.contract.manifest import MANIFEST_NAME, Manifest
 from bert_datagen.contract.vocab_io import load_vocab
 from bert_datagen.datagen import records
+from bert_datagen.datagen.config import DatagenConfig
+from bert_datagen.datagen.dynamic import mask_records
 from bert_datagen.datagen.example_exact import decode_example
-from bert_datagen.datagen.records import INSTANCE_KEY, feature_spec
+from bert_datagen.datagen.records import INSTANCE_KEY, WORD_BITS, feature_spec
 from bert_datagen.datagen.tfrecord import RecordError, iter_tfrecords, masked_crc32c
 from bert_datagen.trainer.errors import DataError
 from bert_datagen.trainer.model.config import BertConfig
@@ -60,6 +70,8 @@ class DatasetInfo:
     # training input compare with, so that a replaced dataset stops the run. None: TFRecord globs.
     manifest_version: str | None = None
     train_refs: list[ShardRef] | None = None  # the train shards as the manifest lists them (sizes, indexes)
+    eval_refs: list[ShardRef] | None = None
+    eval_counts: list[int] | None = None
 
     @property
     def has_nsp(self) -> bool:
@@ -91,15 +103,6 @@ def with_sequence_weights(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]
     present = np.max(batch["sequence_ids"], axis=-1, keepdims=True)  # [B,1]: sequences in the row
     slots = np.arange(1, batch["cls_positions"].shape[-1] + 1)[None, :]
     return {**batch, "next_sentence_weights": (slots <= present).astype(np.float32)}
-
-
-def _with_sequence_weights_in_graph(batch: dict[str, tf.Tensor]) -> dict[str, tf.Tensor]:
-    """`with_sequence_weights` inside a tf.data map (the eval split), where NumPy cannot run."""
-    if "next_sentence_weights" in batch or "cls_positions" not in batch:
-        return batch
-    present = tf.reduce_max(batch["sequence_ids"], axis=-1, keepdims=True)
-    slots = tf.range(1, tf.shape(batch["cls_positions"])[-1] + 1)[None, :]
-    return {**batch, "next_sentence_weights": tf.cast(slots <= present, tf.float32)}
 
 
 def open_pretraining_data(data: str, max_seq_length: int | None = None, max_predictions_per_seq: int | None = None,
@@ -139,16 +142,67 @@ def training_source(info: DatasetInfo) -> Source:
     their record counts, the dataset's fingerprint, the features the model reads, and for dynamic
     masking the dataset's vocab and masking options."""
     split_records(info, "train")  # counts a glob's files, once
-    counts = info.train_counts
+    return _split_source(info, info.train_files, info.train_counts, info.train_refs)
+
+
+def _split_source(info: DatasetInfo, files: list[str], counts: list[int], refs: list[ShardRef] | None) -> Source:
     masking = {}
     if info.masking == "dynamic":
-        from bert_datagen.trainer.pretrain.dynamic_input import masking_config
+        masking = {"vocab": dataset_vocab(info), "mask_config": dataset_masking(info)}
+    return files_source(info.source, files, counts, info.identity["fingerprint"], info.features(),
+                        PRETRAINING, GFILE_FS, **masking, refs=refs, version=info.manifest_version)
 
-        assert info.manifest is not None  # dynamic data is always a dataset of ours
-        vocab = load_vocab(os.path.join(info.source, info.manifest.vocab.path), GFILE_FS)
-        masking = {"vocab": vocab, "mask_config": masking_config(info.manifest)}
-    return files_source(info.source, info.train_files, counts, info.identity["fingerprint"], info.features(),
-                        PRETRAINING, GFILE_FS, **masking, refs=info.train_refs, version=info.manifest_version)
+
+def dataset_vocab(info: DatasetInfo):
+    assert info.manifest is not None  # dynamic data is always a dataset of ours
+    return load_vocab(os.path.join(info.source, info.manifest.vocab.path), GFILE_FS)
+
+
+def dataset_masking(info: DatasetInfo) -> DatagenConfig:
+    """The dataset's masking options (masked_lm_prob, max predictions, ratios, unit) from its manifest."""
+    assert info.manifest is not None
+    try:
+        return masking_config(info.manifest)
+    except (TypeError, ValueError) as exc:
+        raise DataError(f"{info.source}: the manifest's config cannot be used for dynamic masking: {exc}") from exc
+
+
+def eval_batches(info: DatasetInfo, batch_size: int, files: list[str] | None = None) -> Iterator[dict[str, np.ndarray]]:
+    """The eval split (or `files`: the train split's) in file order, once, full batches only, as the
+    model reads them (NumPy), through the loaders every framework shares; a dataset replaced since
+    `info` was read is refused at its first batch.
+
+    Dynamic-masking data is masked as in epoch 0 with the dataset's own seed, so every run (any
+    training seed) is evaluated on the same masks.
+    """
+    files = files if files is not None else info.eval_files
+    if files == info.train_files:
+        split_records(info, "train")
+        counts, refs = info.train_counts, info.train_refs
+    elif files == info.eval_files and info.eval_counts is not None:
+        counts, refs = info.eval_counts, info.eval_refs
+    else:
+        counts, refs = [count_records(path) for path in files], None
+    try:
+        records = SplitRecords(_split_source(info, files, counts, refs))
+        for start in range(0, len(records) // batch_size * batch_size, batch_size):
+            yield _model_batch(info, records[start:start + batch_size])
+    except LoadError as exc:
+        raise data_error(exc) from exc
+
+
+def _model_batch(info: DatasetInfo, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    if info.masking == "dynamic":
+        seed = int(info.manifest.config.get("random_seed", 0) if info.manifest else 0)
+        identity = batch.pop(INSTANCE_KEY)[:, 0]
+        word_bits = [batch.pop(WORD_BITS)] if WORD_BITS in batch else []
+        masked = mask_records(batch["input_ids"], batch["input_mask"], identity, np.zeros(len(identity), np.int64),
+                              seed, dataset_masking(info), dataset_vocab(info), *word_bits)
+        batch.update(input_ids=masked.input_ids.astype(np.int32),
+                     masked_lm_positions=masked.masked_lm_positions.astype(np.int32),
+                     masked_lm_ids=masked.masked_lm_ids.astype(np.int32),
+                     masked_lm_weights=masked.masked_lm_weights.astype(np.float32))
+    return with_sequence_weights(batch) if info.packed else batch
 
 
 def check_unchanged(info: DatasetInfo) -> None:
@@ -202,7 +256,8 @@ def _from_manifest(directory: str) -> DatasetInfo:
                        train_records=n_train, train_counts=[r.expected.records for r in ds.split_shards("train")],  # type: ignore[union-attr]
                        eval_records=n_eval, manifest=manifest, objective=objective, masking=masking,
                        sequences_per_row=sequences, word_segmented=segmented, manifest_version=version,
-                       train_refs=ds.split_shards("train"))
+                       train_refs=ds.split_shards("train"), eval_refs=ds.split_shards("eval"),
+                       eval_counts=[r.expected.records for r in ds.split_shards("eval")])  # type: ignore[union-attr]
 
 
 def packed_sequences(manifest: Manifest, where: str) -> int:
@@ -247,9 +302,9 @@ def check_shard_file(path: str, size: int, manifest: str) -> None:
     """The shard exists, can be opened and has the size the manifest gives (a cheap stat, no read)."""
     try:
         length = gfs.size(path)
-    except (tf.errors.NotFoundError, FileNotFoundError) as exc:
+    except gfs.not_found_errors() as exc:
         raise DataError(f"{path}: shard listed in {manifest} is missing") from exc
-    except (tf.errors.OpError, OSError) as exc:
+    except gfs.read_errors() as exc:
         raise DataError(f"{path}: cannot read: {getattr(exc, 'message', None) or exc.strerror or exc}") from exc
     if length != size:
         raise DataError(f"{path}: has {length} bytes, {manifest} says {size}: the shard was changed "
@@ -277,7 +332,7 @@ def dataset_identity(info: DatasetInfo) -> dict:
 def _size(path: str) -> int:
     try:
         return gfs.size(path)
-    except (tf.errors.OpError, OSError) as exc:
+    except gfs.read_errors() as exc:
         raise DataError(f"{path}: cannot read: {getattr(exc, 'message', None) or exc.strerror or exc}") from exc
 
 
@@ -297,7 +352,7 @@ def count_records(path: str) -> int:
                     raise DataError(f"corrupt input: {path}: record {count}: truncated payload")
                 stream.seek(offset)
                 count += 1
-    except (tf.errors.OpError, OSError) as exc:
+    except gfs.read_errors() as exc:
         raise DataError(f"{path}: cannot read: {getattr(exc, 'message', None) or exc.strerror or exc}") from exc
     return count
 
@@ -340,7 +395,7 @@ def check_first_record(path: str, spec: dict[str, tuple[str, int]]) -> None:
             payload = next(iter_tfrecords(stream, name=path), None)
     except RecordError as exc:
         raise DataError(f"corrupt input: {exc}") from exc
-    except (tf.errors.OpError, OSError) as exc:
+    except gfs.read_errors() as exc:
         raise DataError(f"{path}: cannot read: {getattr(exc, 'message', None) or exc.strerror or exc}") from exc
     if payload is not None:
         problem = _record_problem(payload, spec)
@@ -387,7 +442,7 @@ def check_token_ids(info: DatasetInfo, vocab_size: int, records_per_shard: int) 
                         raise DataError(f"{path}: record {index}: {problem}")
         except RecordError as exc:
             raise DataError(f"corrupt input: {exc}") from exc
-        except (tf.errors.OpError, OSError) as exc:
+        except gfs.read_errors() as exc:
             raise DataError(f"{path}: cannot read: {getattr(exc, 'message', None) or exc.strerror or exc}") from exc
 
 
@@ -407,45 +462,6 @@ def check_fits(info: DatasetInfo, bert: BertConfig) -> None:
         problems.append("type_vocab_size must be at least 2 for sentence pairs")
     if problems:
         raise DataError(f"{info.source}: data and model do not fit: " + "; ".join(problems))
-
-
-def parse_batch(serialized: tf.Tensor, max_seq_length: int, max_predictions_per_seq: int,
-                spec: dict[str, tuple[str, int]] | None = None) -> dict[str, tf.Tensor]:
-    """Parse a batch of serialized examples with fixed-length features (the original's unless
-    `spec` says otherwise); ints -> int32, but a record's 64-bit identity stays int64."""
-    spec = spec or feature_spec(max_seq_length, max_predictions_per_seq)
-    features = {name: tf.io.FixedLenFeature([length], tf.int64 if dtype == "int64" else tf.float32)
-                for name, (dtype, length) in spec.items()}
-    parsed = tf.io.parse_example(serialized, features)
-    return {k: tf.cast(v, tf.int32) if v.dtype == tf.int64 and k != INSTANCE_KEY else v for k, v in parsed.items()}
-
-
-def eval_dataset(info: DatasetInfo, batch_size: int, files: list[str] | None = None) -> tf.data.Dataset:
-    """The eval split (or `files`) in file order, once, full batches only.
-
-    Dynamic-masking data is masked as in epoch 0 with the dataset's own seed, so every run (any
-    training seed) is evaluated on the same masks.
-    """
-    files = files if files is not None else info.eval_files
-    records = gfs.record_dataset(files)
-    if info.masking == "dynamic":
-        from bert_datagen.trainer.pretrain.dynamic_input import dynamic_batches
-
-        seed = int(info.manifest.config.get("random_seed", 0) if info.manifest else 0)
-        return dynamic_batches(records.map(lambda r: (r, tf.constant(0, tf.int64))), info, batch_size, seed,
-                               parse_batch)
-    return parsed_batches(records, info, batch_size)
-
-
-def parsed_batches(records: tf.data.Dataset, info: DatasetInfo, batch_size: int) -> tf.data.Dataset:
-    ds = records.batch(batch_size, drop_remainder=True)
-    spec = info.features()
-    ds = ds.map(lambda s: _with_sequence_weights_in_graph(parse_batch(s, info.max_seq_length, info.max_predictions_per_seq,
-                                                            spec)),
-                num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
-    options = tf.data.Options()
-    options.deterministic = True
-    return ds.with_options(options).prefetch(tf.data.AUTOTUNE)
 
 
 def find_bad_record(files: list[str], max_seq_length: int, max_predictions_per_seq: int,

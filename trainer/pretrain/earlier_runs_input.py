@@ -16,8 +16,9 @@ from pathlib import Path
 
 import tensorflow as tf
 
+from bert_datagen.datagen.records import INSTANCE_KEY, feature_spec
 from bert_datagen.trainer.errors import CheckpointError, ConfigError
-from bert_datagen.trainer.pretrain.data import DatasetInfo, parse_batch, parsed_batches
+from bert_datagen.trainer.pretrain.data import DatasetInfo
 from bert_datagen.trainer.runtime.checkpoint import INPUT_PREFIX
 from bert_datagen.trainer.runtime.config import TrainConfig
 from bert_datagen.trainer.runtime.rundir import TRAIN_CONFIG_FILE
@@ -100,3 +101,34 @@ def restore_input_position(iterator_ckpt: tf.train.Checkpoint, path: Path) -> No
     except (tf.errors.OpError, AssertionError, ValueError) as exc:
         raise CheckpointError(f"{path / INPUT_PREFIX}: cannot restore the input position: "
                               f"{getattr(exc, 'message', exc)}") from exc
+
+
+def parse_batch(serialized: tf.Tensor, max_seq_length: int, max_predictions_per_seq: int,
+                spec: dict[str, tuple[str, int]] | None = None) -> dict[str, tf.Tensor]:
+    """Parse a batch of serialized examples with fixed-length features (the original's unless
+    `spec` says otherwise); ints -> int32, but a record's 64-bit identity stays int64."""
+    spec = spec or feature_spec(max_seq_length, max_predictions_per_seq)
+    features = {name: tf.io.FixedLenFeature([length], tf.int64 if dtype == "int64" else tf.float32)
+                for name, (dtype, length) in spec.items()}
+    parsed = tf.io.parse_example(serialized, features)
+    return {k: tf.cast(v, tf.int32) if v.dtype == tf.int64 and k != INSTANCE_KEY else v for k, v in parsed.items()}
+
+
+def parsed_batches(records: tf.data.Dataset, info: DatasetInfo, batch_size: int) -> tf.data.Dataset:
+    ds = records.batch(batch_size, drop_remainder=True)
+    spec = info.features()
+    ds = ds.map(lambda s: _with_sequence_weights_in_graph(parse_batch(s, info.max_seq_length, info.max_predictions_per_seq,
+                                                            spec)),
+                num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+    options = tf.data.Options()
+    options.deterministic = True
+    return ds.with_options(options).prefetch(tf.data.AUTOTUNE)
+
+
+def _with_sequence_weights_in_graph(batch: dict[str, tf.Tensor]) -> dict[str, tf.Tensor]:
+    """`with_sequence_weights` inside a tf.data map (the eval split), where NumPy cannot run."""
+    if "next_sentence_weights" in batch or "cls_positions" not in batch:
+        return batch
+    present = tf.reduce_max(batch["sequence_ids"], axis=-1, keepdims=True)
+    slots = tf.range(1, tf.shape(batch["cls_positions"])[-1] + 1)[None, :]
+    return {**batch, "next_sentence_weights": tf.cast(slots <= present, tf.float32)}

@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-
-import tensorflow as tf
+from functools import partial
 
 from bert_datagen.trainer.errors import DataError
 from bert_datagen.trainer.interop.loading import restore_external_model, restore_model
@@ -18,32 +17,25 @@ from bert_datagen.trainer.pretrain.data import (
     check_fits,
     check_split_size,
     check_unchanged,
-    eval_dataset,
+    eval_batches,
     open_pretraining_data,
 )
-from bert_datagen.trainer.pretrain.objective import batch_sums, losses_from_sums
+from bert_datagen.trainer.pretrain.objective import losses_from_sums
+from bert_datagen.trainer.pretrain.step import eval_sums
 from bert_datagen.trainer.runtime import checkpoint as ckpt_lib
-from bert_datagen.trainer.runtime.devices import replica_slices
+from bert_datagen.trainer.runtime.inference import compiled_figures
 
 
-def evaluate_model(eval_step: Callable, strategy: tf.distribute.Strategy | None, info: DatasetInfo, batch_size: int,
-                   max_batches: int | None, files: list[str] | None = None) -> dict[str, float]:
-    """MLM/NSP loss and accuracy over the first `max_batches` full batches (all when None). Without a
-    strategy (the JAX backend) `eval_step` takes each whole batch as NumPy arrays."""
-    dataset = eval_dataset(info, batch_size, files)
-    if max_batches:
-        dataset = dataset.take(max_batches)
+def evaluate_model(eval_step: Callable, info: DatasetInfo, batch_size: int, max_batches: int | None,
+                   files: list[str] | None = None) -> dict[str, float]:
+    """MLM/NSP loss and accuracy over the first `max_batches` full batches (all when None);
+    `eval_step` takes each whole global batch as NumPy arrays (the backend cuts it over its devices)."""
     totals: dict[str, float] = {}
-    try:
-        for batch in (dataset if strategy is not None else dataset.as_numpy_iterator()):
-            # Every replica takes its slice of the one global batch, as in training: a tf.distribute
-            # dataset would shard it per worker, and a worker left without a batch stops the others.
-            sums = eval_step(replica_slices(strategy, batch, batch_size) if strategy is not None else batch)
-            for k, v in sums.items():
-                totals[k] = totals.get(k, 0.0) + float(v)
-    except tf.errors.OpError:
-        check_unchanged(info)  # a shard replaced under tf.data reads as corrupt: say what happened
-        raise
+    for index, batch in enumerate(eval_batches(info, batch_size, files)):
+        if max_batches and index >= max_batches:
+            break
+        for k, v in eval_step(batch).items():
+            totals[k] = totals.get(k, 0.0) + float(v)
     # The figures are of the dataset the run trains on only if its manifest is still the one read
     # at the start: a replacement retires the old one before any shard changes.
     check_unchanged(info)
@@ -56,7 +48,7 @@ def evaluate_model(eval_step: Callable, strategy: tf.distribute.Strategy | None,
 
 def evaluate_restored(model: BertPretrainer, bert: BertConfig, data: str, batch_size: int = 32,
                       max_batches: int | None = None, split: str = "eval", max_seq_length: int | None = None,
-                      max_predictions_per_seq: int | None = None) -> dict[str, float]:
+                      max_predictions_per_seq: int | None = None, backend: str = "tensorflow") -> dict[str, float]:
     """MLM/NSP loss and accuracy of an already restored model on a dataset's eval (or train) split."""
     info = open_pretraining_data(data, max_seq_length, max_predictions_per_seq)
     check_fits(info, bert)
@@ -64,21 +56,18 @@ def evaluate_restored(model: BertPretrainer, bert: BertConfig, data: str, batch_
     if not files:
         raise DataError(f"{data}: the {split} split has no shards")
     check_split_size(info, split, batch_size)
-
-    @tf.function
-    def eval_step(batch):
-        return batch_sums(model(batch, training=False), batch)
-
-    return evaluate_model(eval_step, tf.distribute.get_strategy(), info, batch_size, max_batches, files)
+    step = compiled_figures(model, partial(eval_sums, model), backend)
+    return evaluate_model(step, info, batch_size, max_batches, files)
 
 
 def evaluate_run(run: str, data: str, batch_size: int = 32, max_batches: int | None = None,
                  split: str = "eval", max_seq_length: int | None = None,
-                 max_predictions_per_seq: int | None = None, precision: str = "float32") -> dict[str, float]:
+                 max_predictions_per_seq: int | None = None, precision: str = "float32",
+                 backend: str = "tensorflow") -> dict[str, float]:
     """`bert-train eval --run`: the latest checkpoint of RUN on a dataset's eval (or train) split."""
     model, bert, ckpt = restore_model(run, precision)
     result = evaluate_restored(model, bert, data, batch_size, max_batches, split, max_seq_length,
-                               max_predictions_per_seq)
+                               max_predictions_per_seq, backend)
     result["checkpoint"] = str(ckpt)
     result["step"] = ckpt_lib.load_state(ckpt)["step"]
     return result
@@ -87,11 +76,11 @@ def evaluate_run(run: str, data: str, batch_size: int = 32, max_batches: int | N
 def evaluate_external(path: str | os.PathLike, data: str, bert_config_path: str | os.PathLike | None = None,
                       batch_size: int = 32, max_batches: int | None = None, split: str = "eval",
                       max_seq_length: int | None = None,
-                      max_predictions_per_seq: int | None = None) -> dict[str, float]:
+                      max_predictions_per_seq: int | None = None, backend: str = "tensorflow") -> dict[str, float]:
     """`bert-train eval --init-checkpoint`: MLM/NSP figures of a TF1 checkpoint or Hugging Face dir."""
     model, bert, report = restore_external_model(path, bert_config_path)
     result = evaluate_restored(model, bert, data, batch_size, max_batches, split, max_seq_length,
-                               max_predictions_per_seq)
+                               max_predictions_per_seq, backend)
     result["checkpoint"] = report.source
     result["step"] = checkpoint_step(report)
     result["load_report"] = report.summary()

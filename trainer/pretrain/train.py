@@ -40,11 +40,6 @@ from bert_datagen.trainer.pretrain.data import (
     training_source,
     with_sequence_weights,
 )
-from bert_datagen.trainer.pretrain.earlier_runs_input import (
-    earlier_run_input,
-    next_tf_data_batch,
-    restore_input_position,
-)
 from bert_datagen.trainer.pretrain.evaluate import evaluate_model
 from bert_datagen.trainer.pretrain.mixture_input import MIXTURE_FEATURE, check_resumed_mixture, mixed_batches
 from bert_datagen.trainer.pretrain.objective import losses_from_sums
@@ -53,11 +48,10 @@ from bert_datagen.trainer.pretrain.step import pretraining_spec
 from bert_datagen.trainer.runtime import checkpoint as ckpt_lib
 from bert_datagen.trainer.runtime import cluster, rundir
 from bert_datagen.trainer.runtime.config import TrainConfig
-from bert_datagen.trainer.runtime.devices import enable_determinism
 from bert_datagen.trainer.runtime.loop import TrainingLoop
 from bert_datagen.trainer.runtime.ordered_input import INPUT_ORDER, OrderedInput
-from bert_datagen.trainer.runtime.tensorboard import tensorboard_writers, write_scalar
-from bert_datagen.trainer.runtime.training import refuse_unported_on_jax, start_training
+from bert_datagen.trainer.runtime.tensorboard import tensorboard_writers
+from bert_datagen.trainer.runtime.training import enable_determinism, refuse_unported_on_jax, start_training
 from bert_datagen.trainer.runtime.updates import learning_rate
 
 
@@ -113,7 +107,9 @@ class PretrainRun(TrainingLoop):
         self.world, self.rank = (1, 0) if self.tf_data_input else cluster.worker_share()
         self.workers = self.world
         if self.tf_data_input:
-            self.iterator, self.iterator_ckpt = earlier_run_input(self.info, cfg, self.run_dir)
+            from bert_datagen.trainer.pretrain import earlier_runs_input  # TensorFlow's: for those runs alone
+
+            self.iterator, self.iterator_ckpt = earlier_runs_input.earlier_run_input(self.info, cfg, self.run_dir)
         elif cfg.mix:
             self.batches = mixed_batches(cfg, self.info, self.bert, self.world, self.rank)
         else:
@@ -138,6 +134,8 @@ class PretrainRun(TrainingLoop):
                 check_resumed_mixture(ckpt_lib.load_state(path).get("input"), self.batches, str(path))
             self.training.restore(path)
             if self.tf_data_input:
+                from bert_datagen.trainer.pretrain.earlier_runs_input import restore_input_position
+
                 restore_input_position(self.iterator_ckpt, path)
             self.step = self.saved_step = step
             return f"resumed from {path} (step {step})"
@@ -205,9 +203,11 @@ class PretrainRun(TrainingLoop):
 
     def next_batch(self) -> dict:
         if self.tf_data_input:
+            from bert_datagen.trainer.pretrain.earlier_runs_input import next_tf_data_batch
+
             return next_tf_data_batch(self.iterator, self._data_error)
         if self.input is None:
-            self.input = OrderedInput(self._batch_for_step, self.step, as_tensors=False)
+            self.input = OrderedInput(self._batch_for_step, self.step)
         return self.input.next()
 
     def _bad_record(self) -> str | None:
@@ -222,8 +222,7 @@ class PretrainRun(TrainingLoop):
         if not self.info.eval_files:
             return None
         self._check_data_unchanged()
-        return evaluate_model(self.training.eval_step, self.training.strategy, self.info, self.cfg.batch_size,
-                              max_batches)
+        return evaluate_model(self.training.eval_step, self.info, self.cfg.batch_size, max_batches)
 
     def _check_data_unchanged(self) -> None:
         now = open_pretraining_data(self.cfg.data, self.cfg.max_seq_length, self.cfg.max_predictions_per_seq,
@@ -252,8 +251,6 @@ class PretrainRun(TrainingLoop):
             if self.chief:
                 rundir.write_atomic(self.run_dir / "final_metrics.json",
                                     json.dumps(result, indent=2, sort_keys=True) + "\n")
-        self.writer.flush()
-        self.eval_writer.flush()
         return result
 
     # -- the loop's hooks (runtime/loop.py)
@@ -284,11 +281,9 @@ class PretrainRun(TrainingLoop):
         nsp = f"nsp_acc {m['nsp_accuracy']:.4f}  " if "nsp_accuracy" in m else ""
         self.log(f"step {self.step:>7}/{self.cfg.steps}  loss {m['loss']:.4f}  mlm_acc {m['mlm_accuracy']:.4f}  "
                  f"{nsp}lr {m['learning_rate']:.3e}  {m['sequences_per_second']:.1f} seq/s")
-        with writer.as_default(step=self.step):
-            for name in ("loss", "mlm_loss", "nsp_loss", "mlm_accuracy", "nsp_accuracy", "learning_rate",
-                         "sequences_per_second", "grad_norm"):
-                if name in m:
-                    write_scalar(name, m[name])
+        names = ("loss", "mlm_loss", "nsp_loss", "mlm_accuracy", "nsp_accuracy", "learning_rate",
+                 "sequences_per_second", "grad_norm")
+        writer.scalars(self.step, {name: m[name] for name in names if name in m})
 
     def _report_eval(self, writer, m: dict | None) -> None:
         if m is None:
@@ -297,10 +292,8 @@ class PretrainRun(TrainingLoop):
         nsp = f"nsp_acc {m['nsp_accuracy']:.4f}  " if "nsp_accuracy" in m else ""
         self.log(f"eval at step {self.step}: loss {m['loss']:.4f}  mlm_acc {m['mlm_accuracy']:.4f}  "
                  f"{nsp}({int(m['examples'])} sequences)")
-        with writer.as_default(step=self.step):
-            for name in ("loss", "mlm_loss", "nsp_loss", "mlm_accuracy", "nsp_accuracy"):
-                if name in m:
-                    write_scalar(name, m[name])
+        names = ("loss", "mlm_loss", "nsp_loss", "mlm_accuracy", "nsp_accuracy")
+        writer.scalars(self.step, {name: m[name] for name in names if name in m})
 
 
 def pretrain(cfg: TrainConfig, log: Callable[[str], None] = print, stop_at: int | None = None) -> dict:

@@ -5,13 +5,11 @@ from __future__ import annotations
 
 import os
 
-import tensorflow as tf
-
 from bert_datagen.contract.dataset import Dataset, DatasetError, open_dataset
 from bert_datagen.contract.fs import is_remote
 from bert_datagen.contract.manifest import MANIFEST_NAME, Manifest, ManifestError
 from bert_datagen.trainer.errors import DataError
-from bert_datagen.trainer.runtime.gfs import GFILE_FS
+from bert_datagen.trainer.runtime.gfs import GFILE_FS, read_errors
 
 
 def open_manifest_dataset(directory: str) -> Dataset:
@@ -21,7 +19,7 @@ def open_manifest_dataset(directory: str) -> Dataset:
         return open_dataset(directory, GFILE_FS, need_vocab=False)
     except (ManifestError, DatasetError) as exc:
         raise DataError(str(exc)) from exc
-    except (OSError, tf.errors.OpError) as exc:  # a directory we may not read
+    except read_errors() as exc:  # a directory we may not read
         reason = getattr(exc, "message", None) or getattr(exc, "strerror", None) or exc
         raise DataError(f"{directory}/{MANIFEST_NAME}: cannot read: {reason}") from exc
 

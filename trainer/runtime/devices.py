@@ -1,21 +1,12 @@
-"""Where a run computes: the tf.distribute strategy (checked against the run's batch), a global batch cut
-into replica slices, and op determinism for bitwise-repeatable runs."""
+"""Where a TensorFlow run computes: the tf.distribute strategy (checked against the run's batch) and a
+global batch cut into replica slices."""
 
 from __future__ import annotations
 
-import keras
 import tensorflow as tf
 
 from bert_datagen.trainer.errors import ConfigError
 from bert_datagen.trainer.runtime import cluster
-
-
-def enable_determinism(seed: int, backend: str = "tensorflow") -> None:
-    """Seeds Keras; on TensorFlow also its deterministic kernels (JAX's XLA kernels on the CPU are
-    deterministic as they are)."""
-    keras.utils.set_random_seed(seed)
-    if backend == "tensorflow":
-        tf.config.experimental.enable_op_determinism()
 
 
 def make_strategy(name: str, tpu: str | None = None) -> tf.distribute.Strategy:

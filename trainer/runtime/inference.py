@@ -60,3 +60,18 @@ def _jax_predictor(model) -> Predictor:
         return dict(zip(out, backend.to_numpy(list(out.values())), strict=True))
 
     return predict
+
+
+def compiled_figures(model, figures: Callable[[dict], dict], backend: str) -> Callable[[dict[str, np.ndarray]], dict[str, float]]:
+    """`figures(batch)` (the model read in eval mode inside it; additive sums) compiled the way of
+    `backend`, on NumPy batches: the evaluation of a restored model (`bert-train eval`)."""
+    if backend == "jax":
+        from bert_datagen.trainer.backends import jax as backend_jax
+
+        variables = list(model.variables)
+        step = backend_jax.make_eval_step(variables, figures)
+        return lambda batch: {k: float(v) for k, v in step([v.value for v in variables], batch).items()}
+    import tensorflow as tf
+
+    traced = tf.function(figures)
+    return lambda batch: {k: float(v) for k, v in traced(batch).items()}

@@ -17,7 +17,6 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
-import tensorflow as tf
 
 from bert_datagen.contract.loading.source import DatasetReplaced, LoadError
 from bert_datagen.trainer.errors import DataError
@@ -30,14 +29,13 @@ class OrderedInput:
     """Batches ``make(start)``, ``make(start + 1)``, ... computed ``depth`` ahead on one thread (the
     reader releases the GIL in I/O and NumPy, so it overlaps the step); a LoadError is a DataError."""
 
-    def __init__(self, make: Callable[[int], dict[str, np.ndarray]], start: int, depth: int = 2,
-                 as_tensors: bool = True) -> None:
-        # as_tensors: TensorFlow's step takes tf tensors; the JAX step places NumPy arrays itself.
-        self._make, self._next, self._depth, self._as_tensors = make, start, depth, as_tensors
+    def __init__(self, make: Callable[[int], dict[str, np.ndarray]], start: int, depth: int = 2) -> None:
+        # NumPy batches: each backend's step places them on its devices (`runtime/training.py`).
+        self._make, self._next, self._depth = make, start, depth
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="bert-input")
         self._ahead: list[Future] = []
 
-    def next(self) -> dict[str, tf.Tensor]:
+    def next(self) -> dict[str, np.ndarray]:
         while len(self._ahead) <= self._depth:
             self._ahead.append(self._pool.submit(self._make, self._next))
             self._next += 1
@@ -45,9 +43,7 @@ class OrderedInput:
             batch = self._ahead.pop(0).result()
         except LoadError as exc:
             raise data_error(exc) from exc
-        if not self._as_tensors:
-            return batch
-        return {name: tf.constant(value) for name, value in batch.items()}
+        return batch
 
     def close(self) -> None:
         for future in self._ahead:

@@ -95,7 +95,7 @@ def make_train_step(objective: Objective, optimizer: AdamWeightDecay, strategy: 
     def train_step(batch, lr, step):
         return summed_over_replicas(strategy, replica_step, batch, lr, step)
 
-    # Length-grouped fine-tuning batches come at several lengths (finetune.data.bucket_lengths):
+    # Length-grouped fine-tuning batches come at several lengths (contract/loading/task_batches.py's bucket_lengths):
     # the second length traces once more with the length left open, and every later one reuses that
     # trace (two traces in all, no retracing warning). Fixed-shape batches keep their one trace.
     return tf.function(train_step, reduce_retracing=True)

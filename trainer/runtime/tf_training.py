@@ -65,7 +65,7 @@ class TfTraining:
         self.step_function = make_train_step(spec.objective(self.model), self.optimizer, self.strategy, cfg,
                                       self.loss_scale)
         sums = spec.eval_sums
-        self.eval_step = None if sums is None else tf.function(
+        self._eval = None if sums is None else tf.function(
             partial(summed_over_replicas, self.strategy, partial(sums, self.model)))
 
     def train_step(self, batch: dict, lr: np.float32, step: int, workers: int = 1) -> dict[str, float]:
@@ -86,6 +86,13 @@ class TfTraining:
             reason = str(getattr(exc, "message", exc)).strip().splitlines()[0]
             raise TrainingError(f"training step {step + 1} failed: {type(exc).__name__}: {reason}") from exc
         return {k: float(v) for k, v in sums.items()}
+
+    def eval_step(self, batch: dict[str, np.ndarray]) -> dict[str, float]:
+        """The eval figures of one global batch, summed over the replicas its slices ran on."""
+        # Every replica takes its slice of the one global batch, as in training: a tf.distribute
+        # dataset would shard it per worker, and a worker left without a batch stops the others.
+        sliced = replica_slices(self.strategy, {k: tf.constant(v) for k, v in batch.items()}, self.batch_size)
+        return {k: float(v) for k, v in self._eval(sliced).items()}
 
     def checkpoint_arrays(self, step: int) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
         return checkpoint_arrays(self.named, self.optimizer, self.loss_scale, step)

@@ -57,3 +57,15 @@ def refuse_unported_on_jax(settings) -> None:
     if settings.precision == "mixed_float16":
         raise ConfigError("--precision mixed_float16 needs loss scaling, which the JAX backend does not have yet: "
                           "use mixed_bfloat16 or float32, or --backend tensorflow")
+
+
+def enable_determinism(seed: int, backend: str = "tensorflow") -> None:
+    """Seeds Keras; on TensorFlow also its deterministic kernels (JAX's XLA kernels on the CPU are
+    deterministic as they are), so the same run repeats bitwise."""
+    import keras
+
+    keras.utils.set_random_seed(seed)
+    if backend == "tensorflow":
+        import tensorflow as tf
+
+        tf.config.experimental.enable_op_determinism()
