@@ -26,6 +26,7 @@ from bert_datagen.contract.loading.order import (
 )
 from bert_datagen.contract.loading.source import Fetched, LoadError, Source
 from bert_datagen.contract.loading.stepping import Stepping, check_reader_arguments, local_world
+from bert_datagen.contract.ranges import max_batches
 from bert_datagen.datagen.dynamic import mask_records
 from bert_datagen.datagen.records import INSTANCE_KEY, WORD_BITS
 
@@ -189,7 +190,8 @@ class NumpyBatches(Stepping):
             slots = (self.rank * share + np.arange(share, dtype=np.int64) - epoch * o.total) % B
             return (epoch * self._per_epoch + window * B + slots).tolist(), np.zeros(0, np.int64)
         first = max(epoch * o.total + window * window_len, since)
-        end = (epoch + 1) * o.total if self.stop is None else min((epoch + 1) * o.total, self.stop * B)
+        # No position past the order's last batch (the last epoch the order holds ends inside it).
+        end = min((epoch + 1) * o.total, max_batches(B) * B if self.stop is None else self.stop * B)
         positions = np.arange(first, max(first, end), dtype=np.int64)
         return [], positions[(positions % B) // share == self.rank]
 
