@@ -78,48 +78,7 @@ def prepare(out: Path, python: str = "3.12") -> None:
             sst2.write_text("".join((TASKS / "sst2" / "train.tsv").read_text().splitlines(True)[:8001]))
             subprocess.run(tool + ["task", "--task", "glue/sst2", "--split", f"train={sst2}", "--vocab", str(vocab),
                                    "--output", str(out / "sst2"), "--max-seq-length", "128"], check=True)
-    prepare_wheels(out, python)
-
-
-TRAVEL_LIMIT = 64 * 2**20  # what may travel to a lent machine: the working tree and this folder together
-
-
-def prepare_wheels(out: Path, python: str) -> None:
-    """The wheels of what our trainer needs on the accelerator machines beyond what they have, for
-    their Python, in out/wheels; and whether the JAX path ran with TensorFlow blocked."""
-    from benchmarks import gpu_wheels
-
-    with tempfile.TemporaryDirectory() as scratch:
-        probe = gpu_wheels.probe(out / "pt-128", out / "sst2", Path(scratch))
-    names = gpu_wheels.wanted(set(probe["distributions"]))
-    wheels = gpu_wheels.fetch(names, out / "wheels", python)
-    print(f"wheels for Python {python} in {out / 'wheels'}: " + ", ".join(w.name for w in wheels))
-    stale = sorted(set((out / "wheels").glob("*.whl")) - set(wheels))
-    if stale:  # kept, as everything prepare finds, but they travel and measure would unpack them
-        print(f"NOTE: {out / 'wheels'} also holds wheels no longer needed: {', '.join(w.name for w in stale)}",
-              file=sys.stderr)
-    for error in probe["errors"]:
-        print(f"NOTE: with TensorFlow's import blocked, {error}: our trainer cannot run on the accelerator "
-              f"machines as it stands (TensorFlow first asked for by {probe['tensorflow_from']})", file=sys.stderr)
-    if not probe["errors"]:
-        asked = f" (TensorFlow asked for by {probe['tensorflow_from']}, and done without)" if probe["tensorflow_from"] else ""
-        print(f"with TensorFlow's import blocked, JAX pre-training and fine-tuning ran{asked}")
-    folder = sum(f.stat().st_size for f in out.rglob("*") if f.is_file())
-    tree = _tracked_bytes()
-    print(f"{out}: {folder / 2**20:.1f} MiB; with the working tree ({tree / 2**20:.1f} MiB): "
-          f"{(folder + tree) / 2**20:.1f} MiB of the {TRAVEL_LIMIT // 2**20} MiB that may travel")
-    if folder + tree > TRAVEL_LIMIT:
-        raise SystemExit(f"{out}: {(folder + tree) / 2**20:.1f} MiB with the working tree, over the "
-                         f"{TRAVEL_LIMIT // 2**20} MiB a lent machine takes")
-
-
-def _tracked_bytes() -> int:
-    root = Path(__file__).resolve().parents[1]
-    try:
-        names = subprocess.run(["git", "ls-files", "-z"], cwd=root, capture_output=True, check=True).stdout
-    except (OSError, subprocess.CalledProcessError):
-        return 0
-    return sum((root / n).stat().st_size for n in names.decode().split("\0") if n and (root / n).is_file())
+    gpu_wheels.prepare(out, python)
 
 
 def bert_config(size: str, vocab_size: int, labels: int = 2) -> Any:

@@ -227,6 +227,43 @@ def probe(pretrain_data: Path, task_data: Path, work: Path) -> dict:
     return found
 
 
+TRAVEL_LIMIT = 64 * 2**20  # what may travel to a lent machine: the working tree and this folder together
+
+
+def prepare(out: Path, python: str = ACCELERATOR_PYTHON) -> None:
+    """The wheels of what our trainer needs on the accelerator machines beyond what they have, for
+    their Python, in out/wheels; and whether the JAX path ran with TensorFlow blocked."""
+    with tempfile.TemporaryDirectory() as scratch:
+        found = probe(out / "pt-128", out / "sst2", Path(scratch))
+    wheels = fetch(wanted(set(found["distributions"])), out / "wheels", python)
+    print(f"wheels for Python {python} in {out / 'wheels'}: " + ", ".join(w.name for w in wheels))
+    stale = sorted(set((out / "wheels").glob("*.whl")) - set(wheels))
+    if stale:  # kept, as everything prepare finds, but they travel and measure would unpack them
+        print(f"NOTE: {out / 'wheels'} also holds wheels no longer needed: {', '.join(w.name for w in stale)}",
+              file=sys.stderr)
+    for error in found["errors"]:
+        print(f"NOTE: with TensorFlow's import blocked, {error}: our trainer cannot run on the accelerator "
+              f"machines as it stands (TensorFlow first asked for by {found['tensorflow_from']})", file=sys.stderr)
+    if not found["errors"]:
+        asked = f" (TensorFlow asked for by {found['tensorflow_from']}, and done without)" if found["tensorflow_from"] else ""
+        print(f"with TensorFlow's import blocked, JAX pre-training and fine-tuning ran{asked}")
+    folder = sum(f.stat().st_size for f in out.rglob("*") if f.is_file())
+    tree = _tracked_bytes()
+    print(f"{out}: {folder / 2**20:.1f} MiB; with the working tree ({tree / 2**20:.1f} MiB): "
+          f"{(folder + tree) / 2**20:.1f} MiB of the {TRAVEL_LIMIT // 2**20} MiB that may travel")
+    if folder + tree > TRAVEL_LIMIT:
+        raise SystemExit(f"{out}: {(folder + tree) / 2**20:.1f} MiB with the working tree, over the "
+                         f"{TRAVEL_LIMIT // 2**20} MiB a lent machine takes")
+
+
+def _tracked_bytes() -> int:
+    try:
+        names = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        return 0
+    return sum((ROOT / n).stat().st_size for n in names.decode().split("\0") if n and (ROOT / n).is_file())
+
+
 OUR_PACKAGES = ("cli", "contract", "datagen", "pipelines", "trainer", "vocab")
 
 

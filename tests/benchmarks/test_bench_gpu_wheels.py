@@ -125,3 +125,17 @@ def test_the_probe_notes_what_our_modules_import_and_refuses_tensorflow():
                          cwd=gpu_wheels.ROOT).stdout.splitlines()
     assert out[0].startswith("refused: No module named 'tensorflow' (blocked")
     assert out[1] == "['colorsys', 'tensorflow'] trainer/made_up.py:1"
+
+
+def test_prepare_refuses_a_folder_that_cannot_travel(tmp_path: Path, monkeypatch, capsys):
+    monkeypatch.setattr(gpu_wheels, "probe", lambda *a: {"distributions": [], "tensorflow_from": None, "errors": []})
+    monkeypatch.setattr(gpu_wheels, "fetch", lambda names, dest, python: [])
+    monkeypatch.setattr(gpu_wheels, "_tracked_bytes", lambda: 3 * 2**20)
+    with open(tmp_path / "pt-512.bin", "wb") as f:  # sparse: its size counts, no disk is used
+        f.truncate(61 * 2**20 + 1)
+    with pytest.raises(SystemExit) as stop:
+        gpu_wheels.prepare(tmp_path)
+    assert "over the 64 MiB a lent machine takes" in str(stop.value) and str(tmp_path) in str(stop.value)
+    (tmp_path / "pt-512.bin").unlink()
+    gpu_wheels.prepare(tmp_path)  # 3 MiB of tree alone travels
+    assert "of the 64 MiB that may travel" in capsys.readouterr().out
