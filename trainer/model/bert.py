@@ -199,15 +199,21 @@ class EncoderLayer(keras.layers.Layer):
         batch = ops.shape(x)[0]
         heads, size = c.num_attention_heads, c.head_size
 
-        def split_heads(t):  # [B,S,H] -> [B,A,S,d]
-            return ops.transpose(ops.reshape(t, (batch, -1, heads, size)), (0, 2, 1, 3))
+        def split_heads(t):  # [B,S,H] -> [B,S,A,d]
+            return ops.reshape(t, (batch, -1, heads, size))
 
         q, k, v = split_heads(self.query(x)), split_heads(self.key(x)), split_heads(self.value(x))
-        scores = ops.matmul(q, ops.transpose(k, (0, 1, 3, 2))) * (1.0 / math.sqrt(size))
-        scores = scores + ops.cast(attention_bias, scores.dtype)
-        probs = ops.softmax(scores, axis=-1)
-        probs = dropout(probs, c.attention_probs_dropout_prob, dropout_seed, site)
-        context = ops.reshape(ops.transpose(ops.matmul(probs, v), (0, 2, 1, 3)), (batch, -1, c.hidden_size))
+        bias = ops.cast(attention_bias, q.dtype)
+        if dropout_seed is None or c.attention_probs_dropout_prob == 0:
+            # Nothing between the softmax and the product with the values: the backend's fused
+            # attention (a flash kernel on GPUs), with the original's additive -10000 as its bias.
+            context = ops.dot_product_attention(q, k, v, bias=bias, scale=1.0 / math.sqrt(size))
+        else:  # dropout on the attention probabilities, as the original: the steps spelled out
+            q, k, v = (ops.transpose(t, (0, 2, 1, 3)) for t in (q, k, v))  # [B,A,S,d]
+            scores = ops.matmul(q, ops.transpose(k, (0, 1, 3, 2))) * (1.0 / math.sqrt(size)) + bias
+            probs = dropout(ops.softmax(scores, axis=-1), c.attention_probs_dropout_prob, dropout_seed, site)
+            context = ops.transpose(ops.matmul(probs, v), (0, 2, 1, 3))
+        context = ops.reshape(context, (batch, -1, c.hidden_size))
 
         attended = dropout(self.attention_output(context), c.hidden_dropout_prob, dropout_seed, site + 1)
         x = self.attention_norm(attended + x)
