@@ -195,6 +195,18 @@ def test_the_backend_is_chosen_once_recorded_and_named(data, tmp_path):
         assert files == sorted(p.name for p in exported["tensorflow"].iterdir()) and len(files) >= 3
         for name in files:
             assert (exported["jax"] / name).read_bytes() == (exported["tensorflow"] / name).read_bytes(), name
+    # Google's TF1 layout and Hugging Face's both start a JAX run on an install without TensorFlow,
+    # from exactly the weights they hold.
+    for fmt, source in (("tf1", tmp_path / "tf1-jax" / "bert_model.ckpt"), ("hf", tmp_path / "hf-jax")):
+        run = tmp_path / f"from-{fmt}"
+        started = bert_train("pretrain", "--data", data, "--out", str(run), "--steps", "1", "--batch-size", "8",
+                             "--init-checkpoint", str(source), "--learning-rate", "1e-30", "--warmup-steps", "0",
+                             "--backend", "jax", without_tensorflow=True)
+        assert started.returncode == 0, started.stderr[-2000:]
+        assert f"initialised from {source}" in started.stdout
+        a, b = weights(out, 2), weights(run, 1)
+        # A learning rate of 1e-30 moves no weight (float32): the run starts from the exported ones.
+        assert all(np.array_equal(a[k], b[k]) for k in a), fmt
 
 
 def test_what_jax_does_not_run_yet_is_refused_before_any_work(data, tmp_path, monkeypatch):
