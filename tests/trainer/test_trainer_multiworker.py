@@ -32,6 +32,14 @@ def json_without(path: Path, drop: set[str]):
     return clean(json.loads(path.read_text()))
 
 
+def close(two: float, one: float, halves: float) -> bool:
+    """The cluster's figure equals one process's to 1e-5, give or take a few times the distance from
+    it of the same process's figure with the gradient summed in two halves: a loss spike (this run's gradient norm
+    goes 2 -> 33 at step 19) turns the ~1e-6 differences float32 sums in another order leave in the
+    weights into larger ones in the figures, for a process on its own as much as for a cluster."""
+    return abs(two - one) <= 1e-5 * (1 + abs(one)) + 4 * abs(halves - one)
+
+
 @pytest.mark.heavy  # the suite holds both promises in test_trainer_multiworker_faults.py, through faults
 def test_two_workers_equal_one_process_and_only_the_chief_writes(tmp_path):
     data = write_synthetic_dataset(str(tmp_path / "ds"), seq_len=32, max_pred=5, vocab_size=120, train_shards=2,
@@ -45,9 +53,13 @@ def test_two_workers_equal_one_process_and_only_the_chief_writes(tmp_path):
               "--log-every", "1", "--eval-batches", "1"]
     ports = free_ports(2)
     one = bert_train([*common, "--out", str(tmp_path / "one"), "--strategy", "one-device"])
+    # The control: the same process summing the batch's gradient in another order (two halves, as
+    # the two workers do), which shows how far float32 rounding alone moves this run's figures.
+    control = bert_train([*common, "--out", str(tmp_path / "halves"), "--strategy", "one-device",
+                          "--accumulation-steps", "2"])
     workers = [bert_train([*common, "--out", str(tmp_path / "two"), "--strategy", "multi-worker",
                            "--cluster-timeout", "120"], tf_config(ports, i)) for i in range(2)]
-    results = finish_all([one, *workers])
+    results = finish_all([one, *workers, control])[:3]
     for rc, out, err in results:
         assert rc == 0, out[-2000:] + err[-3000:]
     assert "2 replica(s)" in results[1][1]
@@ -61,9 +73,10 @@ def test_two_workers_equal_one_process_and_only_the_chief_writes(tmp_path):
     print("MAX_ABS_WEIGHT_DIFF", worst)
     assert worst < 1e-5
     losses_one, losses_two = train_scalars(tmp_path / "one", "loss"), train_scalars(tmp_path / "two", "loss")
+    losses_halves = train_scalars(tmp_path / "halves", "loss")
     assert sorted(losses_one) == list(range(1, 21)) and losses_one.keys() == losses_two.keys()
     for step, loss in losses_one.items():
-        assert losses_two[step] == pytest.approx(loss, rel=1e-5, abs=1e-5), step  # float32 sums
+        assert close(losses_two[step], loss, losses_halves[step]), step
 
     # The same run directory apart from timing: the same files, the same records (the config's
     # strategy and --out aside), the same checkpoints; the non-chief wrote nothing beside the chief.
@@ -80,9 +93,10 @@ def test_two_workers_equal_one_process_and_only_the_chief_writes(tmp_path):
     fm_one = json_without(tmp_path / "one" / "final_metrics.json", TIMING | {"run_dir"})
     fm_two = json_without(tmp_path / "two" / "final_metrics.json", TIMING | {"run_dir"})
     assert fm_one.keys() == fm_two.keys()
+    fm_halves = json_without(tmp_path / "halves" / "final_metrics.json", TIMING | {"run_dir"})
     for part in ("train", "eval"):
         for k, v in fm_one[part].items():
-            assert fm_two[part][k] == pytest.approx(v, abs=1e-5), (part, k)
+            assert close(fm_two[part][k], v, fm_halves[part][k]), (part, k)
     for step in (10, 20):
         s1 = ckpt_lib.load_state(ckpt_lib.checkpoint_dir(tmp_path / "one", step))
         s2 = ckpt_lib.load_state(ckpt_lib.checkpoint_dir(tmp_path / "two", step))
