@@ -30,7 +30,7 @@ from collections.abc import Callable, Sequence
 
 import click
 
-from bert_datagen.contract.ranges import INT64_MAX
+from bert_datagen.contract.bounds import INT64_MAX
 
 DEBUG_FLAG = "--debug"
 DEBUG_ENV = "BERT_DATAGEN_DEBUG"
@@ -431,7 +431,7 @@ class FiniteFloat(click.ParamType):
 
 class Int(click.ParamType):
     """An integer option checked to its real range, [min, max] (both inclusive): every integer option
-    of both CLIs has this type (tests/contract/test_ranges.py checks), so a value the code
+    of both CLIs has this type (tests/contract/test_bounds.py checks), so a value the code
     cannot hold (a count past int64, a seed NumPy refuses) is a usage error naming the option before
     any work, not an OverflowError deep inside."""
 

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 import click
 
 from bert_datagen.cli.plumbing import Int, given, refuse_unused_options
-from bert_datagen.contract.ranges import INT32_MAX
+from bert_datagen.contract.bounds import INT32_MAX
 from bert_datagen.contract.vocab_io import write_vocab
 from bert_datagen.datagen.config import INPUT_FORMATS
 from bert_datagen.pipelines.beam import fsio

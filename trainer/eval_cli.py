@@ -9,7 +9,7 @@ import json
 import click
 
 from bert_datagen.cli.plumbing import Int, refuse_unused_options
-from bert_datagen.contract.ranges import INT32_MAX
+from bert_datagen.contract.bounds import INT32_MAX
 from bert_datagen.trainer.backends.option import backend_option, use_backend
 from bert_datagen.trainer.errors import ConfigError, TrainerError
 from bert_datagen.trainer.finetune.cli import ALLOW_OTHER_TASK_HELP, ALLOW_VOCAB_MISMATCH_HELP

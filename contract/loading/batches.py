@@ -15,6 +15,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
 
+from bert_datagen.contract.bounds import max_batches
 from bert_datagen.contract.features import TASK
 from bert_datagen.contract.fs import is_remote
 from bert_datagen.contract.loading.order import (
@@ -26,7 +27,6 @@ from bert_datagen.contract.loading.order import (
 )
 from bert_datagen.contract.loading.source import Fetched, LoadError, Source
 from bert_datagen.contract.loading.stepping import Stepping, check_reader_arguments, local_world
-from bert_datagen.contract.ranges import max_batches
 from bert_datagen.datagen.dynamic import mask_records
 from bert_datagen.datagen.records import INSTANCE_KEY, WORD_BITS
 

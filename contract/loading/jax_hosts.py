@@ -29,10 +29,10 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from bert_datagen.contract.bounds import check_int
 from bert_datagen.contract.loading.batches import NumpyBatches
 from bert_datagen.contract.loading.order import DEFAULT_BLOCK_SIZE, check_order
 from bert_datagen.contract.loading.source import Source
-from bert_datagen.contract.ranges import check_int
 
 _END = object()
 _LOW = np.uint64(0xFFFFFFFF)

@@ -31,6 +31,7 @@ from functools import lru_cache
 
 import numpy as np
 
+from bert_datagen.contract.bounds import check_int
 from bert_datagen.contract.loading.batches import NumpyBatches
 from bert_datagen.contract.loading.order import (
     DEFAULT_BLOCK_SIZE,
@@ -42,7 +43,6 @@ from bert_datagen.contract.loading.order import (
 from bert_datagen.contract.loading.source import LoadError, Source
 from bert_datagen.contract.loading.stepping import Stepping, check_reader_arguments, local_world
 from bert_datagen.contract.manifest import Manifest, ManifestError
-from bert_datagen.contract.ranges import check_int
 from bert_datagen.datagen.rng import derive_key
 
 MIX_VERSION = "loader-mix-v1"

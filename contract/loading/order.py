@@ -30,7 +30,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from bert_datagen.contract.ranges import INT64_MAX, MAX_SEED, ArgumentError, check_int, max_batches
+from bert_datagen.contract.bounds import INT64_MAX, MAX_SEED, ArgumentError, check_int, max_batches
 from bert_datagen.datagen.rng import derive_key, u64_for_keys
 
 ORDER_VERSION = "loader-order-v1"

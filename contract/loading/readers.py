@@ -18,12 +18,12 @@ from collections.abc import Iterator
 
 import numpy as np
 
+from bert_datagen.contract.bounds import ArgumentError, check_int, max_batches
 from bert_datagen.contract.features import TASK
 from bert_datagen.contract.loading.batches import NumpyBatches
 from bert_datagen.contract.loading.order import DEFAULT_BLOCK_SIZE
 from bert_datagen.contract.loading.source import Source
 from bert_datagen.contract.loading.task_batches import BLOCK_SIZE, TaskBatches
-from bert_datagen.contract.ranges import ArgumentError, check_int, max_batches
 
 Reader = NumpyBatches | TaskBatches
 

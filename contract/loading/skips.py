@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from bert_datagen.contract.ranges import INT64_MAX, check_int
+from bert_datagen.contract.bounds import INT64_MAX, check_int
 
 Ranges = list[tuple[int, int]]
 

@@ -12,8 +12,8 @@ from typing import Any
 
 import numpy as np
 
+from bert_datagen.contract.bounds import ArgumentError, check_int, max_batches
 from bert_datagen.contract.loading.order import check_order, check_step
-from bert_datagen.contract.ranges import ArgumentError, check_int, max_batches
 
 
 def world_and_rank(world_size: int | None, rank: int | None, neither: str = "one process: whole batches",

@@ -35,6 +35,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
+from bert_datagen.contract.bounds import ArgumentError, check_int, max_batches
 from bert_datagen.contract.features import TASK
 from bert_datagen.contract.loading.batches import NumpyBatches
 from bert_datagen.contract.loading.hf import TASK_LABELS, hf_inputs
@@ -45,7 +46,6 @@ from bert_datagen.contract.loading.task_batches import TaskBatches
 from bert_datagen.contract.loading.torch_adapter import torch_world
 from bert_datagen.contract.loading.torch_workers import quiet_generator
 from bert_datagen.contract.manifest import Manifest, ManifestError
-from bert_datagen.contract.ranges import ArgumentError, check_int, max_batches
 
 _WHOLE_BATCHES = ("share_loader(...) hands out whole batches of this rank's share: iterate it as it is "
                   "(Trainer: return it from get_train_dataloader; accelerate: it passes prepare() untouched)")

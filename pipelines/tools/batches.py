@@ -11,13 +11,13 @@ import click
 import numpy as np
 
 from bert_datagen.cli.plumbing import Int, refuse_unused_options
+from bert_datagen.contract.bounds import MAX_SEED, ArgumentError
 from bert_datagen.contract.features import TASK
 from bert_datagen.contract.loading.mixture import DEFAULT_MIX_WINDOW, MixtureError, parse_weights
 from bert_datagen.contract.loading.order import DEFAULT_BLOCK_SIZE, GlobalOrder, check_order, check_step
 from bert_datagen.contract.loading.source import LoadError, Source, open_source
 from bert_datagen.contract.loading.split_records import SplitRecords
 from bert_datagen.contract.loading.task_batches import TaskBatches
-from bert_datagen.contract.ranges import MAX_SEED, ArgumentError
 from bert_datagen.datagen.records import INSTANCE_KEY
 from bert_datagen.pipelines.beam import fsio
 

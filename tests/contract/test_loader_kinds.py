@@ -11,13 +11,13 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
+from bert_datagen.contract.bounds import ArgumentError
 from bert_datagen.contract.loading.batches import NumpyBatches
 from bert_datagen.contract.loading.readers import Epochs, batches_for
 from bert_datagen.contract.loading.source import LoadError, open_source
 from bert_datagen.contract.loading.split_records import SplitRecords
 from bert_datagen.contract.loading.task_batches import GROUP_WINDOW, TaskBatches, bucket_lengths
 from bert_datagen.contract.manifest import load_manifest
-from bert_datagen.contract.ranges import ArgumentError
 from bert_datagen.pipelines.cli import main
 from tests.support.loader_kinds import KINDS, PRETRAINING_KINDS, TASK_KINDS, build_kind
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 
+from bert_datagen.contract.bounds import ArgumentError
 from bert_datagen.contract.loading.batches import NumpyBatches
 from bert_datagen.contract.loading.source import open_source
-from bert_datagen.contract.ranges import ArgumentError
 from tests.support.synthetic import write_synthetic_dataset
 
 torch = pytest.importorskip("torch")

@@ -9,6 +9,7 @@ import re
 import numpy as np
 import pytest
 
+from bert_datagen.contract.bounds import ArgumentError
 from bert_datagen.contract.loading.batches import NumpyBatches
 from bert_datagen.contract.loading.mixture import (
     MIXTURE_FEATURE,
@@ -19,7 +20,6 @@ from bert_datagen.contract.loading.mixture import (
     parse_weights,
 )
 from bert_datagen.contract.loading.source import LoadError, open_source
-from bert_datagen.contract.ranges import ArgumentError
 from tests.support.synthetic import write_synthetic_dataset
 
 B, BS, SEED, WINDOW = 8, 4, 9, 40

@@ -12,10 +12,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from bert_datagen.contract.bounds import ArgumentError
 from bert_datagen.contract.loading.hf import hf_inputs
 from bert_datagen.contract.loading.source import LoadError, open_source
 from bert_datagen.contract.loading.task_batches import TaskBatches
-from bert_datagen.contract.ranges import ArgumentError
 from tests.support.loader_kinds import build_kind
 
 torch = pytest.importorskip("torch")

@@ -7,7 +7,7 @@ import json
 import click
 
 from bert_datagen.cli.plumbing import FiniteFloat, Int, given, refuse_unused_options
-from bert_datagen.contract.ranges import MAX_SEED, MAX_TIMEOUT_S
+from bert_datagen.contract.bounds import MAX_SEED, MAX_TIMEOUT_S
 from bert_datagen.trainer.backends.option import backend_option, use_backend
 from bert_datagen.trainer.finetune.config import BUCKETS, SPAN_METRICS
 from bert_datagen.trainer.runtime.config import PRECISIONS, STRATEGIES, ConfigError

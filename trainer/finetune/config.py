@@ -8,8 +8,8 @@ import math
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from bert_datagen.contract.bounds import INT64_MAX
 from bert_datagen.contract.loading.task_batches import BUCKETS  # noqa: F401 (re-exported: the CLI help states it)
-from bert_datagen.contract.ranges import INT64_MAX
 from bert_datagen.trainer.backends import BACKENDS
 from bert_datagen.trainer.runtime.config import PRECISIONS, STRATEGIES, ConfigError, check_seed, check_tpu
 

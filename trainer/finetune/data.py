@@ -19,8 +19,7 @@ from bert_datagen.contract.features import TASK
 from bert_datagen.contract.loading.source import LoadError, manifest_version, open_source
 from bert_datagen.contract.loading.source import check_unchanged as check_manifest_unchanged
 from bert_datagen.contract.loading.split_records import SplitRecords
-from bert_datagen.contract.manifest import MANIFEST_NAME
-from bert_datagen.contract.manifest import SplitInfo as ManifestSplit
+from bert_datagen.contract.manifest import MANIFEST_NAME, SplitInfo
 from bert_datagen.trainer.errors import DataError
 from bert_datagen.trainer.model.heads import TASK_TYPES
 from bert_datagen.trainer.pretrain.data import (
@@ -34,7 +33,7 @@ from bert_datagen.trainer.runtime.ordered_input import data_error
 
 
 @dataclass
-class SplitInfo:
+class TaskSplit:
     name: str
     files: list[str]
     records: int
@@ -58,7 +57,7 @@ class TaskDataset:
     vocab_size: int
     vocab_path: str
     do_lower_case: bool
-    splits: dict[str, SplitInfo]
+    splits: dict[str, TaskSplit]
     task: dict
     vocab_sha256: str = ""  # the manifest's, of vocab_path's bytes
     identity: dict = field(default_factory=dict)  # `manifest_identity`: what a run records and resumes on
@@ -67,7 +66,7 @@ class TaskDataset:
     def num_labels(self) -> int:
         return len(self.labels)
 
-    def split(self, name: str) -> SplitInfo:
+    def split(self, name: str) -> TaskSplit:
         if name not in self.splits:
             raise DataError(f"{self.source}: no split {name!r} (the dataset has {', '.join(sorted(self.splits))})")
         return self.splits[name]
@@ -106,8 +105,8 @@ def open_task_dataset(directory: str) -> TaskDataset:
         raise DataError(f"{path}: not a valid task manifest ({type(exc).__name__}: {exc})") from exc
 
 
-def _split_info(directory: str, name: str, info: ManifestSplit, manifest_path: str,
-                version: str | None) -> SplitInfo:
+def _split_info(directory: str, name: str, info: SplitInfo, manifest_path: str,
+                version: str | None) -> TaskSplit:
     files = [os.path.join(directory, s.path) for s in info.shards]
     for f in files:
         if not gfs.exists(f):
@@ -116,12 +115,12 @@ def _split_info(directory: str, name: str, info: ManifestSplit, manifest_path: s
     if info.features is None:
         raise DataError(f"{manifest_path}: not a valid task manifest (split {name!r} lists no features)")
     sizes = {path: s.bytes for path, s in zip(files, info.shards, strict=True)}
-    return SplitInfo(name=name, files=files, records=info.records, labelled=info.labelled,
+    return TaskSplit(name=name, files=files, records=info.records, labelled=info.labelled,
                      mode=str(info.mode if info.mode is not None else "predict"), features=dict(info.features),
                      side=side, sizes=sizes, root=directory, manifest_version=version)
 
 
-def check_split_files(dataset: TaskDataset, splits: list[SplitInfo | None]) -> None:
+def check_split_files(dataset: TaskDataset, splits: list[TaskSplit | None]) -> None:
     """What pre-training checks before its first step (bert_datagen.trainer.pretrain.data), for the splits a command will
     read: each shard has the size the manifest gives and its first record parses with the split's
     features. A truncated dev shard would otherwise surface only after training, as a TensorFlow
@@ -136,7 +135,7 @@ def check_split_files(dataset: TaskDataset, splits: list[SplitInfo | None]) -> N
             check_first_record(path, split.features)
 
 
-def check_unchanged(split: SplitInfo) -> None:
+def check_unchanged(split: TaskSplit) -> None:
     """DataError unless the split's dataset is still the one opened (`Source.check_unchanged`)."""
     try:
         check_manifest_unchanged(split.root, split.manifest_version, GFILE_FS)
@@ -144,7 +143,7 @@ def check_unchanged(split: SplitInfo) -> None:
         raise data_error(exc) from exc
 
 
-def read_split(split: SplitInfo, batch_size: int) -> Iterator[dict[str, np.ndarray]]:
+def read_split(split: TaskSplit, batch_size: int) -> Iterator[dict[str, np.ndarray]]:
     """The split in record order, once, as NumPy batches (the last may be short), through the
     loaders every framework shares (`contract/loading`); the dataset must still be the one
     `open_task_dataset` read (a replaced one is refused at the first batch), a record the loaders
@@ -157,7 +156,7 @@ def read_split(split: SplitInfo, batch_size: int) -> Iterator[dict[str, np.ndarr
         raise data_error(exc) from exc
 
 
-def read_side_file(split: SplitInfo, name: str, source: str) -> list[dict]:
+def read_side_file(split: TaskSplit, name: str, source: str) -> list[dict]:
     if name not in split.side:
         raise DataError(f"{source}: split {split.name!r} lists no {name} side file")
     path = split.side[name]

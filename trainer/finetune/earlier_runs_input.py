@@ -8,11 +8,11 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 
 from bert_datagen.trainer.finetune.config import FinetuneConfig
-from bert_datagen.trainer.finetune.data import SplitInfo
+from bert_datagen.trainer.finetune.data import TaskSplit
 from bert_datagen.trainer.finetune.tf_data import TF_DATA_ERRORS, split_data_error, train_batches
 
 
-def _batches_from(split: SplitInfo, cfg: FinetuneConfig, steps_per_epoch: int, step: int) -> Iterator[dict]:
+def _batches_from(split: TaskSplit, cfg: FinetuneConfig, steps_per_epoch: int, step: int) -> Iterator[dict]:
     """Batches from global step `step` on, epoch after epoch (each epoch its own shuffle)."""
     epoch, offset = divmod(step, steps_per_epoch)
     while True:
@@ -21,7 +21,7 @@ def _batches_from(split: SplitInfo, cfg: FinetuneConfig, steps_per_epoch: int, s
         epoch, offset = epoch + 1, 0
 
 
-def earlier_run_batches(split: SplitInfo, cfg: FinetuneConfig, steps_per_epoch: int, step: int) -> Callable[[], dict]:
+def earlier_run_batches(split: TaskSplit, cfg: FinetuneConfig, steps_per_epoch: int, step: int) -> Callable[[], dict]:
     """`next()` of those batches; a record tf.data cannot read is a DataError naming it."""
     batches = _batches_from(split, cfg, steps_per_epoch, step)
 

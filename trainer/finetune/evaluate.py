@@ -26,7 +26,7 @@ from bert_datagen.contract.loading.task_batches import bucket_length
 from bert_datagen.trainer.errors import ConfigError, DataError
 from bert_datagen.trainer.finetune import cmrc_eval, squad_eval, squad_postprocess
 from bert_datagen.trainer.finetune import metrics as metric_lib
-from bert_datagen.trainer.finetune.data import SplitInfo, TaskDataset, read_side_file, read_split
+from bert_datagen.trainer.finetune.data import TaskDataset, TaskSplit, read_side_file, read_split
 from bert_datagen.trainer.runtime import rundir
 from bert_datagen.trainer.runtime.inference import MODEL_INPUTS, model_predictor
 from bert_datagen.trainer.runtime.rundir import write_atomic
@@ -68,7 +68,7 @@ def trim_to_bucket(inputs: dict[str, np.ndarray], max_seq_length: int) -> dict[s
     return {k: v[:, :length] for k, v in inputs.items()}
 
 
-def predict_arrays(model, split: SplitInfo, batch_size: int, trim: bool = False,
+def predict_arrays(model, split: TaskSplit, batch_size: int, trim: bool = False,
                    backend: str = "tensorflow") -> dict[str, np.ndarray]:
     """Run the model over a split in record order; logits plus the label/id features, concatenated.
     `trim`: each batch runs at its bucket length (same predictions, less work on padding)."""
@@ -113,7 +113,7 @@ def evaluate_split(model, dataset: TaskDataset, split_name: str, batch_size: int
     return result
 
 
-def _classification(result: SplitPredictions, dataset: TaskDataset, split: SplitInfo) -> None:
+def _classification(result: SplitPredictions, dataset: TaskDataset, split: TaskSplit) -> None:
     logits = result.arrays["logits"]
     predicted = logits if dataset.task_type == "regression" else np.argmax(logits, axis=-1)
     result.outputs["predicted"] = predicted
@@ -133,7 +133,7 @@ def span_metric_of(examples: list[dict], version_2: bool, wanted: str = "auto") 
     return wanted
 
 
-def _span(result: SplitPredictions, dataset: TaskDataset, split: SplitInfo, threshold: float,
+def _span(result: SplitPredictions, dataset: TaskDataset, split: TaskSplit, threshold: float,
           span_metric: str = "auto") -> None:
     examples = read_side_file(split, "examples.jsonl", dataset.source)
     windows = read_side_file(split, "windows.jsonl", dataset.source)
@@ -180,7 +180,7 @@ def word_predictions(windows: list[dict], logits: np.ndarray, examples: list[dic
     return out
 
 
-def _tagging(result: SplitPredictions, dataset: TaskDataset, split: SplitInfo) -> None:
+def _tagging(result: SplitPredictions, dataset: TaskDataset, split: TaskSplit) -> None:
     examples = read_side_file(split, "examples.jsonl", dataset.source)
     windows = read_side_file(split, "windows.jsonl", dataset.source)
     predicted = word_predictions(windows, result.arrays["logits"], examples)

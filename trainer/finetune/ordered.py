@@ -21,7 +21,7 @@ class FinetuneBatches:
 
     def __init__(self, data: str, split: str, seed: int, batch_size: int, per_epoch: int, world_size: int,
                  rank: int, group_by_length: bool, version: str | None = None) -> None:
-        """``version``: the manifest's when the run opened the dataset (`SplitInfo.manifest_version`):
+        """``version``: the manifest's when the run opened the dataset (`TaskSplit.manifest_version`):
         a dataset replaced since is refused at the first batch, not read anew."""
         try:
             source = open_source(data, split, GFILE_FS, version)

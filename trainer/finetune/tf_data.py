@@ -9,7 +9,7 @@ import tensorflow as tf
 from bert_datagen.contract.loading.source import check_unchanged as check_manifest_unchanged
 from bert_datagen.contract.loading.task_batches import GROUP_WINDOW, bucket_lengths
 from bert_datagen.trainer.errors import DataError
-from bert_datagen.trainer.finetune.data import SplitInfo, check_unchanged
+from bert_datagen.trainer.finetune.data import TaskSplit, check_unchanged
 from bert_datagen.trainer.pretrain.data import find_bad_record
 from bert_datagen.trainer.runtime import gfs
 from bert_datagen.trainer.runtime.gfs import GFILE_FS
@@ -19,7 +19,7 @@ TF_DATA_ERRORS = (tf.errors.DataLossError, tf.errors.InvalidArgumentError)
 
 
 
-def _checked(ds: tf.data.Dataset, split: SplitInfo) -> tf.data.Dataset:
+def _checked(ds: tf.data.Dataset, split: TaskSplit) -> tf.data.Dataset:
     """``ds`` whose every batch, once its records are read, passes only while the dataset is still
     the one opened: a replacement stops the reading (as an InvalidArgumentError, which
     `split_data_error` names) before any of its records reaches a figure or a prediction."""
@@ -38,7 +38,7 @@ def _checked(ds: tf.data.Dataset, split: SplitInfo) -> tf.data.Dataset:
     return ds.map(after_check, deterministic=True)
 
 
-def split_data_error(split: SplitInfo, exc: Exception) -> DataError:
+def split_data_error(split: TaskSplit, exc: Exception) -> DataError:
     """The DataError for a tf.data failure while reading `split`: the dataset replaced under it, or
     the shard and record at fault, found as pre-training finds them
     (bert_datagen.trainer.pretrain.data.find_bad_record)."""
@@ -68,7 +68,7 @@ def _options() -> tf.data.Options:
     return options
 
 
-def train_batches(split: SplitInfo, batch_size: int, seed: int, epoch: int,
+def train_batches(split: TaskSplit, batch_size: int, seed: int, epoch: int,
                   group_by_length: bool = False) -> tf.data.Dataset:
     """One epoch of full batches, shuffled over the whole split by (seed, epoch).
 
@@ -99,7 +99,7 @@ def trim_batch(batch: dict[str, tf.Tensor], max_seq_length: int) -> dict[str, tf
     return {k: v[:, :length] if v.shape.rank == 2 and v.shape[1] == max_seq_length else v for k, v in batch.items()}
 
 
-def _grouped(records: tf.data.Dataset, split: SplitInfo, batch_size: int, seed: int) -> tf.data.Dataset:
+def _grouped(records: tf.data.Dataset, split: TaskSplit, batch_size: int, seed: int) -> tf.data.Dataset:
     seq_len = split.features["input_ids"][1]
 
     def sort_window(index, serialized):
@@ -119,7 +119,7 @@ def _grouped(records: tf.data.Dataset, split: SplitInfo, batch_size: int, seed: 
     return _checked(ds, split).with_options(_options()).prefetch(tf.data.AUTOTUNE)
 
 
-def ordered_batches(split: SplitInfo, batch_size: int) -> tf.data.Dataset:
+def ordered_batches(split: TaskSplit, batch_size: int) -> tf.data.Dataset:
     """The split in record order, once; the last batch may be short."""
     records = gfs.record_dataset(split.files)
     ds = records.batch(batch_size).map(lambda s: parse_batch(s, split.features),

@@ -7,7 +7,7 @@ import re
 import click
 
 from bert_datagen.cli.plumbing import FiniteFloat, Int, refuse_unused_options
-from bert_datagen.contract.ranges import INT32_MAX, MAX_SEED, MAX_TIMEOUT_S
+from bert_datagen.contract.bounds import INT32_MAX, MAX_SEED, MAX_TIMEOUT_S
 from bert_datagen.trainer.backends.option import backend_option, use_backend
 from bert_datagen.trainer.errors import ConfigError, TrainerError
 from bert_datagen.trainer.model.config import MODEL_SIZES, BertConfig

@@ -11,7 +11,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from bert_datagen.contract.ranges import MAX_SEED, max_batches
+from bert_datagen.contract.bounds import MAX_SEED, max_batches
 from bert_datagen.trainer.backends import BACKENDS
 from bert_datagen.trainer.errors import ConfigError
 from bert_datagen.trainer.model.config import MODEL_SIZES

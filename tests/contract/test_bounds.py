@@ -12,11 +12,11 @@ import pytest
 from click.testing import CliRunner
 
 from bert_datagen.cli.plumbing import FiniteFloat, Int
+from bert_datagen.contract.bounds import INT64_MAX, MAX_SEED, max_batches
 from bert_datagen.contract.loading.batches import NumpyBatches
 from bert_datagen.contract.loading.order import GlobalOrder, epoch_order
 from bert_datagen.contract.loading.skips import SkipError, batch_of_step, merge, parse_ranges
 from bert_datagen.contract.loading.source import open_source
-from bert_datagen.contract.ranges import INT64_MAX, MAX_SEED, max_batches
 from bert_datagen.pipelines import cli as datagen_cli
 from bert_datagen.trainer import cli as train_cli
 from tests.support.synthetic import write_synthetic_dataset
