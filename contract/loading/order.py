@@ -33,7 +33,10 @@ import numpy as np
 from bert_datagen.contract.bounds import INT64_MAX, MAX_SEED, ArgumentError, check_int, max_batches
 from bert_datagen.datagen.rng import derive_key, u64_for_keys
 
-ORDER_VERSION = "loader-order-v1"
+ORDER_VERSION = "loader-order-v1"  # in every key the order derives: another value, another order
+# The order's name as a run records it (its checkpoints' "input" and RUN files), so that a run
+# resumes only on the order it started with.
+INPUT_ORDER = "global-order-v1"
 DEFAULT_BLOCK_SIZE = 64
 
 
@@ -181,9 +184,6 @@ class GlobalOrder:
 
     def batch(self, step: int, world_size: int = 1, rank: int = 0) -> Placement:
         return self.place(self.batch_positions(step, world_size, rank))
-
-    def batches_per_epoch(self) -> float:
-        return self.total / self.batch_size
 
 
 def positions_array(positions: object) -> np.ndarray:

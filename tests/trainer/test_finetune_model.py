@@ -22,6 +22,12 @@ TINY = BertConfig(vocab_size=30, hidden_size=16, num_hidden_layers=2, num_attent
                   intermediate_size=24, max_position_embeddings=32)
 
 
+
+def task_loss(task_type: str, outputs: dict, batch: dict):
+    """The mean loss of one whole batch (the original's formula), from the head's sums."""
+    sums = heads.task_sums(task_type, outputs, batch)
+    return sums["loss_sum"] / np.maximum(float(sums["loss_count"]), 1.0)
+
 def _batch(b=3, s=8, seed=0):
     rng = np.random.default_rng(seed)
     mask = np.ones((b, s), np.int32)
@@ -43,7 +49,7 @@ def test_heads_shapes_names_and_seeded_init(task_type, num_labels):
     b = heads.build_finetune_model(TINY, task_type, num_labels, seed=7)
     c = heads.build_finetune_model(TINY, task_type, num_labels, seed=8)
     names = heads.finetune_variable_map(a)
-    w_name, b_name = heads.head_names(task_type)
+    w_name, b_name = heads.head_class(task_type).tf1_names
     outputs = {"classification": 3, "regression": 1, "span": 2, "tagging": 4}[task_type]
     assert names[w_name].shape == (outputs, 16) and names[b_name].shape == (outputs,)
     assert not names[b_name].numpy().any()
@@ -77,18 +83,18 @@ def test_losses_match_the_original_formulas():
     rng = np.random.default_rng(1)
     logits = rng.normal(size=(4, 3)).astype(np.float32)
     labels = np.array([0, 2, 1, 1])
-    got = heads.task_loss("classification", {"logits": tf.constant(logits)}, {"label_ids": labels[:, None]})
+    got = task_loss("classification", {"logits": tf.constant(logits)}, {"label_ids": labels[:, None]})
     want = -np.mean(_log_softmax(logits.astype(np.float64))[np.arange(4), labels])
     assert float(got) == pytest.approx(want, rel=1e-6)
 
     values = rng.normal(size=4).astype(np.float32)
     gold = rng.normal(size=4).astype(np.float32)
-    got = heads.task_loss("regression", {"logits": tf.constant(values)}, {"label_ids": gold[:, None]})
+    got = task_loss("regression", {"logits": tf.constant(values)}, {"label_ids": gold[:, None]})
     assert float(got) == pytest.approx(np.mean((values - gold) ** 2), rel=1e-5)
 
     start, end = rng.normal(size=(2, 6)).astype(np.float32), rng.normal(size=(2, 6)).astype(np.float32)
     sp, ep = np.array([1, 0]), np.array([3, 0])
-    got = heads.task_loss("span", {"start_logits": tf.constant(start), "end_logits": tf.constant(end)},
+    got = task_loss("span", {"start_logits": tf.constant(start), "end_logits": tf.constant(end)},
                           {"start_positions": sp[:, None], "end_positions": ep[:, None]})
     s_ce = -np.mean(_log_softmax(start.astype(np.float64))[np.arange(2), sp])
     e_ce = -np.mean(_log_softmax(end.astype(np.float64))[np.arange(2), ep])
@@ -99,14 +105,14 @@ def test_tagging_loss_ignores_minus_one_positions_entirely():
     rng = np.random.default_rng(2)
     logits = rng.normal(size=(2, 5, 3)).astype(np.float32)
     labels = np.array([[-1, 2, -1, 0, -1], [-1, 1, 1, -1, -1]])
-    got = heads.task_loss("tagging", {"logits": tf.constant(logits)}, {"label_ids": labels})
+    got = task_loss("tagging", {"logits": tf.constant(logits)}, {"label_ids": labels})
     lp = _log_softmax(logits.astype(np.float64))
     picked = [-lp[b, s, labels[b, s]] for b in range(2) for s in range(5) if labels[b, s] != -1]
     assert float(got) == pytest.approx(np.mean(picked), rel=1e-6)  # mean over the 4 labelled positions
     # Changing logits at ignored positions changes nothing.
     other = logits.copy()
     other[labels == -1] = 100.0
-    again = heads.task_loss("tagging", {"logits": tf.constant(other)}, {"label_ids": labels})
+    again = task_loss("tagging", {"logits": tf.constant(other)}, {"label_ids": labels})
     assert float(again) == float(got)
 
 

@@ -276,7 +276,8 @@ def test_v2_null_answer_threshold_and_files(tmp_path):
     assert [p.name for p in paths] == ["predictions.json", "nbest_predictions.json", "null_odds.json"]
     assert json.loads(paths[0].read_text()) == got.predictions
     raw = sp.write_raw_logits(tmp_path, ids, start, end)
-    back = sp.read_raw_logits(raw)
+    with np.load(raw, allow_pickle=False) as data:
+        back = data["unique_ids"], data["start_logits"], data["end_logits"]
     assert np.array_equal(back[0], ids) and np.array_equal(back[1], start) and np.array_equal(back[2], end)
 
 

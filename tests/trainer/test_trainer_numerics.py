@@ -13,11 +13,27 @@ tf = pytest.importorskip("tensorflow")
 from bert_datagen.trainer.errors import ConfigError  # noqa: E402
 from bert_datagen.trainer.model.bert import LayerNorm, build_model, gelu, tf1_variable_map  # noqa: E402
 from bert_datagen.trainer.model.config import BertConfig  # noqa: E402
-from bert_datagen.trainer.pretrain.objective import masked_lm_loss, next_sentence_loss  # noqa: E402
+from bert_datagen.trainer.pretrain.objective import (  # noqa: E402
+    MLM_DENOMINATOR_EPSILON,
+    masked_lm_cross_entropy,
+    next_sentence_cross_entropy,
+)
 from bert_datagen.trainer.runtime.optimizer import AdamWeightDecay  # noqa: E402
 from bert_datagen.trainer.runtime.updates import learning_rate, uses_weight_decay  # noqa: E402
 
 # ---------------------------------------------------------------- a NumPy BERT from the recipe
+
+
+
+def masked_lm_loss(logits, label_ids, weights):
+    """The original's masked-LM loss of one whole batch, from the trainer's per-slot cross-entropy."""
+    weights = tf.cast(weights, tf.float32)
+    numerator = tf.reduce_sum(weights * masked_lm_cross_entropy(logits, label_ids))
+    return numerator / (tf.reduce_sum(weights) + MLM_DENOMINATOR_EPSILON)
+
+
+def next_sentence_loss(logits, labels):
+    return tf.reduce_mean(next_sentence_cross_entropy(logits, labels))
 
 
 def np_gelu(x):

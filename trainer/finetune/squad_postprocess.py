@@ -253,11 +253,6 @@ def write_raw_logits(out_dir: str | Path, unique_ids: np.ndarray, start_logits: 
     return path
 
 
-def read_raw_logits(path: str | Path) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    with np.load(path, allow_pickle=False) as data:
-        return data["unique_ids"], data["start_logits"], data["end_logits"]
-
-
 def read_jsonl(path: str | Path) -> list[dict]:
     with open(path, encoding="utf-8") as f:
         return [json.loads(line) for line in f if line.strip()]

@@ -30,6 +30,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from bert_datagen.contract.loading.order import INPUT_ORDER
 from bert_datagen.trainer.errors import ConfigError, DataError, TrainingError
 from bert_datagen.trainer.finetune.checks import check_data_fits, check_vocab, task_summary
 from bert_datagen.trainer.finetune.config import FinetuneConfig
@@ -47,7 +48,7 @@ from bert_datagen.trainer.pretrain.data import find_bad_record
 from bert_datagen.trainer.runtime import checkpoint as ckpt_lib
 from bert_datagen.trainer.runtime import cluster, rundir
 from bert_datagen.trainer.runtime.loop import TrainingLoop
-from bert_datagen.trainer.runtime.ordered_input import INPUT_ORDER, OrderedInput
+from bert_datagen.trainer.runtime.ordered_input import OrderedInput
 from bert_datagen.trainer.runtime.rundir import cleanup_temp, write_atomic
 from bert_datagen.trainer.runtime.tensorboard import tensorboard_writers
 from bert_datagen.trainer.runtime.training import enable_determinism, refuse_unported_on_jax, start_training

@@ -235,11 +235,6 @@ def head_class(task_type: str) -> type[TaskHead]:
         raise ValueError(f"unknown task type {task_type!r}; choose one of {', '.join(TASK_TYPES)}") from None
 
 
-def head_names(task_type: str) -> tuple[str, str]:
-    """TF1 names of the head's (weights, bias)."""
-    return head_class(task_type).tf1_names
-
-
 def num_outputs(task_type: str, num_labels: int) -> int:
     return head_class(task_type).num_outputs(num_labels)
 
@@ -303,8 +298,3 @@ def task_sums(task_type: str, outputs: dict, batch: dict) -> dict:
     """The task head's `sums` (additive statistics of a (sub-)batch)."""
     return head_class(task_type).sums(outputs, batch)
 
-
-def task_loss(task_type: str, outputs: dict, batch: dict):
-    """The mean loss of one whole batch (the original's formula)."""
-    sums = task_sums(task_type, outputs, batch)
-    return sums["loss_sum"] / ops.maximum(sums["loss_count"], 1.0)

@@ -21,18 +21,8 @@ def masked_lm_cross_entropy(logits, label_ids):
     return cross_entropy(logits, label_ids)
 
 
-def masked_lm_loss(logits, label_ids, weights):
-    weights = ops.cast(weights, "float32")
-    numerator = ops.sum(weights * masked_lm_cross_entropy(logits, label_ids))
-    return numerator / (ops.sum(weights) + MLM_DENOMINATOR_EPSILON)
-
-
 def next_sentence_cross_entropy(logits, labels):
     return cross_entropy(logits, ops.reshape(labels, (-1,)))
-
-
-def next_sentence_loss(logits, labels):
-    return ops.mean(next_sentence_cross_entropy(logits, labels))
 
 
 def batch_sums(outputs: dict, batch: dict) -> dict:

@@ -22,6 +22,7 @@ import numpy as np
 
 from bert_datagen.contract.loading.batches import NumpyBatches
 from bert_datagen.contract.loading.mixture import MixedBatches
+from bert_datagen.contract.loading.order import INPUT_ORDER
 from bert_datagen.contract.loading.skips import SkipError, add_ranges, batch_of_step
 from bert_datagen.datagen.packed import compact_predictions
 from bert_datagen.datagen.records import INSTANCE_KEY, WORD_BITS
@@ -49,7 +50,7 @@ from bert_datagen.trainer.runtime import checkpoint as ckpt_lib
 from bert_datagen.trainer.runtime import cluster, rundir
 from bert_datagen.trainer.runtime.config import TrainConfig
 from bert_datagen.trainer.runtime.loop import TrainingLoop
-from bert_datagen.trainer.runtime.ordered_input import INPUT_ORDER, OrderedInput
+from bert_datagen.trainer.runtime.ordered_input import OrderedInput
 from bert_datagen.trainer.runtime.tensorboard import tensorboard_writers
 from bert_datagen.trainer.runtime.training import enable_determinism, refuse_unported_on_jax, start_training
 from bert_datagen.trainer.runtime.updates import learning_rate

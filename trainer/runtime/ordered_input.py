@@ -21,9 +21,6 @@ import numpy as np
 from bert_datagen.contract.loading.source import DatasetReplaced, LoadError
 from bert_datagen.trainer.errors import DataError
 
-# What a run records (checkpoint state and RUN files) about how it reads.
-INPUT_ORDER = "global-order-v1"
-
 
 class OrderedInput:
     """Batches ``make(start)``, ``make(start + 1)``, ... computed ``depth`` ahead on one thread (the
