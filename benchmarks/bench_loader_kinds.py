@@ -32,7 +32,7 @@ import numpy as np
 
 from benchmarks.bench_loader_speed import _tf_data, _times
 from bert_datagen.contract.fs import LOCAL_FS
-from bert_datagen.contract.loading.readers import batches_for
+from bert_datagen.contract.loading.kinds import batches_for
 from bert_datagen.contract.loading.source import open_source
 from bert_datagen.contract.manifest import build_manifest, write_manifest
 from bert_datagen.datagen.config import DatagenConfig

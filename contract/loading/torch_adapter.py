@@ -24,7 +24,7 @@ from typing import Any
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
-from bert_datagen.contract.loading.readers import batches_for, epoch_end, steps_per_epoch
+from bert_datagen.contract.loading.kinds import batches_for, epoch_end, steps_per_epoch
 from bert_datagen.contract.loading.source import Source
 from bert_datagen.contract.loading.stepping import world_and_rank
 from bert_datagen.contract.loading.torch_workers import grouped_batches

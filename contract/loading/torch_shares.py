@@ -39,8 +39,8 @@ from bert_datagen.contract.bounds import ArgumentError, check_int, max_batches
 from bert_datagen.contract.features import TASK
 from bert_datagen.contract.loading.batches import NumpyBatches
 from bert_datagen.contract.loading.hf import TASK_LABELS, hf_inputs
+from bert_datagen.contract.loading.kinds import batches_for, epoch_end
 from bert_datagen.contract.loading.order import check_step, check_world
-from bert_datagen.contract.loading.readers import batches_for, epoch_end
 from bert_datagen.contract.loading.source import LoadError, Source
 from bert_datagen.contract.loading.task_batches import TaskBatches
 from bert_datagen.contract.loading.torch_adapter import torch_world

@@ -1,7 +1,7 @@
 """`bert-datagen batches`: which records a training step reads (or one rank's share of it): the
 global batch of pre-training's order (unpacked or packed rows, static or dynamic masking), or
 fine-tuning's batch of a task split (its epochs; `--group-by-length` as `bert-train finetune` groups),
-through the same readers the trainers use (`contract/loading/readers.py`)."""
+through the same readers the trainers use (`contract/loading/kinds.py`)."""
 
 from __future__ import annotations
 

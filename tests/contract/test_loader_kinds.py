@@ -13,7 +13,7 @@ from click.testing import CliRunner
 
 from bert_datagen.contract.bounds import ArgumentError
 from bert_datagen.contract.loading.batches import NumpyBatches
-from bert_datagen.contract.loading.readers import Epochs, batches_for
+from bert_datagen.contract.loading.kinds import Epochs, batches_for
 from bert_datagen.contract.loading.source import LoadError, open_source
 from bert_datagen.contract.loading.split_records import SplitRecords
 from bert_datagen.contract.loading.task_batches import GROUP_WINDOW, TaskBatches, bucket_lengths

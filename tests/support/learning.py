@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 from click.testing import CliRunner
 
-from bert_datagen.trainer.interop.loading import restore_model
+from bert_datagen.trainer.interop.restore import restore_model
 from bert_datagen.trainer.pretrain.data import eval_batches, open_pretraining_data
 from bert_datagen.trainer.pretrain.train import pretrain
 from bert_datagen.trainer.runtime.config import TrainConfig

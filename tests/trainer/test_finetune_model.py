@@ -154,13 +154,13 @@ def test_init_from_hf_bertmodel_dir_matches_transformers():
 def test_init_reports_every_missing_and_misshaped_weight(tmp_path):
     from safetensors.numpy import save_file
 
-    from bert_datagen.trainer.interop.hf import hf_config_from_bert_config
+    from bert_datagen.trainer.interop.hf_checkpoint import hf_config_from_bert_config
 
     model = heads.build_finetune_model(TINY, "classification", 2, seed=1)
     hf_dir = tmp_path / "hf"
     hf_dir.mkdir()
     (hf_dir / "config.json").write_text(json.dumps(hf_config_from_bert_config(TINY.to_dict())))
-    from bert_datagen.trainer.interop.hf import tf1_to_hf
+    from bert_datagen.trainer.interop.hf_checkpoint import tf1_to_hf
     from bert_datagen.trainer.model.heads import encoder_variable_map
 
     state = tf1_to_hf({n: v.numpy() for n, v in encoder_variable_map(model).items()})

@@ -13,7 +13,7 @@ from click.testing import CliRunner  # noqa: E402
 
 from bert_datagen.trainer.cli import main  # noqa: E402
 from bert_datagen.trainer.errors import ConfigError  # noqa: E402
-from bert_datagen.trainer.interop.loading import read_checkpoint_arrays  # noqa: E402
+from bert_datagen.trainer.interop.restore import read_checkpoint_arrays  # noqa: E402
 from bert_datagen.trainer.model.config import BertConfig  # noqa: E402
 from bert_datagen.trainer.model.weights import expected_tf1_shapes  # noqa: E402
 from bert_datagen.trainer.runtime import checkpoint as ckpt_lib  # noqa: E402

@@ -9,7 +9,7 @@ tf = pytest.importorskip("tensorflow")
 
 from bert_datagen.trainer.errors import CheckpointMismatchError  # noqa: E402
 from bert_datagen.trainer.interop.export import export_hf, export_tf1  # noqa: E402
-from bert_datagen.trainer.interop.loading import init_checkpoint_config, load_init_checkpoint  # noqa: E402
+from bert_datagen.trainer.interop.restore import init_checkpoint_config, load_init_checkpoint  # noqa: E402
 from bert_datagen.trainer.interop.tf1 import write_tf1_checkpoint  # noqa: E402
 from bert_datagen.trainer.model.bert import build_model  # noqa: E402
 from bert_datagen.trainer.model.config import BertConfig  # noqa: E402

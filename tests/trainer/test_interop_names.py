@@ -11,7 +11,7 @@ tf = pytest.importorskip("tensorflow")
 
 from bert_datagen.trainer.errors import CheckpointFormatError, CheckpointMismatchError  # noqa: E402
 from bert_datagen.trainer.interop.export import export_hf, export_tf1  # noqa: E402
-from bert_datagen.trainer.interop.hf import (  # noqa: E402
+from bert_datagen.trainer.interop.hf_checkpoint import (  # noqa: E402
     bert_config_from_hf_config,
     hf_config_from_bert_config,
     hf_name_table,
@@ -19,7 +19,7 @@ from bert_datagen.trainer.interop.hf import (  # noqa: E402
     read_safetensors,
     tf1_to_hf,
 )
-from bert_datagen.trainer.interop.loading import init_checkpoint_config, read_checkpoint_arrays  # noqa: E402
+from bert_datagen.trainer.interop.restore import init_checkpoint_config, read_checkpoint_arrays  # noqa: E402
 from bert_datagen.trainer.interop.tf1 import read_tf1_checkpoint, write_tf1_checkpoint  # noqa: E402
 from bert_datagen.trainer.model.weights import expected_tf1_shapes  # noqa: E402
 from tests.support.interop_names import VOCAB, assert_bitwise_equal, write_with_v1_saver  # noqa: E402

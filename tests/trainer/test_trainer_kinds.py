@@ -9,7 +9,7 @@ import pytest
 
 tf = pytest.importorskip("tensorflow")
 
-from bert_datagen.contract.loading.readers import batches_for  # noqa: E402
+from bert_datagen.contract.loading.kinds import batches_for  # noqa: E402
 from bert_datagen.contract.loading.source import open_source  # noqa: E402
 from bert_datagen.datagen.packed import compact_predictions  # noqa: E402
 from bert_datagen.trainer.pretrain.train import PretrainRun  # noqa: E402

@@ -41,8 +41,8 @@ def with_bert_prefix(state: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
 
 def read_encoder_arrays(path: str, expected: dict[str, tuple[int, ...]]) -> tuple[dict[str, np.ndarray], str]:
     """TF1-named encoder arrays from a TF1 checkpoint or a Hugging Face directory; (arrays, summary)."""
-    from bert_datagen.trainer.interop.hf import hf_to_tf1, read_hf_state
-    from bert_datagen.trainer.interop.loading import checkpoint_format
+    from bert_datagen.trainer.interop.hf_checkpoint import hf_to_tf1, read_hf_state
+    from bert_datagen.trainer.interop.restore import checkpoint_format
     from bert_datagen.trainer.interop.tf1 import read_tf1_checkpoint
 
     if checkpoint_format(path) == "hf":
@@ -61,7 +61,7 @@ def read_encoder_arrays(path: str, expected: dict[str, tuple[int, ...]]) -> tupl
 
 def init_checkpoint_config(path: str, bert_config_file: str | None = None) -> BertConfig:
     """The model an `--init-checkpoint` describes (its config.json / bert_config.json, or the file given)."""
-    from bert_datagen.trainer.interop.loading import init_checkpoint_config as checkpoint_config
+    from bert_datagen.trainer.interop.restore import init_checkpoint_config as checkpoint_config
 
     return BertConfig.from_dict(checkpoint_config(path, bert_config_file))
 

@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 from keras import ops
 
-from bert_datagen.trainer.interop.loading import dtype_policy
+from bert_datagen.trainer.interop.restore import dtype_policy
 from bert_datagen.trainer.model.config import BertConfig
 from bert_datagen.trainer.model.heads import (
     FineTuneModel,

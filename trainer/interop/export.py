@@ -25,14 +25,14 @@ from bert_datagen.contract.dataset import DatasetError, open_dataset
 from bert_datagen.contract.fs import DEFAULT_FS, TMP_MARKER, is_remote, os_error_in, temp_name
 from bert_datagen.contract.manifest import MANIFEST_NAME, Manifest, ManifestError
 from bert_datagen.trainer.errors import CheckpointFormatError, ConfigError, TrainerError
-from bert_datagen.trainer.interop.hf import (
+from bert_datagen.trainer.interop.hf_checkpoint import (
     HF_WEIGHTS,
     hf_config_from_bert_config,
     save_safetensors,
     tf1_to_hf,
     write_hf_tokenizer,
 )
-from bert_datagen.trainer.interop.loading import restore_model
+from bert_datagen.trainer.interop.restore import restore_model
 from bert_datagen.trainer.interop.tf1 import write_tf1_checkpoint
 from bert_datagen.trainer.model.weights import check_arrays, expected_tf1_shapes, model_tf1_arrays
 from bert_datagen.trainer.runtime import checkpoint as ckpt_lib

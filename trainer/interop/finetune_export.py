@@ -41,7 +41,7 @@ def is_finetune_run(path: str | Path) -> bool:
 
 def restore_finetuned(path: str | Path, precision: str = "float32") -> tuple[FineTuneModel, BertConfig, dict, Path]:
     """(model, bert config, task record, checkpoint) of a fine-tuned run's latest checkpoint."""
-    from bert_datagen.trainer.interop.loading import dtype_policy
+    from bert_datagen.trainer.interop.restore import dtype_policy
 
     ckpt = ckpt_lib.resolve_checkpoint(path)
     state = ckpt_lib.load_state(ckpt)
@@ -72,7 +72,7 @@ def task_vocab(task: dict, vocab_path: str | None) -> bytes:
 
 
 def hf_task_config(bert: BertConfig, task: dict, pad_token_id: int) -> dict:
-    from bert_datagen.trainer.interop.hf import hf_config_from_bert_config
+    from bert_datagen.trainer.interop.hf_checkpoint import hf_config_from_bert_config
 
     config = hf_config_from_bert_config(bert.to_dict(), pad_token_id=pad_token_id)
     config.pop("tie_word_embeddings", None)
@@ -88,7 +88,7 @@ def hf_task_config(bert: BertConfig, task: dict, pad_token_id: int) -> dict:
 
 
 def hf_task_state(model: FineTuneModel) -> dict[str, np.ndarray]:
-    from bert_datagen.trainer.interop.hf import tf1_to_hf
+    from bert_datagen.trainer.interop.hf_checkpoint import tf1_to_hf
     from bert_datagen.trainer.model.heads import encoder_variable_map
 
     encoder = {n: np.asarray(v.numpy(), np.float32) for n, v in encoder_variable_map(model).items()}
@@ -114,7 +114,7 @@ def export_finetuned(run: str, fmt: str, out: str, vocab: str | None = None, do_
         vocab_tokens,
         write_export_dir,
     )
-    from bert_datagen.trainer.interop.hf import save_safetensors, write_hf_tokenizer
+    from bert_datagen.trainer.interop.hf_checkpoint import save_safetensors, write_hf_tokenizer
     from bert_datagen.trainer.interop.tf1 import write_tf1_checkpoint
 
     check_export_target(Path(out), overwrite)  # before any work

@@ -29,7 +29,7 @@ MODEL_SIZES: dict[str, tuple[int, int, int, int]] = {
 
 # The original bert_config.json's names: "gelu" is the tanh approximation (the original code's own
 # `gelu`), "gelu_new" Hugging Face's name of the same; "gelu_exact" is the erf GELU, which Hugging Face
-# calls "gelu". Only trainer/interop/hf.py translates between the two vocabularies.
+# calls "gelu". Only trainer/interop/hf_checkpoint.py translates between the two vocabularies.
 HIDDEN_ACTS = ("gelu", "gelu_new", "gelu_exact")
 
 

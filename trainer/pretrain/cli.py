@@ -135,7 +135,7 @@ def pretrain_command(ctx: click.Context, bert_config_file, cluster_timeout, **op
             join_for(options["out"], PRETRAINING, cluster_timeout)
         _check_data_options(ctx, options)
         if options.get("init_checkpoint"):
-            from bert_datagen.trainer.interop.loading import init_checkpoint_config
+            from bert_datagen.trainer.interop.restore import init_checkpoint_config
 
             # The checkpoint fixes the model: --bert-config, its bert_config.json, or HF config.json.
             options["bert_config"] = BertConfig.from_dict(

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from functools import partial
 
 from bert_datagen.trainer.errors import DataError
-from bert_datagen.trainer.interop.loading import restore_external_model, restore_model
+from bert_datagen.trainer.interop.restore import restore_external_model, restore_model
 from bert_datagen.trainer.interop.tf1 import checkpoint_step
 from bert_datagen.trainer.model.bert import BertPretrainer
 from bert_datagen.trainer.model.config import BertConfig

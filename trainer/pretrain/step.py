@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 from keras import ops
 
-from bert_datagen.trainer.interop.loading import dtype_policy
+from bert_datagen.trainer.interop.restore import dtype_policy
 from bert_datagen.trainer.model.bert import BertPretrainer, build_model, tf1_variable_map
 from bert_datagen.trainer.model.config import BertConfig
 from bert_datagen.trainer.pretrain.objective import MLM_DENOMINATOR_EPSILON, batch_sums

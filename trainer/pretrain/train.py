@@ -27,7 +27,7 @@ from bert_datagen.contract.loading.skips import SkipError, add_ranges, batch_of_
 from bert_datagen.datagen.packed import compact_predictions
 from bert_datagen.datagen.records import INSTANCE_KEY, WORD_BITS
 from bert_datagen.trainer.errors import ConfigError, DataError
-from bert_datagen.trainer.interop.loading import init_weights_from, load_init_checkpoint
+from bert_datagen.trainer.interop.restore import init_weights_from, load_init_checkpoint
 from bert_datagen.trainer.model.config import BertConfig
 from bert_datagen.trainer.pretrain.data import (
     DatasetInfo,

@@ -69,7 +69,7 @@ class TrainConfig:
     precision: str = "float32"
     jit: bool = False
     init_from: str | None = None  # phase 2: weights from a run or a checkpoint of ours
-    init_checkpoint: str | None = None  # original TF1 checkpoint / Hugging Face dir (bert_datagen.trainer.interop.loading)
+    init_checkpoint: str | None = None  # original TF1 checkpoint / Hugging Face dir (bert_datagen.trainer.interop.restore)
     tpu: str | None = None  # TPU address for --strategy tpu
     # Global batches to leave out from here on ([first, last] inclusive; contract/loading/skips.py);
     # the run keeps the ranges it skipped in its checkpoints, so a resume need not repeat them.

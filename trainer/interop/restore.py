@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from bert_datagen.trainer.errors import CheckpointFormatError
-from bert_datagen.trainer.interop.hf import (
+from bert_datagen.trainer.interop.hf_checkpoint import (
     bert_config_from_hf_config,
     hf_to_tf1,
     is_hf_dir,
