@@ -1,6 +1,6 @@
 """Worker processes of `bert-train --strategy multi-worker` on localhost, for the multi-worker tests
-and benchmarks/bench_multiworker.py: free ports, TF_CONFIG, a command started and finished, the
-train loss a run logged."""
+and benchmarks/bench_multiworker.py: free ports, TF_CONFIG, a command started (on TensorFlow, or on
+JAX: `bert_train_jax`) and finished, the train loss a run logged."""
 
 from __future__ import annotations
 
@@ -35,6 +35,25 @@ def bert_train(args: list[str], tf_config_value: str | None = None) -> subproces
     if tf_config_value is not None:
         env["TF_CONFIG"] = tf_config_value
     return subprocess.Popen([sys.executable, "-m", "bert_datagen.trainer.cli", *args], cwd=REPO, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def bert_train_jax(args: list[str], tf_config_value: str | None = None, counts: Path | None = None,
+                   without_tensorflow: bool = False) -> subprocess.Popen:
+    """`bert-train ARGS` on the JAX backend (KERAS_BACKEND=jax), one CPU device a process; `counts`: the
+    record bytes its loaders fetch written there as JSON (`tests/support/counting_reads.py`);
+    `without_tensorflow`: as an install without TensorFlow runs it (`tests/support/without_tensorflow.py`,
+    whose last stderr line names the TensorFlow modules loaded)."""
+    # As a user starts it (TF_CPP_MIN_LOG_LEVEL unset: the command quiets what it loads itself).
+    env = {k: v for k, v in os.environ.items() if k not in ("TF_CONFIG", "XLA_FLAGS", "TF_CPP_MIN_LOG_LEVEL")}
+    env.update(CUDA_VISIBLE_DEVICES="", KERAS_BACKEND="jax", JAX_PLATFORMS="cpu")
+    if tf_config_value is not None:
+        env["TF_CONFIG"] = tf_config_value
+    if counts is not None:
+        entry = ["tests.support.counting_reads", str(counts), *(["--without-tensorflow"] if without_tensorflow else [])]
+    else:
+        entry = ["tests.support.without_tensorflow" if without_tensorflow else "bert_datagen.trainer.cli"]
+    return subprocess.Popen([sys.executable, "-m", *entry, *args], cwd=REPO, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 

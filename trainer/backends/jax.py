@@ -8,7 +8,8 @@ update) is one `jax.jit` function of (weights, optimizer slots, global batch, le
 and several devices of this process split the global batch along its first axis (a `data` mesh
 axis): XLA inserts the gradient sum over devices, so the program is written for the whole batch
 and one device and N devices compute the same update (rows keep their global positions, which is
-all keyed dropout reads).
+all keyed dropout reads). The same holds for the devices of several processes (`jax_cluster.py`):
+each places its share of the global batch (`place_share`), the program is unchanged.
 """
 
 from __future__ import annotations
@@ -38,18 +39,37 @@ def data_sharding(devices: int | None = None) -> jax.sharding.NamedSharding | No
 
 
 def place_batch(batch: Batch, sharding: jax.sharding.NamedSharding | None) -> Batch:
-    """The host's NumPy batch on the devices (split over them where `sharding` says)."""
+    """The host's NumPy batch, the whole global batch, on the devices (split over them where
+    `sharding` says; over several processes, each places the rows of its own devices)."""
     if sharding is None:
         return {k: jnp.asarray(v) for k, v in batch.items()}
+    if not sharding.is_fully_addressable:
+        return {k: _from_whole(np.asarray(v), sharding) for k, v in batch.items()}
     return {k: jax.device_put(v, sharding) for k, v in batch.items()}
 
 
+def place_share(batch: Batch, sharding: jax.sharding.NamedSharding) -> Batch:
+    """This process's share of a global batch (its devices' consecutive rows) as the global array
+    over every process's devices: `sharding` spans several processes."""
+    processes = len(sharding.device_set) // len(sharding.addressable_devices)
+    return {k: jax.make_array_from_process_local_data(sharding, v, (v.shape[0] * processes, *v.shape[1:]))
+            for k, v in batch.items()}
+
+
 def replicate(arrays: Sequence, sharding: jax.sharding.NamedSharding | None) -> list:
-    """Weights or slots as device arrays, a full copy on every device of the mesh."""
+    """Weights or slots as device arrays, a full copy on every device of the mesh (every process
+    passes the same arrays)."""
     if sharding is None:
         return [jnp.asarray(a) for a in arrays]
     whole = jax.sharding.NamedSharding(sharding.mesh, jax.sharding.PartitionSpec())
+    if not whole.is_fully_addressable:
+        return [_from_whole(np.asarray(a), whole) for a in arrays]
     return [jax.device_put(np.asarray(a), whole) for a in arrays]
+
+
+def _from_whole(value: np.ndarray, sharding: jax.sharding.Sharding) -> jax.Array:
+    """A global array from a host copy of all of it, each process placing its devices' parts."""
+    return jax.make_array_from_callback(value.shape, sharding, lambda index: value[index])
 
 
 def stateless(variables: Sequence[keras.Variable], fn: Callable) -> Callable:
@@ -99,5 +119,14 @@ def make_eval_step(variables: Sequence[keras.Variable], sums: Callable) -> Calla
 
 
 def to_numpy(arrays: Sequence) -> list[np.ndarray]:
-    """Device arrays back on the host (for checkpoints and exports)."""
-    return [np.asarray(jax.device_get(a)) for a in arrays]
+    """Device arrays back on the host (for checkpoints and exports); a replicated array over several
+    processes from this process's own copy."""
+    return [np.asarray(jax.device_get(_addressable(a))) for a in arrays]
+
+
+def _addressable(a):
+    if not isinstance(a, jax.Array) or a.is_fully_addressable:
+        return a
+    if not a.sharding.is_fully_replicated:
+        raise ValueError(f"an array of shape {a.shape} split over several processes has no copy here")
+    return a.addressable_data(0)

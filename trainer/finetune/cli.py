@@ -95,11 +95,11 @@ def finetune_command(ctx: click.Context, bert_config_file, seeds, seed, epochs, 
     refuse_unused_options(ctx, unused)
     errors = _user_errors()
     try:
-        if options["strategy"] == "multi-worker":  # before anything runs on TensorFlow (run/cluster.py)
+        if options["strategy"] == "multi-worker":  # before anything runs on the backend (runtime/cluster.py)
             from bert_datagen.trainer.runtime.cluster import join_for
             from bert_datagen.trainer.runtime.rundir import FINETUNING
 
-            join_for(options["out"], FINETUNING, cluster_timeout)
+            join_for(options["out"], FINETUNING, cluster_timeout, options["backend"])
         from bert_datagen.trainer.finetune.checks import threshold_unused
         from bert_datagen.trainer.finetune.config import TASK_DEFAULTS, FinetuneConfig
         from bert_datagen.trainer.finetune.data import open_task_dataset

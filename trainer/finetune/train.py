@@ -116,11 +116,9 @@ class FinetuneRun(TrainingLoop):
         self.world, self.rank = cluster.worker_share()
         self.input: OrderedInput | None = None
         self._next_batch: Callable[[], dict] | None = None
-        strategy = self.training.strategy
-        if strategy is not None:  # one process on JAX: nothing to agree with
-            # Before the chief writes anything: all workers run the same configuration, or none runs.
-            cluster.agree(strategy, cluster.start_record(cfg.to_dict(), cfg.out, self.data.identity["fingerprint"],
-                                                         self.bert.to_dict(), strategy))
+        # Before the chief writes anything: all workers run the same configuration, or none runs.
+        cluster.agree_to_start(self.training, cfg.to_dict(), cfg.out, self.data.identity["fingerprint"],
+                               self.bert.to_dict())
 
     # -- state
 
@@ -290,10 +288,13 @@ def finetune(cfg: FinetuneConfig, log: Callable[[str], None] = print, stop_at: i
     """Fine-tune (or resume) `cfg` in its run directory, which it holds locked until the end (the
     chief only, in a cluster: the others write nothing there)."""
     if not cluster.is_chief():
-        return FinetuneRun(cfg, log, bert_config_file).run(stop_at=stop_at)
-    rundir.check_out_dir(cfg.out, rundir.FINETUNING)
-    with rundir.output_lock(cfg.out):
-        return FinetuneRun(cfg, log, bert_config_file).run(stop_at=stop_at)
+        result = FinetuneRun(cfg, log, bert_config_file).run(stop_at=stop_at)
+    else:
+        rundir.check_out_dir(cfg.out, rundir.FINETUNING)
+        with rundir.output_lock(cfg.out):
+            result = FinetuneRun(cfg, log, bert_config_file).run(stop_at=stop_at)
+    cluster.run_ended()
+    return result
 
 
 def finetune_seeds(cfg: FinetuneConfig, seeds: list[int], log: Callable[[str], None] = print,

@@ -131,8 +131,8 @@ def pretrain_command(ctx: click.Context, bert_config_file, cluster_timeout, **op
     refuse_unused_options(ctx, _unused_run_options(options["strategy"], bert_config_file, options["init_checkpoint"]))
     options["backend"] = use_backend(options["backend"])
     try:
-        if options["strategy"] == "multi-worker":  # before anything runs on TensorFlow (cluster.py)
-            join_for(options["out"], PRETRAINING, cluster_timeout)
+        if options["strategy"] == "multi-worker":  # before anything runs on the backend (cluster.py)
+            join_for(options["out"], PRETRAINING, cluster_timeout, options["backend"])
         _check_data_options(ctx, options)
         if options.get("init_checkpoint"):
             from bert_datagen.trainer.interop.restore import init_checkpoint_config

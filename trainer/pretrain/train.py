@@ -116,11 +116,9 @@ class PretrainRun(TrainingLoop):
         else:
             self.batches = NumpyBatches(training_source(self.info), seed=cfg.seed, batch_size=cfg.batch_size,
                                         world_size=self.world, rank=self.rank)
-        strategy = self.training.strategy
-        if strategy is not None:  # one process on JAX: nothing to agree with
-            # Before the chief writes anything: all workers run the same configuration, or none runs.
-            cluster.agree(strategy, cluster.start_record(cfg.to_dict(), cfg.out, self.info.identity["fingerprint"],
-                                                         self.bert.to_dict(), strategy))
+        # Before the chief writes anything: all workers run the same configuration, or none runs.
+        cluster.agree_to_start(self.training, cfg.to_dict(), cfg.out, self.info.identity["fingerprint"],
+                               self.bert.to_dict())
 
     # -- state
 
@@ -302,7 +300,10 @@ def pretrain(cfg: TrainConfig, log: Callable[[str], None] = print, stop_at: int 
     directory is locked from its check until the end (`rundir.output_lock`), by the chief only in
     a cluster (the others write nothing there)."""
     if not cluster.is_chief():
-        return PretrainRun(cfg, log).pretrain(stop_at=stop_at)
-    rundir.check_out_dir(cfg.out)
-    with rundir.output_lock(cfg.out):
-        return PretrainRun(cfg, log).pretrain(stop_at=stop_at)
+        result = PretrainRun(cfg, log).pretrain(stop_at=stop_at)
+    else:
+        rundir.check_out_dir(cfg.out)
+        with rundir.output_lock(cfg.out):
+            result = PretrainRun(cfg, log).pretrain(stop_at=stop_at)
+    cluster.run_ended()
+    return result

@@ -1,4 +1,4 @@
-"""`--strategy multi-worker`: the cluster from TF_CONFIG, joined before anything else touches TensorFlow.
+"""`--strategy multi-worker`: the cluster from TF_CONFIG, joined before anything else touches the backend.
 
 TensorFlow refuses to configure collective ops once its devices are initialised ("Collective ops
 must be configured at program startup"), and a run touches them early (reading the data's first
@@ -6,12 +6,19 @@ records, op determinism, listing devices). So the command builds the strategy fi
 `devices.make_strategy` hands that one out later. Joining waits for every worker; a worker that
 cannot reach the others is stopped after `timeout` seconds with one line (`_connect_watchdog`).
 
+On JAX the same TF_CONFIG joins the processes with `jax.distributed` (`join_jax`): worker 0's
+address is the coordinator's, and joining must come before JAX initialises its devices. The start
+records travel through the coordinator's key-value store (`agree_to_start`), and a process that stops
+on an error after them leaves at once, so the others' next collective fails and names it
+(`backends/jax_cluster.py`).
+
 One writer: the chief (worker 0) writes the run directory; every other worker computes the same
 steps (all of them take part in every collective) and writes nothing (`is_chief`).
 """
 
 from __future__ import annotations
 
+import atexit
 import errno
 import faulthandler
 import json
@@ -24,7 +31,7 @@ from typing import TYPE_CHECKING
 
 from bert_datagen.cli.plumbing import unfiltered_stderr
 from bert_datagen.contract.fs import is_remote
-from bert_datagen.trainer.errors import ConfigError
+from bert_datagen.trainer.errors import ConfigError, TrainingError
 
 if TYPE_CHECKING:
     import tensorflow as tf
@@ -88,14 +95,43 @@ def joined_strategy():
     return _joined.get("strategy")
 
 
-def join_for(out: str, kind: str, timeout: int = DEFAULT_TIMEOUT):
-    """`join`, after checking TF_CONFIG and that `out` can take a run of `kind` (every worker checks
-    it here, before the chief can start writing in it)."""
+def joined_backend() -> str | None:
+    """The backend of the cluster this process joined, or None."""
+    return _joined.get("backend")  # type: ignore[return-value]
+
+
+def join_for(out: str, kind: str, timeout: int = DEFAULT_TIMEOUT, backend: str = "tensorflow"):
+    """`join` (or `join_jax`), after checking TF_CONFIG and that `out` can take a run of `kind`
+    (every worker checks it here, before the chief can start writing in it)."""
     from bert_datagen.trainer.runtime import rundir
 
     cluster_task()
     rundir.check_out_dir(out, kind)
+    if backend == "jax":
+        return join_jax(timeout)
     return join(timeout)
+
+
+def join_jax(timeout: int = DEFAULT_TIMEOUT) -> None:
+    """Join the processes TF_CONFIG lists with `jax.distributed` (worker 0 the coordinator, on its
+    TF_CONFIG port); call it before anything runs on JAX. A worker that cannot join within `timeout`
+    seconds stops with one line; a process silent for as long is lost to the others."""
+    task = cluster_task()
+    if "task" in _joined:
+        return
+    if task.is_chief:  # the coordinator listens on its address; the others' ports are not used
+        check_port_free(task)
+    from bert_datagen.trainer.backends import jax_cluster
+
+    try:
+        with _connect_watchdog(task, timeout):
+            jax_cluster.join(task.workers[0], len(task.workers), task.index, timeout)
+    except RuntimeError as exc:  # JAX's own refusal (its devices already in use), or the service's bind
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ConfigError(f"worker {task.index} cannot join the cluster with coordinator {task.workers[0]} "
+                          f"(TF_CONFIG's worker 0): {reason}") from exc
+    _joined.update(task=task, backend="jax", timeout=timeout)
+    atexit.register(_leave_jax)
 
 
 def join(timeout: int = DEFAULT_TIMEOUT):
@@ -114,7 +150,7 @@ def join(timeout: int = DEFAULT_TIMEOUT):
     except tf.errors.OpError as exc:  # taken between our check and TensorFlow's own bind
         raise ConfigError(f"worker {task.index} cannot start its server on {task.workers[task.index]} (its "
                           f"TF_CONFIG address): {exc.message.strip().splitlines()[0]}") from exc
-    _joined.update(task=task, strategy=strategy)
+    _joined.update(task=task, strategy=strategy, backend="tensorflow")
     return strategy
 
 
@@ -167,10 +203,11 @@ AGREEMENT_BYTES = 1 << 16  # room for a run's whole record (a few kB) in the one
 
 
 def start_record(options: dict[str, object], run_dir: str, fingerprint: str, model: dict[str, object],
-                 strategy: tf.distribute.Strategy) -> dict[str, object]:
+                 strategy: tf.distribute.Strategy | int) -> dict[str, object]:
     """What the workers of one run must agree on (`agree`): every option under its flag name, the
     run directory as an absolute path, the data's fingerprint, the resolved model, the checkpoint
-    this worker would resume from, its number of replicas and the cluster its TF_CONFIG lists."""
+    this worker would resume from, its number of replicas and the cluster its TF_CONFIG lists.
+    `strategy`: the run's tf.distribute strategy, or its number of replicas in all (JAX)."""
     from bert_datagen.trainer.runtime import checkpoint as ckpt_lib
 
     record: dict[str, object] = {"--" + name.replace("_", "-"): _resolved(value) if name in _PATH_OPTIONS else value
@@ -180,7 +217,8 @@ def start_record(options: dict[str, object], run_dir: str, fingerprint: str, mod
     record["the checkpoint it resumes from"] = str(found[-1][1].name) if found else "none (a new run)"
     record["the data's fingerprint"] = fingerprint
     record["the model"] = model
-    record["replicas per worker"] = strategy.num_replicas_in_sync // worker_share()[0]
+    replicas = getattr(strategy, "num_replicas_in_sync", strategy)
+    record["replicas per worker"] = replicas // worker_share()[0]
     task = _joined.get("task")
     record["TF_CONFIG's cluster"] = task.workers if task is not None else []  # type: ignore[union-attr]
     return record
@@ -225,6 +263,81 @@ def agree(strategy: tf.distribute.Strategy, record: dict[str, object]) -> None:
     per_worker = strategy.num_replicas_in_sync // len(task.workers)  # type: ignore[union-attr]
     records = [json.loads(rows[w * per_worker].tobytes().rstrip(b"\0")) for w in range(len(task.workers))]  # type: ignore[union-attr]
     check_same_records(records)
+
+
+def agree_to_start(training, options: dict[str, object], run_dir: str, fingerprint: str,
+                   model: dict[str, object]) -> None:
+    """`agree` on the start record of `training` (a TfTraining or JaxTraining) on either backend;
+    outside a cluster it does nothing. Call it before anything is written."""
+    if _joined.get("task") is None:
+        return
+    if _joined.get("backend") != "jax":
+        agree(training.strategy, start_record(options, run_dir, fingerprint, model, training.strategy))
+        return
+    _agree_on_jax(start_record(options, run_dir, fingerprint, model, training.replicas))
+    from bert_datagen.trainer.backends import jax_cluster
+
+    try:
+        jax_cluster.connect_collectives(training.sharding)
+    except (RuntimeError, ValueError) as exc:
+        reason = jax_cluster.lost_process(exc)
+        if reason is None:
+            raise
+        raise lost_worker_error("before step 1", run_dir, reason) from exc
+
+
+def _agree_on_jax(record: dict[str, object]) -> None:
+    """`agree` through the coordinator's key-value store: every worker reads every record and
+    decides alike. A worker that stopped before sending its own (its error line says why) stops the
+    others here too, all before step 1."""
+    from bert_datagen.trainer.backends import jax_cluster
+
+    timeout = int(_joined["timeout"])  # type: ignore[call-overload]
+    blob = json.dumps(record, sort_keys=True, default=str)
+    try:
+        raw = jax_cluster.exchange(blob, timeout)
+    except TimeoutError as exc:
+        raise ConfigError(f"{exc} (--cluster-timeout); every worker must run the same command") from exc
+    stopped = [index for index, one in enumerate(raw) if one is None]
+    if stopped:
+        raise ConfigError(f"worker {stopped[0]} stopped before step 1 (its own error says why); every worker's "
+                          "command must start again")
+    check_same_records([json.loads(one) for one in raw])  # type: ignore[arg-type]
+    _joined["agreed"] = True
+
+
+def lost_worker_error(when: str, run_dir: str, reason: str) -> TrainingError:
+    """One line for a JAX step of a cluster (`when`: "training step 3") whose collective failed because
+    a process is gone: which one (with two workers, the other; JAX's collectives do not name it),
+    why, and the checkpoint the relaunched workers resume from."""
+    from bert_datagen.trainer.runtime import checkpoint as ckpt_lib
+
+    workers, index = worker_share()
+    who = f"worker {1 - index}" if workers == 2 else "a worker"
+    kept = ckpt_lib.list_checkpoints(run_dir) if os.path.isdir(run_dir) else []
+    where = f"from {kept[-1][1]}" if kept else "from the start (no checkpoint yet)"
+    return TrainingError(f"{when}: lost {who} of the cluster ({reason}); the run can be resumed {where}: start "
+                         "every worker's command again")
+
+
+def run_ended() -> None:
+    """The run's work is done without error: at exit, JAX's shutdown waits for every worker."""
+    _joined["ended"] = True
+
+
+def _leave_jax() -> None:
+    """At exit (before JAX's own shutdown, registered earlier): a worker that stops on an error after
+    the start records leaves at once (the others' next collective fails and names it; JAX's
+    shutdown would wait for them, then abort); one that stops before sending its record tells the
+    others, which stop too and meet it in JAX's shutdown."""
+    if _joined.get("ended"):
+        return
+    from bert_datagen.trainer.backends import jax_cluster
+
+    if not _joined.get("agreed"):
+        jax_cluster.mark_stopped()
+        return
+    jax_cluster.leave_now(1)
 
 
 def check_same_records(records: list[dict[str, object]]) -> None:

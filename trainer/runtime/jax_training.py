@@ -8,14 +8,18 @@ arrays under the same names as TensorFlow's (`checkpoint.py`), so a run moves be
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from functools import partial
 from pathlib import Path
 
 import numpy as np
 
 from bert_datagen.trainer.backends import jax as backend
+from bert_datagen.trainer.backends import jax_cluster
 from bert_datagen.trainer.errors import CheckpointError, ConfigError
 from bert_datagen.trainer.model.dropout import dropout_key, run_key, step_key
+from bert_datagen.trainer.runtime import cluster
 from bert_datagen.trainer.runtime.checkpoint import (
     MODEL_FILE,
     OPTIMIZER_FILE,
@@ -41,7 +45,14 @@ class JaxTraining:
         self.trained = list(spec.trained_map(self.model))
         self.variables = [self.named[n] for n in self.trained]
         self.rule = UpdateRule(spec.optimizer, self.trained, weight_decay=cfg.weight_decay)
-        self.sharding = backend.data_sharding(1 if cfg.strategy == "one-device" else None)
+        # Several processes (`--strategy multi-worker`): one global batch over all their devices,
+        # each process placing the share it read.
+        self.cluster = cfg.strategy == "multi-worker"
+        self.run_dir = str(cfg.out)
+        if self.cluster:
+            self.sharding = jax_cluster.global_sharding()
+        else:
+            self.sharding = backend.data_sharding(1 if cfg.strategy == "one-device" else None)
         self.replicas = 1 if self.sharding is None else len(self.sharding.mesh.devices.flat)
         if cfg.batch_size % (self.replicas * cfg.accumulation_steps):  # as make_run_strategy on TensorFlow
             raise ConfigError(f"batch size {cfg.batch_size} is not a multiple of devices ({self.replicas}) x "
@@ -70,14 +81,30 @@ class JaxTraining:
         self.slots = placed
 
     def train_step(self, batch: dict[str, np.ndarray], lr: np.float32, step: int, workers: int = 1) -> dict[str, float]:
-        """One optimizer step on the global batch (NumPy arrays); its summed figures."""
-        placed = backend.place_batch(batch, self.sharding)
-        self.params, self.slots, figures = self._train(self.params, self.slots, placed, np.float32(lr),
-                                                       np.int32(step))
-        return {k: float(v) for k, v in figures.items()}
+        """One optimizer step on the global batch (NumPy arrays; in a cluster, this process's share of
+        it); its summed figures."""
+        with self._lost_worker_named(f"training step {step + 1}"):
+            placed = (backend.place_share(batch, self.sharding) if self.cluster
+                      else backend.place_batch(batch, self.sharding))
+            self.params, self.slots, figures = self._train(self.params, self.slots, placed, np.float32(lr),
+                                                           np.int32(step))
+            return {k: float(v) for k, v in figures.items()}
 
     def eval_step(self, batch: dict[str, np.ndarray]) -> dict[str, float]:
-        return {k: float(v) for k, v in self._eval(self.params, backend.place_batch(batch, self.sharding)).items()}
+        """The figures of one whole global batch (every process of a cluster reads all of it)."""
+        with self._lost_worker_named("evaluation"):
+            return {k: float(v) for k, v in self._eval(self.params, backend.place_batch(batch, self.sharding)).items()}
+
+    @contextlib.contextmanager
+    def _lost_worker_named(self, when: str) -> Iterator[None]:
+        """A collective that failed because a process of the cluster is gone, as one line (TrainingError)."""
+        try:
+            yield
+        except (RuntimeError, ValueError) as exc:
+            reason = jax_cluster.lost_process(exc) if self.cluster else None
+            if reason is None:
+                raise
+            raise cluster.lost_worker_error(when, self.run_dir, reason) from exc
 
     def sync_model(self) -> None:
         """The trained weights into the model's Keras variables (before the model is read directly:

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from bert_datagen.trainer.errors import ConfigError
+from bert_datagen.trainer.runtime import cluster
 from bert_datagen.trainer.runtime.objective import Objective
 
 
@@ -51,9 +52,12 @@ def refuse_unported_on_jax(settings) -> None:
     TrainConfig or FinetuneConfig)."""
     if settings.backend != "jax":
         return
-    if settings.strategy in ("multi-worker", "tpu"):
-        raise ConfigError(f"--strategy {settings.strategy} runs on TensorFlow only so far (the JAX backend runs on "
-                          "this process's devices: --strategy auto, one-device or mirrored)")
+    if settings.strategy == "tpu":
+        raise ConfigError("--strategy tpu runs on TensorFlow only so far (on JAX a TPU is one of the process's "
+                          "devices: --strategy auto, or multi-worker over a pod's hosts)")
+    if settings.strategy == "multi-worker" and cluster.joined_backend() != "jax":
+        raise ConfigError("--strategy multi-worker: the cluster must be joined before anything runs on JAX "
+                          "(bert-train joins the one TF_CONFIG describes at its start: runtime/cluster.join_for)")
     if settings.precision == "mixed_float16":
         raise ConfigError("--precision mixed_float16 needs loss scaling, which the JAX backend does not have yet: "
                           "use mixed_bfloat16 or float32, or --backend tensorflow")
