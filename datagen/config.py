@@ -23,6 +23,11 @@ TARGET_SHARD_MB_RANGE = (0.01, 65536.0)
 # a byte), and one over 64 GiB is more of a file than a worker should hold; int(MiB * 2**20) of 1e308
 # overflowed.
 READ_CHUNK_MB_RANGE = (0.001, 65536.0)
+# --notnext-pool-tokens: a pool under a thousand tokens is a few instances' worth (pools of two
+# documents each, thousands of staging files); 2**40 tokens (4 TiB as int32) is beyond any worker,
+# i.e. no bound.
+NOTNEXT_POOL_TOKENS_RANGE = (1_000, 2**40)
+DEFAULT_NOTNEXT_POOL_TOKENS = 16_000_000
 
 
 def check_target_shard_mb(value: float) -> None:
@@ -77,6 +82,9 @@ class DatagenConfig:
     target_shard_mb: float = 64.0
     eval_fraction: float = 0.0
     notnext_pool_size: int = 10000  # documents per NotNext pool
+    # Tokens per NotNext pool at most (bert_datagen.datagen.placement.pool_cuts): what a pool's pass
+    # holds in memory grows with them. None: no bound (manifests written before it existed).
+    notnext_pool_tokens: int | None = DEFAULT_NOTNEXT_POOL_TOKENS
     max_notnext_tries: int = 10
     # Packed rows (bert_datagen.datagen.packed): several whole instances per row, at most this many.
     packing: bool = False
@@ -138,6 +146,10 @@ class DatagenConfig:
             raise ConfigError(f"--eval-fraction {self.eval_fraction} must be in [0, 1)")
         if self.notnext_pool_size < 2:
             raise ConfigError(f"--notnext-pool-size {self.notnext_pool_size} must be >= 2")
+        low, high = NOTNEXT_POOL_TOKENS_RANGE
+        if self.notnext_pool_tokens is not None and not low <= self.notnext_pool_tokens <= high:
+            raise ConfigError(f"--notnext-pool-tokens {self.notnext_pool_tokens} must be in [{low:,}, {high:,}] "
+                              "(the most tokens a NotNext pool holds)")
         if not SEED_RANGE[0] <= self.random_seed <= SEED_RANGE[1]:
             raise ConfigError(f"--random-seed {self.random_seed} must fit in 64 signed bits")
         if self.text_layout not in TEXT_LAYOUTS:
@@ -182,6 +194,8 @@ class DatagenConfig:
         known = {k: v for k, v in recorded.items() if k in names}
         if "mask_ratios" in known:
             known["mask_ratios"] = tuple(known["mask_ratios"])
+        # Pools had no token bound before the field existed: such a manifest's data was made without one.
+        known.setdefault("notnext_pool_tokens", None)
         if isinstance(known.get("word_segmenter"), dict):  # to_dict records the segmenter's identity
             known["word_segmenter"] = known["word_segmenter"]["name"]
         return cls(**known)

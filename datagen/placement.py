@@ -6,7 +6,8 @@ is why the bytes are the same whoever runs the pipeline, wherever, with however 
 
 - ``split_of``: train or eval, by a seeded hash of the document's identity;
 - ``pool_of``: the NotNext pool of a document, by another seeded hash, onto ``num_pools_for``
-  pools, a count fixed by the census of distinct documents;
+  pools, a count fixed by the census of distinct documents; a pool of more than
+  ``notnext_pool_tokens`` tokens is cut into runs of that hash (``pool_cuts``, also from the census);
 - ``shard_of_keys``: the shard of an instance, ``(key * num_shards) >> 64``, so a shard is a
   contiguous range of the key space and sorting a shard by key is the global shuffle;
 - ``shard_counts``: the number of shards, from ``--num-shards`` or from a deterministic estimate of
@@ -19,8 +20,9 @@ The random draws themselves come from ``bert_datagen.datagen.rng``; the instance
 
 from __future__ import annotations
 
+import bisect
 import hashlib
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import numpy as np
@@ -45,10 +47,12 @@ def num_pools_for(n_docs: int, config: DatagenConfig) -> int:
     return max(1, n_docs // config.notnext_pool_size)
 
 
-def pool_of(doc_id: int, num_pools: int, config: DatagenConfig) -> int:
-    """The NotNext pool of a document: a seeded hash of its identity mapped onto ``num_pools``."""
+def pool_of(doc_id: int, num_pools: int, config: DatagenConfig, cuts: Sequence[int] = ()) -> int:
+    """The NotNext pool of a document: a seeded hash of its identity mapped onto ``num_pools``, then
+    one more for every cut (``pool_cuts``) at or below the hash."""
     key = rng.derive_key(config.random_seed, "notnext-pool")
-    return (rng.mix64(int(doc_id) ^ key) * num_pools) >> 64
+    h = rng.mix64(int(doc_id) ^ key)
+    return ((h * num_pools) >> 64) + bisect.bisect_right(list(cuts), h)
 
 
 def pool_hashes(doc_ids: np.ndarray, config: DatagenConfig) -> np.ndarray:
@@ -58,12 +62,58 @@ def pool_hashes(doc_ids: np.ndarray, config: DatagenConfig) -> np.ndarray:
     return rng.mix64_array(np.asarray(doc_ids, dtype=np.uint64) ^ key)
 
 
-def pool_runs(sorted_hashes: np.ndarray, num_pools: int) -> list[tuple[int, int, int]]:
+def pool_runs(sorted_hashes: np.ndarray, num_pools: int, cuts: Sequence[int] = ()) -> list[tuple[int, int, int]]:
     """``(pool, lo, hi)`` for each pool that documents ``lo:hi`` of a run sorted by ``pool_hashes``
     fall into (``pool_of`` for each of them), in pool order; empty pools left out."""
+    sorted_hashes = np.asarray(sorted_hashes, dtype=np.uint64)
     pools = shard_of_keys(sorted_hashes, num_pools)
-    bounds = np.searchsorted(pools, np.arange(num_pools + 1))
-    return [(p, int(bounds[p]), int(bounds[p + 1])) for p in range(num_pools) if bounds[p + 1] > bounds[p]]
+    if len(cuts):
+        pools += np.searchsorted(np.asarray(cuts, dtype=np.uint64), sorted_hashes, side="right")
+    total = num_pools + len(cuts)
+    bounds = np.searchsorted(pools, np.arange(total + 1))
+    return [(p, int(bounds[p]), int(bounds[p + 1])) for p in range(total) if bounds[p + 1] > bounds[p]]
+
+
+def pool_cuts(doc_ids: np.ndarray, tokens: np.ndarray, num_pools: int, config: DatagenConfig) -> list[int]:
+    """The hashes (``pool_hashes``) at which pools of more than ``notnext_pool_tokens`` tokens are cut,
+    sorted; from the distinct documents of a split and their token counts (the census's).
+
+    A pool over the bound is cut, in hash order, into runs each closed at the first document that
+    brings it to half the bound, with at least two documents (a NotNext partner is another
+    document); a last run of one document or under a quarter of the bound stays with the run before
+    it (no pool of a few documents). So pools hold at most half the bound plus two documents (the
+    bound itself whenever no document is over a quarter of it) and at least a quarter of it. Pools
+    within the bound are not cut: a corpus within it keeps the pools it always had.
+    """
+    limit = config.notnext_pool_tokens
+    tokens = np.asarray(tokens, dtype=np.int64)
+    if limit is None or int(tokens.sum()) <= limit:
+        return []
+    hashes = pool_hashes(doc_ids, config)
+    base = shard_of_keys(hashes, num_pools)
+    over = np.bincount(base, weights=tokens, minlength=num_pools) > limit  # float64: exact below 2**53 tokens
+    if not over.any():
+        return []
+    # Only the documents of pools over the bound are sorted: a corpus of many small pools costs one pass.
+    mine = over[base]
+    hashes, tokens, base = hashes[mine], tokens[mine], base[mine]
+    order = np.argsort(hashes, kind="stable")
+    hashes, base = hashes[order], base[order]
+    cum = np.concatenate([[0], np.cumsum(tokens[order])])
+    half = -(-limit // 2)
+    cuts: list[int] = []
+    for pool in np.nonzero(over)[0].tolist():
+        lo, hi = np.searchsorted(base, [pool, pool + 1]).tolist()
+        starts, at = [], lo
+        while True:
+            at = max(int(np.searchsorted(cum, cum[at] + half, side="left")), at + 2)
+            if at >= hi:
+                break
+            starts.append(at)
+        if starts and (hi - starts[-1] < 2 or cum[hi] - cum[starts[-1]] < limit // 4):
+            starts.pop()
+        cuts.extend(int(hashes[i]) for i in starts)
+    return cuts
 
 
 def shard_of_keys(keys: np.ndarray, num_shards: int) -> np.ndarray:
@@ -125,9 +175,10 @@ def fingerprint(doc_ids: Iterable[np.ndarray]) -> str:
     return hashlib.sha256(ids.astype(">u8").tobytes()).hexdigest()
 
 
-def identity_census(element: tuple[int, Iterable[dict[str, np.ndarray]]]) -> dict[str, Any]:
+def identity_census(element: tuple[int, Iterable[dict[str, np.ndarray]]],
+                    config: DatagenConfig | None = None) -> dict[str, Any]:
     """Distinct documents and their tokens per split (they fix the pool and shard counts) and the
-    input fingerprint.
+    input fingerprint; given ``config``, each split's ``pool_cuts`` too.
 
     Holds 16 bytes per document in one place: the price of a fingerprint over sorted identities and
     of pool and shard counts that duplicates cannot change. Equal identities are equal content, so
@@ -142,8 +193,11 @@ def identity_census(element: tuple[int, Iterable[dict[str, np.ndarray]]]) -> dic
     for split, arrays in per_split.items():
         both = np.concatenate(arrays, axis=1)
         ids, first = np.unique(both[0], return_index=True)
+        tokens = both[1][first]
         census[f"distinct_docs/{split}"] = int(ids.size)
-        census[f"distinct_tokens/{split}"] = int(both[1][first].sum())
+        census[f"distinct_tokens/{split}"] = int(tokens.sum())
+        if config is not None:
+            census[f"pool_cuts/{split}"] = pool_cuts(ids, tokens, num_pools_for(int(ids.size), config), config)
     return census
 
 

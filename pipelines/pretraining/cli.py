@@ -10,9 +10,11 @@ import click
 from bert_datagen.cli.plumbing import FiniteFloat, Int, refuse_unused_options
 from bert_datagen.contract.buckets import check_output_bucket
 from bert_datagen.datagen.config import (
+    DEFAULT_NOTNEXT_POOL_TOKENS,
     INPUT_FORMATS,
     MASKING_UNITS,
     MASKINGS,
+    NOTNEXT_POOL_TOKENS_RANGE,
     OBJECTIVES,
     READ_CHUNK_MB_RANGE,
     TARGET_SHARD_MB_RANGE,
@@ -145,6 +147,11 @@ def summary_table(manifest: Manifest, wall_seconds: float, cpu_seconds: dict[str
               help="Fraction of documents held out (by document identity) as the eval split.")
 @click.option("--notnext-pool-size", type=Int(), default=10000, show_default=True,
               help="Documents per NotNext pool (the whole corpus when smaller).")
+@click.option("--notnext-pool-tokens", type=Int(*NOTNEXT_POOL_TOKENS_RANGE), default=DEFAULT_NOTNEXT_POOL_TOKENS,
+              show_default=True,
+              help="Tokens per NotNext pool at most, in [1000, 2**40]: a pool over it is cut into pools of about "
+                   "half of it, at least two documents each. Building a pool's pass holds about 28 bytes a token "
+                   "of it (docs/pipeline.md, Memory).")
 @click.option("--sentence-splitter", default="nupunkt", show_default=True)
 @click.option("--word-segmenter", default=None, metavar="NAME",
               help="With --whole-word-mask or --masking-unit span: mask the words of this segmenter (jieba: "

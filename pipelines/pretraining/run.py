@@ -150,6 +150,7 @@ class ReadSummary:
     num_shards: dict[str, int]
     totals: dict[str, Any]
     fingerprint: str
+    pool_cuts: dict[str, list[int]] = field(default_factory=dict)  # per split (placement.pool_cuts)
 
     @classmethod
     def load(cls, path: str, config: DatagenConfig) -> ReadSummary:
@@ -159,7 +160,8 @@ class ReadSummary:
                    num_pools={split: num_pools_for(int(census.get(f"distinct_docs/{split}", 0)), config)
                               for split in splits_of(config)},
                    num_shards=shard_counts_of(census, config), totals=data["totals"],
-                   fingerprint=census["fingerprint"])
+                   fingerprint=census["fingerprint"],
+                   pool_cuts={split: census.get(f"pool_cuts/{split}", []) for split in splits_of(config)})
 
 
 def read_summary_path(plan: PipelinePlan) -> str:
@@ -180,7 +182,7 @@ def build_read_pipeline(p: beam.Pipeline, plan: PipelinePlan) -> None:
                                               plan.single_thread_tokenizer, plan.staging_dir))
         | "ReadKey" >> beam.Map(lambda d: (0, d))
         | "GroupReads" >> beam.GroupByKey()
-        | "ReadCensus" >> beam.Map(read_census, read_summary_path(plan))
+        | "ReadCensus" >> beam.Map(read_census, read_summary_path(plan), plan.config)
     )
 
 
@@ -192,7 +194,7 @@ def build_pipeline(p: beam.Pipeline, plan: PipelinePlan, read: ReadSummary) -> N
     staged = (
         p
         | "ListSpills" >> beam.Create(read.spills)
-        | "AssignPools" >> beam.ParDo(AssignPools(config, read.num_pools))
+        | "AssignPools" >> beam.ParDo(AssignPools(config, read.num_pools, read.pool_cuts))
         | "GroupPools" >> beam.GroupByKey()
         | "StagePools" >> beam.Map(stage_pool, plan.staging_dir)
     )
@@ -225,7 +227,7 @@ def build_pipeline(p: beam.Pipeline, plan: PipelinePlan, read: ReadSummary) -> N
 
 
 # Further counters worth a line in the manifest, when the reader or the instance builder reports them.
-EXTRA_TOTALS = ("empty_documents", "nul_bytes", "notnext_forced", "notnext_same_document",
+EXTRA_TOTALS = ("notnext_pools", "empty_documents", "nul_bytes", "notnext_forced", "notnext_same_document",
                 "truncated_instances", "truncated_tokens", "short_target_documents",
                 "cross_document_instances", "packed_rows", "segmented_sentences", "segmenter_unaligned_sentences")
 

@@ -211,36 +211,42 @@ def read_counts(element: dict[str, Any]) -> dict[str, Any]:
     return counts
 
 
-def read_census(element: tuple[int, Iterable[dict[str, Any]]], summary_path: str) -> str:
+def read_census(element: tuple[int, Iterable[dict[str, Any]]], summary_path: str,
+                config: DatagenConfig | None = None) -> str:
     """The read stage's summary, written for the driver: the identity census (``identity_census``:
-    distinct documents and tokens per split, the input fingerprint), the readers' counts summed, and
-    the spill files, sorted. The driver fixes the pool and shard counts from it before the second
-    pipeline starts, so no later stage needs a side input (Beam's DaskRunner recomputes everything
-    behind a side input in every task that reads it)."""
+    distinct documents and tokens per split, the input fingerprint and, given ``config``, where pools
+    over ``notnext_pool_tokens`` are cut), the readers' counts summed, and the spill files, sorted.
+    The driver fixes the pools and the shard counts from it before the second pipeline starts, so no
+    later stage needs a side input (Beam's DaskRunner recomputes everything behind a side input in
+    every task that reads it)."""
     _, elements = element
     identities, totals, spills = [], {}, []
     for item in elements:
         identities.append({split: spill["identities"] for split, spill in item["spills"].items()})
         add_counts(totals, read_counts(item))
         spills.extend([split, spill["path"]] for split, spill in item["spills"].items() if spill["identities"].size)
-    summary = {"census": identity_census((0, identities)), "totals": totals, "spills": sorted(spills)}
+    summary = {"census": identity_census((0, identities), config), "totals": totals, "spills": sorted(spills)}
     fsio.write_atomic(summary_path, (json.dumps(summary, sort_keys=True, indent=1) + "\n").encode())
     return summary_path
 
 
 class AssignPools(beam.DoFn):
     """(split, spill path) -> (split, pool) -> (spill path, lo, hi): the pool's run of documents in
-    the file (sorted by ``pool_hashes``), from the file's identities alone."""
+    the file (sorted by ``pool_hashes``), from the file's identities alone; ``pool_cuts``: where the
+    census cut pools over the token bound, per split (``bert_datagen.datagen.placement.pool_cuts``)."""
 
-    def __init__(self, config: DatagenConfig, num_pools: dict[str, int]) -> None:
+    def __init__(self, config: DatagenConfig, num_pools: dict[str, int],
+                 pool_cuts: dict[str, list[int]] | None = None) -> None:
         self.config = config
         self.num_pools = num_pools
+        self.pool_cuts = pool_cuts or {}
 
     def process(self, spill: tuple[str, str]):
         split, path = spill
         with fsio.open_read(path) as stream:
             doc_ids = StagedPool(stream, path).doc_ids
-        for pool, lo, hi in pool_runs(pool_hashes(doc_ids, self.config), self.num_pools[split]):
+        runs = pool_runs(pool_hashes(doc_ids, self.config), self.num_pools[split], self.pool_cuts.get(split, ()))
+        for pool, lo, hi in runs:
             yield (split, pool), (path, lo, hi)
 
 
@@ -286,6 +292,7 @@ def pool_stats(pool: tuple[tuple[str, int], list[TokenizedDocument], int]) -> di
     (split, _), docs, duplicates = pool
     return {
         "kind": "pool",
+        "notnext_pools": 1,
         "documents": len(docs),
         f"documents/{split}": len(docs),
         "duplicate_documents": duplicates,
