@@ -39,14 +39,16 @@ def bert_train(args: list[str], tf_config_value: str | None = None) -> subproces
 
 
 def bert_train_jax(args: list[str], tf_config_value: str | None = None, counts: Path | None = None,
-                   without_tensorflow: bool = False) -> subprocess.Popen:
-    """`bert-train ARGS` on the JAX backend (KERAS_BACKEND=jax), one CPU device a process; `counts`: the
+                   without_tensorflow: bool = False, devices: int = 1) -> subprocess.Popen:
+    """`bert-train ARGS` on the JAX backend (KERAS_BACKEND=jax), `devices` CPU devices a process; `counts`: the
     record bytes its loaders fetch written there as JSON (`tests/support/counting_reads.py`);
     `without_tensorflow`: as an install without TensorFlow runs it (`tests/support/without_tensorflow.py`,
     whose last stderr line names the TensorFlow modules loaded)."""
     # As a user starts it (TF_CPP_MIN_LOG_LEVEL unset: the command quiets what it loads itself).
     env = {k: v for k, v in os.environ.items() if k not in ("TF_CONFIG", "XLA_FLAGS", "TF_CPP_MIN_LOG_LEVEL")}
     env.update(CUDA_VISIBLE_DEVICES="", KERAS_BACKEND="jax", JAX_PLATFORMS="cpu")
+    if devices > 1:
+        env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
     if tf_config_value is not None:
         env["TF_CONFIG"] = tf_config_value
     if counts is not None:

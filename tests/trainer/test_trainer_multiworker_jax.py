@@ -101,9 +101,13 @@ def test_two_jax_processes_pretrain_as_one_and_each_reads_its_share(pretraining,
     procs += [bert_train_jax([*common, "--out", str(tmp_path / "two"), "--strategy", "multi-worker",
                               "--cluster-timeout", "120"], tf_config(ports, i), counts=counts[1 + i],
                              without_tensorflow=blocked[1 + i]) for i in range(2)]
+    procs.append(bert_train_jax([*common, "--out", str(tmp_path / "devices"), "--strategy", "mirrored"], devices=2))
     results = finish_all(procs)
-    check_ran(results, blocked)
-    for index, (_, out, err) in enumerate(results[1:]):
+    check_ran(results, [*blocked, False])
+    # The program of 2 processes is that of 2 devices in one process: the same weights, bit for bit.
+    two, devices = model(tmp_path / "two"), model(tmp_path / "devices")
+    assert all(np.array_equal(two[k], devices[k]) for k in two)
+    for index, (_, out, err) in enumerate(results[1:3]):
         assert "2 replica(s)" in out and out.splitlines()[0].endswith("Keras on jax"), out[:500]
         assert f"worker {index} of 2 reads its share of each global batch (4 of 8 sequences)" in out
         assert "Gloo" not in out and not err.replace(f"{MARK} none", "").strip(), (out[-1000:], err[-2000:])

@@ -8,7 +8,7 @@ One run goes through every change and ends compared with one uninterrupted JAX p
   -> resumed as 1 process (2 -> 1) and stopped -> relaunched as 2 processes (1 -> 2) to the end.
 The checkpoint the 2 processes wrote, the weights at each point, every step's loss and the eval
 metrics equal the uninterrupted run's (1e-5); only the chief wrote; another global batch on resume
-is refused.
+is refused. The chain takes four launches (`heavy`); the suite runs its first part, the kill.
 """
 
 from __future__ import annotations
@@ -85,21 +85,22 @@ def started():
             proc.wait(timeout=30)
 
 
-@pytest.mark.integration
-def test_a_killed_jax_process_then_resumed_on_other_cluster_sizes_equals_one_uninterrupted_process(tmp_path,
-                                                                                                   started):
-    data = write_synthetic_dataset(str(tmp_path / "ds"), seq_len=32, max_pred=5, vocab_size=120, train_shards=2,
+def dataset(root: Path) -> tuple[str, Path]:
+    data = write_synthetic_dataset(str(root / "ds"), seq_len=32, max_pred=5, vocab_size=120, train_shards=2,
                                    records_per_shard=24, eval_records=8, masking="dynamic")
-    bert_file = tmp_path / "bert_config.json"
+    bert_file = root / "bert_config.json"
     bert_file.write_text(json.dumps(BertConfig.from_name("tiny", 120).to_dict()))  # dropout 0.1, the default
-    one, run = tmp_path / "one", tmp_path / "run"
-    reference = bert_train_jax(cli_args(data, bert_file, one, "one-device"))
+    return data, bert_file
+
+
+def kill_worker_1_after_the_first_checkpoint(data: str, bert_file: Path, run: Path, started: list) -> int:
+    """2 processes (worker 1 without TensorFlow); worker 1 SIGKILLed as soon as the chief has a checkpoint
+    (stopped first, so no step runs between). The chief must stop with one line naming worker 1 and
+    its last checkpoint, within the bound, leaving only whole checkpoints; returns that checkpoint's step."""
     ports = free_ports(2)
     workers = [bert_train_jax(cli_args(data, bert_file, run), tf_config(ports, i), without_tensorflow=i == 1)
                for i in range(2)]
-    started.extend([reference, *workers])
-
-    # Kill worker 1 as soon as the chief has a checkpoint (stopped first, so no step runs between).
+    started.extend(workers)
     deadline = time.monotonic() + 600  # start-up on a loaded machine, not what is tested
     while not ckpt_lib.list_checkpoints(run):
         assert time.monotonic() < deadline and all(p.poll() is None for p in workers), \
@@ -123,6 +124,24 @@ def test_a_killed_jax_process_then_resumed_on_other_cluster_sizes_equals_one_uni
     for _, path in kept:  # nothing half-written looks complete
         assert {ckpt_lib.MODEL_FILE, ckpt_lib.OPTIMIZER_FILE, ckpt_lib.STATE_FILE} <= {p.name for p in path.iterdir()}
     assert not (run / "final_metrics.json").exists()
+    return first
+
+
+@pytest.mark.integration
+def test_a_killed_jax_process_stops_the_chief_with_one_line(tmp_path, started):
+    data, bert_file = dataset(tmp_path)
+    assert kill_worker_1_after_the_first_checkpoint(data, bert_file, tmp_path / "run", started) < SETTINGS["steps"]
+
+
+@pytest.mark.heavy  # its kill is the suite's test above; the resumes take 4 launches (about 2 minutes here)
+def test_a_killed_jax_process_then_resumed_on_other_cluster_sizes_equals_one_uninterrupted_process(tmp_path,
+                                                                                                   started):
+    data, bert_file = dataset(tmp_path)
+    one, run = tmp_path / "one", tmp_path / "run"
+    reference = bert_train_jax(cli_args(data, bert_file, one, "one-device"))
+    started.append(reference)
+    first = kill_worker_1_after_the_first_checkpoint(data, bert_file, run, started)
+    kept = ckpt_lib.list_checkpoints(run)
     assert first < SETTINGS["steps"]
     rc, out, err = finish(reference, timeout=300)
     assert rc == 0, err[-3000:]

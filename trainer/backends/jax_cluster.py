@@ -32,8 +32,8 @@ def join(coordinator: str, processes: int, process_id: int, timeout: int) -> Non
 
     A process that stops sending heartbeats for `timeout` seconds is lost to the others, and the
     service waits as long for every process at the end."""
-    # CPU collectives across processes need an implementation; gloo is the one every CPU jaxlib
-    # ships (the default since 0.5, set for older ones). GPUs and TPUs use their own.
+    # CPU collectives across processes need an implementation: gloo, which CPU jaxlibs ship (the
+    # default in jaxlib 0.10; set for versions whose default is none). GPUs and TPUs use their own.
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
     jax.distributed.initialize(coordinator_address=coordinator, num_processes=processes, process_id=process_id,
                                initialization_timeout=timeout + 60, heartbeat_timeout_seconds=timeout,
