@@ -11,6 +11,7 @@ also holds the pre-training pair's equalities and one writer: that pair is `heav
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import numpy as np
@@ -185,6 +186,26 @@ def test_jax_workers_that_disagree_stop_before_step_one(pretraining, tmp_path):
         assert lines == [DISAGREE], (index, err[-3000:])
         assert "step" not in out, out[-2000:]
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.integration
+def test_a_jax_worker_that_stops_before_the_start_stops_the_others_at_once(pretraining, tmp_path):
+    # Worker 1 is given a dataset that is not there: its own error, and the chief's, before step 1
+    # (without the exchange's stop mark the chief would wait out --cluster-timeout for its record).
+    data, _ = pretraining
+    ports = free_ports(2)
+    workers = [bert_train_jax(["pretrain", "--data", data if i == 0 else str(tmp_path / "missing"), "--out",
+                               str(tmp_path / "run"), "--batch-size", "8", "--steps", "2", "--backend", "jax",
+                               "--strategy", "multi-worker", "--cluster-timeout", "300"], tf_config(ports, i))
+               for i in range(2)]
+    started = time.monotonic()
+    (rc0, out0, err0), (rc1, out1, err1) = finish_all(workers, timeout=120)
+    print("STOPPED_AFTER_S", round(time.monotonic() - started, 1))
+    assert rc0 == rc1 == 1, err0[-2000:] + err1[-2000:]
+    assert err0.strip() == ("Error: worker 1 stopped before step 1 (its own error says why); every worker's "
+                            "command must start again"), err0[-2000:]
+    assert err1.strip().startswith(f"Error: {tmp_path / 'missing'}: ") and len(err1.strip().splitlines()) == 1
+    assert time.monotonic() - started < 120 and not (tmp_path / "run").exists()
 
 
 @pytest.mark.integration
