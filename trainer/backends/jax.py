@@ -84,31 +84,51 @@ def stateless(variables: Sequence[keras.Variable], fn: Callable) -> Callable:
 
 def make_train_step(variables: Sequence[keras.Variable], micro_loss: Callable, whole_batch_total: Callable,
                     micro_key: Callable, apply_update: Callable, accumulation_steps: int,
-                    clip: Callable) -> Callable:
+                    clip: Callable, next_loss_scale: Callable | None = None) -> Callable:
     """A jitted (params, slots, batch, lr, step) -> (params, slots, figures) step.
 
     `micro_loss(part, total, key)` -> (loss share, additive figures) of one micro-batch;
     `whole_batch_total(batch, reduce)` its normaliser; `micro_key(step, first_row)` the dropout key
     of a micro-batch starting at that global row; `clip(grads)` -> (clipped, norm);
-    `apply_update(params, grads, slots, lr)` -> (params, slots)."""
-    grad_of = jax.grad(stateless(variables, micro_loss), has_aux=True)
+    `apply_update(params, grads, slots, lr)` -> (params, slots).
+
+    With `next_loss_scale(scale, good_steps, finite)` (float16), slots also hold "loss_scale" and
+    "loss_scale_good_steps": each micro-batch's loss is multiplied by the scale, the gradients
+    divided by it, and a step whose gradients are not all finite leaves weights and slots as they
+    were (only the scale moves), as TensorFlow's step does."""
+
+    def scaled_loss(part, total, key, scale):
+        loss, sums = micro_loss(part, total, key)
+        return loss * scale, sums
+
+    grad_of = jax.grad(stateless(variables, micro_loss if next_loss_scale is None else scaled_loss), has_aux=True)
 
     def step(params, slots, batch, lr, step_number):
         total = whole_batch_total(batch, lambda value: value)
         rows = batch["input_ids"].shape[0]
         micro = rows // accumulation_steps
         grads, figures = None, None
+        scale = () if next_loss_scale is None else (slots["loss_scale"],)
         for k in range(accumulation_steps):  # unrolled: accumulation counts are small
             part = {name: value[k * micro:(k + 1) * micro] for name, value in batch.items()}
-            g, sums = grad_of(params, part, total, micro_key(step_number, k * micro))
+            g, sums = grad_of(params, part, total, micro_key(step_number, k * micro), *scale)
             grads = g if grads is None else [a + b for a, b in zip(grads, g, strict=True)]
             figures = sums if figures is None else {n: figures[n] + sums[n] for n in figures}
+        if scale:
+            grads = [g / scale[0] for g in grads]
+        finite = jnp.all(jnp.stack([jnp.all(jnp.isfinite(g)) for g in grads]))
         clipped, norm = clip(grads)
-        params, slots = apply_update(params, clipped, slots, lr)
+        new_params, new_slots = apply_update(params, clipped, slots, lr)
+        if scale:  # a skipped step: weights and optimizer slots stay; the scale halves
+            new_params = [jnp.where(finite, n, o) for n, o in zip(new_params, params, strict=True)]
+            new_slots = jax.tree_util.tree_map(lambda n, o: jnp.where(finite, n, o), new_slots,
+                                               {k: slots[k] for k in new_slots})
+            new_slots["loss_scale"], new_slots["loss_scale_good_steps"] = next_loss_scale(
+                slots["loss_scale"], slots["loss_scale_good_steps"], finite)
         figures = dict(figures)
         figures["grad_norm"] = norm
-        figures["finite"] = jnp.all(jnp.stack([jnp.all(jnp.isfinite(g)) for g in grads])).astype(jnp.float32)
-        return params, slots, figures
+        figures["finite"] = finite.astype(jnp.float32)
+        return new_params, new_slots, figures
 
     return jax.jit(step, donate_argnums=(0, 1))
 

@@ -204,7 +204,10 @@ class EncoderLayer(keras.layers.Layer):
 
         q, k, v = split_heads(self.query(x)), split_heads(self.key(x)), split_heads(self.value(x))
         bias = ops.cast(attention_bias, q.dtype)
-        if dropout_seed is None or c.attention_probs_dropout_prob == 0:
+        # float16 keeps the spelled-out steps: JAX's fused attention accumulates float16 products in
+        # float32, a dot XLA's CPU backend refuses under jit.
+        fused = (dropout_seed is None or c.attention_probs_dropout_prob == 0) and q.dtype != "float16"
+        if fused:
             # Nothing between the softmax and the product with the values: the backend's fused
             # attention (a flash kernel on GPUs), with the original's additive -10000 as its bias.
             context = ops.dot_product_attention(q, k, v, bias=bias, scale=1.0 / math.sqrt(size))

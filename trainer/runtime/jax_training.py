@@ -26,7 +26,12 @@ from bert_datagen.trainer.runtime.checkpoint import (
     assign_named_weights,
     load_arrays,
 )
-from bert_datagen.trainer.runtime.updates import UpdateRule, clip_by_global_norm
+from bert_datagen.trainer.runtime.updates import (
+    LOSS_SCALE_INITIAL,
+    UpdateRule,
+    clip_by_global_norm,
+    next_loss_scale,
+)
 
 
 class JaxTraining:
@@ -36,7 +41,7 @@ class JaxTraining:
 
     backend = "jax"
     strategy = None  # evaluation takes whole NumPy batches (`pretrain/evaluate.py`)
-    loss_scale = None  # float16 loss scaling is refused on JAX before any work
+    loss_scale = None  # "dynamic" for float16 runs (their state lives in the slots): not None, as on TensorFlow
 
     def __init__(self, spec) -> None:
         cfg = spec.settings
@@ -58,7 +63,9 @@ class JaxTraining:
             raise ConfigError(f"batch size {cfg.batch_size} is not a multiple of devices ({self.replicas}) x "
                               f"accumulation steps ({cfg.accumulation_steps})")
         self.reload_from_model()
-        self._set_slots(self.rule.init_slots([tuple(v.shape) for v in self.variables]))
+        scaled = cfg.precision == "mixed_float16"  # float16's gradients underflow without a loss scale
+        self.loss_scale = "dynamic" if scaled else None
+        self._set_slots(self._with_loss_scale(self.rule.init_slots([tuple(v.shape) for v in self.variables]), {}))
         objective = spec.objective(self.model)
         base = run_key(cfg.seed, objective.dropout_salt)
 
@@ -69,15 +76,25 @@ class JaxTraining:
             return clip_by_global_norm(grads, cfg.clip_norm)
 
         self._train = backend.make_train_step(self.variables, objective.micro_loss, objective.whole_batch_total,
-                                              micro_key, self.rule.apply, cfg.accumulation_steps, clip)
+                                              micro_key, self.rule.apply, cfg.accumulation_steps, clip,
+                                              next_loss_scale if scaled else None)
         self._eval = None
         if spec.eval_sums is not None:
             self._eval = backend.make_eval_step(self.variables, partial(spec.eval_sums, self.model))
 
+    def _with_loss_scale(self, slots: dict, arrays: dict) -> dict:
+        """`slots` plus a float16 run's loss-scale state: from checkpoint `arrays` where they hold it (as
+        TensorFlow's `DynamicLossScale.load_state`), else the initial scale."""
+        if self.loss_scale is None:
+            return slots
+        return {**slots, "loss_scale": np.asarray(arrays.get("loss_scale", LOSS_SCALE_INITIAL), np.float32),
+                "loss_scale_good_steps": np.asarray(arrays.get("loss_scale_good_steps", 0), np.int32)}
+
     def _set_slots(self, slots: dict) -> None:
         placed = {"m": backend.replicate(slots["m"], self.sharding), "v": backend.replicate(slots["v"], self.sharding)}
-        if "updates" in slots:
-            placed["updates"] = backend.replicate([slots["updates"]], self.sharding)[0]
+        for name in ("updates", "loss_scale", "loss_scale_good_steps"):
+            if name in slots:
+                placed[name] = backend.replicate([slots[name]], self.sharding)[0]
         self.slots = placed
 
     def train_step(self, batch: dict[str, np.ndarray], lr: np.float32, step: int, workers: int = 1) -> dict[str, float]:
@@ -122,20 +139,22 @@ class JaxTraining:
             slots["updates"] = backend.to_numpy([self.slots["updates"]])[0]
         opt_arrays = self.rule.arrays(slots)
         opt_arrays["global_step"] = np.asarray(step, dtype=np.int64)
+        if self.loss_scale is not None:  # under TensorFlow's names and dtypes
+            scale, good = backend.to_numpy([self.slots["loss_scale"], self.slots["loss_scale_good_steps"]])
+            opt_arrays["loss_scale"] = np.asarray(scale, np.float32)
+            opt_arrays["loss_scale_good_steps"] = np.asarray(good, np.int64)
         return model_arrays, opt_arrays
 
     def restore(self, path: Path) -> None:
         """Weights and slots from checkpoint directory `path` (written on either backend)."""
         assign_named_weights(self.named, load_arrays(path, MODEL_FILE), str(path / MODEL_FILE))
         opt = load_arrays(path, OPTIMIZER_FILE)
-        if "loss_scale" in opt:
-            raise CheckpointError(f"{path}: a float16 run (loss scaling), which the JAX backend does not run yet")
         try:
             slots = self.rule.from_arrays(opt, str(path / OPTIMIZER_FILE))
         except KeyError as exc:
             raise CheckpointError(exc.args[0]) from exc
         self.reload_from_model()
-        self._set_slots(slots)
+        self._set_slots(self._with_loss_scale(slots, opt))
 
     def reload_from_model(self) -> None:
         """The weights again from the model's variables (after an --init-from / --init-checkpoint load)."""

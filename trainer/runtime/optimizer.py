@@ -38,10 +38,13 @@ from bert_datagen.trainer.errors import CheckpointError
 from bert_datagen.trainer.runtime.config import OPTIMIZERS
 from bert_datagen.trainer.runtime.updates import (
     EXCLUDE_FROM_WEIGHT_DECAY,
+    LOSS_SCALE_INITIAL,
+    LOSS_SCALE_PERIOD,
     adam_moments,
     adamw_direction,
     lamb_corrections,
     lamb_direction,
+    next_loss_scale,
     uses_weight_decay,
 )
 
@@ -196,7 +199,7 @@ class DynamicLossScale:
     """Loss scaling for float16: halve on a non-finite gradient (the step is skipped), double after
     `period` finite steps in a row. Its state is checkpointed with the run."""
 
-    def __init__(self, initial: float = 2.0**15, period: int = 2000):
+    def __init__(self, initial: float = LOSS_SCALE_INITIAL, period: int = LOSS_SCALE_PERIOD):
         self.period = period
         self.scale = tf.Variable(initial, dtype=tf.float32, trainable=False, name="loss_scale")
         self.good_steps = tf.Variable(0, dtype=tf.int64, trainable=False, name="loss_scale_good_steps")
@@ -210,11 +213,7 @@ class DynamicLossScale:
 
     def _update(self, strategy, finite) -> None:
         finite = strategy.experimental_local_results(finite)[0] if strategy.num_replicas_in_sync > 1 else finite
-        grow = tf.logical_and(finite, self.good_steps + 1 >= self.period)
-        new_scale = tf.where(finite, tf.where(grow, self.scale * 2.0, self.scale),
-                             tf.maximum(self.scale / 2.0, 1.0))
-        new_good = tf.where(finite, tf.where(grow, tf.constant(0, tf.int64), self.good_steps + 1),
-                            tf.constant(0, tf.int64))
+        new_scale, new_good = next_loss_scale(self.scale, self.good_steps, finite, self.period)
         self.scale.assign(new_scale)
         self.good_steps.assign(new_good)
 

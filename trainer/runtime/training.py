@@ -58,9 +58,6 @@ def refuse_unported_on_jax(settings) -> None:
     if settings.strategy == "multi-worker" and cluster.joined_backend() != "jax":
         raise ConfigError("--strategy multi-worker: the cluster must be joined before anything runs on JAX "
                           "(bert-train joins the one TF_CONFIG describes at its start: runtime/cluster.join_for)")
-    if settings.precision == "mixed_float16":
-        raise ConfigError("--precision mixed_float16 needs loss scaling, which the JAX backend does not have yet: "
-                          "use mixed_bfloat16 or float32, or --backend tensorflow")
 
 
 def enable_determinism(seed: int, backend: str = "tensorflow") -> None:

@@ -81,6 +81,21 @@ def clip_by_global_norm(grads: Sequence, clip_norm: float) -> tuple[list, object
     return [g * scale for g in grads], norm
 
 
+# Dynamic loss scaling (float16): the scale a run starts with, and how many finite steps in a row
+# double it; a non-finite step halves it (not below 1) and is skipped.
+LOSS_SCALE_INITIAL = 2.0**15
+LOSS_SCALE_PERIOD = 2000
+
+
+def next_loss_scale(scale, good_steps, finite, period: int = LOSS_SCALE_PERIOD):
+    """(scale, good steps) after a step whose unscaled gradients were `finite` (or not)."""
+    grow = ops.logical_and(finite, good_steps + 1 >= period)
+    new_scale = ops.where(finite, ops.where(grow, scale * 2.0, scale), ops.maximum(scale / 2.0, 1.0))
+    zero = ops.zeros_like(good_steps)
+    new_good = ops.where(finite, ops.where(grow, zero, good_steps + 1), zero)
+    return new_scale, new_good
+
+
 class UpdateRule:
     """AdamWeightDecay or LAMB as a pure function of arrays, for backends whose step is a function
     of the weights (JAX): `apply(params, grads, slots, lr)` -> (params, slots). Slots are
