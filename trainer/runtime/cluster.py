@@ -27,7 +27,7 @@ import socket
 import subprocess
 import sys
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from bert_datagen.cli.plumbing import unfiltered_stderr
 from bert_datagen.contract.fs import is_remote
@@ -265,7 +265,7 @@ def agree(strategy: tf.distribute.Strategy, record: dict[str, object]) -> None:
     check_same_records(records)
 
 
-def agree_to_start(training, options: dict[str, object], run_dir: str, fingerprint: str,
+def agree_to_start(training: Any, options: dict[str, object], run_dir: str, fingerprint: str,
                    model: dict[str, object]) -> None:
     """`agree` on the start record of `training` (a TfTraining or JaxTraining) on either backend;
     outside a cluster it does nothing. Call it before anything is written."""
