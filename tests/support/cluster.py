@@ -12,6 +12,9 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent.parent
+# The JAX tests' cluster address: JAX's coordinator is reached there (gloo's own connections use the
+# address the host name resolves to, 127.0.0.1 on the project's machines).
+LOOPBACK = "127.0.0.1"
 
 
 def free_ports(n: int) -> list[int]:
@@ -24,8 +27,8 @@ def free_ports(n: int) -> list[int]:
     return ports
 
 
-def tf_config(ports: list[int], index: int) -> str:
-    return json.dumps({"cluster": {"worker": [f"localhost:{p}" for p in ports]},
+def tf_config(ports: list[int], index: int, host: str = "localhost") -> str:
+    return json.dumps({"cluster": {"worker": [f"{host}:{p}" for p in ports]},
                        "task": {"type": "worker", "index": index}})
 
 

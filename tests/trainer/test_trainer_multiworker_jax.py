@@ -21,7 +21,7 @@ pytest.importorskip("jax")
 
 from bert_datagen.trainer.model.config import BertConfig  # noqa: E402
 from bert_datagen.trainer.runtime import checkpoint as ckpt_lib  # noqa: E402
-from tests.support.cluster import bert_train_jax, finish, finish_all, free_ports, tf_config  # noqa: E402
+from tests.support.cluster import LOOPBACK, bert_train_jax, finish, finish_all, free_ports, tf_config  # noqa: E402
 from tests.support.events import scalars  # noqa: E402
 from tests.support.synthetic import write_synthetic_dataset  # noqa: E402
 from tests.support.without_tensorflow import MARK  # noqa: E402
@@ -100,7 +100,7 @@ def test_two_jax_processes_pretrain_as_one_and_each_reads_its_share(pretraining,
     blocked = [False, False, True]  # worker 1 as an install without TensorFlow
     procs = [bert_train_jax([*common, "--out", str(tmp_path / "one"), "--strategy", "one-device"], counts=counts[0])]
     procs += [bert_train_jax([*common, "--out", str(tmp_path / "two"), "--strategy", "multi-worker",
-                              "--cluster-timeout", "120"], tf_config(ports, i), counts=counts[1 + i],
+                              "--cluster-timeout", "120"], tf_config(ports, i, LOOPBACK), counts=counts[1 + i],
                              without_tensorflow=blocked[1 + i]) for i in range(2)]
     procs.append(bert_train_jax([*common, "--out", str(tmp_path / "devices"), "--strategy", "mirrored"], devices=2))
     results = finish_all(procs)
@@ -152,7 +152,7 @@ def test_two_jax_processes_fine_tune_as_one(tmp_path):
     blocked = [False, True, False]  # worker 0, the chief, as an install without TensorFlow
     procs = [bert_train_jax([*common, "--out", str(tmp_path / "one"), "--strategy", "one-device"], counts=counts[0])]
     procs += [bert_train_jax([*common, "--out", str(tmp_path / "two"), "--strategy", "multi-worker",
-                              "--cluster-timeout", "120"], tf_config(ports, i), counts=counts[1 + i],
+                              "--cluster-timeout", "120"], tf_config(ports, i, LOOPBACK), counts=counts[1 + i],
                              without_tensorflow=blocked[1 + i]) for i in range(2)]
     check_ran(finish_all(procs), blocked)
     check_shares(counts, data)
@@ -178,8 +178,8 @@ def test_jax_workers_that_disagree_stop_before_step_one(pretraining, tmp_path):
     common = ["pretrain", "--data", data, "--out", str(tmp_path / "run"), "--steps", "2", "--backend", "jax",
               "--strategy", "multi-worker", "--cluster-timeout", "120"]
     ports = free_ports(2)
-    workers = [bert_train_jax([*common, "--batch-size", size], tf_config(ports, i), without_tensorflow=i == 1)
-               for i, size in enumerate(("8", "16"))]
+    workers = [bert_train_jax([*common, "--batch-size", size], tf_config(ports, i, LOOPBACK),
+                              without_tensorflow=i == 1) for i, size in enumerate(("8", "16"))]
     for index, (rc, out, err) in enumerate(finish_all(workers)):
         lines = [line for line in err.splitlines() if line.strip() and not line.startswith(MARK)]
         assert rc == 1, out[-2000:] + err[-3000:]
@@ -196,7 +196,7 @@ def test_a_jax_worker_that_stops_before_the_start_stops_the_others_at_once(pretr
     ports = free_ports(2)
     workers = [bert_train_jax(["pretrain", "--data", data if i == 0 else str(tmp_path / "missing"), "--out",
                                str(tmp_path / "run"), "--batch-size", "8", "--steps", "2", "--backend", "jax",
-                               "--strategy", "multi-worker", "--cluster-timeout", "300"], tf_config(ports, i))
+                               "--strategy", "multi-worker", "--cluster-timeout", "300"], tf_config(ports, i, LOOPBACK))
                for i in range(2)]
     started = time.monotonic()
     (rc0, out0, err0), (rc1, out1, err1) = finish_all(workers, timeout=120)
@@ -215,7 +215,7 @@ def test_a_lone_jax_worker_stops_within_the_cluster_timeout(pretraining, tmp_pat
     procs = {index: bert_train_jax(["pretrain", "--data", data, "--out", str(tmp_path / f"run{index}"),
                                     "--batch-size", "8", "--steps", "2", "--backend", "jax", "--strategy",
                                     "multi-worker", "--cluster-timeout", "3"],
-                                   tf_config(ports if index else free_ports(2), index))
+                                   tf_config(ports if index else free_ports(2), index, LOOPBACK))
              for index in (0, 1)}  # the chief alone with its coordinator; worker 1 with nobody at worker 0's
     for index, proc in procs.items():
         rc, out, err = finish(proc, timeout=90)

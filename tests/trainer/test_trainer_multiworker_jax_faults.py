@@ -28,7 +28,7 @@ pytest.importorskip("jax")
 
 from bert_datagen.trainer.model.config import BertConfig  # noqa: E402
 from bert_datagen.trainer.runtime import checkpoint as ckpt_lib  # noqa: E402
-from tests.support.cluster import REPO, bert_train_jax, finish, free_ports, tf_config  # noqa: E402
+from tests.support.cluster import LOOPBACK, REPO, bert_train_jax, finish, free_ports, tf_config  # noqa: E402
 from tests.support.events import scalars  # noqa: E402
 from tests.support.synthetic import write_synthetic_dataset  # noqa: E402
 
@@ -98,8 +98,8 @@ def kill_worker_1_after_the_first_checkpoint(data: str, bert_file: Path, run: Pa
     (stopped first, so no step runs between). The chief must stop with one line naming worker 1 and
     its last checkpoint, within the bound, leaving only whole checkpoints; returns that checkpoint's step."""
     ports = free_ports(2)
-    workers = [bert_train_jax(cli_args(data, bert_file, run), tf_config(ports, i), without_tensorflow=i == 1)
-               for i in range(2)]
+    workers = [bert_train_jax(cli_args(data, bert_file, run), tf_config(ports, i, LOOPBACK),
+                              without_tensorflow=i == 1) for i in range(2)]
     started.extend(workers)
     deadline = time.monotonic() + 600  # start-up on a loaded machine, not what is tested
     while not ckpt_lib.list_checkpoints(run):
@@ -165,7 +165,7 @@ def test_a_killed_jax_process_then_resumed_on_other_cluster_sizes_equals_one_uni
 
     # 1 -> 2: every process's command again, to the end.
     ports = free_ports(2)
-    workers = [bert_train_jax(cli_args(data, bert_file, run), tf_config(ports, i)) for i in range(2)]
+    workers = [bert_train_jax(cli_args(data, bert_file, run), tf_config(ports, i, LOOPBACK)) for i in range(2)]
     started.extend(workers)
     results = [finish(p) for p in workers]
     for index, (rc, out, err) in enumerate(results):
