@@ -19,7 +19,13 @@ the process and all its children, sampled every 0.1 s; ``largest_process_rss_mb`
 process reached (a Dask worker's bound). The floor: tokenizing the same text
 once with plain ``tokenizers`` on one thread (``bench_datagen``'s floor).
 
-Run: ``python -m benchmarks.bench_scale [--scales 1,10,100] [--dask-scales 10] [--files 1]``.
+Issue #44's inputs, in the formats users have (``benchmarks.scale_corpora``), on the default runner:
+``--wiki-scales`` copies of the Wikipedia extract as one WikiExtractor file (whole articles, a few
+thousand tokens each) and ``--books`` Gutenberg book files (``--input-format text``, a book a
+document, hundreds of KB each): peak RSS of the process tree, wall and CPU seconds, NotNext pools.
+
+Run: ``python -m benchmarks.bench_scale [--scales 1,10,100] [--dask-scales 10] [--files 1]
+[--wiki-scales 6,12,24] [--books 200]``.
 """
 
 from __future__ import annotations
@@ -40,6 +46,7 @@ from pathlib import Path
 import psutil
 
 from benchmarks.bench_datagen import corpus_files, tokenize_floor, train_vocab, tree_sample
+from benchmarks.scale_corpora import write_book_variants, write_wikiextractor_variants
 
 REPO = Path(__file__).resolve().parent.parent
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z\"'(])")
@@ -100,18 +107,20 @@ def write_scaled_input(docs: list[list[str]], scale: int, folder: Path, files: i
 
 
 def run_datagen(inputs: list[Path], vocab: Path, out: Path, extra: list[str], dupe_factor: int = 10,
-                trace: list | None = None, cpus: set[int] | None = None) -> dict:
+                trace: list | None = None, cpus: set[int] | None = None, input_format: str = "sentences",
+                env: dict[str, str] | None = None) -> dict:
     """One ``bert-datagen run`` process: wall seconds, peak RSS of its process tree, its manifest.
     ``trace`` (when given) gets (seconds, tree RSS bytes) every sample: the memory curve; ``cpus``
-    (when given) pins the process and its threads to those cores."""
+    (when given) pins the process and its threads to those cores; ``env`` (when given) is its
+    environment (another checkout of the package on PYTHONPATH, for a before/after pair)."""
     cmd = [sys.executable, "-m", "bert_datagen.pipelines.cli", "run", *sum((["--input", str(p)] for p in inputs), []),
-           "--vocab", str(vocab), "--output", str(out), "--input-format", "sentences", "--max-seq-length", "128",
+           "--vocab", str(vocab), "--output", str(out), "--input-format", input_format, "--max-seq-length", "128",
            "--max-predictions-per-seq", "20", "--dupe-factor", str(dupe_factor), "--overwrite", *extra]
     start = time.perf_counter()
     # stderr to a file: the run's progress lines would fill a pipe nobody reads while we sample.
     with tempfile.TemporaryFile("w+") as err_file:
         proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err_file, text=True, cwd=REPO,
-                                start_new_session=True,
+                                start_new_session=True, env=env,
                                 preexec_fn=None if cpus is None else lambda: os.sched_setaffinity(0, cpus))
         try:
             ps = psutil.Process(proc.pid)
@@ -210,6 +219,32 @@ def measure(scales: list[int], dask_scales: list[int], files: int, base_mb: floa
     return results
 
 
+def measure_formats(wiki_scales: list[int], books: list[int], vocab: Path, dupe_factor: int, root: Path) -> dict:
+    """One default run (in-memory DirectRunner, one worker) per input of issue #44: peak RSS, time, pools."""
+    inputs: list[tuple[str, str, str, list[Path]]] = []
+    for scale in wiki_scales:
+        path = write_wikiextractor_variants(scale, root / f"wiki-{scale}" / "wiki.xml")
+        inputs.append(("wikiextractor", f"{scale}x", "wikiextractor", [path]))
+    for count in books:
+        inputs.append(("books", str(count), "text", write_book_variants(count, root / f"books-{count}")))
+    results: dict = {"wikiextractor": {}, "books": {}}
+    for kind, name, input_format, paths in inputs:
+        pattern = [paths[0]] if len(paths) == 1 else [paths[0].parent / "*.txt"]
+        r = run_datagen(pattern, vocab, root / f"out-{kind}-{name}", ["--direct_num_workers=1"], dupe_factor,
+                        input_format=input_format)
+        totals = r["manifest"]["totals"]
+        row = {"input_mb": round(sum(p.stat().st_size for p in paths) / 1e6, 1), "files": len(paths),
+               "wall_s": round(r["wall_s"], 1), "cpu_s": round(r["cpu_s"], 1), "peak_rss_mb": round(r["peak_rss_mb"]),
+               "largest_process_rss_mb": round(r["largest_process_rss_mb"]),
+               **{k: totals.get(k) for k in ("documents", "duplicate_documents", "tokens", "instances",
+                                             "notnext_pools", "notnext_same_document")}}
+        results[kind][name] = row
+        print(f"{kind} {name}: {json.dumps(row)}", flush=True)
+        for path in paths:  # hundreds of MB each: only one input on disk at a time
+            path.unlink()
+    return results
+
+
 def read_count(stderr: str) -> int:
     """Files read, from the progress lines: each process's last count of files (a lower bound where a
     process reports per task, as Dask's workers do: compare ``identical_totals`` instead)."""
@@ -230,23 +265,32 @@ def plot(results: dict, path: Path, before_rss: dict[str, dict[float, float]] | 
 
     rows = sorted((r["input_mb"], r["direct"]) for r in results["scales"].values() if "direct" in r)
     mb = [m for m, _ in rows]
-    fig, (left, right) = plt.subplots(1, 2, figsize=(9, 3.4))
+    fig, (left, right) = plt.subplots(1, 2, figsize=(9, 3.8))
     # CPU seconds first: on a shared machine they move far less than wall times.
-    left.plot(mb, [r["cpu_s"] for _, r in rows], "s-", label="bert-datagen run, CPU s (all processes)")
+    left.plot(mb, [r["cpu_s"] for _, r in rows], "s-", color="C0", label="sentences: run, CPU s (all processes)")
     floors = sorted((r["input_mb"], r["floor_cpu_s"]) for r in results["scales"].values())
-    left.plot([m for m, _ in floors], [f for _, f in floors], "^:", label="tokenize once (floor), CPU s")
-    left.plot(mb, [r["wall_s"] for _, r in rows], "o--", alpha=0.4, label="bert-datagen run, wall s")
+    left.plot([m for m, _ in floors], [f for _, f in floors], "^:", color="C1", label="sentences: tokenize once, CPU s")
+    left.plot(mb, [r["wall_s"] for _, r in rows], "o--", color="C0", alpha=0.4, label="sentences: run, wall s")
+    right.plot(mb, [r["peak_rss_mb"] for _, r in rows], "o-", color="C0", label="sentences")
+    # Issue #44's inputs: whole articles and books, the same colour in both panels.
+    for kind, marker, colour in (("wikiextractor", "D-", "C2"), ("books", "v-", "C3")):
+        runs = sorted((r["input_mb"], r) for r in results.get(kind, {}).values())
+        if runs:
+            left.plot([m for m, _ in runs], [r["cpu_s"] for _, r in runs], marker, color=colour,
+                      label=f"{kind}: run, CPU s")
+            right.plot([m for m, _ in runs], [r["peak_rss_mb"] for _, r in runs], marker, color=colour, label=kind)
+    right.axhline(1024, color="grey", lw=0.8, ls=":", label="1 GiB")
+    for label, before in (before_rss or {}).items():
+        right.plot(sorted(before), [before[m] for m in sorted(before)], "x:", label=label)
     left.set_xlabel("input MB")
     left.set_ylabel("seconds")
     left.legend(fontsize=7)
-    right.plot(mb, [r["peak_rss_mb"] for _, r in rows], "o-", label="peak RSS, process tree")
-    for label, before in (before_rss or {}).items():
-        right.plot(sorted(before), [before[m] for m in sorted(before)], "x:", label=label)
     right.set_xlabel("input MB")
-    right.set_ylabel("MB")
+    right.set_ylabel("peak RSS of the process tree, MB")
     right.set_ylim(bottom=0)
     right.legend(fontsize=7)
-    fig.suptitle("bert-datagen run, one worker, enwiki sentences, dupe_factor 10", fontsize=9)
+    fig.suptitle(f"bert-datagen run, one worker, dupe_factor {results.get('dupe_factor', 10)}: enwiki sentences "
+                 "(issue #32), whole articles (WikiExtractor) and Gutenberg books (issue #44)", fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
@@ -262,12 +306,17 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--files", type=int, default=1, help="input files each scale is written as")
     parser.add_argument("--base-mb", type=float, default=4.36, help="size of the 1x input")
     parser.add_argument("--dupe-factor", type=int, default=10)
+    parser.add_argument("--wiki-scales", default="6,12,24",
+                        help="copies of the Wikipedia extract as one WikiExtractor file ('' for none)")
+    parser.add_argument("--books", default="200", help="Gutenberg book files made from the shared books ('' for none)")
     parser.add_argument("--plot", type=Path, default=None, help="write the time and memory curve (PNG)")
     parser.add_argument("--json", type=Path, default=None, help="write the figures (JSON)")
     args = parser.parse_args(argv if argv is not None else [])
     with tempfile.TemporaryDirectory(prefix="bench-scale-") as tmp:
         results = measure(_ints(args.scales), _ints(args.dask_scales), args.files, args.base_mb, args.dupe_factor,
                           Path(tmp))
+        results.update(measure_formats(_ints(args.wiki_scales), _ints(args.books), Path(tmp) / "vocab.txt",
+                                       args.dupe_factor, Path(tmp)))
     results["cpu_cores"] = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     if args.json:
         args.json.write_text(json.dumps(results, indent=1) + "\n")
