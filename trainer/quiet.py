@@ -24,6 +24,8 @@ from bert_datagen.cli.plumbing import debug_requested, filter_process_stderr
 # Also the aborts a multi-worker step's collectives log when a worker is lost, with their
 # continuation lines (gRPC's, and the note an aborted collective executor appends to its status on
 # a line of its own): the command's one line says which worker and where to resume (run/stopping.py).
+# The same for JAX's distributed runtime (its coordination service's errors and warnings when a
+# process of the cluster is gone); its fatal lines stay, as they come before an abort.
 TF_NATIVE_NOISE = re.compile(
     rb"^(I\d{4} [\d:.]+ +\d+ [\w.]+:\d+\] "
     rb"|WARNING: All log messages before absl::InitializeLog\(\) is called"
@@ -32,7 +34,9 @@ TF_NATIVE_NOISE = re.compile(
     rb"|NodeDef mentions attribute \w+ which is not in the op definition"
     rb"|oneDNN supports DT_\w+ only on platforms with AVX-512)"
     rb"|[EW]\d{4} [\d:.]+ +\d+ (ring_alg|base_collective_executor|collective_[a-z_]+)\.cc:\d+\] "
-    rb"|Additional GRPC error information from remote target /job:"
+    rb"|[EW]\d{4} [\d:.]+ +\d+ (coordination_service_agent|coordination_service|client|preemption_sync_manager)"
+    rb"\.(cc|h):\d+\] "
+    rb"|Additional GRPC error information from remote target (/job:|coordination_service)"
     rb"|:UNKNOWN:Error received from peer "
     rb"|\s*The error could be from a previous operation\. Restart your program to reset\.)"
 )

@@ -119,6 +119,8 @@ def main() -> None:
         finetune_run(one)
     for one in spec.get("predictions", []):
         predictions(one)
+    # A JAX process leaves TensorFlow unloaded even where it is installed (it would take a GPU's memory).
+    print("TENSORFLOW_LOADED", "tensorflow" in sys.modules, flush=True)
 
 
 if __name__ == "__main__":

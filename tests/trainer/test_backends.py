@@ -36,6 +36,7 @@ def on_backend(backend: str, spec: dict, tmp: Path, env: dict | None = None) -> 
     done = subprocess.run([sys.executable, "-m", "tests.support.backend_runs", str(path)], cwd=REPO,
                           env=environ, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
+    assert f"TENSORFLOW_LOADED {backend == 'tensorflow'}" in done.stdout.splitlines()[-1]
     return done.stdout
 
 

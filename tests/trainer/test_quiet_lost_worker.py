@@ -38,3 +38,18 @@ def test_a_lost_workers_native_lines_leave_only_our_line_on_stderr():
     done = subprocess.run([sys.executable, "-c", child], capture_output=True, env=env, timeout=120)
     assert done.returncode == 1
     assert done.stderr.decode().splitlines() == ["Error: training step 4: lost worker 1 of the cluster"], done.stderr
+
+
+def test_jax_coordination_services_errors_are_native_noise_and_its_fatal_lines_stay():
+    """JAX's distributed runtime logs a lost process of the cluster from its coordination service;
+    the command's one line says which and where to resume. A fatal line comes before an abort (no
+    line of ours follows it), so it stays."""
+    for line in (b"E1206 07:59:01.123456    1234 coordination_service_agent.cc:332] Polled an error: UNAVAILABLE",
+                 b"W1206 07:59:01.123456    1234 client.cc:90] heartbeat failed",
+                 b"E1206 07:59:01.123456    1234 preemption_sync_manager.cc:12] x",
+                 b"Additional GRPC error information from remote target coordination_service while calling"):
+        assert TF_NATIVE_NOISE.match(line), line
+    for kept in (b"F1206 07:59:01.123456    1234 client.cc:112] Terminating process because the JAX "
+                 b"distributed service detected fatal errors",
+                 b"E1206 07:59:01.123456    1234 other.cc:1] an error of another part"):
+        assert not TF_NATIVE_NOISE.match(kept), kept

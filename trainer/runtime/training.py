@@ -61,12 +61,15 @@ def refuse_unported_on_jax(settings) -> None:
 
 
 def enable_determinism(seed: int, backend: str = "tensorflow") -> None:
-    """Seeds Keras; on TensorFlow also its deterministic kernels (JAX's XLA kernels on the CPU are
-    deterministic as they are), so the same run repeats bitwise."""
+    """On TensorFlow, Keras's seed and TensorFlow's deterministic kernels, so the same run repeats
+    bitwise. On JAX nothing: every random draw of a run is ours (initial weights from `datagen/rng.py`,
+    keyed dropout), JAX has no global random state, and XLA's CPU kernels are deterministic as
+    they are. Keras's `set_random_seed` would also seed TensorFlow, importing it (9 s, and on a GPU
+    machine TensorFlow takes the GPU's memory) wherever it is installed beside JAX."""
+    if backend != "tensorflow":
+        return
     import keras
+    import tensorflow as tf
 
     keras.utils.set_random_seed(seed)
-    if backend == "tensorflow":
-        import tensorflow as tf
-
-        tf.config.experimental.enable_op_determinism()
+    tf.config.experimental.enable_op_determinism()
