@@ -265,7 +265,7 @@ def plot(results: dict, path: Path, before_rss: dict[str, dict[float, float]] | 
 
     rows = sorted((r["input_mb"], r["direct"]) for r in results["scales"].values() if "direct" in r)
     mb = [m for m, _ in rows]
-    fig, (left, right) = plt.subplots(1, 2, figsize=(9, 3.8))
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11.5, 3.8))
     # CPU seconds first: on a shared machine they move far less than wall times.
     left.plot(mb, [r["cpu_s"] for _, r in rows], "s-", color="C0", label="sentences: run, CPU s (all processes)")
     floors = sorted((r["input_mb"], r["floor_cpu_s"]) for r in results["scales"].values())
@@ -288,7 +288,7 @@ def plot(results: dict, path: Path, before_rss: dict[str, dict[float, float]] | 
     right.set_xlabel("input MB")
     right.set_ylabel("peak RSS of the process tree, MB")
     right.set_ylim(bottom=0)
-    right.legend(fontsize=7)
+    right.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))  # beside: no point hidden
     fig.suptitle(f"bert-datagen run, one worker, dupe_factor {results.get('dupe_factor', 10)}: enwiki sentences "
                  "(issue #32), whole articles (WikiExtractor) and Gutenberg books (issue #44)", fontsize=8)
     fig.tight_layout()
