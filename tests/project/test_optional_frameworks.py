@@ -10,8 +10,9 @@ from tests.project.test_layering import REPO, import_graph, module_files
 GLUE = {
     "torch": {"bert_datagen.contract.loading.torch_adapter", "bert_datagen.contract.loading.torch_shares",
               "bert_datagen.contract.loading.torch_workers"},
-    # The JAX backend's module (only `--backend jax` reaches it, through a function-level import).
-    "jax": {"bert_datagen.contract.loading.jax_hosts", "bert_datagen.trainer.backends.jax"},
+    # The JAX backend's modules (only `--backend jax` reaches them, through function-level imports).
+    "jax": {"bert_datagen.contract.loading.jax_hosts", "bert_datagen.trainer.backends.jax",
+            "bert_datagen.trainer.backends.jax_cluster"},
 }
 
 
@@ -38,6 +39,8 @@ def test_only_the_glue_imports_torch_or_jax() -> None:
 # functions that run on JAX (`runtime/training.py`, `runtime/inference.py`), so a TensorFlow-only install
 # never loads it.
 BACKEND_USERS = {("bert_datagen.trainer.runtime.jax_training", "bert_datagen.trainer.backends.jax"),
+                 ("bert_datagen.trainer.runtime.jax_training", "bert_datagen.trainer.backends.jax_cluster"),
+                 ("bert_datagen.trainer.runtime.cluster", "bert_datagen.trainer.backends.jax_cluster"),
                  ("bert_datagen.trainer.runtime.inference", "bert_datagen.trainer.backends.jax")}
 
 

@@ -71,28 +71,22 @@ def model_outputs(path: str) -> None:
     np.savez(path, **result)
 
 
-def run(spec: dict) -> None:
-    from bert_datagen.trainer.pretrain.train import pretrain
-    from bert_datagen.trainer.runtime.config import TrainConfig
+def run(spec: dict, finetuning: bool = False) -> None:
+    """One pre-training (or fine-tuning) run of `spec`'s config fields, stopped at `stop_at` and
+    started from a copy of `copy_from` where given."""
+    if finetuning:
+        from bert_datagen.trainer.finetune.config import FinetuneConfig as Config
+        from bert_datagen.trainer.finetune.train import finetune as train
+    else:
+        from bert_datagen.trainer.pretrain.train import pretrain as train
+        from bert_datagen.trainer.runtime.config import TrainConfig as Config
 
     spec = dict(spec)
     stop_at = spec.pop("stop_at", None)
     copy_from = spec.pop("copy_from", None)
     if copy_from:
         shutil.copytree(copy_from, spec["out"])
-    pretrain(TrainConfig(**spec), log=lambda line: print(line, flush=True), stop_at=stop_at)
-
-
-def finetune_run(spec: dict) -> None:
-    from bert_datagen.trainer.finetune.config import FinetuneConfig
-    from bert_datagen.trainer.finetune.train import finetune
-
-    spec = dict(spec)
-    stop_at = spec.pop("stop_at", None)
-    copy_from = spec.pop("copy_from", None)
-    if copy_from:
-        shutil.copytree(copy_from, spec["out"])
-    finetune(FinetuneConfig(**spec), log=lambda line: print(line, flush=True), stop_at=stop_at)
+    train(Config(**spec), log=lambda line: print(line, flush=True), stop_at=stop_at)
 
 
 def predictions(spec: dict) -> None:
@@ -116,7 +110,7 @@ def main() -> None:
     for one in spec.get("runs", []):
         run(one)
     for one in spec.get("finetune_runs", []):
-        finetune_run(one)
+        run(one, finetuning=True)
     for one in spec.get("predictions", []):
         predictions(one)
     # A JAX process leaves TensorFlow unloaded even where it is installed (it would take a GPU's memory).

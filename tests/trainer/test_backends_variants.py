@@ -119,7 +119,7 @@ def _train(data: str, out: Path, *extra: str) -> subprocess.Popen:
     args = [sys.executable, "-m", "tests.support.without_tensorflow", "pretrain", "--data", data, "--out", str(out),
             "--model", "tiny", "--batch-size", "8", "--warmup-steps", "1", "--seed", "7", "--log-every", "1",
             "--eval-batches", "1", "--backend", "jax", *extra]
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    env = {**{k: v for k, v in os.environ.items() if k != "KERAS_BACKEND"}, "PYTHONUNBUFFERED": "1"}
     return subprocess.Popen(args, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 

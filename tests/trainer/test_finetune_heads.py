@@ -44,7 +44,7 @@ def test_each_head_owns_its_outputs_and_tf1_names(task_type):
     assert tuple(model(batch)) == head.output_names
     names = heads.finetune_variable_map(model)
     weights, bias = head.tf1_names
-    assert heads.head_names(task_type) == head.tf1_names
+    assert heads.head_class(task_type).tf1_names == head.tf1_names
     assert names[weights] is model.head.output_weights and names[bias] is model.head.output_bias
     trained = heads.trained_variable_map(model)
     assert ("bert/pooler/dense/kernel" in trained) == head.reads_pooler
