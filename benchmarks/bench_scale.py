@@ -221,14 +221,15 @@ def measure(scales: list[int], dask_scales: list[int], files: int, base_mb: floa
 
 def measure_formats(wiki_scales: list[int], books: list[int], vocab: Path, dupe_factor: int, root: Path) -> dict:
     """One default run (in-memory DirectRunner, one worker) per input of issue #44: peak RSS, time, pools."""
-    inputs: list[tuple[str, str, str, list[Path]]] = []
-    for scale in wiki_scales:
-        path = write_wikiextractor_variants(scale, root / f"wiki-{scale}" / "wiki.xml")
-        inputs.append(("wikiextractor", f"{scale}x", "wikiextractor", [path]))
-    for count in books:
-        inputs.append(("books", str(count), "text", write_book_variants(count, root / f"books-{count}")))
+    # Each input written just before its run and removed after it: hundreds of MB each.
+    inputs = [("wikiextractor", f"{scale}x", "wikiextractor",
+               lambda scale=scale: [write_wikiextractor_variants(scale, root / f"wiki-{scale}" / "wiki.xml")])
+              for scale in wiki_scales]
+    inputs += [("books", str(count), "text", lambda count=count: write_book_variants(count, root / f"books-{count}"))
+               for count in books]
     results: dict = {"wikiextractor": {}, "books": {}}
-    for kind, name, input_format, paths in inputs:
+    for kind, name, input_format, write in inputs:
+        paths = write()
         pattern = [paths[0]] if len(paths) == 1 else [paths[0].parent / "*.txt"]
         r = run_datagen(pattern, vocab, root / f"out-{kind}-{name}", ["--direct_num_workers=1"], dupe_factor,
                         input_format=input_format)
@@ -240,7 +241,7 @@ def measure_formats(wiki_scales: list[int], books: list[int], vocab: Path, dupe_
                                              "notnext_pools", "notnext_same_document")}}
         results[kind][name] = row
         print(f"{kind} {name}: {json.dumps(row)}", flush=True)
-        for path in paths:  # hundreds of MB each: only one input on disk at a time
+        for path in paths:  # written by this function in its scratch root: only one input on disk at a time
             path.unlink()
     return results
 

@@ -89,7 +89,7 @@ def timed_run(command: Sequence[str], *, warm: int, timed: int, backend: str = "
         timer.cancel()
         if proc.poll() is None:
             proc.kill()
-        proc.wait()
+        proc.wait(timeout=60)
         if proc.stdout is not None:
             proc.stdout.close()
     if not done:

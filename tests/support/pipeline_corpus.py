@@ -115,3 +115,18 @@ def tree_snapshot(root: Path) -> dict[str, str]:
         rel = path.relative_to(root).as_posix()
         out[rel + "/" if path.is_dir() else rel] = "" if path.is_dir() else hashlib.sha256(path.read_bytes()).hexdigest()
     return out
+
+
+def write_dynamic_dataset(root: Path, documents: int, masking_unit: str) -> str:
+    """A dynamic-masking dataset without NSP (`doc-sentences`) of ``documents`` seeded documents,
+    written by the real pipeline into ``root / "data"``: masks are then drawn per epoch by its reader."""
+    from bert_datagen.datagen.config import DatagenConfig
+    from bert_datagen.pipelines.pretraining.run import generate_dataset
+
+    write_sentence_files(root / "in", make_documents(documents, seed=42, max_sentences=8), n_files=2)
+    config = DatagenConfig(max_seq_length=32, max_predictions_per_seq=5, dupe_factor=1, masking="dynamic",
+                           objective="doc-sentences", masking_unit=masking_unit, num_shards=2, eval_fraction=0.2,
+                           notnext_pool_size=10, input_format="sentences")
+    generate_dataset(config, inputs=[str(root / "in" / "*.txt")], vocab_path=str(write_vocab(root / "vocab.txt")),
+                     output_dir=str(root / "data"))
+    return str(root / "data")

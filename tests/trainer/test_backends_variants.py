@@ -22,10 +22,8 @@ import pytest
 pytest.importorskip("jax")
 pytest.importorskip("tensorflow")
 
-from bert_datagen.datagen.config import DatagenConfig  # noqa: E402
-from bert_datagen.pipelines.pretraining.run import generate_dataset  # noqa: E402
 from tests.support.packed_rows import write_packed_dataset  # noqa: E402
-from tests.support.pipeline_corpus import make_documents, write_sentence_files, write_vocab  # noqa: E402
+from tests.support.pipeline_corpus import write_dynamic_dataset  # noqa: E402
 from tests.support.synthetic import write_synthetic_dataset  # noqa: E402
 from tests.trainer.test_backends import REPO, on_backend, weights, worst_difference  # noqa: E402
 
@@ -49,13 +47,7 @@ def runs(tmp_path_factory) -> dict:
                                         records_per_shard=48, eval_records=16)
     packed = write_packed_dataset(str(tmp / "packed"), row_length=64, max_sequences=4, seq_len=32, max_pred=5,
                                   vocab_size=120, instances=160)
-    write_sentence_files(tmp / "in", make_documents(120, seed=42, max_sentences=8), n_files=2)
-    config = DatagenConfig(max_seq_length=32, max_predictions_per_seq=5, dupe_factor=1, masking="dynamic",
-                           objective="doc-sentences", masking_unit="word", num_shards=2, eval_fraction=0.2,
-                           notnext_pool_size=10, input_format="sentences")
-    generate_dataset(config, inputs=[str(tmp / "in" / "*.txt")], vocab_path=str(write_vocab(tmp / "vocab.txt")),
-                     output_dir=str(tmp / "dynamic"))
-    dynamic = str(tmp / "dynamic")
+    dynamic = write_dynamic_dataset(tmp / "dynamic", 120, "word")
     r = {}
     kinds = {"lamb": (synthetic, {"optimizer": "lamb"}), "packed": (packed, {}), "dynamic": (dynamic, {}),
              "float16": (synthetic, {"precision": "mixed_float16"})}

@@ -10,31 +10,22 @@ import pytest
 tf = pytest.importorskip("tensorflow")
 
 from bert_datagen.contract.fs import LOCAL_FS  # noqa: E402
+from bert_datagen.contract.loading.source import masking_config  # noqa: E402
 from bert_datagen.contract.vocab_io import load_vocab  # noqa: E402
-from bert_datagen.datagen.config import DatagenConfig  # noqa: E402
 from bert_datagen.datagen.dynamic import mask_records  # noqa: E402
 from bert_datagen.datagen.example_exact import decode_example  # noqa: E402
 from bert_datagen.datagen.tfrecord import iter_tfrecords  # noqa: E402
-from bert_datagen.pipelines.pretraining.run import generate_dataset  # noqa: E402
 from bert_datagen.trainer.pretrain.data import open_pretraining_data  # noqa: E402
-from bert_datagen.trainer.pretrain.dynamic_input import masking_config  # noqa: E402
 from bert_datagen.trainer.pretrain.earlier_runs_input import train_dataset  # noqa: E402
 from bert_datagen.trainer.pretrain.train import pretrain  # noqa: E402
 from bert_datagen.trainer.runtime import checkpoint as ckpt_lib  # noqa: E402
 from bert_datagen.trainer.runtime.config import TrainConfig  # noqa: E402
-from tests.support.pipeline_corpus import make_documents, write_sentence_files, write_vocab  # noqa: E402
+from tests.support.pipeline_corpus import write_dynamic_dataset  # noqa: E402
 
 
 @pytest.fixture(scope="module")
 def dataset(tmp_path_factory) -> str:
-    root = tmp_path_factory.mktemp("dynamic")
-    write_sentence_files(root / "in", make_documents(40, seed=42, max_sentences=8), n_files=2)
-    config = DatagenConfig(max_seq_length=32, max_predictions_per_seq=5, dupe_factor=1, masking="dynamic",
-                           objective="doc-sentences", masking_unit="span", num_shards=2, eval_fraction=0.2,
-                           notnext_pool_size=10, input_format="sentences")
-    generate_dataset(config, inputs=[str(root / "in" / "*.txt")], vocab_path=str(write_vocab(root / "vocab.txt")),
-                     output_dir=str(root / "data"))
-    return str(root / "data")
+    return write_dynamic_dataset(tmp_path_factory.mktemp("dynamic"), 40, "span")
 
 
 def unmasked_records(files: list[str]) -> dict[int, dict[str, np.ndarray]]:

@@ -184,20 +184,21 @@ def eval_batches(info: DatasetInfo, batch_size: int, files: list[str] | None = N
     else:
         counts, refs = [count_records(path) for path in files], None
     try:
-        records = SplitRecords(_split_source(info, files, counts, refs))
+        source = _split_source(info, files, counts, refs)
+        records = SplitRecords(source)
         for start in range(0, len(records) // batch_size * batch_size, batch_size):
-            yield _model_batch(info, records[start:start + batch_size])
+            yield _model_batch(info, source, records[start:start + batch_size])
     except LoadError as exc:
         raise data_error(exc) from exc
 
 
-def _model_batch(info: DatasetInfo, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    if info.masking == "dynamic":
+def _model_batch(info: DatasetInfo, source: Source, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    if source.dynamic:  # the source holds the dataset's masking options and vocab
         seed = int(info.manifest.config.get("random_seed", 0) if info.manifest else 0)
         identity = batch.pop(INSTANCE_KEY)[:, 0]
         word_bits = [batch.pop(WORD_BITS)] if WORD_BITS in batch else []
         masked = mask_records(batch["input_ids"], batch["input_mask"], identity, np.zeros(len(identity), np.int64),
-                              seed, dataset_masking(info), dataset_vocab(info), *word_bits)
+                              seed, source.mask_config, source.vocab, *word_bits)
         batch.update(input_ids=masked.input_ids.astype(np.int32),
                      masked_lm_positions=masked.masked_lm_positions.astype(np.int32),
                      masked_lm_ids=masked.masked_lm_ids.astype(np.int32),

@@ -11,14 +11,11 @@ pending record's epoch, so a resumed run sees the masks the uninterrupted one wo
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 
 import numpy as np
 import tensorflow as tf
 
-from bert_datagen.contract.manifest import Manifest
-from bert_datagen.datagen.config import DatagenConfig
 from bert_datagen.datagen.dynamic import mask_records
 from bert_datagen.datagen.records import INSTANCE_KEY, WORD_BITS
 
@@ -27,25 +24,15 @@ class DynamicMaskError(ValueError):
     """A dynamic-masking dataset whose manifest or vocab cannot say how to mask it."""
 
 
-def masking_config(manifest: Manifest) -> DatagenConfig:
-    """The dataset's masking options (masked_lm_prob, max predictions, ratios, unit) from its manifest."""
-    try:
-        return DatagenConfig.from_recorded(manifest.config)
-    except (TypeError, ValueError) as exc:
-        raise DynamicMaskError(f"manifest config cannot be used for dynamic masking: {exc}") from exc
-
-
 def dynamic_batches(records: tf.data.Dataset, info, batch_size: int, seed: int, parse_batch: Callable,
                     keep_identity: bool = False) -> tf.data.Dataset:
     """Batches of (serialized record, epoch) pairs, parsed (`bert_datagen.trainer.pretrain.data.parse_batch`) and masked;
     the identity and epoch are dropped unless `keep_identity` (for checks: `instance_key`, `epoch`)."""
-    from bert_datagen.contract.vocab_io import load_vocab
-    from bert_datagen.trainer.runtime.gfs import GFILE_FS
+    from bert_datagen.trainer.pretrain.data import dataset_masking, dataset_vocab
 
     if info.manifest is None:
         raise DynamicMaskError(f"{info.source}: dynamic masking needs the dataset's manifest and vocab")
-    config = masking_config(info.manifest)
-    vocab = load_vocab(os.path.join(info.source, info.manifest.vocab.path), GFILE_FS)
+    config, vocab = dataset_masking(info), dataset_vocab(info)
     seq, preds = info.max_seq_length, info.max_predictions_per_seq
     spec = info.features()
 

@@ -11,6 +11,7 @@ the backend's (`runtime/training.py`): this module names no backend.
 from __future__ import annotations
 
 import time
+from abc import ABC, abstractmethod
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
@@ -25,7 +26,7 @@ from bert_datagen.trainer.runtime.stopping import (
 )
 
 
-class TrainingLoop:
+class TrainingLoop(ABC):
     """The loop's state and the steps every run takes; subclasses fill in the hooks below."""
 
     run_dir: Path
@@ -38,29 +39,36 @@ class TrainingLoop:
 
     # -- hooks
 
+    @abstractmethod
     def learning_rate(self, step: int) -> float:
-        raise NotImplementedError
+        ...
 
+    @abstractmethod
     def next_batch(self) -> dict:
-        raise NotImplementedError
+        ...
 
+    @abstractmethod
     def loss_of(self, sums: dict[str, float]) -> float:
         """The mean loss of one step's summed figures (stops the run when not finite)."""
-        raise NotImplementedError
+        ...
 
+    @abstractmethod
     def window_figures(self, sums: dict[str, float], steps: int, seconds: float, lr: float) -> dict[str, float]:
         """What a log line reports of a window of `steps` steps with these summed figures."""
-        raise NotImplementedError
+        ...
 
+    @abstractmethod
     def report(self, figures: dict[str, float]) -> None:
-        raise NotImplementedError
+        ...
 
+    @abstractmethod
     def after_step(self, end: int, figures: dict[str, float]) -> None:
         """Evaluate and checkpoint where due (after `self.step` was taken; `figures` the last window's)."""
-        raise NotImplementedError
+        ...
 
+    @abstractmethod
     def save(self, figures: dict | None = None):
-        raise NotImplementedError
+        ...
 
     # -- the loop
 
