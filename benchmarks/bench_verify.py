@@ -18,7 +18,8 @@ import numpy as np
 from bert_datagen.contract.manifest import VOCAB_NAME, Manifest
 from bert_datagen.datagen import rng
 from bert_datagen.datagen.config import DatagenConfig
-from bert_datagen.datagen.records import InstanceBatch, encode_batch, feature_spec
+from bert_datagen.datagen.record_layout import feature_spec
+from bert_datagen.datagen.records import InstanceBatch, encode_batch
 from bert_datagen.datagen.tfrecord import frame_records
 from bert_datagen.pipelines.beam import fsio
 from bert_datagen.pipelines.pretraining.card import write_card

@@ -1,12 +1,12 @@
 """Feature specs of the dataset kinds: what a manifest's "features" must list, per kind.
 
-The pre-training record layout itself is built where records are encoded (`bert_datagen.datagen.records`); this
-module only says which features each kind of dataset must declare.
+The pre-training record layout itself is `bert_datagen.datagen.record_layout`; this module only says
+which features each kind of dataset must declare.
 """
 
 from __future__ import annotations
 
-from bert_datagen.datagen.records import MASKINGS, OBJECTIVES, feature_spec, packed_feature_spec
+from bert_datagen.datagen.record_layout import MASKINGS, OBJECTIVES, feature_spec, packed_feature_spec
 
 PRETRAINING = "pretraining"
 TASK = "task"
@@ -40,7 +40,7 @@ def required_features(kind: str, config: dict | None) -> tuple[str, ...]:
     objective, masking = config.get("objective", "nsp"), config.get("masking", "static")
     if objective not in OBJECTIVES or masking not in MASKINGS:
         return REQUIRED_FEATURES
-    # Packed rows (config "packing": true): bert_datagen.datagen.records.packed_feature_spec.
+    # Packed rows (config "packing": true): bert_datagen.datagen.record_layout.packed_feature_spec.
     return tuple(feature_spec(1, 1, objective, masking, 1 if config.get("packing") else 0, word_segmented(config)))
 
 

@@ -7,6 +7,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from bert_datagen.datagen.record_layout import MASKINGS, OBJECTIVES
+
 INPUT_FORMATS = ("text", "sentences", "jsonl", "wikiextractor")
 # `text` files: how documents are found (bert_datagen.datagen.readers); auto detects Gutenberg books and WikiText.
 TEXT_LAYOUTS = ("auto", "plain", "book", "wikitext")
@@ -46,8 +48,6 @@ def check_shard_count(count: int, split: str, target_shard_mb: float) -> int:
                           f"more than {MAX_SHARDS:,} (every shard is a file): raise --target-shard-mb")
     return count
 MASKING_UNITS = ("token", "word", "span")  # word = the original's whole-word masking
-OBJECTIVES = ("nsp", "doc-sentences", "full-sentences")  # sentence pairs + NSP; RoBERTa's packed inputs
-MASKINGS = ("static", "dynamic")  # dupe_factor masked copies; one unmasked copy the trainer masks
 
 
 class ConfigError(ValueError):

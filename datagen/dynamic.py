@@ -23,7 +23,7 @@ import numpy as np
 
 from bert_datagen.datagen.config import DatagenConfig
 from bert_datagen.datagen.masking import MaskedBatch, mask_batch
-from bert_datagen.datagen.records import WORD_BITS, unpack_word_bits
+from bert_datagen.datagen.record_layout import WORD_BITS, unpack_word_bits
 from bert_datagen.datagen.rng import GOLDEN, MASK64, derive_key, mix64_array
 
 

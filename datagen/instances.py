@@ -46,7 +46,8 @@ from bert_datagen.datagen.config import DatagenConfig
 from bert_datagen.datagen.documents import TokenizedDocument, split_marks, unique_documents
 from bert_datagen.datagen.masking import mask_batch
 from bert_datagen.datagen.no_nsp import PackedPlan, plan_packed_pass
-from bert_datagen.datagen.records import InstanceBatch, pack_word_bits, word_bits_length
+from bert_datagen.datagen.record_layout import pack_word_bits, word_bits_length
+from bert_datagen.datagen.records import InstanceBatch
 from bert_datagen.datagen.rng import GOLDEN, MASK64, derive_key, mix64_array, u64_for_keys
 
 if TYPE_CHECKING:

@@ -10,7 +10,7 @@ Each instance is copied unchanged: its tokens, segment ids, masked positions (sh
 in the row), ids, weights and NSP label. ``sequence_ids`` (1..n, 0 on padding) and ``position_ids``
 (restarting at 0) tell the trainer where each sequence is; ``instance_key`` per slot is the
 instance's identity, by which ``unpack`` gives back exactly the unpacked shard's records in its
-order. Layout: ``bert_datagen.datagen.records.packed_feature_spec``; docs/packing.md.
+order. Layout: ``bert_datagen.datagen.record_layout.packed_feature_spec``; docs/packing.md.
 """
 
 from __future__ import annotations
@@ -22,7 +22,8 @@ import numpy as np
 from bert_datagen.datagen.config import DatagenConfig
 from bert_datagen.datagen.example_codec import decode_raw
 from bert_datagen.datagen.framed import EncodedRecords
-from bert_datagen.datagen.records import INSTANCE_KEY, InstanceBatch, feature_spec
+from bert_datagen.datagen.record_layout import INSTANCE_KEY, feature_spec
+from bert_datagen.datagen.records import InstanceBatch
 from bert_datagen.datagen.tasks.encode import encode_framed as encode_columns
 from bert_datagen.datagen.tfrecord import RawBatch
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from bert_datagen.datagen.example_codec import Batch
-from bert_datagen.datagen.records import (
+from bert_datagen.datagen.record_layout import (
     WORD_BITS,
     WORD_BITS_PER_VALUE,
     feature_spec,
@@ -45,7 +45,7 @@ class RecordShape:
     word_bits: bool = False  # data of a word segmenter: dynamic masking's records carry word_continues_bits
 
     def spec(self) -> dict[str, tuple[str, int]]:
-        """The features these records carry (``bert_datagen.datagen.records.feature_spec``)."""
+        """The features these records carry (``bert_datagen.datagen.record_layout.feature_spec``)."""
         return feature_spec(self.max_seq_length, self.max_predictions, self.objective, self.masking,
                             self.max_sequences_per_row, self.word_bits)
 

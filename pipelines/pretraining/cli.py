@@ -13,14 +13,13 @@ from bert_datagen.datagen.config import (
     DEFAULT_NOTNEXT_POOL_TOKENS,
     INPUT_FORMATS,
     MASKING_UNITS,
-    MASKINGS,
     NOTNEXT_POOL_TOKENS_RANGE,
-    OBJECTIVES,
     READ_CHUNK_MB_RANGE,
     TARGET_SHARD_MB_RANGE,
     TEXT_LAYOUTS,
     DatagenConfig,
 )
+from bert_datagen.datagen.record_layout import MASKINGS, OBJECTIVES
 from bert_datagen.pipelines.beam.options import (
     PASS_THROUGH_SETTINGS,
     dataset_options,

@@ -294,7 +294,7 @@ def _generate_into(out: outputs.DatasetOutput, config: DatagenConfig, files: lis
                    inputs: list[str], runner: RunnerOptions, show_progress: bool, start: float) -> RunResult:
     """Run the pipeline and write the complete dataset into ``out.staging``, manifest last."""
     from bert_datagen.contract.manifest import Manifest
-    from bert_datagen.datagen.records import feature_spec
+    from bert_datagen.datagen.record_layout import feature_spec
 
     staging = out.staging
     summary_path = fsio.join(staging, "work", "summary.json")

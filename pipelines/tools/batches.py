@@ -18,7 +18,7 @@ from bert_datagen.contract.loading.order import DEFAULT_BLOCK_SIZE, GlobalOrder,
 from bert_datagen.contract.loading.source import LoadError, Source, open_source
 from bert_datagen.contract.loading.split_records import SplitRecords
 from bert_datagen.contract.loading.task_batches import TaskBatches
-from bert_datagen.datagen.records import INSTANCE_KEY
+from bert_datagen.datagen.record_layout import INSTANCE_KEY
 from bert_datagen.pipelines.beam import fsio
 
 INSTANCE_KEYS = "instance_keys"  # a packed row's: one per sequence

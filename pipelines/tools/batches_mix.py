@@ -9,7 +9,7 @@ import numpy as np
 from bert_datagen.contract.loading.mixture import MixedBatches
 from bert_datagen.contract.loading.order import GlobalOrder
 from bert_datagen.contract.loading.source import Source
-from bert_datagen.datagen.records import INSTANCE_KEY
+from bert_datagen.datagen.record_layout import INSTANCE_KEY
 
 
 def mixture_records(sources: list[Source], weights: list[float], seed: int, batch_size: int, step: int,

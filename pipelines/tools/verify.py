@@ -18,8 +18,8 @@ from bert_datagen.contract.features import word_segmented
 from bert_datagen.contract.manifest import CARD_NAME, MANIFEST_NAME, VOCAB_NAME, IndexInfo
 from bert_datagen.datagen.example_codec import decode_raw
 from bert_datagen.datagen.packed_rules import check_packed_batch
+from bert_datagen.datagen.record_layout import feature_spec
 from bert_datagen.datagen.record_rules import MAX_PROBLEMS_PER_SHARD, RecordShape, check_batch
-from bert_datagen.datagen.records import feature_spec
 from bert_datagen.datagen.tfrecord_index import FRAME_OVERHEAD, index_of_lengths
 from bert_datagen.pipelines.beam import fsio
 from bert_datagen.pipelines.tools.shards import map_shards, shard_stream

@@ -17,7 +17,7 @@ from bert_datagen.contract.manifest import (
     manifest_kind,
     write_manifest,
 )
-from bert_datagen.datagen.records import feature_spec
+from bert_datagen.datagen.record_layout import feature_spec
 
 
 def _manifest(**over) -> dict:

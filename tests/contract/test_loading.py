@@ -16,7 +16,7 @@ from bert_datagen.contract.loading.batches import NumpyBatches
 from bert_datagen.contract.loading.order import GlobalOrder, epoch_order
 from bert_datagen.contract.loading.source import LoadError, open_source
 from bert_datagen.datagen.dynamic import mask_records
-from bert_datagen.datagen.records import INSTANCE_KEY
+from bert_datagen.datagen.record_layout import INSTANCE_KEY
 from bert_datagen.datagen.tasks.encode import encode_framed
 from bert_datagen.datagen.tasks.features import task_feature_spec
 from tests.support.synthetic import write_index, write_synthetic_dataset

@@ -8,7 +8,7 @@ import struct
 import numpy as np
 import pytest
 
-from bert_datagen.datagen import example_exact, records, tfrecord
+from bert_datagen.datagen import example_exact, record_layout, records, tfrecord
 
 
 def _batch(n: int = 4, seq: int = 16, preds: int = 3, seed: int = 0) -> records.InstanceBatch:
@@ -28,7 +28,7 @@ def test_encode_decode_round_trip() -> None:
     batch = _batch()
     for i, payload in enumerate(records.encode_batch(batch)):
         decoded = example_exact.decode_example(payload)
-        assert list(decoded) == list(records.FEATURE_ORDER)
+        assert list(decoded) == list(record_layout.FEATURE_ORDER)
         for name, expected in batch.row(i).items():
             assert np.array_equal(decoded[name], expected.astype(decoded[name].dtype)), name
 
@@ -104,7 +104,7 @@ def test_frames_are_checked_against_an_index() -> None:
 
 
 def test_feature_spec_matches_recipe() -> None:
-    spec = records.feature_spec(128, 20)
+    spec = record_layout.feature_spec(128, 20)
     assert spec["input_ids"] == ("int64", 128) and spec["masked_lm_weights"] == ("float32", 20)
     assert spec["next_sentence_labels"] == ("int64", 1)
-    assert set(spec) == set(records.FEATURE_ORDER)
+    assert set(spec) == set(record_layout.FEATURE_ORDER)

@@ -16,8 +16,8 @@ from bert_datagen.datagen.example_codec import Batch
 from bert_datagen.datagen.instances import masked_rows, plan_pool_pass
 from bert_datagen.datagen.masking import mask_batch
 from bert_datagen.datagen.readers import RawDocument
+from bert_datagen.datagen.record_layout import WORD_BITS, feature_spec, pack_word_bits, unpack_word_bits
 from bert_datagen.datagen.record_rules import RecordShape, check_batch
-from bert_datagen.datagen.records import WORD_BITS, feature_spec, pack_word_bits, unpack_word_bits
 from bert_datagen.datagen.segmenters import SegmenterError, get_segmenter, segmenter_info
 from bert_datagen.vocab.tokenizer import BertTokenizer
 from bert_datagen.vocab.train import train_vocab

@@ -16,7 +16,8 @@ from bert_datagen.datagen.example_codec import decode_batch
 from bert_datagen.datagen.framed import EncodedRecords
 from bert_datagen.datagen.packed import pack, pack_records, unpack
 from bert_datagen.datagen.packed_rules import check_packed_batch
-from bert_datagen.datagen.records import encode_batch, encode_framed, feature_spec
+from bert_datagen.datagen.record_layout import feature_spec
+from bert_datagen.datagen.records import encode_batch, encode_framed
 from bert_datagen.datagen.tasks.encode import encode_framed as encode_columns
 from bert_datagen.datagen.tfrecord import iter_tfrecords
 from bert_datagen.pipelines.beam.fsio import BEAM_FS

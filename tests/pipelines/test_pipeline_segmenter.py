@@ -15,7 +15,7 @@ from bert_datagen.contract.loading.batches import NumpyBatches
 from bert_datagen.contract.loading.source import open_source
 from bert_datagen.contract.vocab_io import load_vocab, write_vocab
 from bert_datagen.datagen.config import DatagenConfig
-from bert_datagen.datagen.records import INSTANCE_KEY, WORD_BITS
+from bert_datagen.datagen.record_layout import INSTANCE_KEY, WORD_BITS
 from bert_datagen.datagen.segmenters import segmenter_info
 from bert_datagen.pipelines.cli import main
 from bert_datagen.vocab.train import train_vocab

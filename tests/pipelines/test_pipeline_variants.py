@@ -14,7 +14,7 @@ import pytest
 
 from bert_datagen.datagen.config import DatagenConfig
 from bert_datagen.datagen.example_exact import decode_example
-from bert_datagen.datagen.records import feature_spec
+from bert_datagen.datagen.record_layout import feature_spec
 from bert_datagen.datagen.tfrecord import iter_tfrecords
 from bert_datagen.pipelines.beam.runners import RunnerOptions
 from bert_datagen.pipelines.pretraining.run import generate_dataset

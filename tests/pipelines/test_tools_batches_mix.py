@@ -11,7 +11,7 @@ from click.testing import CliRunner
 
 from bert_datagen.contract.loading.mixture import MIXTURE_FEATURE, MixedBatches
 from bert_datagen.contract.loading.source import open_source
-from bert_datagen.datagen.records import INSTANCE_KEY
+from bert_datagen.datagen.record_layout import INSTANCE_KEY
 from bert_datagen.pipelines.cli import main
 from tests.support.synthetic import write_synthetic_dataset
 

@@ -197,7 +197,7 @@ def test_diff_finds_one_changed_record_across_shards(datasets, tmp_path: Path) -
 
 def _minimal(**over) -> dict:
     from bert_datagen.datagen.config import DatagenConfig
-    from bert_datagen.datagen.records import feature_spec
+    from bert_datagen.datagen.record_layout import feature_spec
 
     kw = dict(config=DatagenConfig().to_dict(), vocab={"path": "vocab.txt", "sha256": "ab", "size": 10},
               input_info={"patterns": ["x"], "files": 1, "bytes": 3, "fingerprint": "f"},

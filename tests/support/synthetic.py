@@ -13,7 +13,8 @@ import os
 
 import numpy as np
 
-from bert_datagen.datagen.records import InstanceBatch, encode_batch, feature_spec
+from bert_datagen.datagen.record_layout import feature_spec
+from bert_datagen.datagen.records import InstanceBatch, encode_batch
 from bert_datagen.datagen.rng import derive_key
 from bert_datagen.datagen.tfrecord import frame_records
 

@@ -97,7 +97,7 @@ def document_word_counts(words: DocumentWords, original: np.ndarray, lengths: np
     """Over NSP records ([CLS] A [SEP] B [SEP], ``original``: unmasked ids): masked CJK characters,
     those whose whole document word is in the row and masked, those of words of two or more
     characters, and the records whose ``word_bits`` (when given) are not their segments' marks."""
-    from bert_datagen.datagen.records import unpack_word_bits
+    from bert_datagen.datagen.record_layout import unpack_word_bits
 
     is_cjk = cjk_ids(vocab)
     counts = {"masked_cjk": 0, "whole_word": 0, "in_multi_char_words": 0, "records": 0, "wrong_word_bits": 0}

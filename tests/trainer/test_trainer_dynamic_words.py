@@ -15,7 +15,7 @@ pytest.importorskip("jieba")
 from bert_datagen.contract.loading.batches import NumpyBatches  # noqa: E402
 from bert_datagen.contract.loading.source import open_source  # noqa: E402
 from bert_datagen.datagen.config import DatagenConfig  # noqa: E402
-from bert_datagen.datagen.records import INSTANCE_KEY, WORD_BITS  # noqa: E402
+from bert_datagen.datagen.record_layout import INSTANCE_KEY, WORD_BITS  # noqa: E402
 from bert_datagen.pipelines.pretraining.run import generate_dataset  # noqa: E402
 from bert_datagen.trainer.pretrain.data import open_pretraining_data, training_source  # noqa: E402
 from bert_datagen.trainer.pretrain.earlier_runs_input import train_dataset  # noqa: E402

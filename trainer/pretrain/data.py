@@ -33,11 +33,10 @@ from bert_datagen.contract.loading.source import check_unchanged as check_manife
 from bert_datagen.contract.loading.split_records import SplitRecords
 from bert_datagen.contract.manifest import MANIFEST_NAME, Manifest
 from bert_datagen.contract.vocab_io import load_vocab
-from bert_datagen.datagen import records
 from bert_datagen.datagen.config import DatagenConfig
 from bert_datagen.datagen.dynamic import mask_records
 from bert_datagen.datagen.example_exact import decode_example
-from bert_datagen.datagen.records import INSTANCE_KEY, WORD_BITS, feature_spec
+from bert_datagen.datagen.record_layout import INSTANCE_KEY, WORD_BITS, feature_spec, packed_feature_spec
 from bert_datagen.datagen.tfrecord import RecordError, iter_tfrecords, masked_crc32c
 from bert_datagen.trainer.errors import DataError
 from bert_datagen.trainer.model.config import BertConfig
@@ -87,12 +86,6 @@ class DatasetInfo:
                                        self.sequences_per_row, self.objective)
         return feature_spec(self.max_seq_length, self.max_predictions_per_seq, self.objective, self.masking,
                             word_bits=self.word_segmented)
-
-
-def packed_feature_spec(row_length: int, max_predictions: int, sequences: int,
-                        objective: str = "nsp") -> dict[str, tuple[str, int]]:
-    """Packed rows as `bert-datagen run --packing` writes them (the data contract's spec)."""
-    return records.packed_feature_spec(row_length, max_predictions, sequences, objective)
 
 
 def with_sequence_weights(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

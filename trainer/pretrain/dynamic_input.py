@@ -17,7 +17,7 @@ import numpy as np
 import tensorflow as tf
 
 from bert_datagen.datagen.dynamic import mask_records
-from bert_datagen.datagen.records import INSTANCE_KEY, WORD_BITS
+from bert_datagen.datagen.record_layout import INSTANCE_KEY, WORD_BITS
 
 
 class DynamicMaskError(ValueError):

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import tensorflow as tf
 
-from bert_datagen.datagen.records import INSTANCE_KEY, feature_spec
+from bert_datagen.datagen.record_layout import INSTANCE_KEY, feature_spec
 from bert_datagen.trainer.errors import CheckpointError, ConfigError
 from bert_datagen.trainer.pretrain.data import DatasetInfo
 from bert_datagen.trainer.runtime.checkpoint import INPUT_PREFIX

@@ -25,7 +25,7 @@ from bert_datagen.contract.loading.mixture import MixedBatches
 from bert_datagen.contract.loading.order import INPUT_ORDER
 from bert_datagen.contract.loading.skips import SkipError, add_ranges, batch_of_step
 from bert_datagen.datagen.packed import compact_predictions
-from bert_datagen.datagen.records import INSTANCE_KEY, WORD_BITS
+from bert_datagen.datagen.record_layout import INSTANCE_KEY, WORD_BITS
 from bert_datagen.trainer.errors import ConfigError, DataError
 from bert_datagen.trainer.interop.restore import init_weights_from, load_init_checkpoint
 from bert_datagen.trainer.model.config import BertConfig
