@@ -37,7 +37,7 @@ from bert_datagen.contract.loading.source import open_source
 from bert_datagen.contract.manifest import build_manifest, write_manifest
 from bert_datagen.datagen.config import DatagenConfig
 from bert_datagen.datagen.packed import pack
-from bert_datagen.datagen.tasks.encode import encode_framed
+from bert_datagen.datagen.records import frame_columns
 from bert_datagen.datagen.tasks.features import task_feature_spec
 from tests.support.synthetic import synthetic_batch, write_index, write_synthetic_dataset
 
@@ -51,7 +51,7 @@ def _write_shards(directory: str, split: str, shards: list[dict[str, np.ndarray]
     os.makedirs(os.path.join(directory, split), exist_ok=True)
     out = []
     for i, columns in enumerate(shards):
-        data, _ = encode_framed(columns)
+        data, _ = frame_columns(columns)
         rel = f"{split}/part-{i:05d}-of-{len(shards):05d}.tfrecord"
         with open(os.path.join(directory, rel), "wb") as f:
             f.write(data)

@@ -124,8 +124,8 @@ CJK_BLOCKS = ((0x4E00, 0x9FFF), (0x3400, 0x4DBF), (0x20000, 0x2A6DF), (0x2A700, 
 
 def _task_cpu(config, split: str, files: list[Path], vocab) -> tuple[float, object, int]:
     """CPU seconds of one worker's whole conversion of a split, its records and example count."""
+    from bert_datagen.datagen.records import frame_columns
     from bert_datagen.datagen.tasks import build
-    from bert_datagen.datagen.tasks.encode import encode_framed
     from bert_datagen.vocab.tokenizer import BertTokenizer
 
     tok = BertTokenizer(vocab, config.do_lower_case, single_thread=True)
@@ -137,7 +137,7 @@ def _task_cpu(config, split: str, files: list[Path], vocab) -> tuple[float, obje
         labels = build.split_labels(config, si)
         order = build.train_order(len(si.examples), config.random_seed) if split == "train" else None
         records = build.split_records(config, si, labels, tok, order)
-        encode_framed(records.columns)
+        frame_columns(records.columns)
         secs = time.process_time() - c
         best = secs if best is None else min(best, secs)
     return best, records, len(si.examples)

@@ -18,7 +18,7 @@ import numpy as np
 from bert_datagen.datagen.config import DatagenConfig
 from bert_datagen.datagen.documents import TokenizedDocument
 from bert_datagen.datagen.instances import FlatPool, PoolPlan, masked_rows, plan_pool_pass
-from bert_datagen.datagen.records import encode_framed
+from bert_datagen.datagen.records import frame_columns
 
 if TYPE_CHECKING:
     from bert_datagen.vocab.vocab_file import Vocab
@@ -88,7 +88,7 @@ def _encode_plan(plan: PoolPlan, config: DatagenConfig, vocab: Vocab) -> tuple[E
     masked: list[np.ndarray] = []
     for lo in range(0, len(order), ENCODE_CHUNK_ROWS):
         batch = masked_rows(plan, order[lo:lo + ENCODE_CHUNK_ROWS], config, vocab)
-        framed, framed_lengths = encode_framed(batch)
+        framed, framed_lengths = frame_columns(batch.columns())
         blobs.append(framed)
         lengths.append(framed_lengths)
         weights = batch.masked_lm_weights  # None for dynamic masking: nothing masked yet

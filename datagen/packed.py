@@ -23,8 +23,7 @@ from bert_datagen.datagen.config import DatagenConfig
 from bert_datagen.datagen.example_codec import decode_raw
 from bert_datagen.datagen.framed import EncodedRecords
 from bert_datagen.datagen.record_layout import INSTANCE_KEY, feature_spec
-from bert_datagen.datagen.records import InstanceBatch
-from bert_datagen.datagen.tasks.encode import encode_framed as encode_columns
+from bert_datagen.datagen.records import InstanceBatch, frame_columns
 from bert_datagen.datagen.tfrecord import RawBatch
 
 
@@ -199,9 +198,9 @@ def pack_records(records: EncodedRecords, config: DatagenConfig, where: str) -> 
             raise RuntimeError(f"{where}: record {lo + problems[0][0]} does not decode for packing: "
                                f"{problems[0][1]}")
         columns, row_keys = pack(batch.features, group.keys, config)
-        blob, framed = encode_columns(columns)
+        blob, framed = frame_columns(columns)
         keys.append(row_keys)
-        lengths.append(np.asarray(framed, np.int64))
+        lengths.append(framed)
         blobs.append(blob)
     if not blobs:
         return records

@@ -12,6 +12,7 @@ integer feature of the batch are computed with NumPy in one go.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import google_crc32c
@@ -52,6 +53,19 @@ class InstanceBatch:
     def row(self, i: int) -> dict[str, np.ndarray]:
         return {name: np.atleast_1d(getattr(self, name)[i]) for name in self.feature_names}
 
+    def columns(self) -> dict[str, np.ndarray]:
+        """The records' features as ``frame_columns`` takes them: the float features as float32,
+        every other feature an integer column."""
+        columns = {}
+        for name in self.feature_names:
+            values = np.asarray(getattr(self, name))
+            if name in FLOAT_FEATURES:
+                values = values.astype(np.float32, copy=False)
+            elif values.dtype == np.float32:  # frame_columns reads float32 as a float list; this one is int64
+                values = values.astype(np.uint64)
+            columns[name] = values
+        return columns
+
 
 # ---------------------------------------------------------------- varints
 
@@ -70,8 +84,12 @@ def _length_delimited(field: int, payload: bytes) -> bytes:
     return _varint((field << 3) | 2) + _varint(len(payload)) + payload
 
 
-_KEY_BYTES = {name: b"\x0a" + _varint(len(name)) + name.encode()
-              for name in (*FEATURE_ORDER, INSTANCE_KEY, WORD_BITS)}
+@functools.cache
+def _key_bytes(name: str) -> bytes:
+    """A feature map entry's key field: tag, length, name."""
+    raw = name.encode()
+    return b"\x0a" + _varint(len(raw)) + raw
+
 
 # ---------------------------------------------------------------- slot encoding
 # A batch is encoded as one (rows x slots) byte matrix with a same-shaped "keep" mask: every row
@@ -108,45 +126,47 @@ def _varint_slots(values: np.ndarray) -> tuple[_Piece, np.ndarray]:
     return (slots.reshape(n, length * width), keep.reshape(n, length * width)), nbytes.sum(axis=1, dtype=np.int64)
 
 
-def _const(data: bytes, n: int) -> _Piece:
+def _constant_slots(data: bytes, n: int) -> _Piece:
     return np.broadcast_to(np.frombuffer(data, dtype=np.uint8), (n, len(data))), None
 
 
-def _length_varint(lengths: np.ndarray) -> tuple[_Piece, np.ndarray]:
+def _length_slots(lengths: np.ndarray) -> tuple[_Piece, np.ndarray]:
     return _varint_slots(lengths.reshape(-1, 1))
 
 
-def _payload_pieces(batch: InstanceBatch) -> tuple[list[_Piece], np.ndarray]:
+def _example_slots(columns: dict[str, np.ndarray], n: int) -> tuple[list[_Piece], np.ndarray]:
     """The slot pieces of every row's serialized Example, and each row's payload length."""
-    n = len(batch)
     pieces: list[_Piece] = []
     entries_len = np.zeros(n, dtype=np.int64)
-    for name in batch.feature_names:
-        if name in FLOAT_FEATURES:
-            weights = np.ascontiguousarray(getattr(batch, name), dtype="<f4").reshape(n, -1)
-            values: _Piece = (weights.view(np.uint8), None)
-            values_len = np.full(n, weights.shape[1] * 4, dtype=np.int64)
+    for name in sorted(columns):
+        column = columns[name]
+        if column.dtype == np.float32:
+            floats = np.ascontiguousarray(column, dtype="<f4").reshape(n, -1)
+            values: _Piece = (floats.view(np.uint8), None)
+            values_len = np.full(n, floats.shape[1] * 4, dtype=np.int64)
             list_tag = b"\x12"  # Feature.float_list
         else:
-            values, values_len = _varint_slots(np.asarray(getattr(batch, name)))
+            # Any integer dtype: the slot encoder widens to uint64 (two's complement for -1) itself.
+            values, values_len = _varint_slots(column.reshape(n, -1))
             list_tag = b"\x1a"  # Feature.int64_list
         # Nesting, inside out: packed values (0x0a len), the list (tag len), the Feature
         # (0x12 len, after the key), the map entry (0x0a len).
-        vl, vl_n = _length_varint(values_len)
+        key = _key_bytes(name)
+        vl, vl_n = _length_slots(values_len)
         list_len = 1 + vl_n + values_len
-        ll, ll_n = _length_varint(list_len)
+        ll, ll_n = _length_slots(list_len)
         feature_len = 1 + ll_n + list_len
-        fl, fl_n = _length_varint(feature_len)
-        entry_len = len(_KEY_BYTES[name]) + 1 + fl_n + feature_len
-        el, el_n = _length_varint(entry_len)
+        fl, fl_n = _length_slots(feature_len)
+        entry_len = len(key) + 1 + fl_n + feature_len
+        el, el_n = _length_slots(entry_len)
         entries_len += 1 + el_n + entry_len
-        pieces += [_const(b"\x0a", n), el, _const(_KEY_BYTES[name] + b"\x12", n), fl, _const(list_tag, n), ll,
-                   _const(b"\x0a", n), vl, values]
-    head, head_n = _length_varint(entries_len)
-    return [_const(b"\x0a", n), head, *pieces], 1 + head_n + entries_len
+        pieces += [_constant_slots(b"\x0a", n), el, _constant_slots(key + b"\x12", n), fl,
+                   _constant_slots(list_tag, n), ll, _constant_slots(b"\x0a", n), vl, values]
+    head, head_n = _length_slots(entries_len)
+    return [_constant_slots(b"\x0a", n), head, *pieces], 1 + head_n + entries_len
 
 
-def _compact(pieces: list[_Piece], n: int) -> np.ndarray:
+def _kept_bytes(pieces: list[_Piece], n: int) -> np.ndarray:
     """Every row's kept slots, rows back to back (uint8)."""
     widths = [p[0].shape[1] for p in pieces]
     matrix = np.empty((n, sum(widths)), dtype=np.uint8)
@@ -161,43 +181,45 @@ def _compact(pieces: list[_Piece], n: int) -> np.ndarray:
     return matrix.ravel() if keep is None else np.compress(keep.ravel(), matrix.ravel())
 
 
+def _row_count(columns: dict[str, np.ndarray]) -> int:
+    return int(next(iter(columns.values())).shape[0]) if columns else 0
+
+
 def encode_batch(batch: InstanceBatch) -> list[bytes]:
     """Serialized ``tf.train.Example`` bytes of every instance in the batch.
 
     Vectorized over the batch (slot encoding, above); equal to ``encode_batch_reference``.
     """
-    flat, offsets = encode_batch_flat(batch)
-    data = flat.tobytes()
-    return [data[offsets[i]:offsets[i + 1]] for i in range(len(batch))]
-
-
-def encode_batch_flat(batch: InstanceBatch) -> tuple[np.ndarray, np.ndarray]:
-    """Like ``encode_batch``, as all payloads concatenated (uint8) and their offsets (n + 1)."""
-    n = len(batch)
+    columns = batch.columns()
+    n = _row_count(columns)
     if n == 0:
-        return np.zeros(0, dtype=np.uint8), np.zeros(1, dtype=np.int64)
-    pieces, lengths = _payload_pieces(batch)
-    offsets = np.zeros(n + 1, dtype=np.int64)
-    np.cumsum(lengths, out=offsets[1:])
-    return _compact(pieces, n), offsets
+        return []
+    pieces, lengths = _example_slots(columns, n)
+    data = _kept_bytes(pieces, n).tobytes()
+    ends = np.cumsum(lengths).tolist()
+    return [data[lo:hi] for lo, hi in zip([0, *ends[:-1]], ends, strict=True)]
 
 
-def encode_framed(batch: InstanceBatch) -> tuple[bytes, np.ndarray]:
-    """Every instance as a framed TFRecord, back to back, and each record's framed length.
+def frame_columns(columns: dict[str, np.ndarray]) -> tuple[bytes, np.ndarray]:
+    """Each row of ``columns`` (name -> (n, ...) array; float32 a float list, any other dtype an
+    int64 list) as a framed TFRecord of its serialized ``tf.train.Example``, back to back, and
+    each record's framed length (int64).
 
-    Equal to ``frame_record`` of each ``encode_batch`` payload. The length header is two more
-    pieces of the slot matrix; the payload CRC needs the payload bytes, so four placeholder
-    slots are filled in after one CRC call per record.
+    Map entries in key order, values packed: protobuf's deterministic serialization. Pre-training
+    records (``InstanceBatch.columns``), packed rows and task records are all framed here. Equal to
+    ``frame_record`` of each Example. The length header is two more pieces of the slot matrix; the
+    payload CRC needs the payload bytes, so four placeholder slots are filled in after one CRC call
+    per record.
     """
-    n = len(batch)
+    n = _row_count(columns)
     if n == 0:
         return b"", np.zeros(0, dtype=np.int64)
-    pieces, lengths = _payload_pieces(batch)
+    pieces, lengths = _example_slots(columns, n)
     header = np.empty((n, 12), dtype=np.uint8)
     header[:, :8] = lengths.astype("<u8").view(np.uint8).reshape(n, 8)
     header[:, 8:] = length_crcs(lengths).view(np.uint8).reshape(n, 4)
     footer = np.zeros((n, 4), dtype=np.uint8)
-    flat = _compact([(header, None), *pieces, (footer, None)], n)
+    flat = _kept_bytes([(header, None), *pieces, (footer, None)], n)
     framed = lengths + 16
     ends = np.cumsum(framed)
     data = flat.tobytes()
@@ -229,7 +251,7 @@ def encode_batch_reference(batch: InstanceBatch) -> list[bytes]:
             else:
                 values = weight_bytes[i * row_w : (i + 1) * row_w]
                 feature = _length_delimited(2, _length_delimited(1, values))  # float_list
-            entry = _KEY_BYTES[name] + _length_delimited(2, feature)
+            entry = _key_bytes(name) + _length_delimited(2, feature)
             entries.append(_length_delimited(1, entry))
         records.append(_length_delimited(1, b"".join(entries)))
     return records

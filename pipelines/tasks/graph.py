@@ -41,9 +41,9 @@ from bert_datagen.contract.fs import is_remote
 from bert_datagen.contract.manifest import CARD_NAME, MANIFEST_NAME, VOCAB_NAME
 from bert_datagen.datagen.config import ConfigError
 from bert_datagen.datagen.placement import shards_for_bytes
+from bert_datagen.datagen.records import frame_columns
 from bert_datagen.datagen.tasks import build
 from bert_datagen.datagen.tasks.config import SPAN, TAGGING, TaskConfig, TaskInputError
-from bert_datagen.datagen.tasks.encode import encode_framed
 from bert_datagen.datagen.tasks.features import TaskRecords, combine_side, unique_ids
 from bert_datagen.datagen.tfrecord_index import index_name, index_of_lengths
 from bert_datagen.pipelines.beam import fsio
@@ -169,9 +169,9 @@ class WriteSplit(beam.DoFn):
             columns = dict(part.columns)
             if "unique_ids" in columns:  # numbered in split order, as `combine` numbers them
                 columns["unique_ids"] = unique_ids(first, len(part))
-            blob, sizes = encode_framed(columns)
+            blob, sizes = frame_columns(columns)
             blobs.append(blob)
-            lengths += sizes
+            lengths += sizes.tolist()
             first += len(part)
         data = b"".join(blobs)
         ends = np.cumsum(np.array(lengths, dtype=np.int64)) if lengths else np.zeros(0, dtype=np.int64)

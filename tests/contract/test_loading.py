@@ -17,7 +17,7 @@ from bert_datagen.contract.loading.order import GlobalOrder, epoch_order
 from bert_datagen.contract.loading.source import LoadError, open_source
 from bert_datagen.datagen.dynamic import mask_records
 from bert_datagen.datagen.record_layout import INSTANCE_KEY
-from bert_datagen.datagen.tasks.encode import encode_framed
+from bert_datagen.datagen.records import frame_columns
 from bert_datagen.datagen.tasks.features import task_feature_spec
 from tests.support.synthetic import write_index, write_synthetic_dataset
 
@@ -290,7 +290,7 @@ def _task_dataset(directory: str, task_type: str, n: int = 20, seq: int = 12) ->
     columns = {k: (rng.random((n, c)).astype(np.float32) if d == "float32" else rng.integers(0, 50, (n, c)))
                for k, (d, c) in spec.items()}
     os.makedirs(os.path.join(directory, "train"))
-    data, _ = encode_framed(columns)
+    data, _ = frame_columns(columns)
     rel = "train/part-00000-of-00001.tfrecord"
     with open(os.path.join(directory, rel), "wb") as f:
         f.write(data)

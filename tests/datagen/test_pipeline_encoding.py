@@ -34,7 +34,7 @@ def test_framed_encoder_equals_frame_record(n: int, seq: int, seed: int, high: i
                                   rng.integers(0, 2, (n, seq)), rng.integers(0, seq, (n, 3)),
                                   rng.integers(0, high, (n, 3), dtype=np.int64),
                                   rng.random((n, 3)).astype(np.float32), rng.integers(0, 2, n))
-    framed, lengths = records.encode_framed(batch)
+    framed, lengths = records.frame_columns(batch.columns())
     expected = [tfrecord.frame_record(p) for p in records.encode_batch_reference(batch)]
     assert framed == b"".join(expected)
     assert lengths.tolist() == [len(r) for r in expected]

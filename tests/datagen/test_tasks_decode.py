@@ -8,8 +8,8 @@ import numpy as np
 from bert_datagen.datagen.example_codec import decode_batch, decode_exact
 from bert_datagen.datagen.records import _varint
 from bert_datagen.datagen.tasks.config import TaskConfig
-from bert_datagen.datagen.tasks.encode import encode_payloads
 from bert_datagen.datagen.tasks.features import task_feature_spec
+from tests.support.record_encoding import encode_payloads
 from tests.support.taskdata_fixtures import build_file, minilm_tokenizer, task_file
 
 

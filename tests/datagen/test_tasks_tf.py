@@ -9,9 +9,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from bert_datagen.datagen.records import frame_columns
 from bert_datagen.datagen.tasks.config import TaskConfig, split_is_training
-from bert_datagen.datagen.tasks.encode import encode_framed, encode_payloads
 from bert_datagen.datagen.tasks.features import task_feature_spec
+from tests.support.record_encoding import encode_payloads
 from tests.support.taskdata_fixtures import build_file, minilm_tokenizer, squad_slice, task_file
 
 tf = pytest.importorskip("tensorflow")
@@ -46,7 +47,7 @@ def test_tensorflow_parses_every_record(kind, split, rel, L, tmp_path):
     columns = {name: values[:n] for name, values in records.columns.items()}
     spec = task_feature_spec(TaskConfig(kind=kind).task_type, L, split_is_training(split))
     assert set(spec) == set(columns)
-    blob, lengths = encode_framed(columns)
+    blob, lengths = frame_columns(columns)
     path = tmp_path / "part.tfrecord"
     path.write_bytes(blob)
     assert sum(lengths) == len(blob)

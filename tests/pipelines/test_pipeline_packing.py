@@ -17,8 +17,7 @@ from bert_datagen.datagen.framed import EncodedRecords
 from bert_datagen.datagen.packed import pack, pack_records, unpack
 from bert_datagen.datagen.packed_rules import check_packed_batch
 from bert_datagen.datagen.record_layout import feature_spec
-from bert_datagen.datagen.records import encode_batch, encode_framed
-from bert_datagen.datagen.tasks.encode import encode_framed as encode_columns
+from bert_datagen.datagen.records import encode_batch, frame_columns
 from bert_datagen.datagen.tfrecord import iter_tfrecords
 from bert_datagen.pipelines.beam.fsio import BEAM_FS
 from bert_datagen.pipelines.beam.runners import RunnerOptions
@@ -182,9 +181,9 @@ def test_packing_group_by_group_equals_packing_the_shard_at_once(built):
     config = dataclasses.replace(GOLDEN_CONFIG, packing=True, packing_group_size=7)
     batch, shape = _packed_batch(packed)
     instances, keys = unpack(batch.features, config.max_predictions_per_seq)
-    blob, lengths = encode_framed(instances)
+    blob, lengths = frame_columns(instances.columns())
     records = EncodedRecords(keys, lengths, blob)
     chunked = pack_records(records, config, "shard")
     columns, row_keys = pack({n: getattr(instances, n) for n in instances.feature_names}, keys, config)
-    assert chunked.blob == encode_columns(columns)[0] and (chunked.keys == row_keys).all()
+    assert chunked.blob == frame_columns(columns)[0] and (chunked.keys == row_keys).all()
     assert len(chunked) > len(batch)  # groups of 7 pack worse than groups of 8192

@@ -11,9 +11,9 @@ from click.testing import CliRunner
 
 from bert_datagen.contract.fs import LOCAL_FS
 from bert_datagen.contract.vocab_io import load_vocab
+from bert_datagen.datagen.records import frame_columns
 from bert_datagen.datagen.tasks import build
 from bert_datagen.datagen.tasks.config import TaskConfig
-from bert_datagen.datagen.tasks.encode import encode_framed
 from bert_datagen.pipelines.beam.runners import RunnerOptions
 from bert_datagen.pipelines.cli import main
 from bert_datagen.pipelines.pretraining.run import DatagenError
@@ -142,7 +142,7 @@ def test_pair_task_train_is_shuffled_dev_and_test_in_input_order(files, tmp_path
         si = build.read_split(config, split, [(str(path), path.read_bytes())])
         records = build.split_records(config, si, m["task"]["labels"], tok, order)
         shards = sorted((out / split).glob("part-*.tfrecord"))
-        assert b"".join(p.read_bytes() for p in shards) == encode_framed(records.columns)[0]
+        assert b"".join(p.read_bytes() for p in shards) == frame_columns(records.columns)[0]
 
 
 def test_cli_errors_name_file_and_line_and_leave_nothing(files, tmp_path):

@@ -12,8 +12,8 @@ from click.testing import CliRunner
 
 from bert_datagen.contract.fs import LOCAL_FS
 from bert_datagen.contract.manifest import manifest_bytes
+from bert_datagen.datagen.records import frame_columns
 from bert_datagen.datagen.tasks.config import TaskConfig
-from bert_datagen.datagen.tasks.encode import encode_framed
 from bert_datagen.pipelines.cli import main
 from bert_datagen.pipelines.tasks.run import generate_task_dataset
 from bert_datagen.pipelines.tools.task_datasets import read_split
@@ -55,7 +55,7 @@ def _rewrite(out: Path, split: str, edit) -> None:
     columns, problems = read_split(ds, split)
     assert not problems
     edit(columns)
-    blob, _ = encode_framed(columns)
+    blob, _ = frame_columns(columns)
     manifest = json.loads((out / "manifest.json").read_text())
     [shard] = manifest["splits"][split]["shards"] if len(manifest["splits"][split]["shards"]) == 1 else [None]
     assert shard is not None

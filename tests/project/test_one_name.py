@@ -12,14 +12,16 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent.parent
 PACKAGES = ("vocab", "datagen", "contract", "cli", "pipelines", "trainer")
 
-# name -> the one module (relative path) that defines it
-HOMES = {
+# name -> the one module (relative path) that defines it; None: a retired name that no module defines
+HOMES: dict[str, str | None] = {
     "OBJECTIVES": "datagen/record_layout.py",
     "MASKINGS": "datagen/record_layout.py",
     "feature_spec": "datagen/record_layout.py",
     "packed_feature_spec": "datagen/record_layout.py",
     "INSTANCE_KEY": "datagen/record_layout.py",
     "WORD_BITS": "datagen/record_layout.py",
+    "frame_columns": "datagen/records.py",
+    "encode_framed": None,  # two encoders' name once (records.py and tasks/encode.py): now frame_columns
 }
 
 
@@ -46,10 +48,55 @@ def definers() -> dict[str, list[str]]:
 
 @pytest.mark.parametrize("name", sorted(HOMES))
 def test_defined_once_in_its_home(name: str) -> None:
-    assert definers()[name] == [HOMES[name]]
+    home = HOMES[name]
+    assert definers()[name] == ([] if home is None else [home])
 
 
 def test_imports_and_wrappers_are_told_apart(tmp_path: Path) -> None:
     module = tmp_path / "m.py"
     module.write_text("from x import OBJECTIVES\nMASKINGS: tuple = ()\ndef feature_spec(): ...\nclass C: ...\n")
     assert top_level_definitions(module) == {"MASKINGS", "feature_spec", "C"}
+
+
+def private_reaches(path: Path) -> list[str]:
+    """Private names (``_x``) a module takes from another of ours: ``from ... import _x`` or
+    ``module._x`` on a module or name it imported from ``bert_datagen``."""
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    ours: set[str] = set()
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and (node.level or (node.module or "").startswith("bert_datagen")):
+            for alias in node.names:
+                if alias.name.startswith("_") and not alias.name.startswith("__"):
+                    found.append(f"{node.module}.{alias.name}")
+                ours.add(alias.asname or alias.name)
+        elif isinstance(node, ast.Import):
+            ours |= {a.asname for a in node.names if a.asname and a.name.startswith("bert_datagen")}
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in ours
+                and node.attr.startswith("_") and not node.attr.startswith("__")):
+            found.append(f"{node.value.id}.{node.attr}")
+    return found
+
+
+# Reaches that remain because the modules are being rewritten elsewhere at the same time; an entry
+# that no longer occurs fails the test, so the list only shrinks.
+PENDING_PRIVATE_REACHES = {
+    # the readers' per-format document readers, which ranges.py reads a byte range with
+    "datagen/ranges.py": ["bert_datagen.datagen.readers._DOC_OPEN", "bert_datagen.datagen.readers._read_jsonl",
+                          "bert_datagen.datagen.readers._read_sentences",
+                          "bert_datagen.datagen.readers._read_wikiextractor"],
+}
+
+
+def test_no_private_helper_is_used_across_modules() -> None:
+    reaches = {path.relative_to(REPO).as_posix(): found for package in PACKAGES
+               for path in sorted((REPO / package).rglob("*.py")) if (found := private_reaches(path))}
+    assert reaches == PENDING_PRIVATE_REACHES
+
+
+def test_private_reaches_are_found(tmp_path: Path) -> None:
+    module = tmp_path / "m.py"
+    module.write_text("from bert_datagen.datagen import records as _slots\nfrom bert_datagen.x import _y, z\n"
+                      "from . import _w\nimport numpy as np\n_slots._varint(1)\nz._a\nnp._b\nz.__doc__\n")
+    assert sorted(private_reaches(module)) == ["None._w", "_slots._varint", "bert_datagen.x._y", "z._a"]
