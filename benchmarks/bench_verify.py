@@ -19,10 +19,11 @@ from bert_datagen.contract.manifest import VOCAB_NAME, Manifest
 from bert_datagen.datagen import rng
 from bert_datagen.datagen.config import DatagenConfig
 from bert_datagen.datagen.record_layout import feature_spec
-from bert_datagen.datagen.records import InstanceBatch, encode_batch
+from bert_datagen.datagen.records import InstanceBatch
 from bert_datagen.datagen.tfrecord import frame_records
 from bert_datagen.pipelines.beam import fsio
 from bert_datagen.pipelines.pretraining.card import write_card
+from tests.support.record_encoding import encode_batch
 
 SPECIALS = ["[PAD]"] + [f"[unused{i}]" for i in range(5)] + ["[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 PAD, UNK, CLS, SEP, MASK = 0, 6, 7, 8, 9

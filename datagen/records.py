@@ -80,10 +80,6 @@ def _varint(value: int) -> bytes:
     return bytes(out)
 
 
-def _length_delimited(field: int, payload: bytes) -> bytes:
-    return _varint((field << 3) | 2) + _varint(len(payload)) + payload
-
-
 @functools.cache
 def _key_bytes(name: str) -> bytes:
     """A feature map entry's key field: tag, length, name."""
@@ -185,21 +181,6 @@ def _row_count(columns: dict[str, np.ndarray]) -> int:
     return int(next(iter(columns.values())).shape[0]) if columns else 0
 
 
-def encode_batch(batch: InstanceBatch) -> list[bytes]:
-    """Serialized ``tf.train.Example`` bytes of every instance in the batch.
-
-    Vectorized over the batch (slot encoding, above); equal to ``encode_batch_reference``.
-    """
-    columns = batch.columns()
-    n = _row_count(columns)
-    if n == 0:
-        return []
-    pieces, lengths = _example_slots(columns, n)
-    data = _kept_bytes(pieces, n).tobytes()
-    ends = np.cumsum(lengths).tolist()
-    return [data[lo:hi] for lo, hi in zip([0, *ends[:-1]], ends, strict=True)]
-
-
 def frame_columns(columns: dict[str, np.ndarray]) -> tuple[bytes, np.ndarray]:
     """Each row of ``columns`` (name -> (n, ...) array; float32 a float list, any other dtype an
     int64 list) as a framed TFRecord of its serialized ``tf.train.Example``, back to back, and
@@ -227,31 +208,3 @@ def frame_columns(columns: dict[str, np.ndarray]) -> tuple[bytes, np.ndarray]:
     crcs = np.fromiter((google_crc32c.value(data[lo:hi]) for lo, hi in spans), dtype=np.uint64, count=n)
     flat[(ends - 4)[:, None] + np.arange(4)] = mask_crcs(crcs).view(np.uint8).reshape(n, 4)
     return flat.tobytes(), framed
-
-
-def encode_batch_reference(batch: InstanceBatch) -> list[bytes]:
-    """Serialized ``tf.train.Example`` bytes, one record at a time (the reference for encode_batch)."""
-    n = len(batch)
-    # Scalar varints, value by value: independent of the vectorized slot encoder it checks.
-    names = batch.feature_names
-    packed = {name: [np.atleast_1d(np.asarray(row)).astype(np.uint64).tolist() for row in getattr(batch, name)]
-              for name in names if name not in FLOAT_FEATURES}
-    weights = np.ascontiguousarray(batch.masked_lm_weights if batch.masked_lm_weights is not None
-                                   else np.zeros((n, 0)), dtype="<f4")
-    weight_bytes = weights.tobytes()
-    row_w = weights.shape[1] * 4
-
-    records: list[bytes] = []
-    for i in range(n):
-        entries = []
-        for name in names:
-            if name in packed:
-                values = b"".join(_varint(v) for v in packed[name][i])
-                feature = _length_delimited(3, _length_delimited(1, values))  # int64_list
-            else:
-                values = weight_bytes[i * row_w : (i + 1) * row_w]
-                feature = _length_delimited(2, _length_delimited(1, values))  # float_list
-            entry = _key_bytes(name) + _length_delimited(2, feature)
-            entries.append(_length_delimited(1, entry))
-        records.append(_length_delimited(1, b"".join(entries)))
-    return records

@@ -27,10 +27,6 @@ F = TypeVar("F", bound=Callable[..., object])
 PASS_THROUGH_SETTINGS = {"ignore_unknown_options": True, "allow_extra_args": True}
 
 
-def beam_option_names() -> list[str]:
-    return sorted(s for s in beam_parser()._option_string_actions if s.startswith("--"))
-
-
 # Beam's S3 options configure Beam's S3 filesystem, which bert-datagen does not use (s3:// goes through
 # s3fs in every process: bert_datagen.contract.buckets): refused, naming the setting that works.
 _S3_SETTINGS = {"--s3_endpoint_url": "AWS_ENDPOINT_URL", "--s3_access_key_id": "AWS_ACCESS_KEY_ID",

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from bert_datagen.datagen import example_exact, record_layout, records, tfrecord
+from tests.support.record_encoding import encode_batch, varint
 
 
 def _batch(n: int = 4, seq: int = 16, preds: int = 3, seed: int = 0) -> records.InstanceBatch:
@@ -26,7 +27,7 @@ def _batch(n: int = 4, seq: int = 16, preds: int = 3, seed: int = 0) -> records.
 
 def test_encode_decode_round_trip() -> None:
     batch = _batch()
-    for i, payload in enumerate(records.encode_batch(batch)):
+    for i, payload in enumerate(encode_batch(batch)):
         decoded = example_exact.decode_example(payload)
         assert list(decoded) == list(record_layout.FEATURE_ORDER)
         for name, expected in batch.row(i).items():
@@ -36,7 +37,7 @@ def test_encode_decode_round_trip() -> None:
 def test_varints_match_reference_encoder() -> None:
     values = np.array([[0, 1, 127, 128, 300, 16383, 16384, 2**21, 2**35, 2**63 - 1]], dtype=np.uint64)
     (slots, keep), counts = records._varint_slots(values)
-    expected = b"".join(records._varint(int(v)) for v in values[0])
+    expected = b"".join(varint(int(v)) for v in values[0])
     assert slots[keep].tobytes() == expected and counts.tolist() == [len(expected)]
 
 
@@ -46,7 +47,7 @@ def test_known_bytes_of_a_minimal_record() -> None:
         masked_lm_positions=np.array([[0]]), masked_lm_ids=np.array([[0]]),
         masked_lm_weights=np.array([[0.0]], dtype=np.float32), next_sentence_labels=np.array([1]),
     )
-    payload = records.encode_batch(batch)[0]
+    payload = encode_batch(batch)[0]
     # Sorted keys, packed int64 lists: the first entry is input_ids = [101, 102].
     first = b"\x0a\x09input_ids\x12\x06\x1a\x04\x0a\x02\x65\x66"
     # Example.features (field 1, 2-byte length), then the first map entry (field 1).
@@ -55,7 +56,7 @@ def test_known_bytes_of_a_minimal_record() -> None:
 
 
 def test_framing_and_crc_checks() -> None:
-    payloads = records.encode_batch(_batch())
+    payloads = encode_batch(_batch())
     data = tfrecord.frame_records(payloads)
     assert list(tfrecord.iter_tfrecords(io.BytesIO(data), "x")) == payloads
     # Known value of the masked CRC32C of empty data (TFRecord spec arithmetic).
@@ -73,7 +74,7 @@ def test_framing_and_crc_checks() -> None:
 @pytest.mark.parametrize("block", [13, 64, 1 << 20])
 def test_record_offsets_walk_the_headers_in_blocks(block: int) -> None:
     # Blocks smaller than a record, than a header, and larger than the file: the same offsets.
-    payloads = records.encode_batch(_batch(n=9))
+    payloads = encode_batch(_batch(n=9))
     data = tfrecord.frame_records(payloads)
     offsets = tfrecord.record_offsets(io.BytesIO(data).read, 9, "s", block)
     assert offsets.tolist() == np.cumsum([0] + [16 + len(p) for p in payloads]).tolist()
@@ -87,7 +88,7 @@ def test_record_offsets_walk_the_headers_in_blocks(block: int) -> None:
 
 
 def test_frames_are_checked_against_an_index() -> None:
-    payloads = records.encode_batch(_batch(n=5))
+    payloads = encode_batch(_batch(n=5))
     data = tfrecord.frame_records(payloads)
     offsets = tfrecord.record_offsets(io.BytesIO(data).read, 5, "s")
     heads, lengths = offsets[:-1], np.diff(offsets) - 16

@@ -14,7 +14,6 @@ from bert_datagen.datagen.config import DatagenConfig
 from bert_datagen.datagen.documents import tokenize_documents
 from bert_datagen.datagen.instances import build_pool_instances
 from bert_datagen.datagen.readers import RawDocument
-from bert_datagen.datagen.records import encode_batch
 from tests.support.datagen_fakes import (
     FakeTokenizer,
     FakeVocab,
@@ -23,6 +22,7 @@ from tests.support.datagen_fakes import (
     reference_instances,
     synthetic_pool,
 )
+from tests.support.record_encoding import encode_batch
 
 VOCAB = FakeVocab()
 

@@ -16,8 +16,8 @@ from bert_datagen.datagen.instances import build_pool_instances, masked_rows
 from bert_datagen.datagen.instances import plan_pool_pass as plan_unique_pool
 from bert_datagen.datagen.no_nsp import DOC_SEPARATOR
 from bert_datagen.datagen.record_layout import feature_spec
-from bert_datagen.datagen.records import encode_batch
 from tests.support.datagen_fakes import FakeVocab, make_doc, synthetic_pool
+from tests.support.record_encoding import encode_batch
 
 VOCAB = FakeVocab()
 

@@ -7,6 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from bert_datagen.datagen import records, tfrecord
+from tests.support.record_encoding import encode_batch, encode_batch_reference
 
 
 @given(st.integers(0, 40), st.integers(1, 70), st.integers(1, 12), st.integers(0, 2**32 - 1),
@@ -23,7 +24,7 @@ def test_vectorized_encoder_equals_reference(n: int, seq: int, pred: int, seed: 
         masked_lm_weights=rng.random((n, pred)).astype(np.float32),
         next_sentence_labels=rng.integers(0, 2, n),
     )
-    assert records.encode_batch(batch) == records.encode_batch_reference(batch)
+    assert encode_batch(batch) == encode_batch_reference(batch)
 
 
 @given(st.integers(0, 30), st.integers(1, 40), st.integers(0, 2**32 - 1), st.sampled_from([2, 2**14, 30522, 2**63]))
@@ -35,7 +36,7 @@ def test_framed_encoder_equals_frame_record(n: int, seq: int, seed: int, high: i
                                   rng.integers(0, high, (n, 3), dtype=np.int64),
                                   rng.random((n, 3)).astype(np.float32), rng.integers(0, 2, n))
     framed, lengths = records.frame_columns(batch.columns())
-    expected = [tfrecord.frame_record(p) for p in records.encode_batch_reference(batch)]
+    expected = [tfrecord.frame_record(p) for p in encode_batch_reference(batch)]
     assert framed == b"".join(expected)
     assert lengths.tolist() == [len(r) for r in expected]
 
@@ -62,7 +63,7 @@ def test_encode_pool_pass_writes_records_in_key_order_equal_to_the_batch(monkeyp
     order = np.argsort(whole.keys, kind="stable")
     assert len(encoded) == len(order) > 7
     assert (np.diff(encoded.keys.astype(object)) > 0).all() and (encoded.keys == whole.keys[order]).all()
-    expected = [tfrecord.frame_record(p) for p in records.encode_batch_reference(whole.batch)]
+    expected = [tfrecord.frame_record(p) for p in encode_batch_reference(whole.batch)]
     assert encoded.blob == b"".join(expected[i] for i in order)
     assert labels.tolist() == np.asarray(whole.batch.next_sentence_labels)[order].tolist()
     assert masked.tolist() == (whole.batch.masked_lm_weights[order] > 0).sum(axis=1).tolist()

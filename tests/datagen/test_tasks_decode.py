@@ -6,10 +6,9 @@ from __future__ import annotations
 import numpy as np
 
 from bert_datagen.datagen.example_codec import decode_batch, decode_exact
-from bert_datagen.datagen.records import _varint
 from bert_datagen.datagen.tasks.config import TaskConfig
 from bert_datagen.datagen.tasks.features import task_feature_spec
-from tests.support.record_encoding import encode_payloads
+from tests.support.record_encoding import encode_payloads, varint
 from tests.support.taskdata_fixtures import build_file, minilm_tokenizer, task_file
 
 
@@ -27,7 +26,7 @@ def _entries(payload: bytes) -> bytes:
 
 
 def _example(entries: bytes) -> bytes:
-    return b"\x0a" + _varint(len(entries)) + entries
+    return b"\x0a" + varint(len(entries)) + entries
 
 
 def test_real_records_decode_as_written():

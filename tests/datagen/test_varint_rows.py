@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from bert_datagen.datagen.records import _varint
 from bert_datagen.datagen.varint_rows import decode_varint_rows, rows_at
+from tests.support.record_encoding import varint
 
 
 def _packed(values: list[int]) -> bytes:
-    return b"".join(_varint(v & ((1 << 64) - 1)) for v in values)
+    return b"".join(varint(v & ((1 << 64) - 1)) for v in values)
 
 
 def _layout(rows: list[bytes], rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -17,7 +17,7 @@ from bert_datagen.datagen.framed import EncodedRecords
 from bert_datagen.datagen.packed import pack, pack_records, unpack
 from bert_datagen.datagen.packed_rules import check_packed_batch
 from bert_datagen.datagen.record_layout import feature_spec
-from bert_datagen.datagen.records import encode_batch, frame_columns
+from bert_datagen.datagen.records import frame_columns
 from bert_datagen.datagen.tfrecord import iter_tfrecords
 from bert_datagen.pipelines.beam.fsio import BEAM_FS
 from bert_datagen.pipelines.beam.runners import RunnerOptions
@@ -31,6 +31,7 @@ from tests.support.pipeline_corpus import (
     write_vocab,
 )
 from tests.support.pipeline_golden import CONFIG as GOLDEN_CONFIG
+from tests.support.record_encoding import encode_batch
 
 VARIANTS = {
     "nsp": dict(),

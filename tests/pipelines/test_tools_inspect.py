@@ -16,10 +16,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent.parent))  # benchm
 from benchmarks.bench_verify import MASK, fixture_instances, fixture_vocab, make_dataset  # noqa: E402
 from bert_datagen.contract.fs import LOCAL_FS  # noqa: E402
 from bert_datagen.contract.manifest import ManifestError, build_manifest, load_manifest, write_manifest  # noqa: E402
-from bert_datagen.datagen.records import encode_batch  # noqa: E402
 from bert_datagen.datagen.tfrecord import frame_records  # noqa: E402
 from bert_datagen.pipelines.pretraining.card import render_card  # noqa: E402
 from bert_datagen.pipelines.tools.cli import diff_command, inspect_command, stats_command, verify_command  # noqa: E402
+from tests.support.record_encoding import encode_batch  # noqa: E402
 
 SEQ, PREDS = 64, 10
 VOCAB = fixture_vocab()

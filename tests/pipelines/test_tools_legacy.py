@@ -12,9 +12,9 @@ from click.testing import CliRunner
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent.parent))  # benchmarks/ holds the fixture writer
 
 from benchmarks.bench_verify import fixture_instances, fixture_vocab  # noqa: E402
-from bert_datagen.datagen.records import encode_batch  # noqa: E402
 from bert_datagen.datagen.tfrecord import frame_records  # noqa: E402
 from bert_datagen.pipelines.tools.cli import diff_command, inspect_command, stats_command, verify_command  # noqa: E402
+from tests.support.record_encoding import encode_batch  # noqa: E402
 
 SEQ, PREDS = 48, 8
 VOCAB = fixture_vocab()

@@ -18,11 +18,11 @@ from benchmarks.bench_verify import CLS, MASK, SEP, fixture_instances, fixture_v
 from bert_datagen.contract.dataset import open_dataset  # noqa: E402
 from bert_datagen.datagen.example_codec import decode_batch  # noqa: E402
 from bert_datagen.datagen.example_exact import _fields  # noqa: E402
-from bert_datagen.datagen.records import encode_batch  # noqa: E402
 from bert_datagen.datagen.tfrecord import frame_records  # noqa: E402
 from bert_datagen.pipelines.beam.fsio import BEAM_FS  # noqa: E402
 from bert_datagen.pipelines.tools.cli import verify_command  # noqa: E402
 from bert_datagen.pipelines.tools.verify import verify  # noqa: E402
+from tests.support.record_encoding import encode_batch  # noqa: E402
 
 SEQ, PREDS = 64, 10
 SHARD0 = "train/part-00000-of-00002.tfrecord"

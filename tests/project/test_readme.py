@@ -77,7 +77,7 @@ def _command_options(prefix: str, name: str) -> set[str] | None:
         return None
     known = {o for p in (*command.params, *group.params) for o in (*p.opts, *p.secondary_opts)} | {"--help"}
     if (prefix, name) == ("bert-datagen", "run"):
-        from bert_datagen.pipelines.beam.options import beam_option_names
+        from tests.support.beam_options import beam_option_names
 
         known |= set(beam_option_names())
     return known

@@ -14,9 +14,10 @@ import os
 import numpy as np
 
 from bert_datagen.datagen.record_layout import feature_spec
-from bert_datagen.datagen.records import InstanceBatch, encode_batch
+from bert_datagen.datagen.records import InstanceBatch
 from bert_datagen.datagen.rng import derive_key
 from bert_datagen.datagen.tfrecord import frame_records
+from tests.support.record_encoding import encode_batch
 
 
 def synthetic_batch(n: int, seq_len: int, max_pred: int, vocab_size: int, seed: int) -> InstanceBatch:
