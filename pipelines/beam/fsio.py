@@ -15,7 +15,14 @@ from dataclasses import dataclass
 from typing import Any, BinaryIO
 
 from bert_datagen.contract.buckets import BUCKETS, SCHEMES, is_bucket_path
-from bert_datagen.contract.fs import LOCAL_FS, TMP_MARKER, PathFS, is_remote, temp_path_for
+from bert_datagen.contract.fs import (
+    LOCAL_FS,
+    TMP_MARKER,
+    PathFS,
+    decompress_by_name,
+    is_remote,
+    temp_path_for,
+)
 
 
 def _beam_filesystems() -> Any:
@@ -126,6 +133,15 @@ class BeamFS(PathFS):
 
     def store(self, path: str) -> Any:
         return self.remote if _bucket_client_missing(path) else super().store(path)
+
+    def read_bytes(self, path: str) -> bytes:
+        # PathFS reads a bucket object through its bucket client, not through `store`: a Dataflow
+        # worker without gcsfs failed every spill, pool and fragment read here (No module named
+        # 'aiohttp'), while its writes went through Beam (tests/pipelines/test_dataflow_workers.py).
+        if _bucket_client_missing(path):
+            with self.remote.open_read(path) as f:
+                return decompress_by_name(path, f.read())
+        return super().read_bytes(path)
 
     def open_read(self, path: str) -> BinaryIO:
         if not is_remote(path) and not _has_beam():
