@@ -8,7 +8,7 @@ class TrainerError(ValueError):
     """Base of every error the trainer reports to the user (bad option, input, checkpoint or run)."""
 
 
-class ConfigError(TrainerError):
+class TrainConfigError(TrainerError):
     """A configuration that cannot describe a valid model or run."""
 
 
@@ -20,7 +20,7 @@ class CheckpointError(TrainerError):
     """A run checkpoint that is missing or does not match the model; names it."""
 
 
-class CheckpointFormatError(ConfigError):
+class CheckpointFormatError(TrainConfigError):
     """A checkpoint, config or output path that cannot be used; the message names the file."""
 
 

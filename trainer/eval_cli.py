@@ -11,7 +11,7 @@ import click
 from bert_datagen.cli.plumbing import Int, refuse_unused_options
 from bert_datagen.contract.bounds import INT32_MAX
 from bert_datagen.trainer.backends.option import backend_option, use_backend
-from bert_datagen.trainer.errors import ConfigError, TrainerError
+from bert_datagen.trainer.errors import TrainConfigError, TrainerError
 from bert_datagen.trainer.finetune.cli import ALLOW_OTHER_TASK_HELP, ALLOW_VOCAB_MISMATCH_HELP
 
 
@@ -68,7 +68,7 @@ def eval_command(ctx: click.Context, run, init_checkpoint, bert_config_file, dat
 
         enable_determinism(0, backend)
         if (run is None) == (init_checkpoint is None):
-            raise ConfigError("pass exactly one of --run and --init-checkpoint")
+            raise TrainConfigError("pass exactly one of --run and --init-checkpoint")
         if init_checkpoint:
             result = evaluate_external(init_checkpoint, data, bert_config_file, batch_size=batch_size,
                                        max_batches=max_batches, split=split, max_seq_length=max_seq_length,

@@ -26,6 +26,9 @@ HOMES: dict[str, str | None] = {
     "encode_batch": None,
     "encode_batch_reference": None,
     "beam_option_names": None,
+    # a config a dataset cannot be made from; a model or run the trainer cannot make
+    "ConfigError": "datagen/config.py",
+    "TrainConfigError": "trainer/errors.py",
 }
 
 

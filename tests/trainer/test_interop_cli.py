@@ -12,7 +12,7 @@ tf = pytest.importorskip("tensorflow")
 from click.testing import CliRunner  # noqa: E402
 
 from bert_datagen.trainer.cli import main  # noqa: E402
-from bert_datagen.trainer.errors import ConfigError  # noqa: E402
+from bert_datagen.trainer.errors import TrainConfigError  # noqa: E402
 from bert_datagen.trainer.interop.restore import read_checkpoint_arrays  # noqa: E402
 from bert_datagen.trainer.model.config import BertConfig  # noqa: E402
 from bert_datagen.trainer.model.weights import expected_tf1_shapes  # noqa: E402
@@ -150,9 +150,9 @@ def test_export_takes_vocab_and_casing_from_the_manifest(tmp_path):
     assert resolve_vocab(ExportConfig(run="r", format="hf", out="o", do_lower_case=False), data).do_lower_case is False
 
     (tmp_path / "ds" / "vocab.txt").write_bytes(vocab + b"extra\n")
-    with pytest.raises(ConfigError, match="does not match the sha256"):
+    with pytest.raises(TrainConfigError, match="does not match the sha256"):
         resolve_vocab(cfg, data)
-    with pytest.raises(ConfigError, match="pass --vocab FILE"):
+    with pytest.raises(TrainConfigError, match="pass --vocab FILE"):
         resolve_vocab(cfg, str(tmp_path / "no-such-dataset"))
 
 

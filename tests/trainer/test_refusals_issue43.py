@@ -13,7 +13,7 @@ import pytest
 from click.testing import CliRunner
 
 from bert_datagen.trainer.cli import main
-from bert_datagen.trainer.errors import ConfigError
+from bert_datagen.trainer.errors import TrainConfigError
 from bert_datagen.trainer.runtime import cluster
 from tests.support.synthetic import write_synthetic_dataset
 
@@ -62,7 +62,7 @@ def test_workers_agree_on_one_dataset_however_its_path_is_spelled(dataset, tmp_p
                       (dataset, ".")):
         monkeypatch.chdir(cwd)
         records.append(_record(data, out, mix=[os.path.relpath(dataset, cwd)]))
-    cluster.check_same_records(records)  # no ConfigError
+    cluster.check_same_records(records)  # no TrainConfigError
     assert {r["--data"] for r in records} == {os.path.realpath(dataset)}
 
 
@@ -75,10 +75,10 @@ def test_workers_on_two_datasets_still_stop_naming_data(dataset, tmp_path, monke
     monkeypatch.chdir(dataset.parent)
     records.append(_record("ds", tmp_path / "run"))
     assert os.path.realpath(other) != os.path.realpath(dataset)
-    with pytest.raises(ConfigError, match=r"the workers disagree on --data: worker 0 has .*worker 1 has "):
+    with pytest.raises(TrainConfigError, match=r"the workers disagree on --data: worker 0 has .*worker 1 has "):
         cluster.check_same_records(records)
     # Buckets: a trailing slash is the same prefix, another prefix is not.
     same = [_record("s3://b/c128/", tmp_path / "run"), _record("s3://b/c128", tmp_path / "run")]
     cluster.check_same_records(same)
-    with pytest.raises(ConfigError, match="--data"):
+    with pytest.raises(TrainConfigError, match="--data"):
         cluster.check_same_records([_record("s3://b/c128", tmp_path / "run"), _record("s3://b/c129", tmp_path / "run")])

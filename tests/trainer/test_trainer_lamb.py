@@ -12,7 +12,7 @@ tf = pytest.importorskip("tensorflow")
 from click.testing import CliRunner  # noqa: E402
 
 from bert_datagen.trainer.cli import main as train_cli  # noqa: E402
-from bert_datagen.trainer.errors import ConfigError  # noqa: E402
+from bert_datagen.trainer.errors import TrainConfigError  # noqa: E402
 from bert_datagen.trainer.pretrain.train import pretrain  # noqa: E402
 from bert_datagen.trainer.runtime import checkpoint as ckpt_lib  # noqa: E402
 from bert_datagen.trainer.runtime.config import TrainConfig  # noqa: E402
@@ -106,7 +106,7 @@ def test_slot_arrays_round_trip_and_refuse_adamw_slots():
 
 def test_optimizer_option_is_validated():
     assert isinstance(make_optimizer("adamw", {"a/kernel": tf.Variable([1.0])}), AdamWeightDecay)
-    with pytest.raises(ConfigError, match="optimizer 'sgd'"):
+    with pytest.raises(TrainConfigError, match="optimizer 'sgd'"):
         TrainConfig(data="d", out="o", optimizer="sgd")
     result = CliRunner().invoke(train_cli, ["pretrain", "--data", "d", "--out", "o", "--steps", "1",
                                             "--optimizer", "sgd"])

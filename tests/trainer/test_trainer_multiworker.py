@@ -185,7 +185,7 @@ def test_workers_that_disagree_stop_before_anything_is_written(tmp_path):
 
 
 def test_the_first_difference_names_the_option_and_both_values():
-    from bert_datagen.trainer.errors import ConfigError
+    from bert_datagen.trainer.errors import TrainConfigError
     from bert_datagen.trainer.runtime.cluster import check_same_records
 
     base = {"--batch-size": 8, "--skip-batches": [], "--out": "/runs/a", "the checkpoint it resumes from": "ckpt-00000010"}
@@ -195,7 +195,7 @@ def test_the_first_difference_names_the_option_and_both_values():
              ({"the checkpoint it resumes from": "none (a new run)"},
               'the checkpoint it resumes from: worker 0 has "ckpt-00000010", worker 2 has "none (a new run)"')]
     for change, expected in cases:
-        with pytest.raises(ConfigError, match=re.escape(expected)):
+        with pytest.raises(TrainConfigError, match=re.escape(expected)):
             check_same_records([base, dict(base), {**base, **change}])
 
 

@@ -257,12 +257,12 @@ def test_a_lost_process_is_one_line_naming_it_and_the_checkpoint_to_resume_from(
 def test_multi_worker_on_jax_needs_the_cluster_joined_and_tpu_stays_refused():
     from types import SimpleNamespace
 
-    from bert_datagen.trainer.errors import ConfigError
+    from bert_datagen.trainer.errors import TrainConfigError
     from bert_datagen.trainer.runtime.training import refuse_unported_on_jax
 
     for strategy, expected in (("multi-worker", "the cluster must be joined before anything runs on JAX"),
                                ("tpu", "--strategy tpu runs on TensorFlow only")):
-        with pytest.raises(ConfigError, match=expected):
+        with pytest.raises(TrainConfigError, match=expected):
             refuse_unported_on_jax(SimpleNamespace(backend="jax", strategy=strategy, precision="float32"))
     refuse_unported_on_jax(SimpleNamespace(backend="tensorflow", strategy="multi-worker", precision="float32"))
 

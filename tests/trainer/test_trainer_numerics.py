@@ -10,7 +10,7 @@ import pytest
 
 tf = pytest.importorskip("tensorflow")
 
-from bert_datagen.trainer.errors import ConfigError  # noqa: E402
+from bert_datagen.trainer.errors import TrainConfigError  # noqa: E402
 from bert_datagen.trainer.model.bert import LayerNorm, build_model, gelu, tf1_variable_map  # noqa: E402
 from bert_datagen.trainer.model.config import BertConfig  # noqa: E402
 from bert_datagen.trainer.pretrain.objective import (  # noqa: E402
@@ -298,10 +298,10 @@ def test_bert_config_original_json_round_trip(tmp_path):
     assert cfg == BertConfig.from_name("base", 30522)
     assert json.loads(cfg.to_json()) == original
     assert BertConfig.from_name("large", 30522).num_hidden_layers == 24
-    with pytest.raises(ConfigError, match="multiple"):
+    with pytest.raises(TrainConfigError, match="multiple"):
         BertConfig(vocab_size=10, hidden_size=100, num_attention_heads=3)
-    with pytest.raises(ConfigError, match="unknown model size"):
+    with pytest.raises(TrainConfigError, match="unknown model size"):
         BertConfig.from_name("huge", 10)
     (tmp_path / "bad.json").write_text("{")
-    with pytest.raises(ConfigError, match="bad.json"):
+    with pytest.raises(TrainConfigError, match="bad.json"):
         BertConfig.from_json_file(tmp_path / "bad.json")

@@ -14,7 +14,7 @@ tf = pytest.importorskip("tensorflow")
 from click.testing import CliRunner  # noqa: E402
 
 from bert_datagen.trainer.cli import main  # noqa: E402
-from bert_datagen.trainer.errors import ConfigError  # noqa: E402
+from bert_datagen.trainer.errors import TrainConfigError  # noqa: E402
 from bert_datagen.trainer.finetune.config import FinetuneConfig  # noqa: E402
 from bert_datagen.trainer.pretrain.earlier_runs_input import recorded_shuffle_buffer  # noqa: E402
 from bert_datagen.trainer.pretrain.options import as_run  # noqa: E402
@@ -137,7 +137,7 @@ def test_a_shuffle_buffer_is_refused_where_it_reaches_nothing(data, bert_config,
 def test_a_run_of_tf_data_resumes_with_the_shuffle_buffer_it_recorded(tmp_path):
     (tmp_path / "train_config.json").write_text(json.dumps({"shuffle_buffer": 50}))
     assert recorded_shuffle_buffer(tmp_path, None) == 50 == recorded_shuffle_buffer(tmp_path, 50)
-    with pytest.raises(ConfigError, match=r"--shuffle-buffer 16: .*train_config.json records 50"):
+    with pytest.raises(TrainConfigError, match=r"--shuffle-buffer 16: .*train_config.json records 50"):
         recorded_shuffle_buffer(tmp_path, 16)
     (tmp_path / "train_config.json").write_text(json.dumps({"steps": 3}))  # recorded before the field
     assert recorded_shuffle_buffer(tmp_path, None) == 10000
@@ -149,9 +149,9 @@ def test_a_run_of_tf_data_resumes_with_the_shuffle_buffer_it_recorded(tmp_path):
 
 
 def test_configs_refuse_a_tpu_address_without_the_tpu_strategy():
-    with pytest.raises(ConfigError, match="--tpu 'x' applies only with --strategy tpu"):
+    with pytest.raises(TrainConfigError, match="--tpu 'x' applies only with --strategy tpu"):
         TrainConfig(data="d", out="o", tpu="x")
-    with pytest.raises(ConfigError, match="--tpu 'x' applies only with --strategy tpu"):
+    with pytest.raises(TrainConfigError, match="--tpu 'x' applies only with --strategy tpu"):
         FinetuneConfig(data="d", out="o", init_from="r", tpu="x", strategy="mirrored")
     assert TrainConfig(data="d", out="o", tpu="x", strategy="tpu").tpu == "x"
 

@@ -20,7 +20,7 @@ from click.testing import CliRunner  # noqa: E402
 from bert_datagen.contract.loading.batches import NumpyBatches  # noqa: E402
 from bert_datagen.contract.loading.source import open_source  # noqa: E402
 from bert_datagen.contract.loading.task_batches import bucket_lengths  # noqa: E402
-from bert_datagen.trainer.errors import ConfigError  # noqa: E402
+from bert_datagen.trainer.errors import TrainConfigError  # noqa: E402
 from bert_datagen.trainer.finetune.ordered import FinetuneBatches  # noqa: E402
 from bert_datagen.trainer.pretrain import train as train_mod  # noqa: E402
 from bert_datagen.trainer.pretrain.train import PretrainRun, pretrain  # noqa: E402
@@ -120,7 +120,7 @@ def test_skip_batches_on_resume_equals_skipping_from_the_start_and_is_recorded(s
     assert_same(trainer_batch(run, 3), as_numpy(NumpyBatches(open_source(dataset), seed=3, batch_size=B).batch_at(5)))
     # The same command again is fine; skipping what the run has trained on is refused.
     pretrain(config(dataset, tmp_path / "b", skip_batches=[[2, 3]]), log=lambda _: None)
-    with pytest.raises(ConfigError, match=r"--skip-batches batches 1-1: the run has already trained on global "
+    with pytest.raises(TrainConfigError, match=r"--skip-batches batches 1-1: the run has already trained on global "
                                           r"batches up to 5"):
         pretrain(config(dataset, tmp_path / "b", skip_batches=[[1, 1]]), log=lambda _: None)
 

@@ -9,8 +9,9 @@ import click
 from bert_datagen.cli.plumbing import FiniteFloat, Int, given, refuse_unused_options
 from bert_datagen.contract.bounds import MAX_SEED, MAX_TIMEOUT_S
 from bert_datagen.trainer.backends.option import backend_option, use_backend
+from bert_datagen.trainer.errors import TrainConfigError
 from bert_datagen.trainer.finetune.config import BUCKETS, SPAN_METRICS
-from bert_datagen.trainer.runtime.config import PRECISIONS, STRATEGIES, ConfigError
+from bert_datagen.trainer.runtime.config import PRECISIONS, STRATEGIES
 
 
 def _user_errors() -> tuple[type[Exception], ...]:
@@ -120,7 +121,7 @@ def finetune_command(ctx: click.Context, bert_config_file, seeds, seed, epochs, 
                 eval_split=None if eval_split.lower() == "none" else eval_split)
             if cfg.train_split in dataset.splits:  # (a missing split: the run's own error)
                 cfg.total_steps(dataset.splits[cfg.train_split].records)
-        except ConfigError as exc:
+        except TrainConfigError as exc:
             raise click.UsageError(str(exc)) from exc
         log = lambda line: click.echo(line)  # noqa: E731
         if seed_list is not None:

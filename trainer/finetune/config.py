@@ -11,7 +11,8 @@ from typing import Any, ClassVar
 from bert_datagen.contract.bounds import INT64_MAX
 from bert_datagen.contract.loading.task_batches import BUCKETS  # noqa: F401 (re-exported: the CLI help states it)
 from bert_datagen.trainer.backends import BACKENDS
-from bert_datagen.trainer.runtime.config import PRECISIONS, STRATEGIES, ConfigError, check_seed, check_tpu
+from bert_datagen.trainer.errors import TrainConfigError
+from bert_datagen.trainer.runtime.config import PRECISIONS, STRATEGIES, check_seed, check_tpu
 
 SPAN_METRICS = ("auto", "squad", "cmrc2018")
 # RECIPE.md section 10: run_classifier.py and run_squad.py defaults (tagging follows the classifier).
@@ -77,44 +78,44 @@ class FinetuneConfig:
 
     def validate(self) -> None:
         if (self.init_from is None) == (self.init_checkpoint is None):
-            raise ConfigError("pass exactly one of --init-from and --init-checkpoint")
+            raise TrainConfigError("pass exactly one of --init-from and --init-checkpoint")
         for name in ("batch_size", "accumulation_steps", "keep_checkpoints", "log_every", "eval_batch_size"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-                raise ConfigError(f"--{name.replace('_', '-')} must be a positive integer, got {value!r}")
+                raise TrainConfigError(f"--{name.replace('_', '-')} must be a positive integer, got {value!r}")
         if self.batch_size % self.accumulation_steps:
-            raise ConfigError(f"--batch-size {self.batch_size} is not a multiple of --accumulation-steps "
+            raise TrainConfigError(f"--batch-size {self.batch_size} is not a multiple of --accumulation-steps "
                               f"{self.accumulation_steps}")
         check_seed(self.seed, "--seed")
         if self.max_steps is not None and self.max_steps <= 0:
-            raise ConfigError(f"--max-steps must be positive, got {self.max_steps}")
+            raise TrainConfigError(f"--max-steps must be positive, got {self.max_steps}")
         if not (math.isfinite(self.epochs) and self.epochs > 0):
-            raise ConfigError(f"--epochs must be a positive number, got {self.epochs}")
+            raise TrainConfigError(f"--epochs must be a positive number, got {self.epochs}")
         if not (math.isfinite(self.learning_rate) and self.learning_rate > 0):
-            raise ConfigError(f"--learning-rate must be a positive number, got {self.learning_rate}")
+            raise TrainConfigError(f"--learning-rate must be a positive number, got {self.learning_rate}")
         if not (math.isfinite(self.warmup_proportion) and 0 <= self.warmup_proportion < 1):
-            raise ConfigError(f"--warmup-proportion must be in [0, 1), got {self.warmup_proportion}")
+            raise TrainConfigError(f"--warmup-proportion must be in [0, 1), got {self.warmup_proportion}")
         if not (math.isfinite(self.weight_decay) and self.weight_decay >= 0):
-            raise ConfigError(f"--weight-decay must be >= 0 and finite, got {self.weight_decay}")
+            raise TrainConfigError(f"--weight-decay must be >= 0 and finite, got {self.weight_decay}")
         if not (math.isfinite(self.clip_norm) and self.clip_norm > 0):
-            raise ConfigError(f"clip_norm must be positive and finite, got {self.clip_norm}")
+            raise TrainConfigError(f"clip_norm must be positive and finite, got {self.clip_norm}")
         if not math.isfinite(self.null_score_diff_threshold):
-            raise ConfigError("--null-score-diff-threshold must be a finite number")
+            raise TrainConfigError("--null-score-diff-threshold must be a finite number")
         if self.checkpoint_every < 0:
-            raise ConfigError("--checkpoint-every must be >= 0")
+            raise TrainConfigError("--checkpoint-every must be >= 0")
         if self.span_metric not in SPAN_METRICS:
-            raise ConfigError(f"--span-metric {self.span_metric!r} is not one of {', '.join(SPAN_METRICS)}")
+            raise TrainConfigError(f"--span-metric {self.span_metric!r} is not one of {', '.join(SPAN_METRICS)}")
         if self.strategy not in STRATEGIES:
-            raise ConfigError(f"strategy {self.strategy!r} not in {STRATEGIES}")
+            raise TrainConfigError(f"strategy {self.strategy!r} not in {STRATEGIES}")
         if self.precision not in PRECISIONS:
-            raise ConfigError(f"precision {self.precision!r} not in {PRECISIONS}")
+            raise TrainConfigError(f"precision {self.precision!r} not in {PRECISIONS}")
         check_tpu(self.tpu, self.strategy)
         if self.backend not in BACKENDS:
-            raise ConfigError(f"backend {self.backend!r} not in {BACKENDS}")
+            raise TrainConfigError(f"backend {self.backend!r} not in {BACKENDS}")
 
     def total_steps(self, records: int) -> int:
         """The run's optimizer steps on a training split of ``records`` examples (whole batches of
-        each epoch, --epochs of them, at most --max-steps). ConfigError when the positions they read
+        each epoch, --epochs of them, at most --max-steps). TrainConfigError when the positions they read
         in the global order would not fit in int64 (a huge --epochs; a float's inf would fail as an
         OverflowError that names nothing)."""
         per_epoch = records // self.batch_size
@@ -125,7 +126,7 @@ class FinetuneConfig:
         steps = self.max_steps if by_max else max(1, int(wanted)) if wanted <= INT64_MAX else None
         if steps is None or -(-steps // per_epoch) > INT64_MAX // records:
             option, value = ("--max-steps", self.max_steps) if by_max else ("--epochs", self.epochs)
-            raise ConfigError(f"{option} {value:g}: {per_epoch:,} steps an epoch read past the positions the global "
+            raise TrainConfigError(f"{option} {value:g}: {per_epoch:,} steps an epoch read past the positions the global "
                               f"order can hold ({INT64_MAX:,}: 64-bit) in a split of {records:,} records")
         return steps
 

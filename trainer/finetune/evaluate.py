@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from bert_datagen.contract.loading.task_batches import bucket_length
-from bert_datagen.trainer.errors import ConfigError, DataError
+from bert_datagen.trainer.errors import DataError, TrainConfigError
 from bert_datagen.trainer.finetune import cmrc_eval, squad_eval, squad_postprocess
 from bert_datagen.trainer.finetune import metrics as metric_lib
 from bert_datagen.trainer.finetune.data import TaskDataset, TaskSplit, read_side_file, read_split
@@ -250,31 +250,31 @@ def _predictions_record(out: Path) -> dict | None:
 
 
 def check_predictions_out(given: str | Path, overwrite: bool) -> list[str]:
-    """Refuse (ConfigError naming --out) a directory predictions may not be written to, before any
+    """Refuse (TrainConfigError naming --out) a directory predictions may not be written to, before any
     work; returns the files an earlier `bert-train predict` wrote there (to replace)."""
     out = rundir.check_local_dir(given)
     rundir.refuse_inside_dataset(out)
     kind = rundir.run_kind(out) if out.is_dir() else None
     if kind is not None:
-        raise ConfigError(f"--out {out}: a {kind}; write predictions to a directory of their own")
+        raise TrainConfigError(f"--out {out}: a {kind}; write predictions to a directory of their own")
     run = rundir.enclosing(out.parent, rundir.has_run_record)
     if run is not None:
-        raise ConfigError(f"--out {out}: inside the run {run}; write predictions outside it")
+        raise TrainConfigError(f"--out {out}: inside the run {run}; write predictions outside it")
     previous: list[str] = []
     if rundir.entries_of(out):
         record = _predictions_record(out)
         if record is None:
-            raise ConfigError(f"--out {out}: exists, is not empty and holds no predictions of ours (no "
+            raise TrainConfigError(f"--out {out}: exists, is not empty and holds no predictions of ours (no "
                               f"{PREDICTIONS_RECORD}); give a new or empty directory")
         if not overwrite:
-            raise ConfigError(f"--out {out}: holds the predictions of an earlier `bert-train predict` (run "
+            raise TrainConfigError(f"--out {out}: holds the predictions of an earlier `bert-train predict` (run "
                               f"{record.get('run')}, split {record.get('split')!r}); pass --overwrite to replace them")
         previous = [str(name) for name in record.get("files", []) if Path(str(name)).name == name]
         # Our directory, but a file it may write now that the earlier predict did not (a user's
         # metrics.json beside the predictions of an unlabelled split): never replaced.
         theirs = [name for name in PREDICTION_FILES if name not in previous and (out / name).exists()]
         if theirs:
-            raise ConfigError(f"--out {out}: {theirs[0]} was not written by the earlier `bert-train predict` "
+            raise TrainConfigError(f"--out {out}: {theirs[0]} was not written by the earlier `bert-train predict` "
                               f"(its {PREDICTIONS_RECORD} does not list it) and would be replaced; move it away")
     rundir.check_writable(out)
     return previous

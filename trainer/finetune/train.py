@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from bert_datagen.contract.loading.order import INPUT_ORDER
-from bert_datagen.trainer.errors import ConfigError, DataError, TrainingError
+from bert_datagen.trainer.errors import DataError, TrainConfigError, TrainingError
 from bert_datagen.trainer.finetune.checks import check_data_fits, check_vocab, task_summary
 from bert_datagen.trainer.finetune.config import FinetuneConfig
 from bert_datagen.trainer.finetune.data import check_split_files, open_task_dataset
@@ -147,7 +147,7 @@ class FinetuneRun(TrainingLoop):
         # Checkpoints of earlier versions record no input: their runs go on reading through tf.data.
         self.tf_data_input = "input" not in state
         if self.tf_data_input and self.cfg.backend == "jax":
-            raise ConfigError(f"{path}: a run of an earlier version, which reads through tf.data: resume it with "
+            raise TrainConfigError(f"{path}: a run of an earlier version, which reads through tf.data: resume it with "
                               "--backend tensorflow")
         self.training.restore(path)
         self.step = self.saved_step = step

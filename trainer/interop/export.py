@@ -24,7 +24,7 @@ import numpy as np
 from bert_datagen.contract.dataset import DatasetError, open_dataset
 from bert_datagen.contract.fs import DEFAULT_FS, TMP_MARKER, is_remote, os_error_in, temp_name
 from bert_datagen.contract.manifest import MANIFEST_NAME, Manifest, ManifestError
-from bert_datagen.trainer.errors import CheckpointFormatError, ConfigError, TrainerError
+from bert_datagen.trainer.errors import CheckpointFormatError, TrainConfigError, TrainerError
 from bert_datagen.trainer.interop.hf_checkpoint import (
     HF_WEIGHTS,
     hf_config_from_bert_config,
@@ -62,7 +62,7 @@ class ExportConfig:
 
     def __post_init__(self) -> None:
         if self.format not in FORMATS:
-            raise ConfigError(f"format {self.format!r} not in {FORMATS}")
+            raise TrainConfigError(f"format {self.format!r} not in {FORMATS}")
 
 
 @dataclass(frozen=True)
@@ -98,7 +98,7 @@ def _read(path: str) -> bytes:
         with DEFAULT_FS.open_read(path) as f:
             return f.read()
     except OSError as exc:
-        raise ConfigError(f"{path}: cannot read: {exc.strerror or exc}") from exc
+        raise TrainConfigError(f"{path}: cannot read: {exc.strerror or exc}") from exc
 
 
 def _dataset_manifest(data: str) -> Manifest | None:
@@ -122,7 +122,7 @@ def dataset_vocab(data: str) -> VocabSource | None:
     path = os.path.join(data, vocab.path)
     content = _read(path)
     if hashlib.sha256(content).hexdigest() != vocab.sha256:
-        raise ConfigError(f"{path}: does not match the sha256 in {data}/manifest.json; pass --vocab")
+        raise TrainConfigError(f"{path}: does not match the sha256 in {data}/manifest.json; pass --vocab")
     return VocabSource(content, path, vocab.do_lower_case)
 
 
@@ -132,12 +132,12 @@ def resolve_vocab(cfg: ExportConfig, data: str | None) -> VocabSource:
     else:
         source = dataset_vocab(data) if data else None
         if source is None:
-            raise ConfigError(f"the run's dataset ({data}) has no manifest naming its vocab: pass --vocab FILE")
+            raise TrainConfigError(f"the run's dataset ({data}) has no manifest naming its vocab: pass --vocab FILE")
     if cfg.format == "tf1":  # Google's layout ships no tokenizer settings: the casing is not needed
         return VocabSource(source.data, source.origin, None)
     lower = cfg.do_lower_case if cfg.do_lower_case is not None else source.do_lower_case
     if lower is None:
-        raise ConfigError(f"{source.origin}: whether the text was lowercased is unknown: "
+        raise TrainConfigError(f"{source.origin}: whether the text was lowercased is unknown: "
                           "pass --do-lower-case or --no-do-lower-case")
     return VocabSource(source.data, source.origin, bool(lower))
 

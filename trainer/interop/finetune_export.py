@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from bert_datagen.contract.manifest import MANIFEST_NAME
-from bert_datagen.trainer.errors import ConfigError
+from bert_datagen.trainer.errors import TrainConfigError
 from bert_datagen.trainer.model.config import BertConfig
 from bert_datagen.trainer.model.heads import (
     FineTuneModel,
@@ -46,7 +46,7 @@ def restore_finetuned(path: str | Path, precision: str = "float32") -> tuple[Fin
     ckpt = ckpt_lib.resolve_checkpoint(path)
     state = ckpt_lib.load_state(ckpt)
     if "task" not in state:
-        raise ConfigError(f"{ckpt}: a pre-training checkpoint, not a fine-tuned run")
+        raise TrainConfigError(f"{ckpt}: a pre-training checkpoint, not a fine-tuned run")
     bert = BertConfig.from_dict(state["bert_config"])
     task = state["task"]
     model = build_finetune_model(bert, task["type"], len(task["labels"]), seed=0, dtype=dtype_policy(precision))
@@ -63,11 +63,11 @@ def task_vocab(task: dict, vocab_path: str | None) -> bytes:
     manifest_path = Path(data or "") / MANIFEST_NAME
     manifest = load_dataset_manifest(data) if data and manifest_path.is_file() else None
     if manifest is None:
-        raise ConfigError(f"the run's dataset ({data}) is not available to take its vocab from: pass --vocab FILE")
+        raise TrainConfigError(f"the run's dataset ({data}) is not available to take its vocab from: pass --vocab FILE")
     entry = manifest.vocab
     content = (Path(data) / entry.path).read_bytes()
     if hashlib.sha256(content).hexdigest() != entry.sha256:
-        raise ConfigError(f"{Path(data) / entry.path}: does not match the sha256 in {manifest_path}; pass --vocab")
+        raise TrainConfigError(f"{Path(data) / entry.path}: does not match the sha256 in {manifest_path}; pass --vocab")
     return content
 
 
@@ -137,7 +137,7 @@ def export_finetuned(run: str, fmt: str, out: str, vocab: str | None = None, do_
             save_safetensors(hf_task_state(model), tmp / "model.safetensors")
             write_hf_tokenizer(tmp, vocab_bytes, bool(lower), int(task.get("max_seq_length") or bert.max_position_embeddings))
         else:
-            raise ConfigError(f"format {fmt!r} not in ('tf1', 'hf')")
+            raise TrainConfigError(f"format {fmt!r} not in ('tf1', 'hf')")
 
     target = write_export_dir(out, overwrite, write)  # the one atomic-directory implementation of all exports
     return target, ckpt

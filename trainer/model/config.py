@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bert_datagen.trainer.errors import ConfigError
+from bert_datagen.trainer.errors import TrainConfigError
 
 # Sizes by name: RECIPE.md section 6 (layers, hidden, heads, FFN).
 MODEL_SIZES: dict[str, tuple[int, int, int, int]] = {
@@ -63,21 +63,21 @@ class BertConfig:
                      "intermediate_size", "max_position_embeddings", "type_vocab_size"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-                raise ConfigError(f"BertConfig.{name} must be a positive integer, got {value!r}")
+                raise TrainConfigError(f"BertConfig.{name} must be a positive integer, got {value!r}")
         if self.hidden_size % self.num_attention_heads:
-            raise ConfigError(
+            raise TrainConfigError(
                 f"hidden_size {self.hidden_size} is not a multiple of num_attention_heads "
                 f"{self.num_attention_heads}"
             )
         if self.hidden_act not in HIDDEN_ACTS:
-            raise ConfigError(f"hidden_act {self.hidden_act!r} is not supported (choose one of "
+            raise TrainConfigError(f"hidden_act {self.hidden_act!r} is not supported (choose one of "
                               f"{', '.join(HIDDEN_ACTS)})")
         for name in ("hidden_dropout_prob", "attention_probs_dropout_prob"):
             value = getattr(self, name)
             if not 0.0 <= float(value) < 1.0:
-                raise ConfigError(f"BertConfig.{name} must be in [0, 1), got {value!r}")
+                raise TrainConfigError(f"BertConfig.{name} must be in [0, 1), got {value!r}")
         if not float(self.initializer_range) > 0:
-            raise ConfigError(f"initializer_range must be positive, got {self.initializer_range!r}")
+            raise TrainConfigError(f"initializer_range must be positive, got {self.initializer_range!r}")
 
     @property
     def head_size(self) -> int:
@@ -87,7 +87,7 @@ class BertConfig:
     def from_name(cls, name: str, vocab_size: int, **overrides: Any) -> BertConfig:
         """A named size from RECIPE.md section 6 (tiny, mini, small, medium, base, large)."""
         if name not in MODEL_SIZES:
-            raise ConfigError(f"unknown model size {name!r}; choose one of {', '.join(MODEL_SIZES)}")
+            raise TrainConfigError(f"unknown model size {name!r}; choose one of {', '.join(MODEL_SIZES)}")
         layers, hidden, heads, ffn = MODEL_SIZES[name]
         return cls(vocab_size=vocab_size, hidden_size=hidden, num_hidden_layers=layers,
                    num_attention_heads=heads, intermediate_size=ffn, **overrides)
@@ -98,7 +98,7 @@ class BertConfig:
         # which are ignored so that either can be read.
         known = {f.name for f in dataclasses.fields(cls)}
         if "vocab_size" not in data:
-            raise ConfigError("bert config has no vocab_size")
+            raise TrainConfigError("bert config has no vocab_size")
         return cls(**{k: v for k, v in data.items() if k in known})
 
     @classmethod
@@ -106,13 +106,13 @@ class BertConfig:
         try:
             data = json.loads(Path(path).read_text(encoding="utf-8"))
         except (OSError, json.JSONDecodeError) as exc:
-            raise ConfigError(f"{path}: cannot read bert config: {exc}") from exc
+            raise TrainConfigError(f"{path}: cannot read bert config: {exc}") from exc
         if not isinstance(data, dict):
-            raise ConfigError(f"{path}: bert config must be a JSON object")
+            raise TrainConfigError(f"{path}: bert config must be a JSON object")
         try:
             return cls.from_dict(data)
-        except (ConfigError, TypeError) as exc:
-            raise ConfigError(f"{path}: {exc}") from exc
+        except (TrainConfigError, TypeError) as exc:
+            raise TrainConfigError(f"{path}: {exc}") from exc
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

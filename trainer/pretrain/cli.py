@@ -9,7 +9,7 @@ import click
 from bert_datagen.cli.plumbing import FiniteFloat, Int, refuse_unused_options
 from bert_datagen.contract.bounds import INT32_MAX, MAX_SEED, MAX_TIMEOUT_S
 from bert_datagen.trainer.backends.option import backend_option, use_backend
-from bert_datagen.trainer.errors import ConfigError, TrainerError
+from bert_datagen.trainer.errors import TrainConfigError, TrainerError
 from bert_datagen.trainer.model.config import MODEL_SIZES, BertConfig
 from bert_datagen.trainer.runtime.cluster import DEFAULT_TIMEOUT, join_for
 from bert_datagen.trainer.runtime.config import OPTIMIZERS, PRECISIONS, STRATEGIES, TrainConfig
@@ -20,7 +20,7 @@ def _train_config(options: dict) -> TrainConfig:
     """The run's config; a value no run can take is a usage error naming the option (exit 2)."""
     try:
         return TrainConfig(**options)
-    except ConfigError as exc:
+    except TrainConfigError as exc:
         message = str(exc)
         # A message that already names options (--x) is the CLI's wording; rewriting would mangle it.
         for name in sorted(options, key=len, reverse=True) if "--" not in message else ():

@@ -17,7 +17,7 @@ from pathlib import Path
 import tensorflow as tf
 
 from bert_datagen.datagen.record_layout import INSTANCE_KEY, feature_spec
-from bert_datagen.trainer.errors import CheckpointError, ConfigError
+from bert_datagen.trainer.errors import CheckpointError, TrainConfigError
 from bert_datagen.trainer.pretrain.data import DatasetInfo
 from bert_datagen.trainer.runtime.checkpoint import INPUT_PREFIX
 from bert_datagen.trainer.runtime.config import TrainConfig
@@ -29,10 +29,10 @@ EARLIER_RUNS_SHUFFLE_BUFFER = 10000
 
 def earlier_run_input(info: DatasetInfo, cfg: TrainConfig, run_dir: Path) -> tuple[Iterator, tf.train.Checkpoint]:
     """The batches of the run in `run_dir` (started by an earlier version) and the checkpoint of their
-    position; ConfigError for what only the global order of new runs can do."""
+    position; TrainConfigError for what only the global order of new runs can do."""
     for option, given in (("--skip-batches", cfg.skip_batches), ("--mix", cfg.mix)):
         if given:
-            raise ConfigError(f"{run_dir}: the run was started by an earlier version that read its "
+            raise TrainConfigError(f"{run_dir}: the run was started by an earlier version that read its "
                               f"input through tf.data; {option} needs the global order of new runs")
     iterator = iter(train_dataset(info, cfg.batch_size, cfg.seed, recorded_shuffle_buffer(run_dir, cfg.shuffle_buffer)))
     return iterator, tf.train.Checkpoint(iterator=iterator)
@@ -48,7 +48,7 @@ def recorded_shuffle_buffer(run_dir: str | Path, given: int | None) -> int:
         return EARLIER_RUNS_SHUFFLE_BUFFER if given is None else given
     recorded = EARLIER_RUNS_SHUFFLE_BUFFER if recorded is None else int(recorded)
     if given is not None and given != recorded:
-        raise ConfigError(f"--shuffle-buffer {given}: {path} records {recorded}, the buffer this run (started by "
+        raise TrainConfigError(f"--shuffle-buffer {given}: {path} records {recorded}, the buffer this run (started by "
                           "an earlier version, reading through tf.data) reads with; resume it with that")
     return recorded
 

@@ -26,7 +26,7 @@ from bert_datagen.contract.loading.order import INPUT_ORDER
 from bert_datagen.contract.loading.skips import SkipError, add_ranges, batch_of_step
 from bert_datagen.datagen.packed import compact_predictions
 from bert_datagen.datagen.record_layout import INSTANCE_KEY, WORD_BITS
-from bert_datagen.trainer.errors import ConfigError, DataError
+from bert_datagen.trainer.errors import DataError, TrainConfigError
 from bert_datagen.trainer.interop.restore import init_weights_from, load_init_checkpoint
 from bert_datagen.trainer.model.config import BertConfig
 from bert_datagen.trainer.pretrain.data import (
@@ -61,7 +61,7 @@ def load_bert_config_for(cfg: TrainConfig, info: DatasetInfo) -> BertConfig:
         return BertConfig.from_dict(cfg.bert_config)
     vocab_size = model_vocab_size(info, cfg.vocab_size)
     if not vocab_size:
-        raise ConfigError(f"{info.source}: the vocab size is unknown (no manifest): pass --bert-config "
+        raise TrainConfigError(f"{info.source}: the vocab size is unknown (no manifest): pass --bert-config "
                           "or --vocab-size")
     return BertConfig.from_name(cfg.model, int(vocab_size))
 
@@ -83,7 +83,7 @@ class PretrainRun(TrainingLoop):
         if self.on_jax:
             refuse_unported_on_jax(cfg)
             if ckpt_lib.reads_through_tf_data(self.run_dir):
-                raise ConfigError(f"{self.run_dir}: a run of an earlier version, which reads through tf.data: "
+                raise TrainConfigError(f"{self.run_dir}: a run of an earlier version, which reads through tf.data: "
                                   "resume it with --backend tensorflow")
         enable_determinism(cfg.seed, cfg.backend)
         self.info = open_pretraining_data(cfg.data, cfg.max_seq_length, cfg.max_predictions_per_seq, cfg.eval_data)
@@ -155,7 +155,7 @@ class PretrainRun(TrainingLoop):
         try:
             self.skipped = add_ranges(recorded, self.cfg.skip_batches, step)
         except SkipError as exc:
-            raise ConfigError(f"--skip-batches {exc}") from exc
+            raise TrainConfigError(f"--skip-batches {exc}") from exc
         if self.skipped != recorded:
             shown = ", ".join(f"{a}-{b}" for a, b in self.skipped)
             self.log(f"skipping global batches {shown} (recorded with each checkpoint of the run)")

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 from bert_datagen.cli.plumbing import unfiltered_stderr
 from bert_datagen.contract.fs import is_remote
-from bert_datagen.trainer.errors import ConfigError, TrainingError
+from bert_datagen.trainer.errors import TrainConfigError, TrainingError
 
 if TYPE_CHECKING:
     import tensorflow as tf
@@ -51,27 +51,27 @@ class ClusterTask:
 
 
 def cluster_task(environ: dict[str, str] | None = None) -> ClusterTask:
-    """This process's place in the cluster TF_CONFIG describes; ConfigError (one line) when it is
+    """This process's place in the cluster TF_CONFIG describes; TrainConfigError (one line) when it is
     missing or malformed. Only `worker` tasks (worker 0 is the chief), as in TF Model Garden."""
     raw = (os.environ if environ is None else environ).get("TF_CONFIG", "")
     if not raw.strip():
-        raise ConfigError("--strategy multi-worker needs TF_CONFIG (see docs/training.md: one command per host)")
+        raise TrainConfigError("--strategy multi-worker needs TF_CONFIG (see docs/training.md: one command per host)")
     try:
         config = json.loads(raw)
         workers = config["cluster"]["worker"]
         task = config["task"]
         kind, index = task["type"], task["index"]
     except (ValueError, KeyError, TypeError) as exc:
-        raise ConfigError(f"TF_CONFIG is malformed ({type(exc).__name__}: {exc}); expected "
+        raise TrainConfigError(f"TF_CONFIG is malformed ({type(exc).__name__}: {exc}); expected "
                           '{"cluster": {"worker": ["host:port", ...]}, "task": {"type": "worker", "index": N}}') from exc
     if set(config["cluster"]) - {"worker"}:
-        raise ConfigError(f"TF_CONFIG: only a 'worker' job is supported (worker 0 is the chief), not "
+        raise TrainConfigError(f"TF_CONFIG: only a 'worker' job is supported (worker 0 is the chief), not "
                           f"{sorted(set(config['cluster']) - {'worker'})}")
     if (not isinstance(workers, list) or not workers
             or not all(isinstance(w, str) and w.rpartition(":")[2].isdigit() for w in workers)):
-        raise ConfigError(f"TF_CONFIG: cluster.worker must be a list of host:port, not {workers!r}")
+        raise TrainConfigError(f"TF_CONFIG: cluster.worker must be a list of host:port, not {workers!r}")
     if kind != "worker" or not isinstance(index, int) or not 0 <= index < len(workers):
-        raise ConfigError(f"TF_CONFIG: task must be a worker with an index in 0..{len(workers) - 1}, not {task!r}")
+        raise TrainConfigError(f"TF_CONFIG: task must be a worker with an index in 0..{len(workers) - 1}, not {task!r}")
     return ClusterTask(workers=workers, index=index)
 
 
@@ -128,7 +128,7 @@ def join_jax(timeout: int = DEFAULT_TIMEOUT) -> None:
             jax_cluster.join(task.workers[0], len(task.workers), task.index, timeout)
     except RuntimeError as exc:  # JAX's own refusal (its devices already in use), or the service's bind
         reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise ConfigError(f"worker {task.index} cannot join the cluster with coordinator {task.workers[0]} "
+        raise TrainConfigError(f"worker {task.index} cannot join the cluster with coordinator {task.workers[0]} "
                           f"(TF_CONFIG's worker 0): {reason}") from exc
     _joined.update(task=task, backend="jax", timeout=timeout)
     atexit.register(_leave_jax)
@@ -148,14 +148,14 @@ def join(timeout: int = DEFAULT_TIMEOUT):
         with _connect_watchdog(task, timeout):
             strategy = tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
     except tf.errors.OpError as exc:  # taken between our check and TensorFlow's own bind
-        raise ConfigError(f"worker {task.index} cannot start its server on {task.workers[task.index]} (its "
+        raise TrainConfigError(f"worker {task.index} cannot start its server on {task.workers[task.index]} (its "
                           f"TF_CONFIG address): {exc.message.strip().splitlines()[0]}") from exc
     _joined.update(task=task, strategy=strategy, backend="tensorflow")
     return strategy
 
 
 def check_port_free(task: ClusterTask) -> None:
-    """ConfigError naming host:port when this worker's TF_CONFIG port cannot be listened on (in use,
+    """TrainConfigError naming host:port when this worker's TF_CONFIG port cannot be listened on (in use,
     or not an address of this host); TensorFlow's own error names neither."""
     address = task.workers[task.index]
     port = int(address.rpartition(":")[2])
@@ -165,7 +165,7 @@ def check_port_free(task: ClusterTask) -> None:
             probe.bind(("", port))  # where TensorFlow's server listens (all interfaces)
         except OSError as exc:
             why = "the port is in use" if exc.errno == errno.EADDRINUSE else (exc.strerror or str(exc))
-            raise ConfigError(f"worker {task.index} cannot listen on {address} (its TF_CONFIG address): {why}; "
+            raise TrainConfigError(f"worker {task.index} cannot listen on {address} (its TF_CONFIG address): {why}; "
                               "free the port or give this worker another one in every worker's TF_CONFIG") from exc
 
 
@@ -255,7 +255,7 @@ def agree(strategy: tf.distribute.Strategy, record: dict[str, object]) -> None:
 
     blob = json.dumps(record, sort_keys=True, default=str).encode()
     if len(blob) > AGREEMENT_BYTES:
-        raise ConfigError(f"the run's configuration is {len(blob)} bytes of JSON, more than the {AGREEMENT_BYTES} "
+        raise TrainConfigError(f"the run's configuration is {len(blob)} bytes of JSON, more than the {AGREEMENT_BYTES} "
                           "that workers compare at start-up")
     padded = np.frombuffer(blob.ljust(AGREEMENT_BYTES, b"\0"), dtype=np.int32)[None, :]
     values = strategy.experimental_distribute_values_from_function(lambda _ctx: tf.constant(padded))
@@ -297,10 +297,10 @@ def _agree_on_jax(record: dict[str, object]) -> None:
     try:
         raw = jax_cluster.exchange(blob, timeout)
     except TimeoutError as exc:
-        raise ConfigError(f"{exc} (--cluster-timeout); every worker must run the same command") from exc
+        raise TrainConfigError(f"{exc} (--cluster-timeout); every worker must run the same command") from exc
     stopped = [index for index, one in enumerate(raw) if one is None]
     if stopped:
-        raise ConfigError(f"worker {stopped[0]} stopped before step 1 (its own error says why); every worker's "
+        raise TrainConfigError(f"worker {stopped[0]} stopped before step 1 (its own error says why); every worker's "
                           "command must start again")
     check_same_records([json.loads(one) for one in raw])  # type: ignore[arg-type]
     _joined["agreed"] = True
@@ -341,12 +341,12 @@ def _leave_jax() -> None:
 
 
 def check_same_records(records: list[dict[str, object]]) -> None:
-    """ConfigError naming the first entry (in name order) where a worker's record differs from the
+    """TrainConfigError naming the first entry (in name order) where a worker's record differs from the
     chief's, with both values; every worker calls it on the same records and raises the same line."""
     for index, other in enumerate(records[1:], start=1):
         for name in sorted(set(records[0]) | set(other)):
             if records[0].get(name) != other.get(name):
-                raise ConfigError(f"the workers disagree on {name}: worker 0 has {_shown(records[0].get(name))}, "
+                raise TrainConfigError(f"the workers disagree on {name}: worker 0 has {_shown(records[0].get(name))}, "
                                   f"worker {index} has {_shown(other.get(name))}; every worker must run the "
                                   "same command (only TF_CONFIG's task index differs)")
 

@@ -13,14 +13,14 @@ from typing import Any, ClassVar
 
 from bert_datagen.contract.bounds import MAX_SEED, max_batches
 from bert_datagen.trainer.backends import BACKENDS
-from bert_datagen.trainer.errors import ConfigError
+from bert_datagen.trainer.errors import TrainConfigError
 from bert_datagen.trainer.model.config import MODEL_SIZES
 
 
 def check_seed(value: object, option: str) -> None:
-    """Raise ConfigError naming `option` unless `value` is a seed every RNG we seed accepts."""
+    """Raise TrainConfigError naming `option` unless `value` is a seed every RNG we seed accepts."""
     if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= MAX_SEED:
-        raise ConfigError(f"{option} must be an integer in [0, {MAX_SEED}], got {value!r}")
+        raise TrainConfigError(f"{option} must be an integer in [0, {MAX_SEED}], got {value!r}")
 
 
 STRATEGIES = ("auto", "one-device", "mirrored", "tpu", "multi-worker")
@@ -31,7 +31,7 @@ OPTIMIZERS = ("adamw", "lamb")  # the original AdamWeightDecay; LAMB (trainer/ru
 def check_tpu(tpu: str | None, strategy: str) -> None:
     """A TPU address only means something to the tpu strategy (auto never picks a TPU)."""
     if tpu is not None and strategy != "tpu":
-        raise ConfigError(f"--tpu {tpu!r} applies only with --strategy tpu, not --strategy {strategy}")
+        raise TrainConfigError(f"--tpu {tpu!r} applies only with --strategy tpu, not --strategy {strategy}")
 
 
 @dataclass
@@ -101,39 +101,39 @@ class TrainConfig:
             if value is None and name == "shuffle_buffer":
                 continue
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-                raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+                raise TrainConfigError(f"{name} must be a positive integer, got {value!r}")
         check_seed(self.seed, "seed")
         for r in self.skip_batches:
             if (len(r) != 2 or not all(isinstance(x, int) and not isinstance(x, bool) for x in r)
                     or not 0 <= r[0] <= r[1]):
-                raise ConfigError(f"skip_batches: {r!r} is not a range [first, last] with 0 <= first <= last")
+                raise TrainConfigError(f"skip_batches: {r!r} is not a range [first, last] with 0 <= first <= last")
         if self.warmup_steps < 0 or self.eval_every < 0:
-            raise ConfigError("warmup_steps and eval_every must be >= 0")
+            raise TrainConfigError("warmup_steps and eval_every must be >= 0")
         self._check_order_fits()
         if self.batch_size % self.accumulation_steps:
-            raise ConfigError(
+            raise TrainConfigError(
                 f"batch_size {self.batch_size} is not a multiple of accumulation_steps {self.accumulation_steps}"
             )
         if not (math.isfinite(self.learning_rate) and self.learning_rate > 0):
-            raise ConfigError(f"learning_rate must be positive and finite, got {self.learning_rate}")
+            raise TrainConfigError(f"learning_rate must be positive and finite, got {self.learning_rate}")
         if not (math.isfinite(self.weight_decay) and self.weight_decay >= 0):
-            raise ConfigError(f"weight_decay must be >= 0 and finite, got {self.weight_decay}")
+            raise TrainConfigError(f"weight_decay must be >= 0 and finite, got {self.weight_decay}")
         if not (math.isfinite(self.clip_norm) and self.clip_norm > 0):
-            raise ConfigError(f"clip_norm must be positive and finite, got {self.clip_norm}")
+            raise TrainConfigError(f"clip_norm must be positive and finite, got {self.clip_norm}")
         if self.strategy not in STRATEGIES:
-            raise ConfigError(f"strategy {self.strategy!r} not in {STRATEGIES}")
+            raise TrainConfigError(f"strategy {self.strategy!r} not in {STRATEGIES}")
         if self.backend not in BACKENDS:
-            raise ConfigError(f"backend {self.backend!r} not in {BACKENDS}")
+            raise TrainConfigError(f"backend {self.backend!r} not in {BACKENDS}")
         if self.optimizer not in OPTIMIZERS:
-            raise ConfigError(f"optimizer {self.optimizer!r} not in {OPTIMIZERS}")
+            raise TrainConfigError(f"optimizer {self.optimizer!r} not in {OPTIMIZERS}")
         if self.precision not in PRECISIONS:
-            raise ConfigError(f"precision {self.precision!r} not in {PRECISIONS}")
+            raise TrainConfigError(f"precision {self.precision!r} not in {PRECISIONS}")
         if self.model not in MODEL_SIZES and self.bert_config is None:
-            raise ConfigError(f"unknown model size {self.model!r}; choose one of {', '.join(MODEL_SIZES)}")
+            raise TrainConfigError(f"unknown model size {self.model!r}; choose one of {', '.join(MODEL_SIZES)}")
         if self.init_from and self.init_checkpoint:
-            raise ConfigError("--init-from and --init-checkpoint are exclusive")
+            raise TrainConfigError("--init-from and --init-checkpoint are exclusive")
         if self.bert_config is not None and self.vocab_size is not None:
-            raise ConfigError(f"--vocab-size does not apply with a model config (--bert-config, --init-checkpoint): "
+            raise TrainConfigError(f"--vocab-size does not apply with a model config (--bert-config, --init-checkpoint): "
                               f"its vocab size {self.bert_config.get('vocab_size')} is the model's")
         check_tpu(self.tpu, self.strategy)
         self._check_mix()
@@ -142,12 +142,12 @@ class TrainConfig:
         if not self.mix and not self.mix_weights:
             return
         if len(self.mix_weights) != len(self.mix) + 1:
-            raise ConfigError(f"--weights: {len(self.mix_weights)} weights for {len(self.mix) + 1} datasets "
+            raise TrainConfigError(f"--weights: {len(self.mix_weights)} weights for {len(self.mix) + 1} datasets "
                               "(--data and each --mix): give one per dataset, --data's first")
         if not all(isinstance(w, (int, float)) and math.isfinite(w) and w > 0 for w in self.mix_weights):
-            raise ConfigError(f"--weights must be finite and > 0, got {self.mix_weights}")
+            raise TrainConfigError(f"--weights must be finite and > 0, got {self.mix_weights}")
         if not isinstance(self.mix_window, int) or isinstance(self.mix_window, bool) or self.mix_window < 1:
-            raise ConfigError(f"mix_window must be a positive integer, got {self.mix_window!r}")
+            raise TrainConfigError(f"mix_window must be a positive integer, got {self.mix_window!r}")
 
     def _check_order_fits(self) -> None:
         """The batches the run reads are ones the global order can index (their positions fit in
@@ -156,11 +156,11 @@ class TrainConfig:
         read is at most the last skipped one plus ``steps``, so that bound covers their union."""
         limit = max_batches(self.batch_size)
         if self.steps > limit:
-            raise ConfigError(f"steps {self.steps} at batch_size {self.batch_size}: the global order holds "
+            raise TrainConfigError(f"steps {self.steps} at batch_size {self.batch_size}: the global order holds "
                               f"{limit} batches of that size (positions are 64-bit)")
         last = max((r[1] for r in self.skip_batches), default=None)
         if last is not None and last + self.steps >= limit:
-            raise ConfigError(f"skip_batches: batch {last} is past what a run of steps {self.steps} at batch_size "
+            raise TrainConfigError(f"skip_batches: batch {last} is past what a run of steps {self.steps} at batch_size "
                               f"{self.batch_size} can skip: the last batch it would read is past the "
                               f"{limit} batches the global order holds (positions are 64-bit)")
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from bert_datagen.trainer.errors import ConfigError
+from bert_datagen.trainer.errors import TrainConfigError
 from bert_datagen.trainer.runtime import cluster
 
 
@@ -15,7 +15,7 @@ def make_strategy(name: str, tpu: str | None = None) -> tf.distribute.Strategy:
     if name == "multi-worker":
         joined = cluster.joined_strategy()
         if joined is None:
-            raise ConfigError("--strategy multi-worker: the cluster must be joined before anything else "
+            raise TrainConfigError("--strategy multi-worker: the cluster must be joined before anything else "
                               "runs on TensorFlow (bert_datagen.trainer.runtime.cluster.join)")
         return joined
     gpus = tf.config.list_logical_devices("GPU")
@@ -38,7 +38,7 @@ def make_strategy(name: str, tpu: str | None = None) -> tf.distribute.Strategy:
         tf.config.experimental_connect_to_cluster(resolver)
         tf.tpu.experimental.initialize_tpu_system(resolver)
         return tf.distribute.TPUStrategy(resolver)
-    raise ConfigError(f"unknown strategy {name!r}")
+    raise TrainConfigError(f"unknown strategy {name!r}")
 
 
 def make_run_strategy(name: str, tpu: str | None, batch_size: int, accumulation_steps: int) -> tf.distribute.Strategy:
@@ -47,7 +47,7 @@ def make_run_strategy(name: str, tpu: str | None, batch_size: int, accumulation_
     strategy = make_strategy(name, tpu)
     replicas = strategy.num_replicas_in_sync
     if batch_size % (replicas * accumulation_steps):
-        raise ConfigError(f"batch size {batch_size} is not a multiple of replicas ({replicas}) x "
+        raise TrainConfigError(f"batch size {batch_size} is not a multiple of replicas ({replicas}) x "
                           f"accumulation steps ({accumulation_steps})")
     return strategy
 

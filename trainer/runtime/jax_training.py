@@ -17,7 +17,7 @@ import numpy as np
 
 from bert_datagen.trainer.backends import jax as backend
 from bert_datagen.trainer.backends import jax_cluster
-from bert_datagen.trainer.errors import CheckpointError, ConfigError
+from bert_datagen.trainer.errors import CheckpointError, TrainConfigError
 from bert_datagen.trainer.model.dropout import dropout_key, run_key, step_key
 from bert_datagen.trainer.runtime import cluster
 from bert_datagen.trainer.runtime.checkpoint import (
@@ -60,7 +60,7 @@ class JaxTraining:
             self.sharding = backend.data_sharding(1 if cfg.strategy == "one-device" else None)
         self.replicas = 1 if self.sharding is None else len(self.sharding.mesh.devices.flat)
         if cfg.batch_size % (self.replicas * cfg.accumulation_steps):  # as make_run_strategy on TensorFlow
-            raise ConfigError(f"batch size {cfg.batch_size} is not a multiple of devices ({self.replicas}) x "
+            raise TrainConfigError(f"batch size {cfg.batch_size} is not a multiple of devices ({self.replicas}) x "
                               f"accumulation steps ({cfg.accumulation_steps})")
         self.reload_from_model()
         scaled = cfg.precision == "mixed_float16"  # float16's gradients underflow without a loss scale

@@ -30,7 +30,7 @@ from typing import Any, ClassVar, Protocol
 from bert_datagen.cli.lock import INSIDE_LOCK_NAME, OutputLock, OutputLockError, lock_output
 from bert_datagen.contract import fs
 from bert_datagen.contract.manifest import MANIFEST_NAME
-from bert_datagen.trainer.errors import ConfigError, TrainingError
+from bert_datagen.trainer.errors import TrainConfigError, TrainingError
 from bert_datagen.trainer.runtime import checkpoint as ckpt_lib
 
 TRAIN_CONFIG_FILE = "train_config.json"
@@ -129,34 +129,34 @@ def refuse_inside_dataset(out: Path, option: str = "--out") -> None:
     dataset = enclosing(out, is_dataset)
     if dataset is not None:
         where = "is" if dataset == out else "is inside"
-        raise ConfigError(f"{option} {out}: {where} the bert-datagen dataset {dataset}; "
+        raise TrainConfigError(f"{option} {out}: {where} the bert-datagen dataset {dataset}; "
                           "give a directory outside it")
 
 
 def check_writable(out: Path, option: str = "--out") -> None:
-    """ConfigError unless files can be created in `out` (or where it would be created)."""
+    """TrainConfigError unless files can be created in `out` (or where it would be created)."""
     probe_in = out
     if not out.is_dir():
         probe_in = out.parent
         while not probe_in.exists() and probe_in != probe_in.parent:
             probe_in = probe_in.parent
         if not probe_in.is_dir():
-            raise ConfigError(f"{option} {out}: {probe_in} is not a directory")
+            raise TrainConfigError(f"{option} {out}: {probe_in} is not a directory")
     try:  # the only sure test of writability (permissions, read-only filesystems, ACLs)
         probe = fs.temp_path_for(os.path.join(probe_in, "probe"))
         os.mkdir(probe)
         os.rmdir(probe)
     except OSError as exc:
-        raise ConfigError(f"{option} {out}: cannot write in {probe_in}: {exc.strerror}") from exc
+        raise TrainConfigError(f"{option} {out}: cannot write in {probe_in}: {exc.strerror}") from exc
 
 
 def check_local_dir(given: str | Path, option: str = "--out") -> Path:
     out = Path(given)
     if fs.is_remote(given):
-        raise ConfigError(f"{option} {given}: must be a local directory (files are written and renamed "
+        raise TrainConfigError(f"{option} {given}: must be a local directory (files are written and renamed "
                           "with local file operations); copy it to an object store afterwards")
     if out.exists() and not out.is_dir():
-        raise ConfigError(f"{option} {out}: exists and is not a directory")
+        raise TrainConfigError(f"{option} {out}: exists and is not a directory")
     return out
 
 
@@ -168,11 +168,11 @@ def entries_of(out: Path, option: str = "--out") -> list[Path]:
     try:
         return [e for e in out.iterdir() if not e.name.startswith(INSIDE_LOCK_NAME)]
     except OSError as exc:
-        raise ConfigError(f"{option} {out}: cannot read the directory: {exc.strerror}") from exc
+        raise TrainConfigError(f"{option} {out}: cannot read the directory: {exc.strerror}") from exc
 
 
 def check_out_dir(given: str | Path, kind: str = PRETRAINING) -> None:
-    """Raise ConfigError naming `--out` unless a run of `kind` can be written there (before any
+    """Raise TrainConfigError naming `--out` unless a run of `kind` can be written there (before any
     work): new, empty, or a run of the same kind; never a dataset or a run of another kind."""
     out = check_local_dir(given)
     refuse_inside_dataset(out)
@@ -181,9 +181,9 @@ def check_out_dir(given: str | Path, kind: str = PRETRAINING) -> None:
         found = run_kind(out) if entries else None
         if found is not None and found != kind:
             hint = _OTHER_KIND_HINT.get((found, kind), "give a new or empty --out")
-            raise ConfigError(f"--out {out}: a {found}, not a {kind}; {hint}")
+            raise TrainConfigError(f"--out {out}: a {found}, not a {kind}; {hint}")
         if entries and found is None:
-            raise ConfigError(f"--out {out}: exists, is not empty and is not a bert-train run directory "
+            raise TrainConfigError(f"--out {out}: exists, is not empty and is not a bert-train run directory "
                               f"(no {TRAIN_CONFIG_FILE} or {FINETUNE_CONFIG_FILE}); give a new or empty directory")
     check_writable(out)
 
@@ -202,7 +202,7 @@ def make_run_dir(out: Path) -> None:
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise ConfigError(f"--out {out}: cannot create the run directory: {exc.strerror}") from exc
+        raise TrainConfigError(f"--out {out}: cannot create the run directory: {exc.strerror}") from exc
 
 
 def field_defaults(cls: type) -> dict[str, Any]:

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from bert_datagen.trainer.errors import ConfigError
+from bert_datagen.trainer.errors import TrainConfigError
 from bert_datagen.trainer.runtime import cluster
 from bert_datagen.trainer.runtime.objective import Objective
 
@@ -44,7 +44,7 @@ def start_training(spec: TrainingSpec):
         from bert_datagen.trainer.runtime.tf_training import TfTraining
 
         return TfTraining(spec)
-    raise ConfigError(f"unknown backend {spec.backend!r}")
+    raise TrainConfigError(f"unknown backend {spec.backend!r}")
 
 
 def refuse_unported_on_jax(settings) -> None:
@@ -53,10 +53,10 @@ def refuse_unported_on_jax(settings) -> None:
     if settings.backend != "jax":
         return
     if settings.strategy == "tpu":
-        raise ConfigError("--strategy tpu runs on TensorFlow only so far (on JAX a TPU is one of the process's "
+        raise TrainConfigError("--strategy tpu runs on TensorFlow only so far (on JAX a TPU is one of the process's "
                           "devices: --strategy auto, or multi-worker over a pod's hosts)")
     if settings.strategy == "multi-worker" and cluster.joined_backend() != "jax":
-        raise ConfigError("--strategy multi-worker: the cluster must be joined before anything runs on JAX "
+        raise TrainConfigError("--strategy multi-worker: the cluster must be joined before anything runs on JAX "
                           "(bert-train joins the one TF_CONFIG describes at its start: runtime/cluster.join_for)")
 
 
