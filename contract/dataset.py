@@ -22,6 +22,7 @@ from bert_datagen.contract.manifest import (
     manifest_identity,
 )
 from bert_datagen.contract.vocab_io import load_vocab
+from bert_datagen.datagen.config import masking_unit_of
 from bert_datagen.datagen.record_rules import RecordShape
 from bert_datagen.vocab.vocab_file import Vocab, VocabError
 
@@ -87,7 +88,7 @@ def record_shape(vocab: Vocab, max_seq_length: int, max_predictions: int, config
     return RecordShape(max_seq_length, max_predictions, len(vocab), vocab.cls_id, vocab.sep_id,
                        vocab.mask_id, vocab.pad_id, vocab.unk_id,
                        float(prob) if prob is not None else None,
-                       bool(config.get("whole_word_mask", False)),
+                       masking_unit_of(str(config.get("masking_unit", "token")), bool(config.get("whole_word_mask", False))),
                        str(config.get("objective", "nsp")), str(config.get("masking", "static")),
                        int(config.get("max_sequences_per_row", 0)) if config.get("packing") else 0,
                        word_segmented(config))

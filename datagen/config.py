@@ -54,6 +54,12 @@ class ConfigError(ValueError):
     """An option value that cannot produce valid data."""
 
 
+def masking_unit_of(masking_unit: str, whole_word_mask: bool) -> str:
+    """The masking unit of a config spelled either way (options, or a manifest's config: those written
+    before masking units record only ``whole_word_mask``, the original's spelling of "word")."""
+    return "word" if whole_word_mask and masking_unit == "token" else masking_unit
+
+
 @dataclass(frozen=True)
 class DatagenConfig:
     """Everything that decides the bytes of a dataset (runner options do not)."""
@@ -64,7 +70,9 @@ class DatagenConfig:
     short_seq_prob: float = 0.1
     dupe_factor: int = 10
     random_seed: int = 12345
-    whole_word_mask: bool = False  # True exactly when masking_unit is "word" or "span"
+    # The original's spelling of masking_unit "word", kept because manifests record it (and older ones
+    # only it): True exactly when masking_unit is "word" or "span". Code reads masking_unit.
+    whole_word_mask: bool = False
     masking_unit: str = "token"
     objective: str = "nsp"
     masking: str = "static"
@@ -92,10 +100,8 @@ class DatagenConfig:
     packing_group_size: int = 8192  # instances of a shard, in key order, packed together
 
     def __post_init__(self) -> None:
-        # whole_word_mask is the original's name for masking_unit="word"; spans are made of whole
-        # words too. Either spelling gives the same config (and the same manifest).
-        if self.whole_word_mask and self.masking_unit == "token":
-            object.__setattr__(self, "masking_unit", "word")
+        # Either spelling gives the same config (and the same manifest); spans are made of whole words too.
+        object.__setattr__(self, "masking_unit", masking_unit_of(self.masking_unit, self.whole_word_mask))
         if self.masking_unit in ("word", "span"):
             object.__setattr__(self, "whole_word_mask", True)
         self.validate()

@@ -38,7 +38,7 @@ class RecordShape:
     unk_id: int | None
     # From the manifest's config; None for data without one (the masked-count check is skipped).
     masked_lm_prob: float | None = None
-    whole_word_mask: bool = False  # also for span masking: groups may leave a record short
+    masking_unit: str = "token"  # word, span: masks fall on whole groups, which may leave a record short
     objective: str = "nsp"  # nsp: [CLS] A [SEP] B [SEP]; doc-/full-sentences: [CLS] text [SEP], no label
     masking: str = "static"  # dynamic: unmasked records with an instance_key, in key order
     max_sequences_per_row: int = 0  # > 0: packed rows of up to this many instances (bert_datagen.datagen.packed)
@@ -231,8 +231,9 @@ def _masking_checks(f: dict[str, np.ndarray], shape: RecordShape, lay: Layout, l
         # [CLS] and [SEP]); whole-word and span masking may take fewer because they skip or cut groups.
         want = np.minimum(np.minimum(p, np.maximum(1, np.round(length * shape.masked_lm_prob).astype(np.int64))),
                           length - specials)
-        wrong_k = (k > want) if shape.whole_word_mask else (k != want)
+        groups = shape.masking_unit != "token"
+        wrong_k = (k > want) if groups else (k != want)
         checks.append((wrong_k & layout_ok, lambda r: (
-            f"masks {int(k[r])} positions; the recipe gives {'at most ' if shape.whole_word_mask else ''}"
+            f"masks {int(k[r])} positions; the recipe gives {'at most ' if groups else ''}"
             f"{int(want[r])} for {int(length[r])} tokens at masked_lm_prob {shape.masked_lm_prob}")))
     return checks
