@@ -41,6 +41,7 @@ REQUIRED_TOP = ("schema", "schema_version", "tool", "config", "seed", "vocab", "
 REQUIRED_VOCAB = ("path", "sha256", "size")
 REQUIRED_SHARD = ("path", "records", "bytes", "sha256")
 REQUIRED_INDEX = ("path", "bytes", "sha256")
+REQUIRED_BLOCKS = ("path", "lines", "bytes", "sha256")
 REQUIRED_SIDE = ("path", "bytes", "sha256")  # a task split's side files
 __all__ = ["CARD_NAME", "MANIFEST_NAME", "REQUIRED_FEATURES", "SCHEMA", "SCHEMA_VERSION", "VOCAB_NAME",
            "FeatureSpec", "IndexInfo", "Manifest", "ManifestError", "ShardInfo", "SideFile", "SplitInfo",
@@ -55,11 +56,22 @@ class ManifestError(ValueError):
 
 
 @dataclass(frozen=True)
+class BlockDigests:
+    """An index's block digests (datagen/tfrecord_index.py): ``lines`` index lines a digest."""
+    path: str
+    lines: int
+    bytes: int
+    sha256: str
+
+
+@dataclass(frozen=True)
 class IndexInfo:
-    """A shard's record index (datagen/tfrecord_index.py): ``path`` relative to the dataset."""
+    """A shard's record index (datagen/tfrecord_index.py): ``path`` relative to the dataset;
+    ``blocks`` None for datasets written before block digests (readers then read the whole index)."""
     path: str
     bytes: int
     sha256: str
+    blocks: BlockDigests | None = None
 
 
 @dataclass(frozen=True)
@@ -257,10 +269,16 @@ def _features(specs: Any, where: str, source: str) -> dict[str, FeatureSpec]:
     return {name: (str(spec[0]), int(spec[1])) for name, spec in specs.items()}
 
 
+def _index_info(entry: dict) -> IndexInfo:
+    blocks = entry.get("blocks")
+    return IndexInfo(*(entry[k] for k in REQUIRED_INDEX),
+                     BlockDigests(*(blocks[k] for k in REQUIRED_BLOCKS)) if blocks is not None else None)
+
+
 def _split(name: str, info: dict, source: str) -> SplitInfo:
     where = f"splits.{name}"
     shards = tuple(ShardInfo(s["path"], s["records"], s["bytes"], s["sha256"],
-                             IndexInfo(*(s["index"][k] for k in REQUIRED_INDEX)) if "index" in s else None)
+                             _index_info(s["index"]) if "index" in s else None)
                    for s in info["shards"])
     features = _features(info["features"], f"{where}.features", source) if "features" in info else None
     side = info.get("side", [])
@@ -360,6 +378,14 @@ def validate_manifest(manifest: Any, source: str = MANIFEST_NAME) -> None:
                 _require(shard["index"], REQUIRED_INDEX, f"{where}.index", source)
                 _int_field(shard["index"]["bytes"], f"{where}.index.bytes", source)
                 _relative_path(shard["index"]["path"], f"{where}.index.path", source)
+                if "blocks" in shard["index"]:  # its block digests; older datasets have none
+                    blocks = shard["index"]["blocks"]
+                    _require(blocks, REQUIRED_BLOCKS, f"{where}.index.blocks", source)
+                    _int_field(blocks["bytes"], f"{where}.index.blocks.bytes", source)
+                    _int_field(blocks["lines"], f"{where}.index.blocks.lines", source)
+                    if blocks["lines"] < 1:
+                        raise ManifestError(f"{source}: field {where}.index.blocks.lines must be >= 1")
+                    _relative_path(blocks["path"], f"{where}.index.blocks.path", source)
         _int_field(info["records"], f"splits.{split}.records", source)
         _int_field(info["bytes"], f"splits.{split}.bytes", source)
 

@@ -7,15 +7,19 @@ own. Every line of a shard's index has the same width (the numbers are zero-padd
 of the shard's size and of its longest frame), so line ``i`` starts at byte ``i * width``: a reader
 fetches the lines of just the records it needs, and ``width`` is the index's size over its records.
 Both readers parse the numbers as decimal integers, leading zeros included.
+
+Beside the index, its *block digests* (``part-00000-of-00004.tfrecord.index.blocks``): the first 16
+bytes of the sha256 of every `BLOCK_LINES` lines of the index, end to end. The manifest lists the
+index and its digests with their sha256, so a reader that needs a few records checks just their
+blocks of lines (a rank of N reads about 1/N of the index) and never the whole index: lines that
+still chain but name other records (an index shifted by a record) fail their block's digest.
 """
 
 from __future__ import annotations
 
-import io
+import hashlib
 
 import numpy as np
-
-from bert_datagen.datagen.tfrecord import record_offsets
 
 INDEX_SUFFIX = ".index"
 FRAME_OVERHEAD = 16  # length (8), its CRC (4), the payload's CRC (4)
@@ -25,17 +29,42 @@ class RecordIndexError(ValueError):
     """An index that does not describe its shard; says which line and why."""
 
 
+BLOCKS_SUFFIX = ".blocks"
+# Lines a block digest covers: a reader's default chunk (contract/loading/order.py's block size), so
+# a rank's chunk of records is one block of lines.
+BLOCK_LINES = 64
+DIGEST_BYTES = 16  # of each block's sha256: 2**-128 that another block has its digest
+
+
 def index_name(shard_name: str) -> str:
     """The index file of a shard: ``part-00000-of-00004.tfrecord.index`` beside it."""
     return shard_name + INDEX_SUFFIX
 
 
-def index_bytes(shard: bytes, records: int, name: str = "<shard>") -> bytes:
-    """The index of a shard's bytes (its ``records`` frames walked, every header CRC checked)."""
-    offsets = record_offsets(io.BytesIO(shard).read, records, name)
-    if int(offsets[-1]) != len(shard):
-        raise RecordIndexError(f"{name}: {records} records end at byte {int(offsets[-1])} of {len(shard)}")
-    return format_index(offsets)
+def blocks_name(index_path: str) -> str:
+    """The block digests of an index: ``part-00000-of-00004.tfrecord.index.blocks`` beside it."""
+    return index_path + BLOCKS_SUFFIX
+
+
+def block_digests(index: bytes, records: int, lines: int = BLOCK_LINES) -> bytes:
+    """The digests of every ``lines`` lines of an index of ``records`` records (the last block may be
+    shorter), end to end."""
+    if not records:
+        return b""
+    step = line_width(len(index), records) * lines
+    return b"".join(hashlib.sha256(index[a:a + step]).digest()[:DIGEST_BYTES] for a in range(0, len(index), step))
+
+
+def index_files(lengths: np.ndarray, shard_name: str) -> tuple[dict[str, bytes], dict]:
+    """What a writer puts beside a shard whose frames have these lengths: {relative path: bytes} of
+    its index and block digests, and the manifest's entry for them."""
+    index = index_of_lengths(lengths)
+    digests = block_digests(index, len(lengths))
+    path = index_name(shard_name)
+    entry = {"path": path, "bytes": len(index), "sha256": hashlib.sha256(index).hexdigest(),
+             "blocks": {"path": blocks_name(path), "lines": BLOCK_LINES, "bytes": len(digests),
+                        "sha256": hashlib.sha256(digests).hexdigest()}}
+    return {path: index, blocks_name(path): digests}, entry
 
 
 def index_of_lengths(lengths: np.ndarray) -> bytes:

@@ -321,12 +321,18 @@ class NumpyBatches(Stepping):
         return arrays
 
     def _mask(self, features: dict[str, np.ndarray], epochs: np.ndarray) -> dict[str, np.ndarray]:
-        src = self.source
-        masked = mask_records(features["input_ids"], features["input_mask"], features[INSTANCE_KEY][:, 0],
-                              epochs, self.order.seed, src.mask_config, src.vocab, features.get(WORD_BITS))
-        out = dict(features)
-        out["input_ids"] = masked.input_ids.astype(np.int32)
-        out["masked_lm_positions"] = masked.masked_lm_positions.astype(np.int32)
-        out["masked_lm_ids"] = masked.masked_lm_ids.astype(np.int32)
-        out["masked_lm_weights"] = masked.masked_lm_weights.astype(np.float32)
-        return out
+        return masked_batch(self.source, self.order.seed, features, epochs)
+
+
+def masked_batch(source: Source, seed: int, features: dict[str, np.ndarray], epochs: np.ndarray,
+                 ) -> dict[str, np.ndarray]:
+    """A dynamic-masking dataset's records as a batch: masked by (seed, each record's instance key,
+    the epoch it is read in), as every reader of the dataset masks them."""
+    masked = mask_records(features["input_ids"], features["input_mask"], features[INSTANCE_KEY][:, 0],
+                          epochs, seed, source.mask_config, source.vocab, features.get(WORD_BITS))
+    out = dict(features)
+    out["input_ids"] = masked.input_ids.astype(np.int32)
+    out["masked_lm_positions"] = masked.masked_lm_positions.astype(np.int32)
+    out["masked_lm_ids"] = masked.masked_lm_ids.astype(np.int32)
+    out["masked_lm_weights"] = masked.masked_lm_weights.astype(np.float32)
+    return out

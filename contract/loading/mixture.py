@@ -15,9 +15,11 @@ the next step. Each batch carries ``mixture_dataset``: the index of the dataset 
 from. Datasets must be of one kind, with one vocab and the same features (names, types, lengths);
 anything else is refused with one line naming the dataset and the difference.
 
-What it costs: a rank reads its records of each dataset through that dataset's iterator, which
-loads whole windows of chunks (a rank's slots are not the mixture's), so each rank reads up to
-all of a window's bytes of each dataset rather than 1/N.
+What it costs: a rank reads just the records at its positions, whichever datasets they are in (a
+mixture's rank shares are not a dataset's chunk slots, so reading that dataset's chunks would be up
+to N times the share): stepping through the batches, a span of a mixture window's steps at a time
+(each dataset's records of the span in one fetch, the next span fetched ahead where the shards are
+remote); ``read_positions`` of other positions, exactly those records.
 """
 
 from __future__ import annotations
@@ -26,13 +28,16 @@ import hashlib
 import json
 import math
 import numbers
+import os
 from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from functools import lru_cache
 
 import numpy as np
 
-from bert_datagen.contract.bounds import check_int
-from bert_datagen.contract.loading.batches import NumpyBatches
+from bert_datagen.contract.bounds import check_int, max_batches
+from bert_datagen.contract.fs import is_remote
+from bert_datagen.contract.loading.batches import NumpyBatches, masked_batch
 from bert_datagen.contract.loading.order import (
     DEFAULT_BLOCK_SIZE,
     check_step,
@@ -40,7 +45,7 @@ from bert_datagen.contract.loading.order import (
     permutation,
     positions_array,
 )
-from bert_datagen.contract.loading.source import LoadError, Source
+from bert_datagen.contract.loading.source import Fetched, LoadError, Source
 from bert_datagen.contract.loading.stepping import Stepping, check_reader_arguments, local_world
 from bert_datagen.contract.manifest import Manifest, ManifestError
 from bert_datagen.datagen.rng import derive_key
@@ -133,22 +138,35 @@ class MixedBatches(Stepping):
 
     def __init__(self, sources: Sequence[Source], weights: Sequence[float], *, seed: int, batch_size: int,
                  world_size: int | None = None, rank: int | None = None, block_size: int = DEFAULT_BLOCK_SIZE,
-                 start: int = 0, stop: int | None = None, window: int = DEFAULT_MIX_WINDOW) -> None:
+                 start: int = 0, stop: int | None = None, window: int = DEFAULT_MIX_WINDOW,
+                 prefetch: bool | None = None) -> None:
         world_size, rank = local_world(world_size, rank)
         check_reader_arguments(seed, batch_size, block_size, world_size, rank, start, stop)
         check_world(batch_size, world_size, rank)
+        if prefetch is not None and not isinstance(prefetch, (bool, np.bool_)):  # bool("no") is True
+            raise TypeError(f"prefetch must be True, False or None, got {prefetch!r} ({type(prefetch).__name__}): "
+                            "None reads ahead where the shards are remote")
         if len(weights) != len(sources):
             raise MixtureError(f"{len(weights)} weights for {len(sources)} datasets: give one per dataset")
         check_compatible(sources)
         self.counts = apportion(weights, window)
         self.weights = [float(w) for w in weights]
         self.sources = list(sources)
-        self.readers = [NumpyBatches(s, seed=seed, batch_size=batch_size, block_size=block_size) for s in sources]
+        # Each dataset's own order (NumpyBatches checks that the split holds a batch and is not task data).
+        self.orders = [NumpyBatches(s, seed=seed, batch_size=batch_size, block_size=block_size).order for s in sources]
         self.seed, self.batch_size, self.block_size, self.window = seed, batch_size, block_size, window
         self.world_size, self.rank = world_size, rank
         self.step, self.stop = start, stop
         self.fingerprint = mixture_fingerprint([split_identity(s) for s in sources], self.counts, window)
         self._key = derive_key(seed, MIX_VERSION, self.fingerprint)
+        # Steps read together while stepping: a mixture window's worth, so that each dataset's records
+        # of them are one fetch (a fetch and a decode call have fixed costs).
+        self.span_steps = max(1, window // batch_size)
+        self._span: tuple[int, np.ndarray, dict[str, np.ndarray]] | None = None  # (span, positions, rows)
+        self.prefetch = (any(is_remote(f.path) for s in sources for f in s.shards) if prefetch is None
+                         else bool(prefetch))
+        self._pool: tuple[int, ThreadPoolExecutor] | None = None  # (the process it belongs to, the pool)
+        self._pending: tuple[int, Future] | None = None  # (span, its fetch)
 
     # ------------------------------------------------------------ where each position reads
 
@@ -169,23 +187,93 @@ class MixedBatches(Stepping):
     # ------------------------------------------------------------ iteration
 
     def batch_at(self, step: int) -> dict[str, np.ndarray]:
+        """This rank's share of global batch ``step``: read with the other steps of its span."""
         check_step(step, self.batch_size)
         share = self.batch_size // self.world_size
         first = step * self.batch_size + self.rank * share
-        return self.read_positions(np.arange(first, first + share, dtype=np.int64))
+        span = step // self.span_steps
+        if self._span is None or self._span[0] != span:
+            self._span = None  # the old span's memory goes before the new one is read
+            positions = self._span_positions(span)
+            self._span = (span, positions, self._read(positions, self._take_prefetched(span)))
+            if self.prefetch:
+                self._prefetch(span + 1)
+        _, positions, rows = self._span
+        at = int(np.searchsorted(positions, first))
+        return {k: v[at:at + share].copy() for k, v in rows.items()}  # a copy: the caller may change it
 
     def read_positions(self, positions: np.ndarray) -> dict[str, np.ndarray]:
-        """The records at these positions of the mixture, with ``mixture_dataset`` (int32)."""
+        """The records at these positions of the mixture, with ``mixture_dataset`` (int32): exactly
+        those records are read."""
+        pos = positions_array(positions)
+        if not len(pos):
+            out = self.sources[0].read_ranges([], model_inputs=True)
+            out[MIXTURE_FEATURE] = np.zeros(0, np.int32)
+            return out
+        return self._read(pos)
+
+    def _span_positions(self, span: int) -> np.ndarray:
+        """This rank's positions of the steps of a span (none past ``stop`` or the last step an order holds)."""
+        end = min((span + 1) * self.span_steps, max_batches(self.batch_size) if self.stop is None else self.stop)
+        steps = np.arange(span * self.span_steps, max(end, span * self.span_steps + 1), dtype=np.int64)
+        share = self.batch_size // self.world_size
+        firsts = steps * self.batch_size + self.rank * share
+        return (firsts[:, None] + np.arange(share, dtype=np.int64)[None, :]).reshape(-1)
+
+    def _fetch(self, positions: np.ndarray) -> list[tuple[np.ndarray, Fetched, np.ndarray]]:
+        """Each dataset's records at these positions, fetched: (the positions' rows that are its,
+        its fetched bytes, where each of those rows is among them)."""
         dataset, sub = self.place(positions)
-        parts = {d: self.readers[d].read_positions(sub[dataset == d]) for d in np.unique(dataset).tolist()}
-        some = next(iter(parts.values())) if parts else self.readers[0].read_positions(sub)
-        out = {k: np.empty((len(dataset), *v.shape[1:]), v.dtype) for k, v in some.items()}
-        for d, part in parts.items():
-            sel = dataset == d
+        out = []
+        for d in np.unique(dataset).tolist():
+            mine = np.flatnonzero(dataset == d)
+            ranges, order = self.orders[d].record_ranges(sub[mine])
+            out.append((mine, self.sources[d].fetch(ranges), order))
+        return out
+
+    def _read(self, positions: np.ndarray, fetched: list[tuple[np.ndarray, Fetched, np.ndarray]] | None = None,
+              ) -> dict[str, np.ndarray]:
+        """The records at these positions (rows in their order), decoded and, for dynamic masking,
+        masked as each dataset's own reader masks them."""
+        dataset, sub = self.place(positions)
+        out: dict[str, np.ndarray] = {}
+        for mine, got, order in fetched if fetched is not None else self._fetch(positions):
+            d = int(dataset[mine[0]])
+            source = self.sources[d]
+            pieces = source.decode(got, model_inputs=True, order=order, piece=len(order))
+            part = pieces[0]
+            if source.dynamic:
+                part = masked_batch(source, self.seed, part, sub[mine] // self.orders[d].total)
             for k, v in part.items():
-                out[k][sel] = v
+                if k not in out:
+                    out[k] = np.empty((len(positions), *v.shape[1:]), v.dtype)
+                out[k][mine] = v
         out[MIXTURE_FEATURE] = dataset.astype(np.int32)
         return out
+
+    # ------------------------------------------------------------ reading ahead
+
+    def _prefetch(self, span: int) -> None:
+        """Start fetching a span's records on a background thread (its requests run while the
+        current span's batches are used)."""
+        if self.stop is not None and span * self.span_steps >= self.stop:
+            return
+        if self._pool is None or self._pool[0] != os.getpid():  # none yet, or one a fork left behind
+            self._pool = (os.getpid(), ThreadPoolExecutor(1, thread_name_prefix="bert-datagen-mix-prefetch"))
+        self._pending = (span, self._pool[1].submit(self._fetch, self._span_positions(span)))
+
+    def _take_prefetched(self, span: int) -> list[tuple[np.ndarray, Fetched, np.ndarray]] | None:
+        """The span's fetched records when they were read ahead (their errors raised here), else None."""
+        pending, self._pending = self._pending, None
+        if pending is None or pending[0] != span:
+            return None
+        return pending[1].result()
+
+    def __getstate__(self) -> dict:
+        # A DataLoader worker gets a copy: without the thread and what it was reading.
+        state = dict(self.__dict__)
+        state["_pool"] = state["_pending"] = None
+        return state
 
     # ------------------------------------------------------------ state
 

@@ -174,6 +174,20 @@ class GlobalOrder:
             cached = self._windows[(epoch, w)] = (rounds, _chunk_perms(self._key("chunk", epoch), chunks, bs))
         return cached
 
+    def record_ranges(self, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The records at these positions as ``(shard, first, end)`` ranges in file order (each
+        shard's runs of consecutive records: one read each), and where each position's record is
+        among the ranges' records laid end to end (``rows[i]``: position ``i``'s)."""
+        placed = self.place(positions)
+        by_file = np.lexsort((placed.index, placed.shard))
+        shard, index = placed.shard[by_file], placed.index[by_file]
+        run = np.flatnonzero(np.concatenate([[True], (np.diff(shard) != 0) | (np.diff(index) != 1)]))
+        length = np.diff(np.append(run, len(shard)))
+        ranges = np.stack([shard[run], index[run], index[run] + length], axis=1).reshape(-1, 3)
+        rows = np.empty(len(by_file), np.int64)
+        rows[by_file] = np.arange(len(by_file))
+        return ranges, rows
+
     def batch_positions(self, step: int, world_size: int = 1, rank: int = 0) -> np.ndarray:
         """Global positions of rank ``rank``'s share of global batch ``step`` (contiguous B/N)."""
         check_world(self.batch_size, world_size, rank)

@@ -2,15 +2,12 @@
 and any range of a shard's records, CRC-checked and decoded into NumPy.
 
 A shard's records are found through its record index (`bert_datagen.datagen.tfrecord_index`),
-which `run` and `task` write beside it and list in the manifest. A source reads a shard's index
-whole, once, the first time it reads the shard, and keeps its offsets: an index is checked only
-whole (its size and sha256 against the manifest's, its lines chaining from byte 0 to the shard's
-size), and an index whose lines are shifted by a record still chains wherever it is cut, so lines
-read a few at a time would place records wrongly without a sign. Then a read fetches the bytes of
-just its records, as few ranged reads (adjacent spans joined, shards read concurrently), and
-`bert_datagen.datagen.tfrecord` checks every frame and CRC at the offset the index gives. A dataset
-written before indexes still loads: its shards' offsets are found once by walking their length
-headers (12 bytes per record, each header CRC checked).
+which `run` and `task` write beside it and list in the manifest. A source learns a shard's record offsets
+as records are asked for (`shard_index.ShardOffsets`: a block of index lines at a time, each
+checked against its digest, or the whole index checked against the manifest, or for datasets
+written before indexes a walk of the shard's headers). Then a read fetches the bytes of just its
+records, as few ranged reads (adjacent spans joined, shards read concurrently), and
+`bert_datagen.datagen.tfrecord` checks every frame and CRC at the offset the index gives.
 
 Every read checks, once its bytes are in hand, that the dataset is still the one opened
 (`Source.check_unchanged`): a replaced dataset is an error before any of its records is handed out.
@@ -20,7 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import hashlib
 import os
 import threading
 from collections.abc import Iterator
@@ -32,18 +28,15 @@ import numpy as np
 from bert_datagen.contract.dataset import DatasetError, ShardRef, open_dataset
 from bert_datagen.contract.features import TASK
 from bert_datagen.contract.fs import DEFAULT_FS, FileSystem, is_remote
-from bert_datagen.contract.manifest import MANIFEST_NAME, IndexInfo, Manifest, ManifestError
+from bert_datagen.contract.loading.shard_index import ShardIndexError, ShardOffsets
+from bert_datagen.contract.manifest import MANIFEST_NAME, Manifest, ManifestError
 from bert_datagen.contract.vocab_io import load_vocab
 from bert_datagen.datagen.config import DatagenConfig
 from bert_datagen.datagen.example_codec import FeatureSpec, decode_raw
 from bert_datagen.datagen.records import INSTANCE_KEY
-from bert_datagen.datagen.tfrecord import RawBatch, RecordError, check_frames_at, record_offsets
+from bert_datagen.datagen.tfrecord import RawBatch, check_frames_at
 from bert_datagen.datagen.tfrecord_index import (
     FRAME_OVERHEAD,
-    RecordIndexError,
-    check_run,
-    line_width,
-    parse_lines,
 )
 from bert_datagen.vocab.vocab_file import Vocab, VocabError
 
@@ -131,7 +124,7 @@ class Source:
     # What the manifest was when the source was opened (`PathFS.version`: size and mtime of a local
     # file, ETag or generation of an object); None for shard lists without a manifest.
     manifest_version: str | None = None
-    _offsets: dict[int, np.ndarray] = field(default_factory=dict, repr=False)
+    _offsets: dict[int, ShardOffsets] = field(default_factory=dict, repr=False)
     # A loader's read-ahead thread and its caller may both need a shard's offsets first: its index
     # is then read once, not by each. (The process that made the lock: a forked DataLoader worker
     # makes its own, as the parent's may have been held by another thread at the fork.)
@@ -197,10 +190,10 @@ class Source:
         rec_index = np.arange(len(rec_shard), dtype=np.int64) + np.repeat(table[:, 1] - firsts, sizes)
         at, frames = np.zeros(len(rec_shard), np.int64), np.zeros(len(rec_shard), np.int64)
         shards = np.unique(shard[sizes > 0]).tolist()
-        self._load_offsets(shards)
         mine = {s: np.flatnonzero(rec_shard == s) for s in shards}
+        self._load_offsets({s: rec_index[mine[s]] for s in shards})
         for s in shards:
-            records, offsets = rec_index[mine[s]], self._offsets[s]
+            records, offsets = rec_index[mine[s]], self._offsets[s].offsets
             at[mine[s]] = offsets[records]
             frames[mine[s]] = offsets[records + 1] - at[mine[s]]
         full = sizes > 0
@@ -254,24 +247,26 @@ class Source:
                 raise LoadError(f"{self.shards[at].path}: record {record}: {problems[0][1]}")
         return batch.features
 
-    def _load_offsets(self, shards: list[int]) -> None:
-        """The offsets of these shards read where they are not yet (`offsets`): their indexes
-        fetched concurrently when they are remote, as a window's shards are."""
-        if all(s in self._offsets for s in shards):
-            return
+    def _load_offsets(self, records: dict[int, np.ndarray]) -> None:
+        """Learn the offsets of these records of each shard where they are not known yet
+        (`ShardOffsets.learn`): the shards' index reads run concurrently when they are remote, as a
+        window's shards are."""
         if self._offsets_lock[0] != os.getpid():  # a forked child has one thread: safe to replace
             self._offsets_lock = (os.getpid(), threading.Lock())
         with self._offsets_lock[1]:
-            todo = [s for s in shards if s not in self._offsets]
-            if len(todo) > 1 and any(is_remote(self.shards[s].path) for s in todo):
-                with ThreadPoolExecutor(min(len(todo), _CONCURRENT_FILES)) as pool:
-                    got = list(pool.map(self._read_offsets, todo))
-            else:
-                got = [self._read_offsets(s) for s in todo]
-            self._offsets.update(zip(todo, got, strict=True))
-
-    def _read_offsets(self, shard: int) -> np.ndarray:
-        return _index_shard(self.shards[shard], self.counts[shard], self.fs)
+            for s in records:
+                if s not in self._offsets:
+                    self._offsets[s] = ShardOffsets(self.shards[s], self.counts[s], self.fs)
+            todo = [s for s, r in records.items() if self._offsets[s].missing(r)]
+            try:
+                if len(todo) > 1 and any(is_remote(self.shards[s].path) for s in todo):
+                    with ThreadPoolExecutor(min(len(todo), _CONCURRENT_FILES)) as pool:
+                        list(pool.map(lambda s: self._offsets[s].learn(records[s]), todo))
+                else:
+                    for s in todo:
+                        self._offsets[s].learn(records[s])
+            except ShardIndexError as e:
+                raise LoadError(str(e)) from e
 
     def _read_files(self, wanted: dict[int, np.ndarray]) -> dict[int, tuple[np.ndarray, list[bytes]]]:
         """The bytes of each shard's ``[begin, end)`` spans as the reads `coalesce` makes of them:
@@ -301,14 +296,6 @@ class Source:
         firsts = np.concatenate([[0], np.cumsum(ranges[:, 2] - ranges[:, 1])]).astype(np.int64)
         r = int(np.searchsorted(firsts, index, side="right")) - 1
         return int(ranges[r, 0]), int(ranges[r, 1]) + index - int(firsts[r])
-
-    def offsets(self, shard: int) -> np.ndarray:
-        """Byte offset of every record of the shard, and its size last (count + 1 entries): from the
-        shard's whole index when it has one (read once and checked, `check_index`), else by walking
-        the shard's headers. Kept for the source's life: 4 bytes a record (8 past 4 GiB shards)."""
-        with self._explained():
-            self._load_offsets([shard])
-        return self._offsets[shard]
 
 
 def _placed(begins: np.ndarray, bases: np.ndarray, at: np.ndarray) -> np.ndarray:
@@ -345,54 +332,6 @@ def coalesce(spans: np.ndarray | list[tuple[int, int]], gap: int, waste: float =
     out.append((first, last))
     return out
 
-
-
-def check_index(data: bytes, records: int, shard_size: int | None, entry: IndexInfo | None,
-                path: str) -> np.ndarray:
-    """The offsets (count + 1, the shard's size last) of a shard's whole index ``data``, checked
-    against what the manifest says: a line per record, each ending where the next starts, the first
-    at byte 0 and the last ending at the shard's size, then the index's size and sha256 (a mismatch
-    there with sound lines: lines that chain but name other records). RecordIndexError says why."""
-    if not records:
-        if data:
-            raise RecordIndexError(f"{path}: {len(data)} bytes for a shard without records")
-        return np.zeros(1, np.int64)
-    offsets, lengths = parse_lines(data, line_width(len(data), records), 0, path)
-    check_run(offsets, lengths, True, shard_size, 0, path)
-    if entry is not None and len(data) != entry.bytes:
-        raise RecordIndexError(f"{path}: {len(data)} bytes, the manifest says {entry.bytes}")
-    if entry is not None and (digest := hashlib.sha256(data).hexdigest()) != entry.sha256:
-        raise RecordIndexError(f"{path}: its sha256 is {digest}, the manifest says {entry.sha256}: the index "
-                               "was changed after the dataset was written")
-    ends = np.append(offsets, offsets[-1] + lengths[-1])
-    return ends.astype(np.uint32) if ends[-1] < 1 << 32 else ends
-
-
-def _index_shard(ref: ShardRef, count: int, fs: FileSystem) -> np.ndarray:
-    size = ref.expected.bytes if ref.expected else None
-    if ref.index is not None:
-        path, entry = ref.index
-        try:
-            return check_index(fs.read_bytes(path), count, size, entry, path)
-        except RecordIndexError as e:
-            raise LoadError(f"corrupt index: {e} (bert-datagen verify tells more)") from e
-        except FileNotFoundError as e:
-            raise LoadError(f"{path}: index listed in the manifest is missing") from e
-        except OSError as e:
-            raise LoadError(f"{path}: cannot read index: {e}") from e
-    try:
-        with fs.open_read(ref.path) as f:
-            offsets = record_offsets(f.read, count, ref.path)
-    except RecordError as e:
-        raise LoadError(str(e).replace(f"{ref.path}: ", f"{ref.path}: corrupt shard: ", 1)) from e
-    except FileNotFoundError as e:
-        raise LoadError(f"{ref.path}: shard listed in the manifest is missing") from e
-    except OSError as e:
-        raise LoadError(f"{ref.path}: cannot read shard: {e}") from e
-    if size is not None and int(offsets[-1]) != size:
-        raise LoadError(f"{ref.path}: corrupt shard: {count} records end at byte {int(offsets[-1])}, the manifest "
-                        f"says {size} bytes (bert-datagen verify tells more)")
-    return offsets.astype(np.uint32) if offsets[-1] < 1 << 32 else offsets
 
 
 def open_source(target: str, split: str = "train", fs: FileSystem = DEFAULT_FS, version: str | None = None) -> Source:

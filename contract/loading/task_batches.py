@@ -55,14 +55,7 @@ def read_positions(source: Source, order: GlobalOrder, positions: np.ndarray,
     """The records at these positions of the run's sequence, in pieces of consecutive rows (row i:
     position i; ``piece``: `Source.read_pieces`'), read in file order (each shard's records in runs
     of consecutive ones) and decoded in the trainer's dtypes."""
-    placed = order.place(positions)
-    by_file = np.lexsort((placed.index, placed.shard))
-    shard, index = placed.shard[by_file], placed.index[by_file]
-    run = np.flatnonzero(np.concatenate([[True], (np.diff(shard) != 0) | (np.diff(index) != 1)]))
-    length = np.diff(np.append(run, len(shard)))
-    ranges = np.stack([shard[run], index[run], index[run] + length], axis=1)
-    rows = np.empty(len(by_file), np.int64)
-    rows[by_file] = np.arange(len(by_file))  # position i is the rows[i]-th record in file order
+    ranges, rows = order.record_ranges(positions)
     return source.read_pieces(ranges, model_inputs=True, order=rows, piece=piece)
 
 

@@ -38,7 +38,7 @@ from bert_datagen.datagen.staging import (
     records_from_bytes,
     records_to_bytes,
 )
-from bert_datagen.datagen.tfrecord_index import index_name, index_of_lengths
+from bert_datagen.datagen.tfrecord_index import index_files
 from bert_datagen.pipelines.beam import fsio
 from bert_datagen.pipelines.beam.progress import Progress
 
@@ -403,8 +403,9 @@ class WriteShard(_ReportingDoFn):
             stats["packed_rows"] = len(records)
         fsio.write_atomic(fsio.join(self.output_dir, *name.split("/")), records.blob)
         # The record index, written once here, so that no reader walks the shard's headers (docs/loading.md).
-        index = index_of_lengths(records.lengths)
-        fsio.write_atomic(fsio.join(self.output_dir, *index_name(name).split("/")), index)
+        index_data, index_entry = index_files(records.lengths, name)
+        for rel, data in index_data.items():
+            fsio.write_atomic(fsio.join(self.output_dir, *rel.split("/")), data)
         stats[f"{BUSY_PREFIX}write"] = stats.get(f"{BUSY_PREFIX}write", 0.0) + time.process_time() - started
         if self._progress:
             self._progress.add(records_written=len(records), shards_written=1)
@@ -414,8 +415,7 @@ class WriteShard(_ReportingDoFn):
             "index": shard,
             "shard": {"path": name, "records": len(records), "bytes": len(records.blob),
                       "sha256": hashlib.sha256(records.blob).hexdigest(),
-                      "index": {"path": index_name(name), "bytes": len(index),
-                                "sha256": hashlib.sha256(index).hexdigest()}},
+                      "index": index_entry},
             "stats": stats,
         }
 

@@ -45,7 +45,7 @@ from bert_datagen.datagen.records import frame_columns
 from bert_datagen.datagen.tasks import build
 from bert_datagen.datagen.tasks.config import SPAN, TAGGING, TaskConfig, TaskInputError
 from bert_datagen.datagen.tasks.features import TaskRecords, combine_side, unique_ids
-from bert_datagen.datagen.tfrecord_index import index_name, index_of_lengths
+from bert_datagen.datagen.tfrecord_index import index_files
 from bert_datagen.pipelines.beam import fsio
 from bert_datagen.pipelines.beam.errors import DatagenError
 from bert_datagen.pipelines.beam.spread import Spread
@@ -214,10 +214,10 @@ class WriteSplit(beam.DoFn):
 
     def _write_index(self, rel: str, lengths: list[int]) -> dict[str, Any]:
         """The shard's record index, written once here (docs/loading.md): its manifest entry."""
-        index = index_of_lengths(np.asarray(lengths, np.int64))
-        path = index_name(rel)
-        fsio.write_atomic(fsio.join(self.output_dir, *path.split("/")), index)
-        return {"path": path, "bytes": len(index), "sha256": hashlib.sha256(index).hexdigest()}
+        files, entry = index_files(np.asarray(lengths, np.int64), rel)
+        for path, data in files.items():
+            fsio.write_atomic(fsio.join(self.output_dir, *path.split("/")), data)
+        return entry
 
     def _write(self, rel: str, blob: bytes, records: int) -> dict[str, Any]:
         fsio.write_atomic(fsio.join(self.output_dir, *rel.split("/")), blob)

@@ -15,10 +15,10 @@ import numpy as np
 
 from bert_datagen.contract.dataset import Dataset, DatasetError, ShardRef
 from bert_datagen.contract.fs import is_remote
+from bert_datagen.contract.loading.shard_index import ShardIndexError, ShardOffsets
 from bert_datagen.datagen.example_codec import Batch, decode_batch
 from bert_datagen.datagen.record_rules import RecordShape
 from bert_datagen.datagen.tfrecord import CHUNK_BYTES, RecordError, ShardStream, iter_tfrecords
-from bert_datagen.datagen.tfrecord_index import RecordIndexError, check_run, line_width, parse_lines
 from bert_datagen.pipelines.beam import fsio
 
 
@@ -88,23 +88,21 @@ def read_records(ref: ShardRef, shape: RecordShape, start: int, count: int) -> t
 
 def _indexed_payloads(ref: ShardRef, start: int, count: int) -> tuple[list[int], list[bytes]] | None:
     """(indices, payloads) of records [start, start+count) read through the shard's index: its
-    lines of those records, then their bytes, frames and CRCs checked; None when there is no index
+    lines of those records (checked), then their bytes, frames and CRCs checked; None when there is no index
     or anything does not check out."""
     if ref.index is None or ref.expected is None:
         return None
-    path, entry = ref.index
     records = ref.expected.records
     stop = min(start + count, records)
     if start >= stop:
         return None
     try:
-        width = line_width(entry.bytes, records)
-        [lines] = fsio.BEAM_FS.read_ranges(path, [(start * width, stop * width)])
-        offsets, lengths = parse_lines(lines, width, start, path)
-        check_run(offsets, lengths, stop == records, ref.expected.bytes, start, path)
-        [data] = fsio.BEAM_FS.read_ranges(ref.path, [(int(offsets[0]), int(offsets[-1] + lengths[-1]))])
+        # Its blocks of lines, each checked against its digest (the whole index where it has none).
+        where = ShardOffsets(ref, records, fsio.BEAM_FS)
+        where.learn(np.arange(start, stop))
+        [data] = fsio.BEAM_FS.read_ranges(ref.path, [(int(where.offsets[start]), int(where.offsets[stop]))])
         payloads = list(iter_tfrecords(io.BytesIO(data), ref.name))
-    except (RecordIndexError, RecordError, OSError):
+    except (ShardIndexError, RecordError, OSError):
         return None
     return list(range(start, stop)), payloads
 

@@ -85,6 +85,8 @@ def _manifest_problems(ds: Dataset) -> list[str]:
             listed.add(s.path)
             if s.index is not None:
                 listed.add(s.index.path)
+                if s.index.blocks is not None:
+                    listed.add(s.index.blocks.path)
         for f in info.side:
             listed.add(f.path)
             path = fsio.join(ds.root, *f.path.split("/"))

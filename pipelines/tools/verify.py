@@ -20,7 +20,7 @@ from bert_datagen.datagen.example_codec import decode_raw
 from bert_datagen.datagen.packed_rules import check_packed_batch
 from bert_datagen.datagen.record_layout import feature_spec
 from bert_datagen.datagen.record_rules import MAX_PROBLEMS_PER_SHARD, RecordShape, check_batch
-from bert_datagen.datagen.tfrecord_index import FRAME_OVERHEAD, index_of_lengths
+from bert_datagen.datagen.tfrecord_index import FRAME_OVERHEAD, block_digests, index_of_lengths
 from bert_datagen.pipelines.beam import fsio
 from bert_datagen.pipelines.tools.shards import map_shards, shard_stream
 
@@ -114,6 +114,17 @@ def index_problems(entry: IndexInfo, path: str, frames: np.ndarray) -> list[str]
         return [f"index {name}: size or sha256 differs from the manifest"]
     if data != index_of_lengths(frames):
         return [f"index {name}: does not describe the shard's records (offsets or lengths differ)"]
+    blocks = entry.blocks
+    if blocks is None:
+        return []
+    blocks_path = path[:len(path) - len(name)] + blocks.path
+    if not fsio.exists(blocks_path):
+        return [f"index block digests {blocks.path} are missing"]
+    digests = fsio.read_bytes(blocks_path)
+    if len(digests) != blocks.bytes or hashlib.sha256(digests).hexdigest() != blocks.sha256:
+        return [f"index block digests {blocks.path}: size or sha256 differs from the manifest"]
+    if digests != block_digests(data, len(frames), blocks.lines):
+        return [f"index block digests {blocks.path}: do not match the index's blocks of {blocks.lines} lines"]
     return []
 
 
@@ -164,6 +175,8 @@ def _manifest_problems(ds: Dataset, vocab_bytes: bytes | None) -> list[str]:
             seen.add(s.path)
             if s.index is not None:
                 seen.add(s.index.path)
+                if s.index.blocks is not None:
+                    seen.add(s.index.blocks.path)
             if not s.path.startswith(split + "/"):
                 problems.append(f"{src}: shard {s.path} of split {split} is not under {split}/")
         for key, listed, total in (("records", info.records, sum(s.records for s in info.shards)),

@@ -34,7 +34,8 @@ def datasets(tmp_path_factory):
             "b": make("b", train_shards=1, records_per_shard=45, seed=2),
             "long": make("long", train_shards=1, records_per_shard=20, seq_len=48, seed=3),
             "vocab": make("vocab", train_shards=1, records_per_shard=20, vocab_size=300, seed=4),
-            "dynamic": make("dynamic", train_shards=1, records_per_shard=20, masking="dynamic", seed=5)}
+            "dynamic": make("dynamic", train_shards=1, records_per_shard=20, masking="dynamic", seed=5),
+            "dynamic2": make("dynamic2", train_shards=2, records_per_shard=17, masking="dynamic", seed=6)}
 
 
 def _mix(datasets, weights=(0.7, 0.3), **kw) -> MixedBatches:
@@ -116,6 +117,26 @@ def test_each_record_comes_from_its_datasets_own_order(datasets) -> None:
             want = own[d].read_positions(np.array([p]))
             for k in want:
                 assert (batch[k][i] == want[k][0]).all(), (step, i, k)
+
+
+def test_a_dynamic_mixture_masks_each_record_as_its_own_datasets_reader_does(datasets) -> None:
+    """Each record masked by its dataset's seed, instance key and the epoch of that dataset it is
+    read in (past the first epoch of the smaller dataset), and asked-for positions read alone equal
+    the stepped batches."""
+    mix = MixedBatches([open_source(datasets["dynamic"]), open_source(datasets["dynamic2"])], [0.5, 0.5],
+                       seed=SEED, batch_size=B, block_size=BS, window=WINDOW)
+    own = [NumpyBatches(s, seed=SEED, batch_size=B, block_size=BS) for s in mix.sources]
+    steps = 12  # 96 positions: about 48 of each dataset, two epochs and more of the 20-record one
+    dataset, sub = mix.place(np.arange(steps * B))
+    assert sub[dataset == 0].max() >= 2 * mix.sources[0].counts[0]
+    for step in range(steps):
+        batch = mix.batch_at(step)
+        alone = mix.read_positions(np.arange(step * B, (step + 1) * B))
+        for i in range(B):
+            d, p = int(dataset[step * B + i]), int(sub[step * B + i])
+            want = own[d].read_positions(np.array([p]))
+            for k in want:
+                assert (batch[k][i] == want[k][0]).all() and (alone[k][i] == want[k][0]).all(), (step, i, k)
 
 
 def test_any_world_size_and_resume(datasets) -> None:

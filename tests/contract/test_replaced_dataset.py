@@ -196,10 +196,27 @@ def test_an_index_shifted_by_one_record_gives_no_task_batch_and_no_record(tmp_pa
         SplitRecords(open_source(str(target)))[len(SplitRecords(open_source(str(target)))) - 1]
 
 
+def test_block_digests_of_another_sha256_than_the_manifests_are_refused_before_any_record(pretraining) -> None:
+    manifest = _manifest(pretraining)
+    blocks = manifest["splits"]["train"]["shards"][1]["index"]["blocks"]
+    path = pretraining / blocks["path"]
+    digests = bytearray(path.read_bytes())
+    digests[0] ^= 1
+    path.write_bytes(bytes(digests))
+    with pytest.raises(LoadError, match=rf"corrupt index: .*{blocks['path']}: its size or sha256 differs from the "
+                                        "manifest's"):
+        list(NumpyBatches(open_source(str(pretraining)), seed=SEED, batch_size=B, block_size=BS, stop=128 // B))
+    (pretraining / blocks["path"]).unlink()
+    with pytest.raises(LoadError, match=r"index block digests listed in the manifest are missing"):
+        list(NumpyBatches(open_source(str(pretraining)), seed=SEED, batch_size=B, block_size=BS, stop=128 // B))
+
+
 def test_an_index_of_another_sha256_than_the_manifests_is_refused_before_its_records(pretraining) -> None:
+    """A dataset written before block digests: its index is checked whole against the manifest."""
     manifest = _manifest(pretraining)
     entry = manifest["splits"]["train"]["shards"][0]["index"]
     entry["sha256"] = hashlib.sha256(b"another index").hexdigest()
+    del entry["blocks"]
     _write_manifest(pretraining, manifest)
     with pytest.raises(LoadError, match=rf"corrupt index: .*{entry['path']}: its sha256 is .*, the manifest "
                                         r"says [0-9a-f]+"):

@@ -101,6 +101,28 @@ def _relist(out: Path, shard: int, index: bytes) -> None:
     (out / "manifest.json").write_text(json.dumps(manifest, sort_keys=True, indent=2) + "\n")
 
 
+def test_verify_names_block_digests_that_do_not_describe_the_index(dataset, tmp_path) -> None:
+    out = _copy(dataset, tmp_path / "ds")
+    code, output = _cli("verify", str(out))
+    assert code == 0, output
+    blocks = _shards(out)[0]["index"]["blocks"]
+    path = out / blocks["path"]
+    digests = path.read_bytes()
+    path.write_bytes(bytes([digests[0] ^ 1]) + digests[1:])
+    code, output = _cli("verify", str(out))
+    assert code == 1 and f"index block digests {blocks['path']}: size or sha256 differs from the manifest" in output
+    manifest = manifest_of(out)
+    for shard in (s for split in manifest["splits"].values() for s in split["shards"]):
+        if shard["index"]["blocks"]["path"] == blocks["path"]:
+            shard["index"]["blocks"]["sha256"] = hashlib.sha256(path.read_bytes()).hexdigest()
+    (out / "manifest.json").write_text(json.dumps(manifest, sort_keys=True, indent=2) + "\n")
+    code, output = _cli("verify", str(out))
+    assert code == 1 and f"index block digests {blocks['path']}: do not match the index's blocks of 64 lines" in output
+    path.unlink()
+    code, output = _cli("verify", str(out))
+    assert code == 1 and f"index block digests {blocks['path']} are missing" in output
+
+
 def test_verify_names_an_index_that_does_not_describe_its_shard(dataset, tmp_path) -> None:
     out = _copy(dataset, tmp_path / "ds")
     shard = _shards(out)[0]
@@ -166,7 +188,9 @@ def test_loaders_fetch_only_their_records_through_the_index(dataset, tmp_path) -
     fetched = fs.bytes_of(".tfrecord")
     # Its half of the full windows, and of the epoch's tail only what its batches need.
     assert fetched <= 0.6 * total, (fetched, total)
-    assert fs.bytes_of(".index") < 0.05 * fetched
+    # Blocks of index lines, each read once: at most the whole index (blocks of 64 lines against
+    # chunks of 4 records: a rank of 2 needs nearly every block).
+    assert 0 < fs.bytes_of(".index") <= sum(s["index"]["bytes"] for s in manifest_of(dataset)["splits"]["train"]["shards"])
     # The same batches as from the same dataset without indexes (walked, then read alike).
     old = open_source(str(_without_indexes(dataset, tmp_path / "old")))
     for a, b in zip(rank0, _epoch(old, 2, 0), strict=True):
@@ -192,15 +216,22 @@ def test_reading_ahead_is_for_remote_shards_unless_asked(dataset) -> None:
     assert not NumpyBatches(remote, seed=3, batch_size=B, prefetch=False).prefetch
 
 
-def test_a_corrupt_index_is_a_load_error_naming_it(dataset, tmp_path) -> None:
+@pytest.mark.parametrize("digests", [True, False], ids=["block-digests", "written-before-digests"])
+def test_a_corrupt_index_is_a_load_error_naming_it(dataset, tmp_path, digests) -> None:
     out = _copy(dataset, tmp_path / "ds")
+    if not digests:
+        manifest = manifest_of(out)
+        for shard in (s for split in manifest["splits"].values() for s in split["shards"]):
+            (out / shard["index"].pop("blocks")["path"]).unlink()
+        (out / "manifest.json").write_text(json.dumps(manifest, sort_keys=True, indent=2) + "\n")
     shard = _shards(out)[0]
     path = out / shard["index"]["path"]
     index = bytearray(path.read_bytes())
     width = index.index(b"\n") + 1
     index[width + 1] = ord("9") if index[width + 1] != ord("9") else ord("8")  # line 1's offset
     path.write_bytes(bytes(index))
-    with pytest.raises(LoadError, match=rf"corrupt index: {path}: line 0 does not end where the next record"):
+    why = "lines 0-63 do not match their block digest" if digests else "line 0 does not end where the next record"
+    with pytest.raises(LoadError, match=rf"corrupt index: {path}: {why}"):
         _epoch(open_source(str(out)), 1, 0)
 
 

@@ -57,13 +57,18 @@ def unmasked(batch: InstanceBatch, identity_key: int) -> InstanceBatch:
 
 
 def write_index(directory: str, rel: str, data: bytes, records: int) -> dict:
-    """The record index of shard ``rel`` (its bytes ``data``), written beside it: its manifest entry."""
-    from bert_datagen.datagen.tfrecord_index import index_bytes, index_name
+    """The record index of shard ``rel`` (its bytes ``data``) and its block digests, written beside
+    it as `run` writes them: the index's manifest entry."""
+    import io
 
-    index = index_bytes(data, records, rel)
-    with open(os.path.join(directory, index_name(rel)), "wb") as f:
-        f.write(index)
-    return {"path": index_name(rel), "bytes": len(index), "sha256": hashlib.sha256(index).hexdigest()}
+    from bert_datagen.datagen.tfrecord import record_offsets
+    from bert_datagen.datagen.tfrecord_index import index_files
+
+    files, entry = index_files(np.diff(record_offsets(io.BytesIO(data).read, records, rel)), rel)
+    for path, content in files.items():
+        with open(os.path.join(directory, *path.split("/")), "wb") as f:
+            f.write(content)
+    return entry
 
 
 def write_synthetic_dataset(directory: str, *, seq_len: int = 32, max_pred: int = 5, vocab_size: int = 200,
