@@ -9,7 +9,8 @@ the eval split, instance keys and every random draw hang off it.
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -86,6 +87,47 @@ def tokenize_documents(
     per_doc = [document_sentences(raw, config) for raw in raws]
     flat = [s for sentences in per_doc for s in sentences]
     encoded = tokenizer.encode_batch_ids(flat) if flat else []
+    return _pack(per_doc, flat, encoded, tokenizer, config, stats)
+
+
+def tokenize_document_batches(
+    batches: Iterable[Sequence[RawDocument]], tokenizer: BatchTokenizer, config: DatagenConfig,
+    stats: dict[str, int], overlap: bool = True,
+) -> Iterator[list[TokenizedDocument]]:
+    """``tokenize_documents`` of each batch, in order, with the same results.
+
+    With ``overlap``, the tokenizer encodes one batch in a thread of its own while this thread reads
+    and splits the next one and packs the one before: the Rust tokenizer releases the GIL, and
+    reading and sentence splitting are Python, so a worker that has the machine to itself (its
+    tokenizer already free to use every core) keeps a second core busy instead of idle while it
+    splits. Only encoding moves to the thread; every count in ``stats`` is still made here.
+    """
+    if not overlap:
+        for raws in batches:
+            yield tokenize_documents(raws, tokenizer, config, stats)
+        return
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="tokenize") as encoder:
+        pending: tuple[list[list[str]], list[str], Future] | None = None
+        for raws in batches:
+            per_doc = [document_sentences(raw, config) for raw in raws]
+            flat = [s for sentences in per_doc for s in sentences]
+            job = encoder.submit(tokenizer.encode_batch_ids, flat) if flat else _done([])
+            if pending is not None:
+                yield _pack(*pending[:2], pending[2].result(), tokenizer, config, stats)
+            pending = (per_doc, flat, job)
+        if pending is not None:
+            yield _pack(*pending[:2], pending[2].result(), tokenizer, config, stats)
+
+
+def _done(value: object) -> Future:
+    future: Future = Future()
+    future.set_result(value)
+    return future
+
+
+def _pack(per_doc: list[list[str]], flat: list[str], encoded: Sequence[np.ndarray], tokenizer: BatchTokenizer,
+          config: DatagenConfig, stats: dict[str, int]) -> list[TokenizedDocument]:
+    """Each document's encoded sentences as one ``TokenizedDocument``; token-less ones dropped."""
     if config.word_segmenter is not None and flat:
         encoded = mark_segmented_words(flat, encoded, tokenizer, config.word_segmenter, stats)
     docs: list[TokenizedDocument] = []

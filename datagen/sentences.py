@@ -59,13 +59,22 @@ _CJK_END = re.compile(f"(?<![。！？])[。！？]++[{_CLOSERS}]*+")
 _SENTENCE_MARKS = ".!?…。！？"
 
 
+def _has_cjk_end(text: str) -> bool:
+    return "。" in text or "！" in text or "？" in text
+
+
+def _has_punkt_candidate(text: str) -> bool:
+    """Whether Punkt can find a sentence end candidate in ``text`` (it looks at these four only)."""
+    return "." in text or "!" in text or "?" in text or "…" in text
+
+
 def _punctuation_marks(text: str) -> int:
     return sum(text.count(mark) for mark in _SENTENCE_MARKS)
 
 
 def _cjk_segments(text: str) -> list[tuple[int, int]]:
     """Spans of ``text`` cut after each run of CJK sentence-final punctuation."""
-    if "。" not in text and "！" not in text and "？" not in text:
+    if not _has_cjk_end(text):
         return [(0, len(text))]  # the common case, without the regex scan
     spans, start = [], 0
     for match in _CJK_END.finditer(text):
@@ -174,7 +183,9 @@ def split_rules(text: str) -> list[str]:
 # ---------------------------------------------------------------- nupunkt
 
 
-def _make_nupunkt() -> Splitter:
+def _make_nupunkt(short_cuts: bool = True) -> Splitter:
+    """Punkt behind the guards above; ``short_cuts=False``: without the fast path for the common
+    paragraph (the same sentences, slower; tests compare the two)."""
     import nupunkt
 
     tokenizer = nupunkt.load("default")
@@ -184,14 +195,25 @@ def _make_nupunkt() -> Splitter:
             return rules_spans(piece)  # no prose is this dense; Punkt would be quadratic on it
         return list(tokenizer.span_tokenize(piece))
 
-    def split(text: str) -> list[str]:
+    def split_segments(text: str) -> list[str]:
         sentences: list[str] = []
         for start, end in _cjk_segments(text):
             segment = text[start:end]
             sentences.extend(_strip_spans(segment, split_bounded(segment, punkt_spans)))
         return sentences
 
-    return split
+    def split(text: str) -> list[str]:
+        # Most paragraphs are one piece without CJK full stops, and one in ten has no sentence
+        # punctuation at all (a heading, a list item): Punkt finds no candidate there and keeps the
+        # paragraph whole, so that is done here without the calls around it. Same sentences.
+        if len(text) > MAX_PIECE_CHARS or _has_cjk_end(text):
+            return split_segments(text)
+        if _has_punkt_candidate(text):
+            return _strip_spans(text, punkt_spans(text))
+        sentence = text.strip()
+        return [sentence] if sentence else []
+
+    return split if short_cuts else split_segments
 
 
 register_splitter("nupunkt", _make_nupunkt)

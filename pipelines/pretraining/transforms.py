@@ -9,6 +9,7 @@ What is here is Beam: reading files in workers, grouping, staging through files,
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import re
 import time
@@ -162,19 +163,16 @@ class ReadFiles(_ReportingDoFn):
 
     def _tokenized(self, path: str, raws: Iterator[RawDocument], stats: dict[str, Any]
                    ) -> dict[str, list[TokenizedDocument]]:
-        from bert_datagen.datagen.documents import tokenize_documents
+        from bert_datagen.datagen.documents import tokenize_document_batches
         from bert_datagen.datagen.readers import InputError
 
         by_split: dict[str, list[TokenizedDocument]] = {}
-        batch: list[RawDocument] = []
         try:
-            for raw in raws:
-                batch.append(raw)
-                if len(batch) >= DOCS_PER_TOKENIZE_BATCH:
-                    self._tag(tokenize_documents(batch, self._tokenizer, self.config, stats), stats, by_split)
-                    batch = []
-            if batch:
-                self._tag(tokenize_documents(batch, self._tokenizer, self.config, stats), stats, by_split)
+            # A worker with the machine to itself splits the next batch while its tokenizer encodes
+            # this one; workers that share the cores keep one thread each.
+            for docs in tokenize_document_batches(_batches(raws, DOCS_PER_TOKENIZE_BATCH), self._tokenizer,
+                                                  self.config, stats, overlap=not self.single_thread_tokenizer):
+                self._tag(docs, stats, by_split)
         except InputError as e:
             message = str(e)
             raise input_error(message if path in message else f"{path}: {message}") from e
@@ -199,6 +197,12 @@ class ReadFiles(_ReportingDoFn):
         fsio.write_atomic(path, pool_to_bytes(docs))
         tokens = np.fromiter((d.num_tokens for d in docs), dtype=np.uint64, count=len(docs))
         return {"path": path, "identities": np.stack([ids[order], tokens])}
+
+
+def _batches(raws: Iterable[RawDocument], size: int) -> Iterator[list[RawDocument]]:
+    it = iter(raws)
+    while batch := list(itertools.islice(it, size)):
+        yield batch
 
 
 def read_counts(element: dict[str, Any]) -> dict[str, Any]:
