@@ -19,8 +19,10 @@ def render_card(dataset_dir: str, manifest: Manifest | dict) -> str:
     return tools_for(manifest.kind).card(dataset_dir, manifest)
 
 
-def write_card(dataset_dir: str, manifest: Manifest) -> str:
-    """Write DIR/README.md atomically; returns its path. Call before the manifest is written."""
-    path = fsio.join(dataset_dir, CARD_NAME)
+def write_card(dataset_dir: str, manifest: Manifest, into: str | None = None) -> str:
+    """Write the card of the dataset at ``dataset_dir`` (the path its commands name) atomically into
+    ``into`` (default ``dataset_dir``; a run's staging directory, swapped in later); returns its
+    path. Call before the manifest is written."""
+    path = fsio.join(into or dataset_dir, CARD_NAME)
     fsio.write_atomic(path, render_card(dataset_dir, manifest).encode("utf-8"))
     return path

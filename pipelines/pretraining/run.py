@@ -422,9 +422,9 @@ def provenance(setup: RunnerSetup, vocab: Vocab, vocab_bytes: bytes, do_lower_ca
 
 def write_dataset_files(out: outputs.DatasetOutput, manifest: Manifest, vocab_bytes: bytes) -> None:
     """vocab.txt, the dataset card, then manifest.json, into the staging directory (the shards are there)."""
-    from bert_datagen.contract.manifest import CARD_NAME, VOCAB_NAME
-    from bert_datagen.pipelines.pretraining.card import render_card
+    from bert_datagen.contract.manifest import VOCAB_NAME
+    from bert_datagen.pipelines.pretraining.card import write_card
 
     fsio.write_atomic(fsio.join(out.staging, VOCAB_NAME), vocab_bytes)
-    fsio.write_atomic(fsio.join(out.staging, CARD_NAME), render_card(out.directory, manifest).encode("utf-8"))
+    write_card(out.directory, manifest, into=out.staging)
     manifest.write(out.staging, fsio.BEAM_FS)
