@@ -85,7 +85,7 @@ class FinetuneConfig:
                 raise TrainConfigError(f"--{name.replace('_', '-')} must be a positive integer, got {value!r}")
         if self.batch_size % self.accumulation_steps:
             raise TrainConfigError(f"--batch-size {self.batch_size} is not a multiple of --accumulation-steps "
-                              f"{self.accumulation_steps}")
+                                   f"{self.accumulation_steps}")
         check_seed(self.seed, "--seed")
         if self.max_steps is not None and self.max_steps <= 0:
             raise TrainConfigError(f"--max-steps must be positive, got {self.max_steps}")
@@ -127,7 +127,7 @@ class FinetuneConfig:
         if steps is None or -(-steps // per_epoch) > INT64_MAX // records:
             option, value = ("--max-steps", self.max_steps) if by_max else ("--epochs", self.epochs)
             raise TrainConfigError(f"{option} {value:g}: {per_epoch:,} steps an epoch read past the positions the global "
-                              f"order can hold ({INT64_MAX:,}: 64-bit) in a split of {records:,} records")
+                                   f"order can hold ({INT64_MAX:,}: 64-bit) in a split of {records:,} records")
         return steps
 
     def to_dict(self) -> dict[str, Any]:

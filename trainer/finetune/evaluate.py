@@ -265,17 +265,17 @@ def check_predictions_out(given: str | Path, overwrite: bool) -> list[str]:
         record = _predictions_record(out)
         if record is None:
             raise TrainConfigError(f"--out {out}: exists, is not empty and holds no predictions of ours (no "
-                              f"{PREDICTIONS_RECORD}); give a new or empty directory")
+                                   f"{PREDICTIONS_RECORD}); give a new or empty directory")
         if not overwrite:
             raise TrainConfigError(f"--out {out}: holds the predictions of an earlier `bert-train predict` (run "
-                              f"{record.get('run')}, split {record.get('split')!r}); pass --overwrite to replace them")
+                                   f"{record.get('run')}, split {record.get('split')!r}); pass --overwrite to replace them")
         previous = [str(name) for name in record.get("files", []) if Path(str(name)).name == name]
         # Our directory, but a file it may write now that the earlier predict did not (a user's
         # metrics.json beside the predictions of an unlabelled split): never replaced.
         theirs = [name for name in PREDICTION_FILES if name not in previous and (out / name).exists()]
         if theirs:
             raise TrainConfigError(f"--out {out}: {theirs[0]} was not written by the earlier `bert-train predict` "
-                              f"(its {PREDICTIONS_RECORD} does not list it) and would be replaced; move it away")
+                                   f"(its {PREDICTIONS_RECORD} does not list it) and would be replaced; move it away")
     rundir.check_writable(out)
     return previous
 

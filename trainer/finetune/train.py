@@ -148,7 +148,7 @@ class FinetuneRun(TrainingLoop):
         self.tf_data_input = "input" not in state
         if self.tf_data_input and self.cfg.backend == "jax":
             raise TrainConfigError(f"{path}: a run of an earlier version, which reads through tf.data: resume it with "
-                              "--backend tensorflow")
+                                   "--backend tensorflow")
         self.training.restore(path)
         self.step = self.saved_step = step
         self.history = list(state.get("history", []))

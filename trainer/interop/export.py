@@ -138,7 +138,7 @@ def resolve_vocab(cfg: ExportConfig, data: str | None) -> VocabSource:
     lower = cfg.do_lower_case if cfg.do_lower_case is not None else source.do_lower_case
     if lower is None:
         raise TrainConfigError(f"{source.origin}: whether the text was lowercased is unknown: "
-                          "pass --do-lower-case or --no-do-lower-case")
+                               "pass --do-lower-case or --no-do-lower-case")
     return VocabSource(source.data, source.origin, bool(lower))
 
 

@@ -71,7 +71,7 @@ class BertConfig:
             )
         if self.hidden_act not in HIDDEN_ACTS:
             raise TrainConfigError(f"hidden_act {self.hidden_act!r} is not supported (choose one of "
-                              f"{', '.join(HIDDEN_ACTS)})")
+                                   f"{', '.join(HIDDEN_ACTS)})")
         for name in ("hidden_dropout_prob", "attention_probs_dropout_prob"):
             value = getattr(self, name)
             if not 0.0 <= float(value) < 1.0:

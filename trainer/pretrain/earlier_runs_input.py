@@ -33,7 +33,7 @@ def earlier_run_input(info: DatasetInfo, cfg: TrainConfig, run_dir: Path) -> tup
     for option, given in (("--skip-batches", cfg.skip_batches), ("--mix", cfg.mix)):
         if given:
             raise TrainConfigError(f"{run_dir}: the run was started by an earlier version that read its "
-                              f"input through tf.data; {option} needs the global order of new runs")
+                                   f"input through tf.data; {option} needs the global order of new runs")
     iterator = iter(train_dataset(info, cfg.batch_size, cfg.seed, recorded_shuffle_buffer(run_dir, cfg.shuffle_buffer)))
     return iterator, tf.train.Checkpoint(iterator=iterator)
 
@@ -49,7 +49,7 @@ def recorded_shuffle_buffer(run_dir: str | Path, given: int | None) -> int:
     recorded = EARLIER_RUNS_SHUFFLE_BUFFER if recorded is None else int(recorded)
     if given is not None and given != recorded:
         raise TrainConfigError(f"--shuffle-buffer {given}: {path} records {recorded}, the buffer this run (started by "
-                          "an earlier version, reading through tf.data) reads with; resume it with that")
+                               "an earlier version, reading through tf.data) reads with; resume it with that")
     return recorded
 
 

@@ -62,7 +62,7 @@ def load_bert_config_for(cfg: TrainConfig, info: DatasetInfo) -> BertConfig:
     vocab_size = model_vocab_size(info, cfg.vocab_size)
     if not vocab_size:
         raise TrainConfigError(f"{info.source}: the vocab size is unknown (no manifest): pass --bert-config "
-                          "or --vocab-size")
+                               "or --vocab-size")
     return BertConfig.from_name(cfg.model, int(vocab_size))
 
 
@@ -84,7 +84,7 @@ class PretrainRun(TrainingLoop):
             refuse_unported_on_jax(cfg)
             if ckpt_lib.reads_through_tf_data(self.run_dir):
                 raise TrainConfigError(f"{self.run_dir}: a run of an earlier version, which reads through tf.data: "
-                                  "resume it with --backend tensorflow")
+                                       "resume it with --backend tensorflow")
         enable_determinism(cfg.seed, cfg.backend)
         self.info = open_pretraining_data(cfg.data, cfg.max_seq_length, cfg.max_predictions_per_seq, cfg.eval_data)
         rundir.check_dataset(self.run_dir, cfg.data, self.info.identity)

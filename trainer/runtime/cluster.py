@@ -63,10 +63,10 @@ def cluster_task(environ: dict[str, str] | None = None) -> ClusterTask:
         kind, index = task["type"], task["index"]
     except (ValueError, KeyError, TypeError) as exc:
         raise TrainConfigError(f"TF_CONFIG is malformed ({type(exc).__name__}: {exc}); expected "
-                          '{"cluster": {"worker": ["host:port", ...]}, "task": {"type": "worker", "index": N}}') from exc
+                               '{"cluster": {"worker": ["host:port", ...]}, "task": {"type": "worker", "index": N}}') from exc
     if set(config["cluster"]) - {"worker"}:
         raise TrainConfigError(f"TF_CONFIG: only a 'worker' job is supported (worker 0 is the chief), not "
-                          f"{sorted(set(config['cluster']) - {'worker'})}")
+                               f"{sorted(set(config['cluster']) - {'worker'})}")
     if (not isinstance(workers, list) or not workers
             or not all(isinstance(w, str) and w.rpartition(":")[2].isdigit() for w in workers)):
         raise TrainConfigError(f"TF_CONFIG: cluster.worker must be a list of host:port, not {workers!r}")
@@ -129,7 +129,7 @@ def join_jax(timeout: int = DEFAULT_TIMEOUT) -> None:
     except RuntimeError as exc:  # JAX's own refusal (its devices already in use), or the service's bind
         reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise TrainConfigError(f"worker {task.index} cannot join the cluster with coordinator {task.workers[0]} "
-                          f"(TF_CONFIG's worker 0): {reason}") from exc
+                               f"(TF_CONFIG's worker 0): {reason}") from exc
     _joined.update(task=task, backend="jax", timeout=timeout)
     atexit.register(_leave_jax)
 
@@ -149,7 +149,7 @@ def join(timeout: int = DEFAULT_TIMEOUT):
             strategy = tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
     except tf.errors.OpError as exc:  # taken between our check and TensorFlow's own bind
         raise TrainConfigError(f"worker {task.index} cannot start its server on {task.workers[task.index]} (its "
-                          f"TF_CONFIG address): {exc.message.strip().splitlines()[0]}") from exc
+                               f"TF_CONFIG address): {exc.message.strip().splitlines()[0]}") from exc
     _joined.update(task=task, strategy=strategy, backend="tensorflow")
     return strategy
 
@@ -166,7 +166,7 @@ def check_port_free(task: ClusterTask) -> None:
         except OSError as exc:
             why = "the port is in use" if exc.errno == errno.EADDRINUSE else (exc.strerror or str(exc))
             raise TrainConfigError(f"worker {task.index} cannot listen on {address} (its TF_CONFIG address): {why}; "
-                              "free the port or give this worker another one in every worker's TF_CONFIG") from exc
+                                   "free the port or give this worker another one in every worker's TF_CONFIG") from exc
 
 
 class _connect_watchdog:
@@ -256,7 +256,7 @@ def agree(strategy: tf.distribute.Strategy, record: dict[str, object]) -> None:
     blob = json.dumps(record, sort_keys=True, default=str).encode()
     if len(blob) > AGREEMENT_BYTES:
         raise TrainConfigError(f"the run's configuration is {len(blob)} bytes of JSON, more than the {AGREEMENT_BYTES} "
-                          "that workers compare at start-up")
+                               "that workers compare at start-up")
     padded = np.frombuffer(blob.ljust(AGREEMENT_BYTES, b"\0"), dtype=np.int32)[None, :]
     values = strategy.experimental_distribute_values_from_function(lambda _ctx: tf.constant(padded))
     rows = strategy.gather(values, axis=0).numpy()
@@ -301,7 +301,7 @@ def _agree_on_jax(record: dict[str, object]) -> None:
     stopped = [index for index, one in enumerate(raw) if one is None]
     if stopped:
         raise TrainConfigError(f"worker {stopped[0]} stopped before step 1 (its own error says why); every worker's "
-                          "command must start again")
+                               "command must start again")
     check_same_records([json.loads(one) for one in raw])  # type: ignore[arg-type]
     _joined["agreed"] = True
 
@@ -347,8 +347,8 @@ def check_same_records(records: list[dict[str, object]]) -> None:
         for name in sorted(set(records[0]) | set(other)):
             if records[0].get(name) != other.get(name):
                 raise TrainConfigError(f"the workers disagree on {name}: worker 0 has {_shown(records[0].get(name))}, "
-                                  f"worker {index} has {_shown(other.get(name))}; every worker must run the "
-                                  "same command (only TF_CONFIG's task index differs)")
+                                       f"worker {index} has {_shown(other.get(name))}; every worker must run the "
+                                       "same command (only TF_CONFIG's task index differs)")
 
 
 def _shown(value: object) -> str:

@@ -16,7 +16,7 @@ def make_strategy(name: str, tpu: str | None = None) -> tf.distribute.Strategy:
         joined = cluster.joined_strategy()
         if joined is None:
             raise TrainConfigError("--strategy multi-worker: the cluster must be joined before anything else "
-                              "runs on TensorFlow (bert_datagen.trainer.runtime.cluster.join)")
+                                   "runs on TensorFlow (bert_datagen.trainer.runtime.cluster.join)")
         return joined
     gpus = tf.config.list_logical_devices("GPU")
     cpus = tf.config.list_logical_devices("CPU")
@@ -48,7 +48,7 @@ def make_run_strategy(name: str, tpu: str | None, batch_size: int, accumulation_
     replicas = strategy.num_replicas_in_sync
     if batch_size % (replicas * accumulation_steps):
         raise TrainConfigError(f"batch size {batch_size} is not a multiple of replicas ({replicas}) x "
-                          f"accumulation steps ({accumulation_steps})")
+                               f"accumulation steps ({accumulation_steps})")
     return strategy
 
 

@@ -61,7 +61,7 @@ class JaxTraining:
         self.replicas = 1 if self.sharding is None else len(self.sharding.mesh.devices.flat)
         if cfg.batch_size % (self.replicas * cfg.accumulation_steps):  # as make_run_strategy on TensorFlow
             raise TrainConfigError(f"batch size {cfg.batch_size} is not a multiple of devices ({self.replicas}) x "
-                              f"accumulation steps ({cfg.accumulation_steps})")
+                                   f"accumulation steps ({cfg.accumulation_steps})")
         self.reload_from_model()
         scaled = cfg.precision == "mixed_float16"  # float16's gradients underflow without a loss scale
         self.loss_scale = "dynamic" if scaled else None

@@ -130,7 +130,7 @@ def refuse_inside_dataset(out: Path, option: str = "--out") -> None:
     if dataset is not None:
         where = "is" if dataset == out else "is inside"
         raise TrainConfigError(f"{option} {out}: {where} the bert-datagen dataset {dataset}; "
-                          "give a directory outside it")
+                               "give a directory outside it")
 
 
 def check_writable(out: Path, option: str = "--out") -> None:
@@ -154,7 +154,7 @@ def check_local_dir(given: str | Path, option: str = "--out") -> Path:
     out = Path(given)
     if fs.is_remote(given):
         raise TrainConfigError(f"{option} {given}: must be a local directory (files are written and renamed "
-                          "with local file operations); copy it to an object store afterwards")
+                               "with local file operations); copy it to an object store afterwards")
     if out.exists() and not out.is_dir():
         raise TrainConfigError(f"{option} {out}: exists and is not a directory")
     return out
@@ -184,7 +184,7 @@ def check_out_dir(given: str | Path, kind: str = PRETRAINING) -> None:
             raise TrainConfigError(f"--out {out}: a {found}, not a {kind}; {hint}")
         if entries and found is None:
             raise TrainConfigError(f"--out {out}: exists, is not empty and is not a bert-train run directory "
-                              f"(no {TRAIN_CONFIG_FILE} or {FINETUNE_CONFIG_FILE}); give a new or empty directory")
+                                   f"(no {TRAIN_CONFIG_FILE} or {FINETUNE_CONFIG_FILE}); give a new or empty directory")
     check_writable(out)
 
 

@@ -54,10 +54,10 @@ def refuse_unported_on_jax(settings) -> None:
         return
     if settings.strategy == "tpu":
         raise TrainConfigError("--strategy tpu runs on TensorFlow only so far (on JAX a TPU is one of the process's "
-                          "devices: --strategy auto, or multi-worker over a pod's hosts)")
+                               "devices: --strategy auto, or multi-worker over a pod's hosts)")
     if settings.strategy == "multi-worker" and cluster.joined_backend() != "jax":
         raise TrainConfigError("--strategy multi-worker: the cluster must be joined before anything runs on JAX "
-                          "(bert-train joins the one TF_CONFIG describes at its start: runtime/cluster.join_for)")
+                               "(bert-train joins the one TF_CONFIG describes at its start: runtime/cluster.join_for)")
 
 
 def enable_determinism(seed: int, backend: str = "tensorflow") -> None:
