@@ -166,6 +166,14 @@ class RunnerOptions:
     def validate(self) -> None:
         if _has_flag(list(self.beam_args), "--runner"):
             raise RunnerError("pass the runner with --runner NAME of bert-datagen, not as a Beam option")
+        if _has_flag(list(self.beam_args), "--dry_run"):
+            # A run is two jobs, the second built from the census the first one writes: Beam's dry
+            # run of the first leaves nothing to build the second from (the run then failed on a
+            # missing read-summary.json).
+            raise RunnerError("--dry_run: a run is two Beam jobs, the second built from what the first one "
+                              "writes, so it cannot be dry-run from the command line; build both Dataflow jobs "
+                              "without submitting them with bert_datagen.pipelines.beam.dataflow_job "
+                              "(docs/dataflow.md)")
         if not 1 <= self.dask_workers <= local_worker_limit():
             raise RunnerError(f"--dask-workers {self.dask_workers} must be in [1, {local_worker_limit()}]: worker "
                               f"processes of a local Dask cluster, at most {LOCAL_WORKERS_PER_CORE} a core of this "

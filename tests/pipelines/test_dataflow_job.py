@@ -145,3 +145,17 @@ def test_a_dataflow_job_needs_the_dataflow_runner() -> None:
 
     with pytest.raises(ValueError, match="DataflowRunner"):
         dataflow_job(PipelineOptions(["--runner=DirectRunner"]), lambda p: None)
+
+
+def test_run_refuses_beams_dry_run_before_any_work(tmp_path) -> None:
+    (tmp_path / "in.txt").write_text("One sentence.\nAnother one.\n")
+    out = tmp_path / "out"
+    done = subprocess.run(
+        [sys.executable, "-m", "bert_datagen.pipelines.cli", "run", "--input", str(tmp_path / "in.txt"),
+         "--vocab", str(write_vocab(tmp_path / "vocab.txt")), "--output", str(out), "--runner", "DataflowRunner",
+         "--project", "bert-datagen-test", "--region", "europe-west4", "--temp_location", "gs://corpus-bucket/tmp",
+         "--dry_run=True"], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done.stderr
+    error = [line for line in done.stderr.splitlines() if line.startswith("Error:")]
+    assert len(error) == 1 and "--dry_run" in error[0] and "dataflow_job" in error[0], done.stderr
+    assert "Traceback" not in done.stderr and not out.exists()
