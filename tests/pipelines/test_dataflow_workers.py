@@ -13,10 +13,12 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -31,23 +33,22 @@ from tests.support.servers import guard_sitecustomize, new_bucket, upload_tree
 pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parent.parent.parent
-_VENVS: dict[str, tuple[Path, float]] = {}
-
-
-def workers_python(base: Path) -> tuple[Path, float]:
+@pytest.fixture(scope="session")
+def workers(tmp_path_factory) -> Iterator[tuple[Path, float]]:
     """The workers' python for this checkout's wheel (built as `run` builds it), made once a test
-    session in a folder keyed on the wheel's sha256; the seconds it took to make."""
+    session in a folder keyed on the wheel's sha256, and the seconds it took; removed after the
+    session (over 500 MB)."""
     from bert_datagen.pipelines.beam.runners import build_wheel
 
-    wheel_dir = base / "wheel"
-    wheel_dir.mkdir(exist_ok=True)
-    wheel = Path(build_wheel(str(wheel_dir)))
-    key = hashlib.sha256(wheel.read_bytes()).hexdigest()[:24]
-    if key not in _VENVS:
-        started = time.monotonic()
-        python = worker_venv(base / f"workers-{key}", wheel)
-        _VENVS[key] = (python, time.monotonic() - started)
-    return _VENVS[key]
+    base = tmp_path_factory.mktemp("dataflow_workers")
+    wheel = Path(build_wheel(str(base)))
+    venv = base / f"workers-{hashlib.sha256(wheel.read_bytes()).hexdigest()[:24]}"
+    started = time.monotonic()
+    python = worker_venv(venv, wheel)
+    try:
+        yield python, time.monotonic() - started
+    finally:
+        shutil.rmtree(venv, ignore_errors=True)
 
 
 def clean_env(python: Path, extra: dict[str, str]) -> dict[str, str]:
@@ -57,8 +58,8 @@ def clean_env(python: Path, extra: dict[str, str]) -> dict[str, str]:
     return {**env, "PATH": os.pathsep.join([str(python.parent), env.get("PATH", "")]), **extra}
 
 
-def run_on_clean_workers(tmp_path: Path, gcs: dict[str, str]) -> dict:
-    python, venv_seconds = workers_python(tmp_path.parent)
+def run_on_clean_workers(tmp_path: Path, gcs: dict[str, str], workers: tuple[Path, float]) -> dict:
+    python, venv_seconds = workers
     bucket = new_bucket("gs")
     corpus = tmp_path / "corpus"
     write_sentence_files(corpus / "in", make_documents(30, seed=42, max_sentences=8), n_files=2)
@@ -131,5 +132,5 @@ def check_run(result: dict) -> None:
 
 
 @pytest.mark.timeout(600)
-def test_clean_workers_read_and_write_gs_with_the_golden_bytes(tmp_path, gcs) -> None:
-    check_run(run_on_clean_workers(tmp_path, gcs))
+def test_clean_workers_read_and_write_gs_with_the_golden_bytes(tmp_path, gcs, workers) -> None:
+    check_run(run_on_clean_workers(tmp_path, gcs, workers))
