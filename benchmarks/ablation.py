@@ -162,9 +162,9 @@ def train_and_evaluate(s: Settings, row: Row, data: str, held_out: str, seed: in
 
 
 def _train_and_evaluate(s: Settings, run: str, data: str, held_out: str, seed: int) -> dict:
+    from bert_datagen.trainer.pretrain.config import TrainConfig
     from bert_datagen.trainer.pretrain.evaluate import evaluate_run
     from bert_datagen.trainer.pretrain.train import pretrain
-    from bert_datagen.trainer.runtime.config import TrainConfig
 
     started = time.perf_counter()
     pretrain(TrainConfig(data=data, out=run, model=s.model, batch_size=s.batch_size, steps=s.steps,

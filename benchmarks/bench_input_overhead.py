@@ -20,8 +20,8 @@ from pathlib import Path
 
 def _timed_run(data: str, out: Path, model: str, steps: int, batch: int, from_memory: bool) -> float:
     """Seconds per step over the second half of a run of 2 x ``steps`` (the first half traces)."""
+    from bert_datagen.trainer.pretrain.config import TrainConfig
     from bert_datagen.trainer.pretrain.train import PretrainRun
-    from bert_datagen.trainer.runtime.config import TrainConfig
 
     cfg = TrainConfig(data=data, out=str(out), model=model, batch_size=batch, steps=2 * steps, warmup_steps=1,
                       checkpoint_every=10_000, log_every=steps, eval_batches=1, seed=1)

@@ -211,8 +211,8 @@ def pretraining_stepper(model: str, batches: list[dict], packed: bool, vocab_siz
 
     from bert_datagen.trainer.model.bert import build_model, tf1_variable_map
     from bert_datagen.trainer.model.config import BertConfig
+    from bert_datagen.trainer.pretrain.config import TrainConfig
     from bert_datagen.trainer.pretrain.step import make_step_functions
-    from bert_datagen.trainer.runtime.config import TrainConfig
     from bert_datagen.trainer.runtime.optimizer import make_optimizer
 
     bert = BertConfig.from_name(model, vocab_size)

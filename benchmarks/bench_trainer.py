@@ -63,8 +63,8 @@ def training_flops_per_sequence(bert, seq: int, predictions: int) -> float:
 
 
 def _make_run(workdir: str, size: str, vocab: int, seq: int, preds: int, batch: int, masking: str = "static"):
+    from bert_datagen.trainer.pretrain.config import TrainConfig
     from bert_datagen.trainer.pretrain.train import PretrainRun
-    from bert_datagen.trainer.runtime.config import TrainConfig
     from tests.support.synthetic import write_synthetic_dataset
 
     data = os.path.join(workdir, f"data-{vocab}-{seq}-{masking}")

@@ -194,8 +194,8 @@ def _fed_against_resident(args: argparse.Namespace, size: str, seq: int, batch: 
     os.environ.update(trainer_env(args, "bf16"))  # this process is the JAX one: before Keras is imported
     import jax
 
+    from bert_datagen.trainer.pretrain.config import TrainConfig
     from bert_datagen.trainer.pretrain.train import PretrainRun
-    from bert_datagen.trainer.runtime.config import TrainConfig
 
     with tempfile.TemporaryDirectory(prefix="keras-feed-") as work:
         _, bert = model_config(Path(work), size, _bench_gpu().vocab_size(args.data))

@@ -115,9 +115,9 @@ def main(argv: list[str] | None = None) -> int:
     data512 = build_dataset(out, corpus, vocab, 512, 80, dupe=1)
     stage(f"dataset (512 tokens): {data512}")
 
+    from bert_datagen.trainer.pretrain.config import TrainConfig
     from bert_datagen.trainer.pretrain.evaluate import evaluate_run
     from bert_datagen.trainer.pretrain.train import pretrain
-    from bert_datagen.trainer.runtime.config import TrainConfig
 
     phase1 = os.path.join(out, "phase1")
     stage(f"phase 1: tiny model, 128 tokens, {args.phase1_steps} steps of {args.batch_size} -> {phase1}")

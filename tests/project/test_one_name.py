@@ -29,6 +29,7 @@ HOMES: dict[str, str | None] = {
     # a config a dataset cannot be made from; a model or run the trainer cannot make
     "ConfigError": "datagen/config.py",
     "TrainConfigError": "trainer/errors.py",
+    "TrainConfig": "trainer/pretrain/config.py",  # pre-training's run config, beside pre-training
 }
 
 

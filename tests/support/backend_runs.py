@@ -78,8 +78,8 @@ def run(spec: dict, finetuning: bool = False) -> None:
         from bert_datagen.trainer.finetune.config import FinetuneConfig as Config
         from bert_datagen.trainer.finetune.train import finetune as train
     else:
+        from bert_datagen.trainer.pretrain.config import TrainConfig as Config
         from bert_datagen.trainer.pretrain.train import pretrain as train
-        from bert_datagen.trainer.runtime.config import TrainConfig as Config
 
     spec = dict(spec)
     stop_at = spec.pop("stop_at", None)

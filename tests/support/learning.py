@@ -13,9 +13,9 @@ import numpy as np
 from click.testing import CliRunner
 
 from bert_datagen.trainer.interop.restore import restore_model
+from bert_datagen.trainer.pretrain.config import TrainConfig
 from bert_datagen.trainer.pretrain.data import eval_batches, open_pretraining_data
 from bert_datagen.trainer.pretrain.train import pretrain
-from bert_datagen.trainer.runtime.config import TrainConfig
 
 # (format, files under ../shared/corpora): Wikipedia in three languages and two French novels.
 MULTILINGUAL = (("wikiextractor", "enwiki_extract_2015/wiki_00"), ("wikiextractor", "zhwiki_sample/wiki_00"),

@@ -212,9 +212,9 @@ def test_the_backend_is_chosen_once_recorded_and_named(data, tmp_path):
 
 def test_what_jax_does_not_run_yet_is_refused_before_any_work(data, tmp_path, monkeypatch):
     from bert_datagen.trainer.errors import TrainConfigError
+    from bert_datagen.trainer.pretrain.config import TrainConfig
     from bert_datagen.trainer.pretrain.train import PretrainRun
     from bert_datagen.trainer.runtime import checkpoint as ckpt_lib
-    from bert_datagen.trainer.runtime.config import TrainConfig
 
     def refused(**kw):
         cfg = TrainConfig(**{**run_spec(data, tmp_path / "run", backend="jax"), **kw})

@@ -18,9 +18,9 @@ from bert_datagen.contract.loading.mixture import MIXTURE_FEATURE, MixedBatches 
 from bert_datagen.contract.loading.source import open_source  # noqa: E402
 from bert_datagen.trainer.cli import main  # noqa: E402
 from bert_datagen.trainer.pretrain import train as train_mod  # noqa: E402
+from bert_datagen.trainer.pretrain.config import TrainConfig  # noqa: E402
 from bert_datagen.trainer.pretrain.train import PretrainRun  # noqa: E402
 from bert_datagen.trainer.runtime import cluster  # noqa: E402
-from bert_datagen.trainer.runtime.config import TrainConfig  # noqa: E402
 from tests.support.synthetic import write_synthetic_dataset  # noqa: E402
 
 B = 8

@@ -354,8 +354,8 @@ def test_export_of_a_run_trained_on_bucket_data(bucket, tmp_path, local_only):
     """The vocab comes from the run's dataset in the bucket (no --vocab), through our storage seam
     with the configured endpoint; nothing but the local server is looked up or contacted."""
     from bert_datagen.trainer.cli import main
+    from bert_datagen.trainer.pretrain.config import TrainConfig
     from bert_datagen.trainer.pretrain.train import pretrain
-    from bert_datagen.trainer.runtime.config import TrainConfig
     from tests.support.servers import upload_tree
     from tests.support.synthetic import write_synthetic_dataset
 

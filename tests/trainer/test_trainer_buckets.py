@@ -12,9 +12,9 @@ import pytest
 tf = pytest.importorskip("tensorflow")
 
 from bert_datagen.trainer.finetune.train import FinetuneConfig, finetune  # noqa: E402
+from bert_datagen.trainer.pretrain.config import TrainConfig  # noqa: E402
 from bert_datagen.trainer.pretrain.train import pretrain  # noqa: E402
 from bert_datagen.trainer.runtime import checkpoint as ckpt_lib  # noqa: E402
-from bert_datagen.trainer.runtime.config import TrainConfig  # noqa: E402
 from tests.support.servers import upload_tree  # noqa: E402
 from tests.support.synthetic import write_synthetic_dataset  # noqa: E402
 from tests.support.task_fixtures import classification_dataset, write_pretrain_run  # noqa: E402

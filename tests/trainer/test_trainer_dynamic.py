@@ -15,11 +15,11 @@ from bert_datagen.contract.vocab_io import load_vocab  # noqa: E402
 from bert_datagen.datagen.dynamic import mask_records  # noqa: E402
 from bert_datagen.datagen.example_exact import decode_example  # noqa: E402
 from bert_datagen.datagen.tfrecord import iter_tfrecords  # noqa: E402
+from bert_datagen.trainer.pretrain.config import TrainConfig  # noqa: E402
 from bert_datagen.trainer.pretrain.data import open_pretraining_data  # noqa: E402
 from bert_datagen.trainer.pretrain.earlier_runs_input import train_dataset  # noqa: E402
 from bert_datagen.trainer.pretrain.train import pretrain  # noqa: E402
 from bert_datagen.trainer.runtime import checkpoint as ckpt_lib  # noqa: E402
-from bert_datagen.trainer.runtime.config import TrainConfig  # noqa: E402
 from tests.support.pipeline_corpus import write_dynamic_dataset  # noqa: E402
 
 

@@ -17,10 +17,10 @@ from bert_datagen.contract.loading.source import open_source  # noqa: E402
 from bert_datagen.datagen.config import DatagenConfig  # noqa: E402
 from bert_datagen.datagen.record_layout import INSTANCE_KEY, WORD_BITS  # noqa: E402
 from bert_datagen.pipelines.pretraining.run import generate_dataset  # noqa: E402
+from bert_datagen.trainer.pretrain.config import TrainConfig  # noqa: E402
 from bert_datagen.trainer.pretrain.data import open_pretraining_data, training_source  # noqa: E402
 from bert_datagen.trainer.pretrain.earlier_runs_input import train_dataset  # noqa: E402
 from bert_datagen.trainer.pretrain.train import pretrain  # noqa: E402
-from bert_datagen.trainer.runtime.config import TrainConfig  # noqa: E402
 from tests.support.wwm import write_zh_corpus  # noqa: E402
 
 MASKED = ("input_ids", "masked_lm_positions", "masked_lm_ids", "masked_lm_weights")

@@ -12,8 +12,8 @@ tf = pytest.importorskip("tensorflow")
 from bert_datagen.contract.loading.kinds import batches_for  # noqa: E402
 from bert_datagen.contract.loading.source import open_source  # noqa: E402
 from bert_datagen.datagen.packed import compact_predictions  # noqa: E402
+from bert_datagen.trainer.pretrain.config import TrainConfig  # noqa: E402
 from bert_datagen.trainer.pretrain.train import PretrainRun  # noqa: E402
-from bert_datagen.trainer.runtime.config import TrainConfig  # noqa: E402
 from tests.support.task_fixtures import classification_dataset, write_pretrain_run  # noqa: E402
 
 

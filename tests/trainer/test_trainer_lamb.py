@@ -13,9 +13,9 @@ from click.testing import CliRunner  # noqa: E402
 
 from bert_datagen.trainer.cli import main as train_cli  # noqa: E402
 from bert_datagen.trainer.errors import TrainConfigError  # noqa: E402
+from bert_datagen.trainer.pretrain.config import TrainConfig  # noqa: E402
 from bert_datagen.trainer.pretrain.train import pretrain  # noqa: E402
 from bert_datagen.trainer.runtime import checkpoint as ckpt_lib  # noqa: E402
-from bert_datagen.trainer.runtime.config import TrainConfig  # noqa: E402
 from bert_datagen.trainer.runtime.optimizer import LAMB_UPDATES_KEY, AdamWeightDecay, Lamb, make_optimizer  # noqa: E402
 from tests.support.synthetic import write_synthetic_dataset  # noqa: E402
 

@@ -29,9 +29,9 @@ from click.testing import CliRunner  # noqa: E402
 
 from bert_datagen.trainer.cli import main  # noqa: E402
 from bert_datagen.trainer.model.config import BertConfig  # noqa: E402
+from bert_datagen.trainer.pretrain.config import TrainConfig  # noqa: E402
 from bert_datagen.trainer.pretrain.train import pretrain  # noqa: E402
 from bert_datagen.trainer.runtime import checkpoint as ckpt_lib  # noqa: E402
-from bert_datagen.trainer.runtime.config import TrainConfig  # noqa: E402
 from tests.support.cluster import REPO, finish, free_ports, tf_config  # noqa: E402
 from tests.support.synthetic import write_synthetic_dataset  # noqa: E402
 

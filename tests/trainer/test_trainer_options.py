@@ -16,10 +16,10 @@ from click.testing import CliRunner  # noqa: E402
 from bert_datagen.trainer.cli import main  # noqa: E402
 from bert_datagen.trainer.errors import TrainConfigError  # noqa: E402
 from bert_datagen.trainer.finetune.config import FinetuneConfig  # noqa: E402
+from bert_datagen.trainer.pretrain.config import TrainConfig  # noqa: E402
 from bert_datagen.trainer.pretrain.earlier_runs_input import recorded_shuffle_buffer  # noqa: E402
 from bert_datagen.trainer.pretrain.options import as_run  # noqa: E402
 from bert_datagen.trainer.runtime import checkpoint as ckpt_lib  # noqa: E402
-from bert_datagen.trainer.runtime.config import TrainConfig  # noqa: E402
 from tests.support.synthetic import write_synthetic_dataset  # noqa: E402
 from tests.support.task_fixtures import classification_dataset, span_dataset  # noqa: E402
 

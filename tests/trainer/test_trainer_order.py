@@ -23,10 +23,10 @@ from bert_datagen.contract.loading.task_batches import bucket_lengths  # noqa: E
 from bert_datagen.trainer.errors import TrainConfigError  # noqa: E402
 from bert_datagen.trainer.finetune.ordered import FinetuneBatches  # noqa: E402
 from bert_datagen.trainer.pretrain import train as train_mod  # noqa: E402
+from bert_datagen.trainer.pretrain.config import TrainConfig  # noqa: E402
 from bert_datagen.trainer.pretrain.train import PretrainRun, pretrain  # noqa: E402
 from bert_datagen.trainer.runtime import checkpoint as ckpt_lib  # noqa: E402
 from bert_datagen.trainer.runtime import cluster  # noqa: E402
-from bert_datagen.trainer.runtime.config import TrainConfig  # noqa: E402
 from tests.support.synthetic import write_synthetic_dataset  # noqa: E402
 from tests.support.task_fixtures import classification_dataset  # noqa: E402
 

@@ -107,9 +107,9 @@ def test_packed_sums_count_sequences_not_rows(setup):
 
 
 def test_pretrain_reads_a_packed_dataset_and_trains(tmp_path):
+    from bert_datagen.trainer.pretrain.config import TrainConfig
     from bert_datagen.trainer.pretrain.data import open_pretraining_data
     from bert_datagen.trainer.pretrain.train import pretrain
-    from bert_datagen.trainer.runtime.config import TrainConfig
     from tests.support.packed_rows import write_packed_dataset
 
     data = write_packed_dataset(str(tmp_path / "packed"))
@@ -132,9 +132,9 @@ def test_pretrain_trains_on_what_bert_datagen_run_packing_writes(tmp_path, objec
     import dataclasses
 
     from bert_datagen.pipelines.pretraining.run import generate_dataset
+    from bert_datagen.trainer.pretrain.config import TrainConfig
     from bert_datagen.trainer.pretrain.data import open_pretraining_data
     from bert_datagen.trainer.pretrain.train import pretrain
-    from bert_datagen.trainer.runtime.config import TrainConfig
     from tests.support.pipeline_corpus import make_documents, write_sentence_files, write_vocab
     from tests.support.pipeline_golden import CONFIG
 

@@ -19,11 +19,11 @@ from click.testing import CliRunner  # noqa: E402
 
 from bert_datagen.trainer.errors import TrainingError  # noqa: E402
 from bert_datagen.trainer.model.config import BertConfig  # noqa: E402
+from bert_datagen.trainer.pretrain.config import TrainConfig  # noqa: E402
 from bert_datagen.trainer.pretrain.data import DataError, open_pretraining_data  # noqa: E402
 from bert_datagen.trainer.pretrain.earlier_runs_input import train_dataset  # noqa: E402
 from bert_datagen.trainer.pretrain.train import pretrain  # noqa: E402
 from bert_datagen.trainer.runtime import checkpoint as ckpt_lib  # noqa: E402
-from bert_datagen.trainer.runtime.config import TrainConfig  # noqa: E402
 from tests.support.synthetic import write_synthetic_dataset  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent.parent
@@ -110,7 +110,7 @@ MIRRORED_SCRIPT = textwrap.dedent("""
     tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
     from bert_datagen.trainer.runtime import checkpoint as ck
     from bert_datagen.trainer.model.config import BertConfig
-    from bert_datagen.trainer.runtime.config import TrainConfig
+    from bert_datagen.trainer.pretrain.config import TrainConfig
     from bert_datagen.trainer.pretrain.train import pretrain
     data, lamb_data, out = sys.argv[1:4]
 

@@ -31,10 +31,10 @@ from bert_datagen.trainer.interop.export import (  # noqa: E402
 )
 from bert_datagen.trainer.interop.tf1 import write_tf1_checkpoint  # noqa: E402
 from bert_datagen.trainer.model.weights import expected_tf1_shapes  # noqa: E402
+from bert_datagen.trainer.pretrain.config import TrainConfig  # noqa: E402
 from bert_datagen.trainer.pretrain.data import open_pretraining_data  # noqa: E402
 from bert_datagen.trainer.pretrain.train import pretrain  # noqa: E402
 from bert_datagen.trainer.runtime import checkpoint as ckpt_lib  # noqa: E402
-from bert_datagen.trainer.runtime.config import TrainConfig  # noqa: E402
 from tests.support.synthetic import write_synthetic_dataset  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent.parent

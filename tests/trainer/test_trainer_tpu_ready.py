@@ -13,9 +13,9 @@ import pytest
 tf = pytest.importorskip("tensorflow")
 
 from bert_datagen.trainer.model.config import BertConfig  # noqa: E402
+from bert_datagen.trainer.pretrain.config import TrainConfig  # noqa: E402
 from bert_datagen.trainer.pretrain.train import PretrainRun  # noqa: E402
 from bert_datagen.trainer.runtime import checkpoint as ckpt_lib  # noqa: E402
-from bert_datagen.trainer.runtime.config import TrainConfig  # noqa: E402
 from tests.support.synthetic import write_synthetic_dataset  # noqa: E402
 from tests.support.xla_checks import Recorded, assert_static_and_compiled, to_object_store  # noqa: E402
 

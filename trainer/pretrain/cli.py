@@ -11,8 +11,9 @@ from bert_datagen.contract.bounds import INT32_MAX, MAX_SEED, MAX_TIMEOUT_S
 from bert_datagen.trainer.backends.option import backend_option, use_backend
 from bert_datagen.trainer.errors import TrainConfigError, TrainerError
 from bert_datagen.trainer.model.config import MODEL_SIZES, BertConfig
+from bert_datagen.trainer.pretrain.config import TrainConfig
 from bert_datagen.trainer.runtime.cluster import DEFAULT_TIMEOUT, join_for
-from bert_datagen.trainer.runtime.config import OPTIMIZERS, PRECISIONS, STRATEGIES, TrainConfig
+from bert_datagen.trainer.runtime.config import OPTIMIZERS, PRECISIONS, STRATEGIES
 from bert_datagen.trainer.runtime.rundir import PRETRAINING
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 from bert_datagen.contract.loading.mixture import MIXTURE_FEATURE, MixedBatches, MixtureError
 from bert_datagen.trainer.errors import DataError, TrainingError
 from bert_datagen.trainer.model.config import BertConfig
+from bert_datagen.trainer.pretrain.config import TrainConfig
 from bert_datagen.trainer.pretrain.data import (
     DatasetInfo,
     check_first_records,
@@ -16,7 +17,6 @@ from bert_datagen.trainer.pretrain.data import (
     open_pretraining_data,
     training_source,
 )
-from bert_datagen.trainer.runtime.config import TrainConfig
 
 __all__ = ["MIXTURE_FEATURE", "check_resumed_mixture", "mixed_batches"]
 

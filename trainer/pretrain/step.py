@@ -11,8 +11,8 @@ from keras import ops
 from bert_datagen.trainer.interop.restore import dtype_policy
 from bert_datagen.trainer.model.bert import BertPretrainer, build_model, tf1_variable_map
 from bert_datagen.trainer.model.config import BertConfig
+from bert_datagen.trainer.pretrain.config import TrainConfig
 from bert_datagen.trainer.pretrain.objective import MLM_DENOMINATOR_EPSILON, batch_sums
-from bert_datagen.trainer.runtime.config import TrainConfig
 from bert_datagen.trainer.runtime.objective import Objective
 from bert_datagen.trainer.runtime.training import TrainingSpec
 

@@ -29,6 +29,7 @@ from bert_datagen.datagen.record_layout import INSTANCE_KEY, WORD_BITS
 from bert_datagen.trainer.errors import DataError, TrainConfigError
 from bert_datagen.trainer.interop.restore import init_weights_from, load_init_checkpoint
 from bert_datagen.trainer.model.config import BertConfig
+from bert_datagen.trainer.pretrain.config import TrainConfig
 from bert_datagen.trainer.pretrain.data import (
     DatasetInfo,
     check_first_records,
@@ -48,7 +49,6 @@ from bert_datagen.trainer.pretrain.options import as_run, model_vocab_size
 from bert_datagen.trainer.pretrain.step import pretraining_spec
 from bert_datagen.trainer.runtime import checkpoint as ckpt_lib
 from bert_datagen.trainer.runtime import cluster, rundir
-from bert_datagen.trainer.runtime.config import TrainConfig
 from bert_datagen.trainer.runtime.loop import TrainingLoop
 from bert_datagen.trainer.runtime.ordered_input import OrderedInput
 from bert_datagen.trainer.runtime.tensorboard import tensorboard_writers
