@@ -110,6 +110,32 @@ def _shares(dataset_bytes: int) -> dict:
     return out
 
 
+def _mixture_shares(second: str) -> dict:
+    """A mixture 0.7/0.3 of the dataset and a second one of 3 shards (both in the bucket) over the
+    global batches of one epoch of the first: the largest rank's record and all bytes over its share
+    (the bytes of the records at its positions, whichever dataset they are in)."""
+    from bert_datagen.contract.loading.mixture import MixedBatches
+
+    out = {}
+    for world in WORLDS:
+        records, whole = [], []
+        for rank in range(world):
+            counting = [CountingFS(), CountingFS()]
+            sources = [open_source(f"s3://{BUCKET}/{p}", fs=fs) for p, fs in zip((PREFIX, second), counting, strict=True)]
+            mix = MixedBatches(sources, [0.7, 0.3], seed=1, batch_size=BATCH, block_size=BLOCK, world_size=world,
+                               rank=rank, stop=(SHARDS * PER_SHARD) // BATCH)
+            labels = np.concatenate([b["mixture_dataset"] for b in mix])
+            share = sum(sum(f.expected.bytes for f in src.shards) / sum(src.counts) * int((labels == d).sum())
+                        for d, src in enumerate(sources))
+            records.append(sum(fs.record_bytes for fs in counting) / share)
+            whole.append(sum(fs.bytes for fs in counting) / share)
+        out[f"world_{world}"] = {"record_bytes_over_share_max": round(max(records), 4),
+                                 "all_bytes_over_share_max": round(max(whole), 4)}
+        print(f"mixture, world {world:2d}: record bytes per rank {max(records):.3f}x its share (max), "
+              f"all {max(whole):.3f}x")
+    return out
+
+
 _MDS_CHILD = r"""
 import importlib.machinery, json, sys, time, types
 for name, attrs in (("torchvision", {}), ("torchvision.datasets", {"VisionDataset": object, "CIFAR10": object}),
@@ -201,11 +227,18 @@ def main() -> dict:
             s3.put(local.rstrip("/") + "/", f"{BUCKET}/{PREFIX}/", recursive=True)
             dataset_bytes = sum(s.expected.bytes for s in open_source(local).shards)
             out: dict = {"dataset_bytes": dataset_bytes, "shares": _shares(dataset_bytes)}
+            second = write_synthetic_dataset(os.path.join(tmp, "second"), seq_len=SEQ, max_pred=PREDS,
+                                             vocab_size=VOCAB, train_shards=3, records_per_shard=PER_SHARD,
+                                             eval_records=0, seed=2)
+            s3.put(second.rstrip("/") + "/", f"{BUCKET}/second/", recursive=True)
+            out["mixture_shares"] = _mixture_shares("second")
             old = os.path.join(tmp, "old")
             shutil.copytree(local, old)
             manifest = json.loads(Path(old, "manifest.json").read_text())
             for shard in manifest["splits"]["train"]["shards"]:
-                os.remove(os.path.join(old, shard.pop("index")["path"]))
+                index = shard.pop("index")
+                os.remove(os.path.join(old, index["path"]))
+                os.remove(os.path.join(old, index["blocks"]["path"]))
             Path(old, "manifest.json").write_text(json.dumps(manifest, sort_keys=True, indent=2) + "\n")
             s3.put(old + "/", f"{BUCKET}/old/", recursive=True)
             fs = CountingFS()

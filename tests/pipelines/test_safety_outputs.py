@@ -166,9 +166,10 @@ def test_overwrite_keeps_other_files_and_the_runs_own_vocab_input(corpus) -> Non
     code, output = cli(*args)
     assert code == 0, output
     after = tree_snapshot(out)
-    old_shards = {p for p in before if p.endswith((".tfrecord", ".tfrecord.index"))}
+    ours = (".tfrecord", ".tfrecord.index", ".tfrecord.index.blocks")
+    old_shards = {p for p in before if p.endswith(ours)}
     changed = {p for p in set(before) | set(after) if before.get(p) != after.get(p)}
-    new_shards = {p for p in after if p.endswith((".tfrecord", ".tfrecord.index"))}
+    new_shards = {p for p in after if p.endswith(ours)}
     assert changed <= old_shards | new_shards | {"manifest.json", "README.md"}
     for kept in ("notes.txt", "train/README-mine.md", "vocab.txt", "corpus/part-000.txt", "corpus/part-001.txt"):
         assert after[kept] == before[kept], kept
