@@ -477,3 +477,19 @@ def refuse_unused_options(ctx: click.Context, unused: dict[str, str]) -> None:
     for param in ctx.command.params:
         if param.name in unused and given(ctx, param.name):
             raise click.UsageError(f"{param.opts[0]} does not apply here: {unused[param.name]}")
+
+
+def bucket_deadline_option(command: Callable) -> Callable:
+    """Both CLIs' ``--bucket-deadline SECONDS`` (before the command name): set once, for every path
+    of the process, on the one client set that reaches buckets (contract/buckets.py)."""
+    from bert_datagen.contract.buckets import BUCKETS, MAX_DEADLINE, MIN_DEADLINE, Deadline
+
+    def apply(ctx: click.Context, param: click.Parameter, seconds: float) -> float:
+        BUCKETS.deadline = Deadline.within(seconds)
+        return seconds
+
+    return click.option(
+        "--bucket-deadline", type=FiniteFloat(MIN_DEADLINE, MAX_DEADLINE), default=Deadline().seconds,
+        show_default=True, metavar="SECONDS", expose_value=False, callback=apply,
+        help=f"A bucket request (s3://, gs://) that gets no answer for this long, its retries included, "
+             f"fails naming its path; in [{MIN_DEADLINE:g}, {MAX_DEADLINE:g}] (docs/buckets.md).")(command)

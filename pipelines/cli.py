@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import click
 
-from bert_datagen.cli.plumbing import DEBUG_HELP, CommandGroup, FiniteFloat
-from bert_datagen.contract.buckets import BUCKETS, MAX_DEADLINE, MIN_DEADLINE, Deadline
+from bert_datagen.cli.plumbing import DEBUG_HELP, CommandGroup, bucket_deadline_option
 from bert_datagen.datagen import __version__
 
 COMMANDS = {
@@ -28,15 +27,9 @@ class DatagenGroup(CommandGroup):
 @click.group(cls=DatagenGroup, lazy_commands=COMMANDS)
 @click.version_option(__version__, prog_name="bert-datagen")
 @click.option("--debug", is_flag=True, expose_value=False, help=DEBUG_HELP)
-@click.option("--bucket-deadline", type=FiniteFloat(MIN_DEADLINE, MAX_DEADLINE), default=Deadline().seconds,
-              show_default=True, metavar="SECONDS",
-              help=f"A bucket request (s3://, gs://) that gets no answer for this long, its retries included, "
-                   f"fails naming its path; in [{MIN_DEADLINE:g}, {MAX_DEADLINE:g}] (docs/buckets.md).")
-def main(bucket_deadline: float) -> None:
+@bucket_deadline_option
+def main() -> None:
     """Reproducible BERT pre-training data: vocab, run, task, verify, inspect, stats, diff, batches."""
-    # Every path of this process reaches buckets through the one client set (contract/buckets.py):
-    # the command line sets its deadline here, once, for all of them.
-    BUCKETS.deadline = Deadline.within(bucket_deadline)
 
 
 if __name__ == "__main__":

@@ -6,7 +6,7 @@ import os
 
 import click
 
-from bert_datagen.cli.plumbing import DEBUG_HELP, CommandGroup
+from bert_datagen.cli.plumbing import DEBUG_HELP, CommandGroup, bucket_deadline_option
 from bert_datagen.trainer.quiet import quiet_tensorflow_logs
 
 # Before any command imports TensorFlow (trainer/quiet.py says why); None where the user set
@@ -34,6 +34,7 @@ class TrainGroup(CommandGroup):
 
 @click.group(cls=TrainGroup, lazy_commands=COMMANDS)
 @click.option("--debug", is_flag=True, expose_value=False, help=DEBUG_HELP)
+@bucket_deadline_option
 def main() -> None:
     """Pre-train BERT (MLM + NSP) on bert-datagen datasets; fine-tune, evaluate, predict; export."""
 

@@ -107,6 +107,23 @@ def test_a_bucket_command_whose_server_stopped_answering_prints_one_line(remote,
         assert took < DEADLINE + START_SLACK, took
 
 
+@pytest.mark.integration
+def test_bert_train_takes_the_deadline_too(remote, proxy, tmp_path) -> None:
+    """`bert-train --bucket-deadline` sets the trainer's deadline as bert-datagen's sets the data
+    commands' (JAX, so that no TensorFlow start-up is timed; the default deadline would take 60 s)."""
+    proxy.stall()
+    start = time.monotonic()
+    done = subprocess.run([sys.executable, "-m", "bert_datagen.trainer.cli", "--bucket-deadline", str(DEADLINE),
+                           "pretrain", "--backend", "jax", "--data", remote, "--out", str(tmp_path / "run"),
+                           "--steps", "2", "--batch-size", "8"],
+                          capture_output=True, text=True, env={**os.environ, "KERAS_BACKEND": "jax"}, timeout=120)
+    took = time.monotonic() - start
+    assert done.returncode == 1 and done.stderr.startswith("Error: "), (done.returncode, done.stderr[-2000:])
+    _one_line_naming(done.stderr[:-1], remote)  # nothing else: no tracebacks, no client logs
+    assert f"{DEADLINE:g} s" in done.stderr and took < DEADLINE + 3 * START_SLACK, took
+    assert not (tmp_path / "run").exists()
+
+
 def test_the_deadline_configures_both_clients_and_its_bounds_are_checked(object_stores, monkeypatch) -> None:
     deadline = Deadline(20.0, attempts=3)
     # Every try, stalled in both phases, and the clients' waits fit in the deadline.
