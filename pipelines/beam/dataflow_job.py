@@ -20,15 +20,6 @@ if TYPE_CHECKING:
     import apache_beam as beam
     from apache_beam.options.pipeline_options import PipelineOptions
 
-# The primitives Runner v2 executes itself; a leaf with any other URN would need a translation
-# Dataflow may not have (a runner-specific read, a native sink).
-PORTABLE_PRIMITIVES = frozenset({
-    "beam:transform:impulse:v1",
-    "beam:transform:pardo:v1",
-    "beam:transform:group_by_key:v1",
-    "beam:transform:flatten:v1",
-})
-
 
 @dataclass(frozen=True)
 class StagedFile:
@@ -54,10 +45,6 @@ class DataflowJob:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
-
-    def unknown_primitives(self) -> dict[str, str]:
-        """Leaf transforms whose URN is not one of `PORTABLE_PRIMITIVES`."""
-        return {name: urn for name, urn in self.transforms.items() if urn and urn not in PORTABLE_PRIMITIVES}
 
 
 def _dry_run_options(options: PipelineOptions) -> PipelineOptions:
