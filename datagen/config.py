@@ -7,6 +7,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from bert_datagen.datagen.masking_units import masking_units
 from bert_datagen.datagen.record_layout import MASKINGS, OBJECTIVES
 
 INPUT_FORMATS = ("text", "sentences", "jsonl", "wikiextractor")
@@ -47,7 +48,6 @@ def check_shard_count(count: int, split: str, target_shard_mb: float) -> int:
         raise ConfigError(f"--target-shard-mb {target_shard_mb:g}: the {split} split would be {count:,} shards, "
                           f"more than {MAX_SHARDS:,} (every shard is a file): raise --target-shard-mb")
     return count
-MASKING_UNITS = ("token", "word", "span")  # word = the original's whole-word masking
 
 
 class ConfigError(ValueError):
@@ -131,8 +131,8 @@ class DatagenConfig:
             raise ConfigError(f"--dupe-factor {self.dupe_factor} must be >= 1")
         if len(self.mask_ratios) != 3 or any(r < 0 for r in self.mask_ratios) or abs(sum(self.mask_ratios) - 1.0) > 1e-6:
             raise ConfigError(f"--mask-ratios {self.mask_ratios} must be three non-negative numbers summing to 1")
-        if self.masking_unit not in MASKING_UNITS:
-            raise ConfigError(f"--masking-unit {self.masking_unit!r} is not one of {', '.join(MASKING_UNITS)}")
+        if self.masking_unit not in masking_units():
+            raise ConfigError(f"--masking-unit {self.masking_unit!r} is not one of {', '.join(masking_units())}")
         if self.objective not in OBJECTIVES:
             raise ConfigError(f"--objective {self.objective!r} is not one of {', '.join(OBJECTIVES)}")
         if self.masking not in MASKINGS:

@@ -12,13 +12,13 @@ from bert_datagen.contract.buckets import check_output_bucket
 from bert_datagen.datagen.config import (
     DEFAULT_NOTNEXT_POOL_TOKENS,
     INPUT_FORMATS,
-    MASKING_UNITS,
     NOTNEXT_POOL_TOKENS_RANGE,
     READ_CHUNK_MB_RANGE,
     TARGET_SHARD_MB_RANGE,
     TEXT_LAYOUTS,
     DatagenConfig,
 )
+from bert_datagen.datagen.masking_units import masking_units
 from bert_datagen.datagen.record_layout import MASKINGS, OBJECTIVES
 from bert_datagen.pipelines.beam.options import (
     PASS_THROUGH_SETTINGS,
@@ -127,7 +127,7 @@ def summary_table(manifest: Manifest, wall_seconds: float, cpu_seconds: dict[str
 @click.option("--random-seed", type=Int(), default=12345, show_default=True)
 @click.option("--whole-word-mask", is_flag=True, default=False,
               help="Mask whole words (## pieces together); the same as --masking-unit word.")
-@click.option("--masking-unit", type=click.Choice(MASKING_UNITS), default=None,
+@click.option("--masking-unit", type=click.Choice(masking_units()), default=None,
               help="token, word (whole words) or span (SpanBERT spans of whole words)  [default: token]")
 @click.option("--objective", type=click.Choice(OBJECTIVES), default="nsp", show_default=True,
               help="nsp: sentence pairs with NSP labels; doc-sentences / full-sentences: packed sentences "
