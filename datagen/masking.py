@@ -22,7 +22,7 @@ order of the keys drawn at their first positions (``argsort``, stable).
 ``masking_unit`` picks the groups and how they are chosen (the registry of
 ``bert_datagen.datagen.masking_units``): ``token`` (one position each), ``word``
 (whole words, the original's ``--whole-word-mask``) or ``span`` (runs of whole
-words, ``bert_datagen.datagen.spans``; there the mask/keep/random choice is made once per
+words, ``bert_datagen.datagen.span_masking``; there the mask/keep/random choice is made once per
 span, from the draw of its first position).
 """
 

@@ -5,7 +5,7 @@ A registry, as sentence splitters (``bert_datagen.datagen.sentences``) and word 
 ``bert_datagen.datagen.masking.mask_batch`` asks it for its groups and its choice. Registered here, in
 this order (the CLI's choices): ``token`` (one position each, the original's default), ``word`` (whole
 words, the original's ``--whole-word-mask``) and ``span`` (runs of whole words,
-``bert_datagen.datagen.spans``).
+``bert_datagen.datagen.span_masking``).
 
 A unit's ``choose(cand, starts, group, keys, counters, target)`` returns the chosen positions and,
 for units that make the mask/keep/random choice once per group, the position whose draw decides each
@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from bert_datagen.datagen.rng import u64_for_keys
-from bert_datagen.datagen.spans import choose_spans
+from bert_datagen.datagen.span_masking import choose_mask_spans
 
 _NEVER = np.uint64(np.iinfo(np.uint64).max)  # order key of a non-candidate
 _HEAD_MARGIN = 8
@@ -123,4 +123,4 @@ def _greedy(taken: np.ndarray, order: np.ndarray, sizes: np.ndarray, target: np.
 
 register_masking_unit("token", False, _choose_positions)
 register_masking_unit("word", True, _choose_whole_words)
-register_masking_unit("span", True, choose_spans)
+register_masking_unit("span", True, choose_mask_spans)

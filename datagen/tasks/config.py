@@ -23,6 +23,8 @@ TAGGING_KINDS = ("conll",)
 KINDS = tuple(f"glue/{t}" for t in GLUE_TASKS) + ("xnli",) + GENERIC_KINDS + SPAN_KINDS + TAGGING_KINDS
 SCHEMES = ("iob1", "iob2", "bioes")
 
+# Task types (a manifest's task.type). SPAN is extractive QA's answer span (SQuAD); the "span" masking
+# unit of pre-training data is another thing: bert_datagen.datagen.span_masking.
 CLASSIFICATION, REGRESSION, SPAN, TAGGING = "classification", "regression", "span", "tagging"
 TRAIN_SPLIT = "train"
 
@@ -115,7 +117,7 @@ class TaskConfig:
         if self.labels is not None:
             self._validate_labels()
         if self.kind in SPAN_KINDS:
-            self._validate_span()
+            self._validate_answer_span()
         if self.kind in TAGGING_KINDS and self.scheme not in SCHEMES:
             raise ConfigError(f"--scheme {self.scheme!r} is not one of {', '.join(SCHEMES)}")
         if self.num_shards is not None and not 1 <= self.num_shards <= MAX_SHARDS:
@@ -148,7 +150,7 @@ class TaskConfig:
         if len(set(labels)) != len(labels):
             raise ConfigError(f"--labels {','.join(labels)!r} lists a label twice")
 
-    def _validate_span(self) -> None:
+    def _validate_answer_span(self) -> None:
         seq = self.max_seq_length
         assert seq is not None
         if self.max_query_length < 1:

@@ -64,7 +64,7 @@ def check_records(f: dict[str, np.ndarray], shape: TaskShape, limit: int = 20) -
     if shape.task_type in (CLASSIFICATION, REGRESSION):
         _check_classification(f, shape, boundary, length, p, limit)
     elif shape.task_type == SPAN:
-        _check_span(f, shape, boundary, length, p, limit)
+        _check_answer_span(f, shape, boundary, length, p, limit)
     elif shape.task_type == TAGGING:
         _first(boundary != length, "tagging records have segment 0 only", p, limit)
         labels = f["label_ids"]
@@ -92,7 +92,7 @@ def _check_classification(f, shape: TaskShape, boundary, length, p, limit) -> No
         _first((label < 0) | (label >= shape.num_labels), "label id outside the label list", p, limit)
 
 
-def _check_span(f, shape: TaskShape, boundary, length, p, limit) -> None:
+def _check_answer_span(f, shape: TaskShape, boundary, length, p, limit) -> None:
     ids = f["input_ids"]
     n = len(ids)
     rows = np.arange(n)
@@ -149,7 +149,7 @@ def check_side(f: dict[str, np.ndarray], shape: TaskShape, example_lines: list[s
         previous = (ex, k)
         words = examples[ex].get("words", [])
         if shape.task_type == SPAN:
-            _span_window(f, r, w, words, tokens, int(length[r]), int(boundary[r]), p)
+            _answer_span_window(f, r, w, words, tokens, int(length[r]), int(boundary[r]), p)
         else:
             _tag_window(f, r, w, len(words), p)
     if windows and previous[0] != len(examples) - 1:
@@ -165,7 +165,7 @@ def check_side(f: dict[str, np.ndarray], shape: TaskShape, example_lines: list[s
     return p
 
 
-def _span_window(f, r: int, w: dict, words: list, tokens: tuple[str, ...], length: int, boundary: int, p) -> None:
+def _answer_span_window(f, r: int, w: dict, words: list, tokens: tuple[str, ...], length: int, boundary: int, p) -> None:
     if w.get("unique_id") != int(f["unique_ids"][r, 0]):
         p.append((r, f"windows.jsonl unique_id {w.get('unique_id')} is not the record's {int(f['unique_ids'][r, 0])}"))
     if w.get("tokens") != [tokens[i] for i in f["input_ids"][r, :length].tolist()]:

@@ -9,7 +9,7 @@ import pytest
 from bert_datagen.datagen.config import ConfigError, DatagenConfig
 from bert_datagen.datagen.masking import mask_batch, num_to_predict
 from bert_datagen.datagen.rng import GOLDEN, MASK64, Stream, mix64
-from bert_datagen.datagen.spans import MAX_SPAN_WORDS, span_length_probabilities
+from bert_datagen.datagen.span_masking import MAX_SPAN_WORDS, span_length_probabilities
 from tests.support.datagen_fakes import FakeVocab
 
 VOCAB = FakeVocab()
@@ -143,7 +143,7 @@ def test_span_length_distribution_itself():
     assert probs.shape == (10,) and probs.sum() == pytest.approx(1.0)
     assert (probs[1:] / probs[:-1]) == pytest.approx(np.full(9, 0.8))
     assert (np.arange(1, 11) * probs).sum() == pytest.approx(3.79, abs=0.01)  # SpanBERT's 3.8 words
-    from bert_datagen.datagen.spans import span_lengths
+    from bert_datagen.datagen.span_masking import span_lengths
 
     drawn = span_lengths(Stream(4).u64_array(200_000))
     observed = np.bincount(drawn, minlength=11)[1:] / drawn.size

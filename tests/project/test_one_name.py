@@ -30,6 +30,9 @@ HOMES: dict[str, str | None] = {
     "ConfigError": "datagen/config.py",
     "TrainConfigError": "trainer/errors.py",
     "TrainConfig": "trainer/pretrain/config.py",  # pre-training's run config, beside pre-training
+    # the span masking unit's choice, named apart from the answer spans of SQuAD tasks
+    "choose_mask_spans": "datagen/span_masking.py",
+    "choose_spans": None,
 }
 
 

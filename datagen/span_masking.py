@@ -48,7 +48,7 @@ def span_lengths(draws: np.ndarray) -> np.ndarray:
     return np.searchsorted(_CDF, u, side="right").astype(np.int64) + 1
 
 
-def choose_spans(cand: np.ndarray, starts: np.ndarray, group: np.ndarray, keys: np.ndarray,
+def choose_mask_spans(cand: np.ndarray, starts: np.ndarray, group: np.ndarray, keys: np.ndarray,
                  counters: np.ndarray, target: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(chosen positions, first position of the span of each chosen position) for each row.
 
