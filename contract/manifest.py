@@ -83,6 +83,9 @@ class ShardInfo:
     bytes: int
     sha256: str
     index: IndexInfo | None = None
+    # A task shard's record lengths (datagen/tasks/lengths.py); None for pre-training shards and for
+    # task datasets written before them (length grouping then reads whole windows).
+    lengths: SideFile | None = None
 
 
 @dataclass(frozen=True)
@@ -278,7 +281,8 @@ def _index_info(entry: dict) -> IndexInfo:
 def _split(name: str, info: dict, source: str) -> SplitInfo:
     where = f"splits.{name}"
     shards = tuple(ShardInfo(s["path"], s["records"], s["bytes"], s["sha256"],
-                             _index_info(s["index"]) if "index" in s else None)
+                             _index_info(s["index"]) if "index" in s else None,
+                             SideFile(*(s["lengths"][k] for k in REQUIRED_SIDE)) if "lengths" in s else None)
                    for s in info["shards"])
     features = _features(info["features"], f"{where}.features", source) if "features" in info else None
     side = info.get("side", [])
@@ -386,6 +390,10 @@ def validate_manifest(manifest: Any, source: str = MANIFEST_NAME) -> None:
                     if blocks["lines"] < 1:
                         raise ManifestError(f"{source}: field {where}.index.blocks.lines must be >= 1")
                     _relative_path(blocks["path"], f"{where}.index.blocks.path", source)
+            if "lengths" in shard:  # a task shard's record lengths; older datasets have none
+                _require(shard["lengths"], REQUIRED_SIDE, f"{where}.lengths", source)
+                _int_field(shard["lengths"]["bytes"], f"{where}.lengths.bytes", source)
+                _relative_path(shard["lengths"]["path"], f"{where}.lengths.path", source)
         _int_field(info["records"], f"splits.{split}.records", source)
         _int_field(info["bytes"], f"splits.{split}.bytes", source)
 

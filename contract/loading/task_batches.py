@@ -11,8 +11,10 @@ Length grouping (``group_by_length``, `bert-train finetune --group-by-length`): 
 windows of `GROUP_WINDOW` batches; a window's records (leftovers beyond its whole batches left out)
 are sorted by length (stable), cut into batches, the batches put in an order drawn from (seed,
 epoch, window), and each batch cut to the shortest bucket length (`bucket_lengths`) that holds its
-longest example. Sorting needs the whole window, so every rank reads the window and keeps its share
-of each batch.
+longest example. Sorting needs every length of the window: a rank takes them from the shards'
+lengths files (`datagen/tasks/lengths.py`, read once, 2 bytes a record) and reads only its share of
+each batch, each record's length checked against the file; a dataset written before lengths files
+has every rank read the whole window.
 
 Records are read a window of batches at a time (one decode call: a call has a fixed cost of about a
 millisecond, which a batch at a time would pay every step), each shard's records in file order.
@@ -26,6 +28,7 @@ from bert_datagen.contract.loading.order import GlobalOrder, check_step, check_w
 from bert_datagen.contract.loading.source import LoadError, Source
 from bert_datagen.contract.loading.stepping import Stepping, check_reader_arguments, local_world
 from bert_datagen.datagen.rng import derive_key
+from bert_datagen.datagen.tasks.lengths import LengthsError, read_lengths
 
 BLOCK_SIZE = 1  # a full shuffle per epoch: task splits are small, and examples are often sorted
 # Batches per window that length grouping sorts together: wide enough to find similar lengths,
@@ -106,6 +109,7 @@ class TaskBatches(Stepping):
         self.max_seq_length = int(source.spec["input_ids"][1])
         # The window last read: ((epoch, window), its records in pieces, per batch (positions, rows, width)).
         self._window: tuple | None = None
+        self._lengths: np.ndarray | None = None  # every record's length, shards end to end (grouped reading)
 
     # ------------------------------------------------------------ iteration
 
@@ -173,9 +177,14 @@ class TaskBatches(Stepping):
             return pieces, [(positions[b * share:(b + 1) * share], rows[b * share:(b + 1) * share], None)
                             for b in range(batches)]
         positions = np.arange(base, base + batches * B, dtype=np.int64)
-        # A grouped batch's rows lie all over the window: decoded as one piece, to gather from.
-        pieces = read_positions(self.source, self.order, positions, piece=len(positions))
-        lengths = pieces[0]["input_mask"].sum(axis=1)
+        listed = self._listed_lengths()
+        if listed is None:
+            # A grouped batch's rows lie all over the window: decoded as one piece, to gather from.
+            pieces = read_positions(self.source, self.order, positions, piece=len(positions))
+            lengths = pieces[0]["input_mask"].sum(axis=1)
+        else:
+            placed = self.order.place(positions)
+            lengths = listed[self._shard_starts[placed.shard] + placed.index]
         by_length = np.argsort(lengths, kind="stable")
         key = derive_key(self.order.seed, "finetune-length-groups", self.order.fingerprint, epoch, window)
         seq = self.max_seq_length
@@ -185,4 +194,42 @@ class TaskBatches(Stepping):
             width = bucket_length(int(lengths[rows].max()), seq)  # the whole batch's, on every rank
             mine = rows[self.rank * share:(self.rank + 1) * share]  # only this rank's rows are gathered
             out.append((positions[mine], mine, width))
-        return pieces, out
+        if listed is None:
+            return pieces, out
+        # Only this rank's rows are read, in the batches' order; each checked against its listed length.
+        mine = np.concatenate([rows for _, rows, _ in out])
+        pieces = read_positions(self.source, self.order, positions[mine], piece=len(mine))
+        counted = pieces[0]["input_mask"].sum(axis=1)
+        if (counted != lengths[mine]).any():
+            wrong = placed.shard[mine][np.argmax(counted != lengths[mine])]
+            raise LoadError(f"{self.source.shards[int(wrong)].path}: a record holds another number of tokens than "
+                            "its shard's lengths file says (bert-datagen verify tells more)")
+        return pieces, [(p, np.arange(i * share, (i + 1) * share), width) for i, (p, _, width) in enumerate(out)]
+
+    def _listed_lengths(self) -> np.ndarray | None:
+        """Every record's length from the shards' lengths files (read once, checked against the
+        manifest), the shards end to end; None when a shard has none (written before them)."""
+        if self._lengths is None:
+            refs = self.source.shards
+            entries = [r.expected.lengths if r.expected is not None else None for r in refs]
+            if any(e is None for e in entries) or not all(r.path.endswith(r.name) for r in refs):
+                return None
+            parts = []
+            for ref, entry, count in zip(refs, entries, self.source.counts, strict=True):
+                path = ref.path[:len(ref.path) - len(ref.name)] + entry.path  # type: ignore[union-attr]
+                try:
+                    try:
+                        data = self.source.fs.read_bytes(path)
+                        parts.append(read_lengths(data, count, entry.bytes, entry.sha256, path))  # type: ignore[union-attr]
+                    except (LengthsError, OSError):
+                        self.source.check_unchanged()  # a replaced dataset is reported as one
+                        raise
+                except LengthsError as e:
+                    raise LoadError(f"corrupt lengths: {e} (bert-datagen verify tells more)") from e
+                except FileNotFoundError as e:
+                    raise LoadError(f"{path}: lengths listed in the manifest are missing") from e
+                except OSError as e:
+                    raise LoadError(f"{path}: cannot read lengths: {e}") from e
+            self._shard_starts = np.cumsum([0, *self.source.counts])[:-1].astype(np.int64)
+            self._lengths = np.concatenate(parts) if parts else np.zeros(0, np.int64)
+        return self._lengths

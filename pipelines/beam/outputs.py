@@ -138,11 +138,12 @@ def _is_our_card(path: str) -> bool:
 
 def manifest_files(manifest: Manifest) -> list[str]:
     """Relative paths a dataset's manifest makes ours: its shards, their indexes and block digests,
-    side files (task datasets) and vocab copy, and the manifest."""
+    their lengths and side files (task datasets), the vocab copy, and the manifest."""
     files = [MANIFEST_NAME, manifest.vocab.path]
     files += [f.path for split in manifest.splits.values() for f in (*split.shards, *split.side)]
     indexes = [s.index for split in manifest.splits.values() for s in split.shards if s.index is not None]
     files += [i.path for i in indexes] + [i.blocks.path for i in indexes if i.blocks is not None]
+    files += [s.lengths.path for split in manifest.splits.values() for s in split.shards if s.lengths is not None]
     return sorted(set(files))
 
 
@@ -153,7 +154,7 @@ def _candidate_names(directory: str, split_dirs: Iterable[str] = SPLIT_DIRS,
     side = set(side_names)
     for split in split_dirs:
         names += [f"{split}/{n}" for n in _list_names(fsio.join(directory, split))
-                  if n.startswith("part-") and n.endswith((".tfrecord", ".tfrecord.index", ".tfrecord.index.blocks")) or n in side]
+                  if n.startswith("part-") and n.endswith((".tfrecord", ".tfrecord.index", ".tfrecord.index.blocks", ".tfrecord.lengths")) or n in side]
     return names
 
 

@@ -45,6 +45,7 @@ from bert_datagen.datagen.records import frame_columns
 from bert_datagen.datagen.tasks import build
 from bert_datagen.datagen.tasks.config import SPAN, TAGGING, TaskConfig, TaskInputError
 from bert_datagen.datagen.tasks.features import TaskRecords, combine_side, unique_ids
+from bert_datagen.datagen.tasks.lengths import lengths_file
 from bert_datagen.datagen.tfrecord_index import index_files
 from bert_datagen.pipelines.beam import fsio
 from bert_datagen.pipelines.beam.errors import DatagenError
@@ -161,7 +162,7 @@ class WriteSplit(beam.DoFn):
         build_cpu = sum(item[2] for item in items)
         started = time.process_time()
         parts = [item[1] for item in items]
-        blobs, lengths, first = [], [], 0
+        blobs, lengths, masks, first = [], [], [], 0
         tokens = unk = 0
         for part in parts:
             t, u = self._unk_count(part)
@@ -170,18 +171,21 @@ class WriteSplit(beam.DoFn):
             if "unique_ids" in columns:  # numbered in split order, as `combine` numbers them
                 columns["unique_ids"] = unique_ids(first, len(part))
             blob, sizes = frame_columns(columns)
+            masks.append(columns["input_mask"])
             blobs.append(blob)
             lengths += sizes.tolist()
             first += len(part)
         data = b"".join(blobs)
         ends = np.cumsum(np.array(lengths, dtype=np.int64)) if lengths else np.zeros(0, dtype=np.int64)
         count = self.config.num_shards or self._shards_for(len(data), name)
+        mask = np.concatenate(masks) if masks else np.zeros((0, 1), np.int64)
         shards = []
         for index, (lo, hi) in enumerate(cut_shards(np.asarray(lengths), count)):
             start = int(ends[lo - 1]) if lo > 0 else 0
             stop = int(ends[hi - 1]) if hi > 0 else 0
             shard = self._write(shard_name(name, index, count), data[start:stop], hi - lo)
             shard["index"] = self._write_index(shard["path"], lengths[lo:hi])
+            shard["lengths"] = self._write_lengths(shard["path"], mask[lo:hi])
             shards.append(shard)
         side_info = combine_side(parts)
         side = []
@@ -217,6 +221,13 @@ class WriteSplit(beam.DoFn):
         files, entry = index_files(np.asarray(lengths, np.int64), rel)
         for path, data in files.items():
             fsio.write_atomic(fsio.join(self.output_dir, *path.split("/")), data)
+        return entry
+
+    def _write_lengths(self, rel: str, input_mask: np.ndarray) -> dict[str, Any]:
+        """The shard's record lengths (datagen/tasks/lengths.py: what length grouping sorts by, so a
+        rank reads only its records of a window): its manifest entry."""
+        path, data, entry = lengths_file(input_mask, rel)
+        fsio.write_atomic(fsio.join(self.output_dir, *path.split("/")), data)
         return entry
 
     def _write(self, rel: str, blob: bytes, records: int) -> dict[str, Any]:

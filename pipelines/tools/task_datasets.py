@@ -20,6 +20,7 @@ from bert_datagen.contract.manifest import CARD_NAME, MANIFEST_NAME, VOCAB_NAME
 from bert_datagen.datagen.example_codec import decode_batch, decode_exact
 from bert_datagen.datagen.tasks.config import CLASSIFICATION, REGRESSION, SPAN, TAGGING
 from bert_datagen.datagen.tasks.features import task_feature_spec
+from bert_datagen.datagen.tasks.lengths import LengthsError, read_lengths
 from bert_datagen.datagen.tasks.rules import TaskShape, check_records, check_side, sequence_layout
 from bert_datagen.pipelines.beam import fsio
 from bert_datagen.pipelines.tools.shards import iter_payloads, map_shards, pick_shard
@@ -87,6 +88,8 @@ def _manifest_problems(ds: Dataset) -> list[str]:
                 listed.add(s.index.path)
                 if s.index.blocks is not None:
                     listed.add(s.index.blocks.path)
+            if s.lengths is not None:
+                listed.add(s.lengths.path)
         for f in info.side:
             listed.add(f.path)
             path = fsio.join(ds.root, *f.path.split("/"))
@@ -120,6 +123,7 @@ def _record_problems(ds: Dataset, split: str, refs: list[ShardRef], limit: int) 
                             _side_lines(ds, split, "windows.jsonl"), ds.vocab.tokens, limit)  # type: ignore[union-attr]
     # Shard record counts: verify has already compared them with the files.
     starts = np.cumsum([0] + [ref.expected.records if ref.expected else 0 for ref in refs])
+    found += _lengths_problems(ds, refs, starts, columns["input_mask"].sum(axis=1))
 
     def where(i: int) -> str:
         if i < 0:
@@ -128,6 +132,31 @@ def _record_problems(ds: Dataset, split: str, refs: list[ShardRef], limit: int) 
         return f"{refs[min(k, len(refs) - 1)].name}: record {i - int(starts[min(k, len(refs) - 1)])}: "
 
     return [f"{where(i)}{message}" for i, message in found]
+
+
+def _lengths_problems(ds: Dataset, refs: list[ShardRef], starts: np.ndarray, lengths: np.ndarray,
+                      ) -> list[tuple[int, str]]:
+    """Each shard's lengths file against its manifest entry and its records' token counts."""
+    found: list[tuple[int, str]] = []
+    for k, ref in enumerate(refs):
+        entry = ref.expected.lengths if ref.expected else None
+        if entry is None:
+            continue
+        path = fsio.join(ds.root, *entry.path.split("/"))  # type: ignore[arg-type]
+        if not fsio.exists(path):
+            found.append((-1, f"lengths {entry.path} are missing (length grouping then reads whole windows)"))
+            continue
+        try:
+            listed = read_lengths(fsio.read_bytes(path), ref.expected.records, entry.bytes,  # type: ignore[union-attr]
+                                  entry.sha256, entry.path)
+        except LengthsError as e:
+            found.append((-1, str(e)))
+            continue
+        wrong = np.flatnonzero(listed != lengths[int(starts[k]):int(starts[k + 1])])
+        if len(wrong):
+            found.append((int(starts[k] + wrong[0]), f"lengths {entry.path} say {int(listed[wrong[0]])} tokens, the "
+                                                     f"record holds {int(lengths[starts[k] + wrong[0]])}"))
+    return found
 
 
 def verify_task(ds: Dataset, *, workers: int | None = None, check_records: bool = True,

@@ -30,38 +30,49 @@ GOLDEN = {
     "dev/part-00000-of-00003.tfrecord": "3891b47462f64f59b2ca86a4a32bbb8dcdc592d1b85163f923f61cc9345c9ed4",
     "dev/part-00000-of-00003.tfrecord.index": "00f7409c33f61b89c75b100e4fda8032f3ed1df107efd0b79d01109ff1a1a381",
     "dev/part-00000-of-00003.tfrecord.index.blocks": "c873225666a6b881b03b168c231e4e66e4abdf486f1f10cae29be5745c3e8b41",
+    "dev/part-00000-of-00003.tfrecord.lengths": "f5afb255398b2d160c0d4c695fc84299d97464b76ffb9ff4a4e37ae725dd9a08",
     "dev/part-00001-of-00003.tfrecord": "5e7f6f3c9e54328a7d6d2d8b355b5710c87a857665c141d32f9f9180185f5fc2",
     "dev/part-00001-of-00003.tfrecord.index": "00f7409c33f61b89c75b100e4fda8032f3ed1df107efd0b79d01109ff1a1a381",
     "dev/part-00001-of-00003.tfrecord.index.blocks": "c873225666a6b881b03b168c231e4e66e4abdf486f1f10cae29be5745c3e8b41",
+    "dev/part-00001-of-00003.tfrecord.lengths": "06daad5a76660917d355e93175cfe4d0ac1a7f55399599c69c5c52f084c78a9a",
     "dev/part-00002-of-00003.tfrecord": "db8f883244db46c0666f21c06c006d8f8fd6d63c491fb8dcabe839176dc87c13",
     "dev/part-00002-of-00003.tfrecord.index": "d7010986c6938b15e6e879dc1b798b8d6d476b09a2e86faa51889fc40a664bad",
     "dev/part-00002-of-00003.tfrecord.index.blocks": "069b934003fb2ec19afb0a682ad3dc547cb22cd5bfd84fb2e4ae56ecd10a5cab",
+    "dev/part-00002-of-00003.tfrecord.lengths": "d167432f4b6fac035de32cfa01d9a3750054e811e11b43d9abc5c269e34ed7ed",
     "dev/windows.jsonl": "dd0fed35908e3c9f671db732aa7cf198f77c3924db3d28f9a8e5943614029d3f",
     "train/examples.jsonl": "dfe42be87d94b3fc40e7dc4e3861bb9f68e56786386e90f8a77677eead8152e9",
     "train/part-00000-of-00008.tfrecord": "74c455977ec0617307904e3a612bfc340ffbbc0be78e185b8e04799e7a4e0c73",
     "train/part-00000-of-00008.tfrecord.index": "c99145eeffa043b8a548a1d91929cc2989dd211406d80592eb5e31e3038c0841",
     "train/part-00000-of-00008.tfrecord.index.blocks": "a4163f84a513e5a31ddec83e66ee331caf3eb56f8615fbc03c85d8cca6119c77",
+    "train/part-00000-of-00008.tfrecord.lengths": "c2b20f9d6962b12fb4b0d98d33003b0a65ba678edfe96ec1afd6f9d7f1857f4e",
     "train/part-00001-of-00008.tfrecord": "c1480db251944cb0d32015ebf55a66fd1ed3aa13cf6a5227ef45ec6eed0cbb42",
     "train/part-00001-of-00008.tfrecord.index": "c99145eeffa043b8a548a1d91929cc2989dd211406d80592eb5e31e3038c0841",
     "train/part-00001-of-00008.tfrecord.index.blocks": "a4163f84a513e5a31ddec83e66ee331caf3eb56f8615fbc03c85d8cca6119c77",
+    "train/part-00001-of-00008.tfrecord.lengths": "ed74bfd30abb4d9b933174a8389a74743999918baf9e3618791fb89f5be722d5",
     "train/part-00002-of-00008.tfrecord": "8237e1cce28e5d543afbe48e21a9a17b6e3fef9bccc49e8c10e65fb9a0c9eb70",
     "train/part-00002-of-00008.tfrecord.index": "c99145eeffa043b8a548a1d91929cc2989dd211406d80592eb5e31e3038c0841",
     "train/part-00002-of-00008.tfrecord.index.blocks": "a4163f84a513e5a31ddec83e66ee331caf3eb56f8615fbc03c85d8cca6119c77",
+    "train/part-00002-of-00008.tfrecord.lengths": "987a74f66a6a06cba1e5d215e245bd5c5f3ea2535ec6ac1b3c23ab33c3fce4d6",
     "train/part-00003-of-00008.tfrecord": "8044b04c7a83c79fee69e693fef7cde3884329c81671c70e62d5955aa6054fc6",
     "train/part-00003-of-00008.tfrecord.index": "c99145eeffa043b8a548a1d91929cc2989dd211406d80592eb5e31e3038c0841",
     "train/part-00003-of-00008.tfrecord.index.blocks": "a4163f84a513e5a31ddec83e66ee331caf3eb56f8615fbc03c85d8cca6119c77",
+    "train/part-00003-of-00008.tfrecord.lengths": "0a6a981e08ef767b4d82f461a48bb4adae34a6c9437ddbf9924dd8f771aa3f67",
     "train/part-00004-of-00008.tfrecord": "ed7b124a6e0d67b779b23ccc19957d31e3366acd22e08e0d456cb8a9aad7508c",
     "train/part-00004-of-00008.tfrecord.index": "c99145eeffa043b8a548a1d91929cc2989dd211406d80592eb5e31e3038c0841",
     "train/part-00004-of-00008.tfrecord.index.blocks": "a4163f84a513e5a31ddec83e66ee331caf3eb56f8615fbc03c85d8cca6119c77",
+    "train/part-00004-of-00008.tfrecord.lengths": "a0d65e2e32a95c5d2f180b108a23cb360ef9cd0f9f17a4d2ea534ee6d9f9defa",
     "train/part-00005-of-00008.tfrecord": "158628056518f3308c36055e5c9bad28ff656cdb77032c970bab70354b72c684",
     "train/part-00005-of-00008.tfrecord.index": "c99145eeffa043b8a548a1d91929cc2989dd211406d80592eb5e31e3038c0841",
     "train/part-00005-of-00008.tfrecord.index.blocks": "a4163f84a513e5a31ddec83e66ee331caf3eb56f8615fbc03c85d8cca6119c77",
+    "train/part-00005-of-00008.tfrecord.lengths": "3bad0f45d26fbe26456fa75fc58e558e34a7ab303b90cd9e4186ff30ab6f672c",
     "train/part-00006-of-00008.tfrecord": "f485b54e8c32606434b04a7f723675496431be5f90e30e26d3344e06bab2ec15",
     "train/part-00006-of-00008.tfrecord.index": "c99145eeffa043b8a548a1d91929cc2989dd211406d80592eb5e31e3038c0841",
     "train/part-00006-of-00008.tfrecord.index.blocks": "a4163f84a513e5a31ddec83e66ee331caf3eb56f8615fbc03c85d8cca6119c77",
+    "train/part-00006-of-00008.tfrecord.lengths": "6986911ba985ac85b5736a9f34d735e7c92c4a0033b0284e4a3282c01d72de22",
     "train/part-00007-of-00008.tfrecord": "2023762bd2712d43190be1861525cae2cfc71233e560c65ad35c3cb7545da975",
     "train/part-00007-of-00008.tfrecord.index": "e26617990cd22f5d9cf7cba34d36e40b5ac42604521727f4a44177d1df9b90bf",
     "train/part-00007-of-00008.tfrecord.index.blocks": "f796c072719306fd9733cde57948190f3421efd5b4801eac89cd7e2c552fc5b2",
+    "train/part-00007-of-00008.tfrecord.lengths": "260522aaa82d806e85c5d94538f0056554faf0dca9f045b91392c457550b3142",
     "train/windows.jsonl": "26ae81a4d9fa2dff6c2f6addb6d0d1cbf0533134d37e82119d8d8a61fefe754b",
 }
 
@@ -102,6 +113,7 @@ def test_squad_dataset_manifest_and_side_files(files, tmp_path):
         listed = {s["path"]: s["sha256"] for s in m["splits"][split]["side"] + m["splits"][split]["shards"]}
         listed.update({s["index"]["path"]: s["index"]["sha256"] for s in m["splits"][split]["shards"]})
         listed.update({s["index"]["blocks"]["path"]: s["index"]["blocks"]["sha256"] for s in m["splits"][split]["shards"]})
+        listed.update({s["lengths"]["path"]: s["lengths"]["sha256"] for s in m["splits"][split]["shards"]})
         on_disk = {k: v for k, v in digests(out).items() if k.startswith(split + "/")}
         assert listed == on_disk
         windows = [json.loads(line) for line in (out / split / "windows.jsonl").read_text().splitlines()]
