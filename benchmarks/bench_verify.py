@@ -22,7 +22,7 @@ from bert_datagen.datagen.record_layout import feature_spec
 from bert_datagen.datagen.records import InstanceBatch
 from bert_datagen.datagen.tfrecord import frame_records
 from bert_datagen.pipelines.beam import fsio
-from bert_datagen.pipelines.pretraining.card import write_card
+from bert_datagen.pipelines.tools.card import write_card
 from tests.support.record_encoding import encode_batch
 
 SPECIALS = ["[PAD]"] + [f"[unused{i}]" for i in range(5)] + ["[UNK]", "[CLS]", "[SEP]", "[MASK]"]

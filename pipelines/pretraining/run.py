@@ -43,22 +43,23 @@ change a byte.
 
 from __future__ import annotations
 
-import contextlib
-import hashlib
 import json
-import os
-import platform
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import apache_beam as beam
 
-from bert_datagen.contract.fs import is_remote
 from bert_datagen.datagen.config import READ_CHUNK_MB_RANGE, DatagenConfig
 from bert_datagen.datagen.placement import num_pools_for, shard_counts_of, splits_of
 from bert_datagen.pipelines.beam import fsio, outputs
+from bert_datagen.pipelines.beam.driver import (
+    local_abspath,
+    manifest_provenance,
+    read_run_vocab,
+    staged_dataset,
+)
 from bert_datagen.pipelines.beam.errors import DatagenError  # noqa: F401 - raised here, caught by the CLIs
 from bert_datagen.pipelines.beam.runners import DIRECT, RunnerOptions, RunnerSetup, runner_setup
 from bert_datagen.pipelines.beam.split_checks import empty_split_error, run_warnings
@@ -283,7 +284,7 @@ def generate_dataset(
         files = fsio.match_files(list(inputs))
     except fsio.InputNotFoundError as e:
         raise DatagenError(str(e)) from e
-    vocab, vocab_path, vocab_bytes = read_vocab(vocab_path)
+    vocab, vocab_path, vocab_bytes = read_run_vocab(vocab_path)
     with staged_dataset(output_dir, overwrite, inputs=[vocab_path, *(f.path for f in files)]) as out:
         return _generate_into(out, config, files, read_chunk_mb, vocab, vocab_bytes, inputs, runner, show_progress,
                               start)
@@ -295,6 +296,7 @@ def _generate_into(out: outputs.DatasetOutput, config: DatagenConfig, files: lis
     """Run the pipeline and write the complete dataset into ``out.staging``, manifest last."""
     from bert_datagen.contract.manifest import Manifest
     from bert_datagen.datagen.record_layout import feature_spec
+    from bert_datagen.pipelines.tools.card import write_dataset_files
 
     staging = out.staging
     summary_path = fsio.join(staging, "work", "summary.json")
@@ -333,7 +335,7 @@ def _generate_into(out: outputs.DatasetOutput, config: DatagenConfig, files: lis
                               config.word_segmenter is not None),
         splits=splits,
         totals=totals,
-        **provenance(setup, vocab, vocab_bytes, config.do_lower_case),
+        **manifest_provenance(setup, vocab, vocab_bytes, config.do_lower_case),
     )
     problem = empty_split_error(manifest, config)
     if problem:
@@ -345,52 +347,10 @@ def _generate_into(out: outputs.DatasetOutput, config: DatagenConfig, files: lis
                      warnings=run_warnings(manifest, config, summary["totals"]))
 
 
-# ---------------------------------------------------------------- driver steps of `run` and `task`
-# (bert_datagen.pipelines.tasks.run): one implementation each, so both commands read inputs, run Beam and write
-# their datasets the same way.
-
-
-def local_abspath(path: str) -> str:
-    return path if is_remote(path) else os.path.abspath(os.path.expanduser(path))
-
-
-def read_vocab(vocab_path: str) -> tuple[Vocab, str, bytes]:
-    """The run's vocab, its absolute path (an input the output must not replace) and its bytes (the
-    dataset's vocab.txt); DatagenError naming the file when it cannot be read."""
-    from bert_datagen.contract.vocab_io import load_vocab
-
-    try:
-        vocab = load_vocab(vocab_path, fsio.BEAM_FS)
-    except (OSError, ValueError) as e:
-        message = str(e)
-        raise DatagenError(message if vocab_path in message else f"{vocab_path}: {message}") from e
-    vocab_path = local_abspath(vocab_path)
-    return vocab, vocab_path, fsio.read_bytes(vocab_path)
-
-
-@contextlib.contextmanager
-def staged_dataset(output_dir: str, overwrite: bool, **layout: Any) -> Iterator[outputs.DatasetOutput]:
-    """The run's staging directory in `output_dir` (`outputs.prepare_dataset_output`; `layout`: its
-    split directories and side files), under the directory's lock (`outputs.lock_output`: a second
-    command on it is refused): nothing in the directory changes before this point, and the old
-    dataset is replaced only once the body has written a complete one; a failure or an interrupt, of
-    the body or of the swap, undoes the run."""
-    try:
-        lock = outputs.lock_output(output_dir)
-    except outputs.OutputError as e:
-        raise DatagenError(str(e)) from e
-    with lock:  # held from before DIR is looked at until the swap is done or undone
-        try:
-            out = outputs.prepare_dataset_output(output_dir, overwrite, **layout)
-        except outputs.OutputError as e:
-            raise DatagenError(str(e)) from e
-        try:
-            outputs.create_staging(out)
-            yield out
-            outputs.commit(out)
-        except BaseException:
-            outputs.discard(out)
-            raise
+# ---------------------------------------------------------------- a Beam run of `run` and `task`
+# (bert_datagen.pipelines.tasks.run shares it until the workers' input errors, which it finds in a
+# runner's wrapped exception, live below both drivers; the other shared steps are
+# bert_datagen.pipelines.beam.driver and bert_datagen.pipelines.tools.card).
 
 
 def run_pipeline(setup: RunnerSetup, build: Callable[[beam.Pipeline], None]) -> None:
@@ -409,22 +369,3 @@ def run_pipeline(setup: RunnerSetup, build: Callable[[beam.Pipeline], None]) -> 
         if message is not None:
             raise DatagenError(message) from e
         raise
-
-
-def provenance(setup: RunnerSetup, vocab: Vocab, vocab_bytes: bytes, do_lower_case: bool) -> dict[str, dict]:
-    """The manifest's "vocab" and "created_by" fields (keyword arguments of Manifest.build)."""
-    from bert_datagen.contract.manifest import VOCAB_NAME
-
-    return {"vocab": {"path": VOCAB_NAME, "sha256": hashlib.sha256(vocab_bytes).hexdigest(),
-                      "size": int(vocab.size), "do_lower_case": do_lower_case},
-            "created_by": {"runner": setup.runner, "python": platform.python_version()}}
-
-
-def write_dataset_files(out: outputs.DatasetOutput, manifest: Manifest, vocab_bytes: bytes) -> None:
-    """vocab.txt, the dataset card, then manifest.json, into the staging directory (the shards are there)."""
-    from bert_datagen.contract.manifest import VOCAB_NAME
-    from bert_datagen.pipelines.pretraining.card import write_card
-
-    fsio.write_atomic(fsio.join(out.staging, VOCAB_NAME), vocab_bytes)
-    write_card(out.directory, manifest, into=out.staging)
-    manifest.write(out.staging, fsio.BEAM_FS)

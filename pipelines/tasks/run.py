@@ -18,17 +18,16 @@ from bert_datagen.datagen.tasks import build
 from bert_datagen.datagen.tasks.config import TaskConfig
 from bert_datagen.datagen.tasks.features import task_feature_spec
 from bert_datagen.pipelines.beam import fsio
+from bert_datagen.pipelines.beam.driver import (
+    local_abspath,
+    manifest_provenance,
+    read_run_vocab,
+    staged_dataset,
+)
+from bert_datagen.pipelines.beam.errors import DatagenError
 from bert_datagen.pipelines.beam.runners import DIRECT, RunnerOptions, runner_setup
 from bert_datagen.pipelines.beam.split_checks import empty_training_split_error, unk_warning
-from bert_datagen.pipelines.pretraining.run import (
-    DatagenError,
-    local_abspath,
-    provenance,
-    read_vocab,
-    run_pipeline,
-    staged_dataset,
-    write_dataset_files,
-)
+from bert_datagen.pipelines.pretraining.run import run_pipeline
 from bert_datagen.pipelines.tasks.graph import (
     EXAMPLES_NAME,
     SUMMARY_PREFIX,
@@ -104,7 +103,7 @@ def generate_task_dataset(config: TaskConfig, *, splits: list[str], vocab_path: 
     start = time.monotonic()
     output_dir = local_abspath(output_dir).rstrip("/") or "/"
     split_files = match_splits(config, splits)
-    vocab, vocab_path, vocab_bytes = read_vocab(vocab_path)
+    vocab, vocab_path, vocab_bytes = read_run_vocab(vocab_path)
     inputs = [vocab_path, *(f for _, files in split_files for f in files)]
     with staged_dataset(output_dir, overwrite, inputs=inputs, split_dirs=[name for name, _ in split_files],
                         side_names=(EXAMPLES_NAME, WINDOWS_NAME)) as out:
@@ -114,6 +113,7 @@ def generate_task_dataset(config: TaskConfig, *, splits: list[str], vocab_path: 
 def _generate_into(out, config: TaskConfig, split_files: list[tuple[str, list[str]]], vocab, vocab_bytes: bytes,
                    splits: list[str], runner: RunnerOptions, part_examples: int | None, start: float) -> TaskResult:
     from bert_datagen.contract.manifest import Manifest
+    from bert_datagen.pipelines.tools.card import write_dataset_files
 
     staging = out.staging
     summary_path = fsio.join(staging, "work", f"{SUMMARY_PREFIX}{uuid.uuid4().hex}.json")
@@ -144,7 +144,7 @@ def _generate_into(out, config: TaskConfig, split_files: list[tuple[str, list[st
                 "features": sum(e["counts"].get("features", 0) for e in entries.values())},
         kind="task",
         extra={"task": _task_field(config, summary["labels"] or [])},
-        **provenance(setup, vocab, vocab_bytes, config.do_lower_case),
+        **manifest_provenance(setup, vocab, vocab_bytes, config.do_lower_case),
     )
     write_dataset_files(out, manifest, vocab_bytes)
     cpu = {k: round(float(v), 3) for k, v in sorted(summary["cpu"].items())}

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from bert_datagen.contract.fs import LOCAL_FS
 from bert_datagen.contract.manifest import CARD_NAME, Manifest
-from bert_datagen.pipelines.pretraining.card import render_card, write_card
+from bert_datagen.pipelines.tools.card import render_card, write_card
 from tests.support.synthetic import write_synthetic_dataset
 
 REPO = Path(__file__).resolve().parent.parent.parent
@@ -47,4 +47,4 @@ def card_writers() -> set[str]:
 
 
 def test_only_the_card_module_writes_the_card() -> None:
-    assert card_writers() == {"pipelines/pretraining/card.py"}
+    assert card_writers() == {"pipelines/tools/card.py"}

@@ -17,7 +17,7 @@ from benchmarks.bench_verify import MASK, fixture_instances, fixture_vocab, make
 from bert_datagen.contract.fs import LOCAL_FS  # noqa: E402
 from bert_datagen.contract.manifest import ManifestError, build_manifest, load_manifest, write_manifest  # noqa: E402
 from bert_datagen.datagen.tfrecord import frame_records  # noqa: E402
-from bert_datagen.pipelines.pretraining.card import render_card  # noqa: E402
+from bert_datagen.pipelines.tools.card import render_card  # noqa: E402
 from bert_datagen.pipelines.tools.cli import diff_command, inspect_command, stats_command, verify_command  # noqa: E402
 from tests.support.record_encoding import encode_batch  # noqa: E402
 

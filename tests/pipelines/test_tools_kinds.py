@@ -21,9 +21,9 @@ from bert_datagen.contract.features import PRETRAINING, TASK  # noqa: E402
 from bert_datagen.contract.fs import LOCAL_FS  # noqa: E402
 from bert_datagen.datagen.tasks.config import TaskConfig  # noqa: E402
 from bert_datagen.pipelines.cli import main  # noqa: E402
-from bert_datagen.pipelines.pretraining.card import render_card  # noqa: E402
 from bert_datagen.pipelines.tasks.run import generate_task_dataset  # noqa: E402
 from bert_datagen.pipelines.tools import kinds  # noqa: E402
+from bert_datagen.pipelines.tools.card import render_card  # noqa: E402
 from tests.support.pipeline_corpus import write_vocab  # noqa: E402
 from tests.support.taskdata_corpus import write_pair_tsv  # noqa: E402
 
