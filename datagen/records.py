@@ -70,7 +70,8 @@ class InstanceBatch:
 # ---------------------------------------------------------------- varints
 
 
-def _varint(value: int) -> bytes:
+def varint(value: int) -> bytes:
+    """The protobuf varint of one value (negative int64 values as their two's complement, 10 bytes)."""
     out = bytearray()
     value &= (1 << 64) - 1
     while value >= 0x80:
@@ -84,7 +85,7 @@ def _varint(value: int) -> bytes:
 def _key_bytes(name: str) -> bytes:
     """A feature map entry's key field: tag, length, name."""
     raw = name.encode()
-    return b"\x0a" + _varint(len(raw)) + raw
+    return b"\x0a" + varint(len(raw)) + raw
 
 
 # ---------------------------------------------------------------- slot encoding

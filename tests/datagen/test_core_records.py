@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from bert_datagen.datagen import example_exact, record_layout, records, tfrecord
-from tests.support.record_encoding import encode_batch, varint
+from tests.support.record_encoding import encode_batch
 
 
 def _batch(n: int = 4, seq: int = 16, preds: int = 3, seed: int = 0) -> records.InstanceBatch:
@@ -37,7 +37,7 @@ def test_encode_decode_round_trip() -> None:
 def test_varints_match_reference_encoder() -> None:
     values = np.array([[0, 1, 127, 128, 300, 16383, 16384, 2**21, 2**35, 2**63 - 1]], dtype=np.uint64)
     (slots, keep), counts = records._varint_slots(values)
-    expected = b"".join(varint(int(v)) for v in values[0])
+    expected = b"".join(records.varint(int(v)) for v in values[0])
     assert slots[keep].tobytes() == expected and counts.tolist() == [len(expected)]
 
 

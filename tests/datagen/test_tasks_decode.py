@@ -6,9 +6,10 @@ from __future__ import annotations
 import numpy as np
 
 from bert_datagen.datagen.example_codec import decode_batch, decode_exact
+from bert_datagen.datagen.records import varint
 from bert_datagen.datagen.tasks.config import TaskConfig
 from bert_datagen.datagen.tasks.features import task_feature_spec
-from tests.support.record_encoding import encode_payloads, varint
+from tests.support.record_encoding import encode_payloads
 from tests.support.taskdata_fixtures import build_file, minilm_tokenizer, task_file
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from bert_datagen.datagen.records import varint
 from bert_datagen.datagen.varint_rows import decode_varint_rows, rows_at
-from tests.support.record_encoding import varint
 
 
 def _packed(values: list[int]) -> bytes:

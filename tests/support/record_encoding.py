@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 from bert_datagen.datagen.record_layout import FLOAT_FEATURES
-from bert_datagen.datagen.records import InstanceBatch, frame_columns
+from bert_datagen.datagen.records import InstanceBatch, frame_columns, varint
 
 HEADER, FOOTER = 12, 4  # a TFRecord's length and its CRC; the payload's CRC
 
@@ -26,17 +26,7 @@ def encode_batch(batch: InstanceBatch) -> list[bytes]:
 
 
 # ---------------------------------------------------------------- the reference
-# Scalar varints, value by value: independent of the vectorized slot encoder they check.
-
-
-def varint(value: int) -> bytes:
-    out = bytearray()
-    value &= (1 << 64) - 1
-    while value >= 0x80:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
+# Records built value by value with scalar varints: independent of the vectorized slot encoder they check.
 
 
 def length_delimited(field: int, payload: bytes) -> bytes:
