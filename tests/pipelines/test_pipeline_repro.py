@@ -147,6 +147,6 @@ def test_killed_run_leaves_nothing_that_looks_complete(tmp_path) -> None:
     assert rerun.returncode == 0, err
     assert (out / "manifest.json").exists()
     listed = [p for split in manifest_of(out)["splits"].values() for s in split["shards"]
-              for p in (s["path"], s["index"]["path"])]
+              for p in (s["path"], s["index"]["path"], s["index"]["blocks"]["path"])]
     on_disk = sorted(p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file())
     assert on_disk == sorted(["README.md", "manifest.json", "vocab.txt", *listed])
