@@ -10,9 +10,6 @@ Its state is one number, the next global step, so it resumes at any step and int
 
 from __future__ import annotations
 
-import os
-from concurrent.futures import Future, ThreadPoolExecutor
-
 import numpy as np
 
 from bert_datagen.contract.bounds import max_batches
@@ -25,6 +22,7 @@ from bert_datagen.contract.loading.order import (
     check_world,
     positions_array,
 )
+from bert_datagen.contract.loading.read_ahead import ReadAhead
 from bert_datagen.contract.loading.source import Fetched, LoadError, Source
 from bert_datagen.contract.loading.stepping import Stepping, check_reader_arguments, local_world
 from bert_datagen.datagen.dynamic import mask_records
@@ -85,8 +83,7 @@ class NumpyBatches(Stepping):
         self._next_store = 0
         self._oldest_window = -1
         self.prefetch = any(is_remote(s.path) for s in source.shards) if prefetch is None else bool(prefetch)
-        self._pool: tuple[int, ThreadPoolExecutor] | None = None  # (the process it belongs to, the pool)
-        self._pending: tuple[list[tuple[int, int, int]], Future] | None = None  # (ranges, their fetch)
+        self._ahead = ReadAhead("bert-datagen-prefetch")  # keyed by the ranges it fetches
 
     # ------------------------------------------------------------ iteration
 
@@ -203,7 +200,7 @@ class NumpyBatches(Stepping):
             return
         ranges, position, rows = plan
         src = self.source
-        fetched = self._take_prefetched(ranges)
+        fetched = self._ahead.take(ranges)  # the ranges' bytes when they were read ahead
         if fetched is None:
             fetched = src.fetch(ranges)
         # The bytes are in hand: checked that the dataset is still the one opened (they are then
@@ -273,25 +270,8 @@ class NumpyBatches(Stepping):
         if self.stop is not None and epoch * o.total + window * window_len >= self.stop * B:
             return
         plan = self._plan(*self._window_share(epoch, window))
-        if plan is None or self._pending is not None and self._pending[0] == plan[0]:
-            return
-        if self._pool is None or self._pool[0] != os.getpid():  # none yet, or one a fork left behind
-            self._pool = (os.getpid(), ThreadPoolExecutor(1, thread_name_prefix="bert-datagen-prefetch"))
-        self._pending = (plan[0], self._pool[1].submit(self.source.fetch, plan[0]))
-
-    def _take_prefetched(self, ranges: list[tuple[int, int, int]]) -> Fetched | None:
-        """The fetched bytes of exactly these ranges when they were read ahead (their errors raised
-        here), else None; a read-ahead of other ranges is dropped."""
-        pending, self._pending = self._pending, None
-        if pending is None or pending[0] != ranges:
-            return None
-        return pending[1].result()
-
-    def __getstate__(self) -> dict:
-        # A DataLoader worker gets a copy: without the thread and what it was reading.
-        state = dict(self.__dict__)
-        state["_pool"] = state["_pending"] = None
-        return state
+        if plan is not None:
+            self._ahead.start(plan[0], self.source.fetch, plan[0])
 
     def _evict(self, positions: np.ndarray) -> None:
         # Keep the records of the windows this batch is in; a run moves forward through windows.

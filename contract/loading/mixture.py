@@ -28,9 +28,7 @@ import hashlib
 import json
 import math
 import numbers
-import os
 from collections.abc import Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
 from functools import lru_cache
 
 import numpy as np
@@ -45,6 +43,7 @@ from bert_datagen.contract.loading.order import (
     permutation,
     positions_array,
 )
+from bert_datagen.contract.loading.read_ahead import ReadAhead
 from bert_datagen.contract.loading.source import Fetched, LoadError, Source
 from bert_datagen.contract.loading.stepping import Stepping, check_reader_arguments, local_world
 from bert_datagen.contract.manifest import Manifest, ManifestError
@@ -165,8 +164,7 @@ class MixedBatches(Stepping):
         self._span: tuple[int, np.ndarray, dict[str, np.ndarray]] | None = None  # (span, positions, rows)
         self.prefetch = (any(is_remote(f.path) for s in sources for f in s.shards) if prefetch is None
                          else bool(prefetch))
-        self._pool: tuple[int, ThreadPoolExecutor] | None = None  # (the process it belongs to, the pool)
-        self._pending: tuple[int, Future] | None = None  # (span, its fetch)
+        self._ahead = ReadAhead("bert-datagen-mix-prefetch")  # keyed by the span it fetches
 
     # ------------------------------------------------------------ where each position reads
 
@@ -195,7 +193,7 @@ class MixedBatches(Stepping):
         if self._span is None or self._span[0] != span:
             self._span = None  # the old span's memory goes before the new one is read
             positions = self._span_positions(span)
-            self._span = (span, positions, self._read(positions, self._take_prefetched(span)))
+            self._span = (span, positions, self._read(positions, self._ahead.take(span)))
             if self.prefetch:
                 self._prefetch(span + 1)
         _, positions, rows = self._span
@@ -258,22 +256,7 @@ class MixedBatches(Stepping):
         current span's batches are used)."""
         if self.stop is not None and span * self.span_steps >= self.stop:
             return
-        if self._pool is None or self._pool[0] != os.getpid():  # none yet, or one a fork left behind
-            self._pool = (os.getpid(), ThreadPoolExecutor(1, thread_name_prefix="bert-datagen-mix-prefetch"))
-        self._pending = (span, self._pool[1].submit(self._fetch, self._span_positions(span)))
-
-    def _take_prefetched(self, span: int) -> list[tuple[np.ndarray, Fetched, np.ndarray]] | None:
-        """The span's fetched records when they were read ahead (their errors raised here), else None."""
-        pending, self._pending = self._pending, None
-        if pending is None or pending[0] != span:
-            return None
-        return pending[1].result()
-
-    def __getstate__(self) -> dict:
-        # A DataLoader worker gets a copy: without the thread and what it was reading.
-        state = dict(self.__dict__)
-        state["_pool"] = state["_pending"] = None
-        return state
+        self._ahead.start(span, self._fetch, self._span_positions(span))
 
     # ------------------------------------------------------------ state
 
