@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from bert_datagen.contract.dataset import ShardRef
+from bert_datagen.contract.dataset import Dataset, ShardRef
 from bert_datagen.contract.features import PRETRAINING, TASK, word_segmented
 from bert_datagen.contract.loading.source import (
     LoadError,
@@ -48,29 +48,65 @@ from bert_datagen.trainer.runtime.ordered_input import data_error
 
 @dataclass
 class DatasetInfo:
+    """Pre-training's reading of ``--data``: the dataset the contract opened (``dataset``; None for
+    TFRecord globs of the original tool), with what the trainer derives from it: the lengths a
+    sequence has (a packed row's predictions per sequence), each split's files and record counts,
+    the identity runs record. What the manifest says is read from it, not copied."""
+
     source: str
     max_seq_length: int
     max_predictions_per_seq: int
     train_files: list[str]
     eval_files: list[str] = field(default_factory=list)
-    vocab_size: int | None = None
-    train_records: int | None = None
-    eval_records: int | None = None
+    train_records: int | None = None  # the manifest's, else counted once (`split_records`)
     train_counts: list[int] | None = None  # records of each train file (manifest, else counted once)
-    manifest: Manifest | None = None
+    dataset: Dataset | None = None
     identity: dict = field(default_factory=dict)  # {"fingerprint", "shards"}: see dataset_identity
-    objective: str = "nsp"  # from the manifest's config: nsp | doc-sentences | full-sentences
-    masking: str = "static"  # static | dynamic (the input pipeline masks, bert_datagen.trainer.pretrain.dynamic_input)
     # Packed rows (`bert-datagen run --packing`): the most sequences per row; 0 = one per record.
     sequences_per_row: int = 0
-    # Data of a word segmenter: with dynamic masking its records carry `word_continues_bits`.
-    word_segmented: bool = False
     # The manifest as it was before it was read (`manifest_version`): what `check_unchanged` and the
     # training input compare with, so that a replaced dataset stops the run. None: TFRecord globs.
     manifest_version: str | None = None
-    train_refs: list[ShardRef] | None = None  # the train shards as the manifest lists them (sizes, indexes)
-    eval_refs: list[ShardRef] | None = None
-    eval_counts: list[int] | None = None
+
+    @property
+    def manifest(self) -> Manifest | None:
+        return None if self.dataset is None else self.dataset.manifest
+
+    @property
+    def vocab_size(self) -> int | None:
+        return None if self.manifest is None else self.manifest.vocab.size
+
+    @property
+    def eval_records(self) -> int | None:
+        return None if self.manifest is None else self.manifest.split_records("eval")
+
+    @property
+    def objective(self) -> str:
+        """nsp | doc-sentences | full-sentences (TFRecord globs: the original's nsp)."""
+        return "nsp" if self.manifest is None else data_kind(self.manifest)[0]
+
+    @property
+    def masking(self) -> str:
+        """static | dynamic (the input pipeline masks, bert_datagen.trainer.pretrain.dynamic_input)."""
+        return "static" if self.manifest is None else data_kind(self.manifest)[1]
+
+    @property
+    def word_segmented(self) -> bool:
+        """Data of a word segmenter: with dynamic masking its records carry `word_continues_bits`."""
+        return self.manifest is not None and word_segmented(self.manifest.config)
+
+    @property
+    def train_refs(self) -> list[ShardRef] | None:
+        """The train shards as the manifest lists them (sizes, indexes)."""
+        return None if self.dataset is None else self.dataset.split_shards("train")
+
+    @property
+    def eval_refs(self) -> list[ShardRef] | None:
+        return None if self.dataset is None else self.dataset.split_shards("eval")
+
+    @property
+    def eval_counts(self) -> list[int] | None:
+        return None if self.dataset is None else [r.expected.records for r in self.dataset.split_shards("eval")]  # type: ignore[union-attr]
 
     @property
     def has_nsp(self) -> bool:
@@ -239,19 +275,15 @@ def _from_manifest(directory: str) -> DatasetInfo:
         return [ref.path for ref in ds.split_shards(split)], records
 
     train, n_train = split_files("train")
-    evals, n_eval = split_files("eval")
+    evals, _ = split_files("eval")
     if not train:
         raise DataError(f"{directory}/manifest.json: the train split has no shards")
     for ref in ds.split_shards("train") + ds.split_shards("eval"):
         check_shard_file(ref.path, ref.expected.bytes, f"{directory}/{MANIFEST_NAME}")  # type: ignore[union-attr]
-    vocab = manifest.vocab
     return DatasetInfo(source=directory, max_seq_length=seq_len, max_predictions_per_seq=max_pred,
-                       train_files=train, eval_files=evals, vocab_size=vocab.size,
-                       train_records=n_train, train_counts=[r.expected.records for r in ds.split_shards("train")],  # type: ignore[union-attr]
-                       eval_records=n_eval, manifest=manifest, objective=objective, masking=masking,
-                       sequences_per_row=sequences, word_segmented=segmented, manifest_version=version,
-                       train_refs=ds.split_shards("train"), eval_refs=ds.split_shards("eval"),
-                       eval_counts=[r.expected.records for r in ds.split_shards("eval")])  # type: ignore[union-attr]
+                       train_files=train, eval_files=evals, train_records=n_train,
+                       train_counts=[r.expected.records for r in ds.split_shards("train")],  # type: ignore[union-attr]
+                       dataset=ds, sequences_per_row=sequences, manifest_version=version)
 
 
 def packed_sequences(manifest: Manifest, where: str) -> int:
