@@ -43,8 +43,9 @@ _ALIASES = {name.lower(): name for name in RUNNERS} | {
     "dataflow": "DataflowRunner",
     "portable": "PortableRunner",
 }
-# Beam resolves only its built-in runners by short name; Dask needs the qualified class path.
-DASK_RUNNER_PATH = "apache_beam.runners.dask.dask_runner.DaskRunner"
+# Beam resolves only its built-in runners by short name; on Dask we run our subclass of Beam's runner
+# (balanced partitions: pipelines/beam/dask_runner.py), named by its qualified class path.
+DASK_RUNNER_PATH = "bert_datagen.pipelines.beam.dask_runner.BalancedDaskRunner"
 PACKAGE_ROOT = Path(__file__).resolve().parent.parent.parent
 DASK_PARTITIONS_PER_WORKER = 4  # small tasks, so a worker that finishes early takes another
 
@@ -325,7 +326,10 @@ def local_dask_cluster(workers: int) -> Iterator[str]:
     # Each worker also samples its own stack every 10 ms for the dashboard's profile, and this cluster
     # has no dashboard (100x enwiki on two workers, one pair of runs: 433 CPU s with it, 405 without;
     # at 10x the difference is within run-to-run noise).
-    settings = {"distributed.nanny.pre-spawn-environ": environ, "distributed.worker.profile.enabled": False}
+    # A worker is handed its next task when it finishes one (Dask's default 1.1 queues a second on a
+    # one-thread worker, which may then wait while the other worker idles at the end of a stage).
+    settings = {"distributed.nanny.pre-spawn-environ": environ, "distributed.worker.profile.enabled": False,
+                "distributed.scheduler.worker-saturation": 1.0}
     with dask.config.set(settings):
         cluster = LocalCluster(n_workers=workers, threads_per_worker=1, processes=True,
                                dashboard_address=None, silence_logs=40)

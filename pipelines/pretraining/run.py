@@ -204,7 +204,9 @@ def build_pipeline(p: beam.Pipeline, plan: PipelinePlan, read: ReadSummary) -> N
     parts = (
         staged
         | "FanOutPasses" >> beam.FlatMap(fan_out_passes, config.dupe_factor)
-        | "SpreadTasks" >> Spread()
+        # At most a task per (pool, pass): on Dask a partition each, so none waits behind another.
+        | "SpreadTasks" >> Spread(config.dupe_factor * sum(
+            read.num_pools[split] + len(read.pool_cuts.get(split, ())) for split in read.num_pools))
         | "BuildInstances" >> beam.ParDo(BuildInstances(config, plan.vocab, plan.staging_dir, read.num_shards,
                                                         plan.show_progress))
     )
