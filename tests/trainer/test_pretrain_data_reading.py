@@ -1,4 +1,4 @@
-"""Pre-training's reading of --data (trainer/pretrain/data.py's DatasetInfo) holds the dataset the
+"""Pre-training's reading of --data (trainer/pretrain/dataset_info.py's DatasetInfo) holds the dataset the
 contract opened and reads what its manifest says from it (issue #45: not a third copy of the
 manifest's facts beside Manifest and Dataset)."""
 
@@ -11,7 +11,8 @@ import pytest
 pytest.importorskip("tensorflow")
 
 from bert_datagen.contract.dataset import Dataset  # noqa: E402
-from bert_datagen.trainer.pretrain.data import DatasetInfo, open_pretraining_data  # noqa: E402
+from bert_datagen.trainer.pretrain.data import open_pretraining_data  # noqa: E402
+from bert_datagen.trainer.pretrain.dataset_info import DatasetInfo  # noqa: E402
 from tests.support.synthetic import write_synthetic_dataset  # noqa: E402
 
 READ_FROM_THE_MANIFEST = ("manifest", "vocab_size", "eval_records", "objective", "masking", "word_segmented",

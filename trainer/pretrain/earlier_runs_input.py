@@ -19,7 +19,7 @@ import tensorflow as tf
 from bert_datagen.datagen.record_layout import INSTANCE_KEY, feature_spec
 from bert_datagen.trainer.errors import CheckpointError, TrainConfigError
 from bert_datagen.trainer.pretrain.config import TrainConfig
-from bert_datagen.trainer.pretrain.data import DatasetInfo
+from bert_datagen.trainer.pretrain.dataset_info import DatasetInfo
 from bert_datagen.trainer.runtime.checkpoint import INPUT_PREFIX
 from bert_datagen.trainer.runtime.rundir import TRAIN_CONFIG_FILE
 

@@ -13,13 +13,13 @@ from bert_datagen.trainer.interop.tf1 import checkpoint_step
 from bert_datagen.trainer.model.bert import BertPretrainer
 from bert_datagen.trainer.model.config import BertConfig
 from bert_datagen.trainer.pretrain.data import (
-    DatasetInfo,
     check_fits,
     check_split_size,
     check_unchanged,
     eval_batches,
     open_pretraining_data,
 )
+from bert_datagen.trainer.pretrain.dataset_info import DatasetInfo
 from bert_datagen.trainer.pretrain.objective import losses_from_sums
 from bert_datagen.trainer.pretrain.step import eval_sums
 from bert_datagen.trainer.runtime import checkpoint as ckpt_lib

@@ -9,7 +9,6 @@ from bert_datagen.trainer.errors import DataError, TrainingError
 from bert_datagen.trainer.model.config import BertConfig
 from bert_datagen.trainer.pretrain.config import TrainConfig
 from bert_datagen.trainer.pretrain.data import (
-    DatasetInfo,
     check_first_records,
     check_fits,
     check_split_size,
@@ -17,6 +16,7 @@ from bert_datagen.trainer.pretrain.data import (
     open_pretraining_data,
     training_source,
 )
+from bert_datagen.trainer.pretrain.dataset_info import DatasetInfo
 
 __all__ = ["MIXTURE_FEATURE", "check_resumed_mixture", "mixed_batches"]
 

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from bert_datagen.contract.manifest import MANIFEST_NAME
 from bert_datagen.trainer.errors import DataError
 from bert_datagen.trainer.pretrain.config import TrainConfig
-from bert_datagen.trainer.pretrain.data import DatasetInfo
+from bert_datagen.trainer.pretrain.dataset_info import DatasetInfo
 from bert_datagen.trainer.runtime import gfs
 from bert_datagen.trainer.runtime.dataset_dir import load_dataset_manifest
 

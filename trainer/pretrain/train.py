@@ -31,7 +31,6 @@ from bert_datagen.trainer.interop.restore import init_weights_from, load_init_ch
 from bert_datagen.trainer.model.config import BertConfig
 from bert_datagen.trainer.pretrain.config import TrainConfig
 from bert_datagen.trainer.pretrain.data import (
-    DatasetInfo,
     check_first_records,
     check_fits,
     check_split_size,
@@ -42,6 +41,7 @@ from bert_datagen.trainer.pretrain.data import (
     training_source,
     with_sequence_weights,
 )
+from bert_datagen.trainer.pretrain.dataset_info import DatasetInfo
 from bert_datagen.trainer.pretrain.evaluate import evaluate_model
 from bert_datagen.trainer.pretrain.mixture_input import MIXTURE_FEATURE, check_resumed_mixture, mixed_batches
 from bert_datagen.trainer.pretrain.objective import losses_from_sums
