@@ -9,6 +9,7 @@ groups evenly; the dealing is deterministic and never changes a byte.
 from __future__ import annotations
 
 import os
+import pickle
 import random
 import uuid
 
@@ -143,3 +144,51 @@ def test_one_and_two_dask_workers_write_the_direct_runners_bytes(tmp_path) -> No
         digests[name] = shard_digests(tmp_path / name)
     assert digests["dask-1"] == digests["direct"] == digests["dask-2"]
     assert len(digests["direct"]) >= 4  # train and eval shards, and the index files beside them
+
+
+class _Heavy:
+    """A DoFn that carries a vocab-sized payload, as ReadFiles and BuildInstances carry the vocab."""
+
+    def dofn(self):
+        import apache_beam as beam
+
+        class Heavy(beam.DoFn):
+            payload = None
+
+            def __init__(self) -> None:
+                self.payload = [f"token{i}" for i in range(30_000)]
+
+            def process(self, element):
+                yield element, len(self.payload)
+
+        return Heavy()
+
+
+def _task_sizes(runner_class) -> list[int]:
+    """The pickled size of each task of a Create -> ParDo pipeline's Dask graph, as the scheduler
+    sends them to the workers one by one."""
+    import apache_beam as beam
+    import cloudpickle
+    from apache_beam.runners.dask.overrides import dask_overrides
+
+    pipeline = beam.Pipeline()
+    pipeline | beam.Create(list(range(12))) | beam.ParDo(_Heavy().dofn())
+    pipeline.replace_all(dask_overrides())
+    visitor = runner_class.to_dask_bag_visitor({"npartitions": 4})
+    pipeline.visit(visitor)
+    graph = dict(list(visitor.bags.values())[-1].__dask_graph__())
+    return [len(cloudpickle.dumps(task)) for task in graph.values()]
+
+
+def test_a_dofn_goes_to_the_workers_once_not_in_every_task() -> None:
+    pytest.importorskip("distributed")
+    from apache_beam.runners.dask.dask_runner import DaskRunner
+
+    from bert_datagen.pipelines.beam.dask_runner import BalancedDaskRunner
+
+    payload = len(pickle.dumps([f"token{i}" for i in range(30_000)]))
+    beams = _task_sizes(DaskRunner)
+    assert sum(size > payload for size in beams) >= 4  # Beam's: the DoFn in each partition's task
+    ours = _task_sizes(BalancedDaskRunner)
+    assert len(ours) == 3 * 12 + 1  # a partition a Create element, its two maps, and the shared DoFn
+    assert sum(size > payload for size in ours) == 1
