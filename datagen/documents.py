@@ -9,10 +9,10 @@ the eval split, instance keys and every random draw hang off it.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Iterator, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -37,6 +37,18 @@ def split_marks(ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 class BatchTokenizer(Protocol):
     def encode_batch_ids(self, texts: Sequence[str]) -> list[np.ndarray]: ...
+
+
+@runtime_checkable
+class StagedTokenizer(BatchTokenizer, Protocol):
+    """A batch tokenizer whose ``encode_batch_ids`` is ``finish_batch(b, run_batch(b))`` with
+    ``b = start_batch(texts)``, where only ``run_batch`` runs without the GIL (``BertTokenizer``)."""
+
+    def start_batch(self, texts: Sequence[str]) -> Any: ...
+
+    def run_batch(self, batch: Any) -> Any: ...
+
+    def finish_batch(self, batch: Any, encodings: Any) -> list[np.ndarray]: ...
 
 
 @dataclass
@@ -100,29 +112,36 @@ def tokenize_document_batches(
     and splits the next one and packs the one before: the Rust tokenizer releases the GIL, and
     reading and sentence splitting are Python, so a worker that has the machine to itself (its
     tokenizer already free to use every core) keeps a second core busy instead of idle while it
-    splits. Only encoding moves to the thread; every count in ``stats`` is still made here.
+    splits. A ``StagedTokenizer`` keeps its Python steps here too, so the thread only waits on Rust
+    and the two threads do not pass the GIL back and forth. Every count in ``stats`` is made here.
     """
     if not overlap:
         for raws in batches:
             yield tokenize_documents(raws, tokenizer, config, stats)
         return
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="tokenize") as encoder:
-        pending: tuple[list[list[str]], list[str], Future] | None = None
+        pending: tuple[list[list[str]], list[str], Callable[[], Sequence[np.ndarray]]] | None = None
         for raws in batches:
             per_doc = [document_sentences(raw, config) for raw in raws]
             flat = [s for sentences in per_doc for s in sentences]
-            job = encoder.submit(tokenizer.encode_batch_ids, flat) if flat else _done([])
+            encoded = _encode_in(encoder, tokenizer, flat)
             if pending is not None:
-                yield _pack(*pending[:2], pending[2].result(), tokenizer, config, stats)
-            pending = (per_doc, flat, job)
+                yield _pack(pending[0], pending[1], pending[2](), tokenizer, config, stats)
+            pending = (per_doc, flat, encoded)
         if pending is not None:
-            yield _pack(*pending[:2], pending[2].result(), tokenizer, config, stats)
+            yield _pack(pending[0], pending[1], pending[2](), tokenizer, config, stats)
 
 
-def _done(value: object) -> Future:
-    future: Future = Future()
-    future.set_result(value)
-    return future
+def _encode_in(encoder: ThreadPoolExecutor, tokenizer: BatchTokenizer, texts: list[str]
+               ) -> Callable[[], Sequence[np.ndarray]]:
+    """Start encoding ``texts`` in ``encoder``; the function returned waits for their ids."""
+    if not texts:
+        return list
+    if isinstance(tokenizer, StagedTokenizer):
+        batch = tokenizer.start_batch(texts)
+        job = encoder.submit(tokenizer.run_batch, batch)
+        return lambda: tokenizer.finish_batch(batch, job.result())
+    return encoder.submit(tokenizer.encode_batch_ids, texts).result
 
 
 def _pack(per_doc: list[list[str]], flat: list[str], encoded: Sequence[np.ndarray], tokenizer: BatchTokenizer,

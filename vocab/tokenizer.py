@@ -20,6 +20,7 @@ import os
 import re
 import threading
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 from tokenizers import Tokenizer, models, pre_tokenizers
@@ -55,6 +56,15 @@ def _one_rust_thread() -> Iterator[None]:
 def _wordpiece(vocab: Vocab) -> models.WordPiece:
     return models.WordPiece(vocab.vocab_dict, unk_token=UNK_TOKEN,
                             max_input_chars_per_word=MAX_INPUT_CHARS_PER_WORD)
+
+
+@dataclass
+class EncodeBatch:
+    """A batch between ``BertTokenizer.start_batch`` and ``finish_batch``: its size, and per Rust
+    call the tokenizer, the texts' positions, its inputs and whether they are words already."""
+
+    size: int
+    calls: list[tuple[Tokenizer, list[int], list, bool]]
 
 
 class BasicTokenizer:
@@ -145,30 +155,41 @@ class BertTokenizer:
 
     def encode_batch_ids(self, texts: Sequence[str]) -> list[np.ndarray]:
         """WordPiece ids (int32) of each text."""
-        if self.single_thread:
-            with _one_rust_thread():
-                return self._encode_batch_ids(texts)
-        return self._encode_batch_ids(texts)
+        batch = self.start_batch(texts)
+        return self.finish_batch(batch, self.run_batch(batch))
 
-    def _encode_batch_ids(self, texts: Sequence[str]) -> list[np.ndarray]:
+    # A batch in three steps, for a caller that runs the middle one in a thread of its own: only it
+    # runs without the GIL (Rust), so the Python steps before and after stay on the caller's thread
+    # and the two threads do not take the GIL from each other.
+    def start_batch(self, texts: Sequence[str]) -> EncodeBatch:
+        """Each text's path and the inputs of each path's Rust call (Python work)."""
         texts = list(texts)
         plain = np.fromiter((t.isascii() and _ASCII_CONTROL.search(t) is None for t in texts), dtype=bool,
                             count=len(texts))
         exact = self.basic.exact_path_flags(texts)  # never true for ASCII text
-        out: list[np.ndarray | None] = [None] * len(texts)
-
-        def encode(tokenizer: Tokenizer, idx: np.ndarray, inputs, **kwargs) -> None:
+        lower = str.lower if self.do_lower_case else str
+        calls = []
+        for tokenizer, idx, inputs, pretokenized in (
+                (self._plain, np.flatnonzero(plain), lambda i: lower(texts[i]), False),
+                (self._full, np.flatnonzero(~plain & ~exact), lambda i: texts[i], False),
+                (self._words, np.flatnonzero(exact), lambda i: self._exact_words(texts[i]), True)):
             idx_list = idx.tolist()
             if idx_list:
-                encodings = tokenizer.encode_batch_fast(inputs(idx_list), add_special_tokens=False, **kwargs)
-                for i, enc in zip(idx_list, encodings, strict=True):
-                    out[i] = np.array(enc.ids, dtype=np.int32)
+                calls.append((tokenizer, idx_list, [inputs(i) for i in idx_list], pretokenized))
+        return EncodeBatch(len(texts), calls)
 
-        lower = str.lower if self.do_lower_case else str
-        encode(self._plain, np.flatnonzero(plain), lambda idx: [lower(texts[i]) for i in idx])
-        encode(self._full, np.flatnonzero(~plain & ~exact), lambda idx: [texts[i] for i in idx])
-        encode(self._words, np.flatnonzero(exact), lambda idx: [self._exact_words(texts[i]) for i in idx],
-               is_pretokenized=True)
+    def run_batch(self, batch: EncodeBatch) -> list[list]:
+        """The Rust calls of a started batch: their encodings (the GIL is released while they run)."""
+        with _one_rust_thread() if self.single_thread else contextlib.nullcontext():
+            return [tokenizer.encode_batch_fast(inputs, add_special_tokens=False, is_pretokenized=pretokenized)
+                    for tokenizer, _, inputs, pretokenized in batch.calls]
+
+    def finish_batch(self, batch: EncodeBatch, encodings: list[list]) -> list[np.ndarray]:
+        """Each text's ids, in the order of the texts (Python work)."""
+        out: list[np.ndarray | None] = [None] * batch.size
+        for (_, idx_list, _, _), encoded in zip(batch.calls, encodings, strict=True):
+            for i, enc in zip(idx_list, encoded, strict=True):
+                out[i] = np.array(enc.ids, dtype=np.int32)
         return out  # type: ignore[return-value]
 
     def encode_ids(self, text: str) -> np.ndarray:

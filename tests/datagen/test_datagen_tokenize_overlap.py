@@ -54,13 +54,15 @@ def test_same_documents_and_counts_as_batch_by_batch(shared_corpora, tokenizer, 
 
 
 class _WaitsForNextBatch:
-    """The real tokenizer, whose encoding of a batch waits until the batch after it has been taken
-    from the input: it finishes at once only if encoding runs while the next batch is read."""
+    """The real tokenizer in its three steps, whose Rust step for a batch waits until the batch after
+    it has been taken from the input: it finishes at once only if encoding runs while the next
+    batch is read. Records the thread of every step."""
 
-    def __init__(self, tokenizer: BertTokenizer) -> None:
-        self.tokenizer = tokenizer
+    def __init__(self, tokenizer: BertTokenizer, last: int, expect_serial: bool) -> None:
+        self.tokenizer, self.last, self.expect_serial = tokenizer, last, expect_serial
         self.taken = [threading.Event() for _ in range(64)]
         self.overlapped: list[bool] = []
+        self.threads: dict[str, set[str]] = {"start": set(), "run": set(), "finish": set()}
         self.calls = 0
 
     def batches(self, batches: list[list[RawDocument]]) -> Iterator[list[RawDocument]]:
@@ -69,20 +71,43 @@ class _WaitsForNextBatch:
             yield batch
 
     def encode_batch_ids(self, texts: Sequence[str]) -> list[np.ndarray]:
+        batch = self.start_batch(texts)
+        return self.finish_batch(batch, self.run_batch(batch))
+
+    def start_batch(self, texts: Sequence[str]):
+        self.threads["start"].add(threading.current_thread().name)
+        return self.tokenizer.start_batch(texts)
+
+    def run_batch(self, batch):
+        self.threads["run"].add(threading.current_thread().name)
         k, self.calls = self.calls, self.calls + 1
-        last = k == self.last
-        self.overlapped.append(last or self.taken[k + 1].wait(timeout=0.5 if self.expect_serial else 30))
-        return self.tokenizer.encode_batch_ids(texts)
+        self.overlapped.append(k == self.last or self.taken[k + 1].wait(timeout=0.5 if self.expect_serial else 30))
+        return self.tokenizer.run_batch(batch)
+
+    def finish_batch(self, batch, encodings) -> list[np.ndarray]:
+        self.threads["finish"].add(threading.current_thread().name)
+        return self.tokenizer.finish_batch(batch, encodings)
 
 
 def test_next_batch_is_read_while_this_one_is_encoded(tokenizer):
     config = DatagenConfig()
     raws = [RawDocument("d", i, paragraphs=[f"Document {i} is here. It has {i} words in all."]) for i in range(20)]
+    here = threading.current_thread().name
     for overlap in (True, False):
-        slow = _WaitsForNextBatch(tokenizer)
-        slow.last, slow.expect_serial = 3, not overlap
+        slow = _WaitsForNextBatch(tokenizer, last=3, expect_serial=not overlap)
         out = list(itertools.chain.from_iterable(
             tokenize_document_batches(slow.batches(_batches(raws, 5)), slow, config, {}, overlap=overlap)))
         assert _same(out, tokenize_documents(raws, tokenizer, config, {}))
         # Overlapped, every encoding but the last ran while the next batch was taken; in turn, none did.
         assert slow.overlapped == ([True] * 4 if overlap else [False, False, False, True])
+        # Only the Rust step leaves this thread: the Python steps never contend for the GIL with it.
+        assert slow.threads["start"] == slow.threads["finish"] == {here}
+        assert (slow.threads["run"] != {here}) == overlap
+
+
+def test_staged_steps_give_encode_batch_ids(tokenizer):
+    texts = ["Plain ASCII text.", "Café au lait, naïve.", "\ue000 private use", "ΣΊΣΥΦΟΣ", "", "tab\there\x07"]
+    batch = tokenizer.start_batch(texts)
+    staged = tokenizer.finish_batch(batch, tokenizer.run_batch(batch))
+    assert [a.tolist() for a in staged] == [tokenizer.encode_ids(t).tolist() for t in texts]
+    assert len({call[0] for call in batch.calls}) == 3  # the plain, full and exact paths all taken
