@@ -192,3 +192,45 @@ def test_a_dofn_goes_to_the_workers_once_not_in_every_task() -> None:
     ours = _task_sizes(BalancedDaskRunner)
     assert len(ours) == 3 * 12 + 1  # a partition a Create element, its two maps, and the shared DoFn
     assert sum(size > payload for size in ours) == 1
+
+
+def _last_bag(runner_class, build, npartitions: int = 4):
+    import apache_beam as beam
+    from apache_beam.runners.dask.overrides import dask_overrides
+
+    pipeline = beam.Pipeline()
+    build(pipeline)
+    pipeline.replace_all(dask_overrides())
+    visitor = runner_class.to_dask_bag_visitor({"npartitions": npartitions})
+    pipeline.visit(visitor)
+    return list(visitor.bags.values())[-1]
+
+
+def test_a_groupbykey_makes_at_most_four_times_the_partitions_asked_for() -> None:
+    """The groups of 100 one-element partitions: Beam's shuffle keeps 100 partitions (a 100x run's
+    shards came from 290, 200 of them empty tasks); dealt, 16 for --dask_npartitions 4."""
+    pytest.importorskip("distributed")
+    import apache_beam as beam
+    from apache_beam.runners.dask.dask_runner import DaskRunner
+
+    from bert_datagen.pipelines.beam.dask_runner import GROUP_PARTITIONS, BalancedDaskRunner
+
+    def build(pipeline):
+        pipeline | beam.Create(list(range(100))) | beam.Map(lambda i: (i % 30, i)) | beam.GroupByKey()
+
+    assert _last_bag(DaskRunner, build, npartitions=100).npartitions == 100  # its input's partitions
+    assert _last_bag(BalancedDaskRunner, build).npartitions == GROUP_PARTITIONS * 4 == 16
+    few = _last_bag(BalancedDaskRunner, lambda p: p | beam.Create([(0, 1)]) | beam.GroupByKey())
+    assert few.npartitions == 4  # never fewer than asked for
+
+
+def test_an_empty_partition_unpickles_no_dofn() -> None:
+    from bert_datagen.pipelines.beam.dask_runner import _run_pickled
+
+    assert _run_pickled(iter([]), b"not a pickle: never read") == []
+    blob = pickle.dumps((_pair_with, ("x",), {}))
+    assert _run_pickled(iter([1, 2]), blob) == [(1, "x"), (2, "x")]
+
+
+def _pair_with(items, tag):
+    return [(item, tag) for item in items]
