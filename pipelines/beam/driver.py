@@ -1,5 +1,6 @@
 """The driver steps `bert-datagen run` and `bert-datagen task` share: one implementation each, so both
-commands read their inputs and vocab, stage their dataset and record its provenance the same way.
+commands read their inputs and vocab, stage their dataset, run their Beam pipelines and record the
+dataset's provenance the same way.
 """
 
 from __future__ import annotations
@@ -8,12 +9,14 @@ import contextlib
 import hashlib
 import os
 import platform
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
+
+import apache_beam as beam
 
 from bert_datagen.contract.fs import is_remote
 from bert_datagen.pipelines.beam import fsio, outputs
-from bert_datagen.pipelines.beam.errors import DatagenError
+from bert_datagen.pipelines.beam.errors import DatagenError, extract_input_error
 from bert_datagen.pipelines.beam.runners import RunnerSetup
 
 if TYPE_CHECKING:
@@ -70,3 +73,21 @@ def manifest_provenance(setup: RunnerSetup, vocab: Vocab, vocab_bytes: bytes, do
     return {"vocab": {"path": VOCAB_NAME, "sha256": hashlib.sha256(vocab_bytes).hexdigest(),
                       "size": int(vocab.size), "do_lower_case": do_lower_case},
             "created_by": {"runner": setup.runner, "python": platform.python_version()}}
+
+
+def run_pipeline(setup: RunnerSetup, build: Callable[[beam.Pipeline], None]) -> None:
+    """Build a pipeline on the runner's options and run it to the end; an input error a worker raised
+    comes back as a DatagenError with its message (naming the file and line)."""
+    pipeline = beam.Pipeline(options=setup.options)
+    build(pipeline)
+    try:
+        result = pipeline.run()
+        result.wait_until_finish()
+        client = getattr(result, "client", None)  # DaskRunner leaves its client open
+        if client is not None:
+            client.close()
+    except Exception as e:
+        message = extract_input_error(e)
+        if message is not None:
+            raise DatagenError(message) from e
+        raise

@@ -12,6 +12,9 @@ from typing import TextIO
 # from their own setup, a later stage's lines would start again at 0s. One start per process (this
 # module is imported once, before any DoFn is set up) keeps the elapsed times of its lines rising.
 PROCESS_START = time.monotonic()
+# CPU seconds each kind of task took, summed over workers: where the time goes, and how well the
+# work spread (the summary table shows them; the manifest does not: they differ run to run).
+BUSY_PREFIX = "cpu_seconds/"
 
 
 class Progress:

@@ -45,7 +45,6 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -58,21 +57,21 @@ from bert_datagen.pipelines.beam.driver import (
     local_abspath,
     manifest_provenance,
     read_run_vocab,
+    run_pipeline,
     staged_dataset,
 )
 from bert_datagen.pipelines.beam.errors import DatagenError  # noqa: F401 - raised here, caught by the CLIs
-from bert_datagen.pipelines.beam.runners import DIRECT, RunnerOptions, RunnerSetup, runner_setup
+from bert_datagen.pipelines.beam.progress import BUSY_PREFIX
+from bert_datagen.pipelines.beam.runners import DIRECT, RunnerOptions, runner_setup
 from bert_datagen.pipelines.beam.split_checks import empty_split_error, run_warnings
 from bert_datagen.pipelines.beam.spread import Spread
 from bert_datagen.pipelines.pretraining.transforms import (
-    BUSY_PREFIX,
     TOTAL_KEYS,
     AssignPools,
     BuildInstances,
     ReadFiles,
     WriteShard,
     empty_shards,
-    extract_input_error,
     fan_out_passes,
     read_census,
     stage_pool,
@@ -347,27 +346,3 @@ def _generate_into(out: outputs.DatasetOutput, config: DatagenConfig, files: lis
            if k.startswith(BUSY_PREFIX)}
     return RunResult(out.directory, manifest, time.monotonic() - start, cpu,
                      warnings=run_warnings(manifest, config, summary["totals"]))
-
-
-# ---------------------------------------------------------------- a Beam run of `run` and `task`
-# (bert_datagen.pipelines.tasks.run shares it until the workers' input errors, which it finds in a
-# runner's wrapped exception, live below both drivers; the other shared steps are
-# bert_datagen.pipelines.beam.driver and bert_datagen.pipelines.tools.card).
-
-
-def run_pipeline(setup: RunnerSetup, build: Callable[[beam.Pipeline], None]) -> None:
-    """Build a pipeline on the runner's options and run it to the end; an input error a worker raised
-    comes back as a DatagenError with its message (naming the file and line)."""
-    pipeline = beam.Pipeline(options=setup.options)
-    build(pipeline)
-    try:
-        result = pipeline.run()
-        result.wait_until_finish()
-        client = getattr(result, "client", None)  # DaskRunner leaves its client open
-        if client is not None:
-            client.close()
-    except Exception as e:
-        message = extract_input_error(e)
-        if message is not None:
-            raise DatagenError(message) from e
-        raise

@@ -11,7 +11,6 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
-import re
 import time
 from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any
@@ -41,42 +40,19 @@ from bert_datagen.datagen.staging import (
 )
 from bert_datagen.datagen.tfrecord_index import index_files
 from bert_datagen.pipelines.beam import fsio
-from bert_datagen.pipelines.beam.progress import Progress
+from bert_datagen.pipelines.beam.errors import input_error
+from bert_datagen.pipelines.beam.progress import BUSY_PREFIX, Progress
 
 if TYPE_CHECKING:
     from bert_datagen.datagen.readers import RawDocument
     from bert_datagen.vocab.vocab_file import Vocab
 
-ERROR_TAG = "[bert-datagen error] "
 TOTAL_KEYS = ("documents", "sentences", "tokens", "instances", "notnext_fraction", "masked_tokens",
               "decode_errors", "dropped_documents", "duplicate_documents")
 DOCS_PER_TOKENIZE_BATCH = 256
 # The most of a file one read step decodes at once (a read task of --read-chunk-mb is read in such
 # pieces): bounds the reader's memory, never changes a byte of the output.
 READ_PIECE_BYTES = 8 << 20
-# CPU seconds each kind of task took, summed over workers: where the time goes, and how well the
-# work spread (the summary table shows them; the manifest does not: they differ run to run).
-BUSY_PREFIX = "cpu_seconds/"
-
-
-def input_error(message: str) -> RuntimeError:
-    """An error raised inside a DoFn whose message the driver can find in any runner's wrapping."""
-    return RuntimeError(ERROR_TAG + message.replace("\n", " "))
-
-
-def extract_input_error(exc: BaseException) -> str | None:
-    """The clean message of an ``input_error`` raised in a worker, from a runner's wrapped exception."""
-    seen: list[BaseException] = []
-    while exc is not None and exc not in seen:
-        seen.append(exc)
-        match = re.search(re.escape(ERROR_TAG) + r"([^\n]*)", str(exc))
-        if match:
-            message = re.sub(r"\s*\[while running [^\]]*\].*$", "", match.group(1))
-            return message.strip().rstrip("'\"")
-        exc = exc.__cause__ or exc.__context__  # type: ignore[assignment]
-    return None
-
-
 def add_counts(total: dict[str, Any], part: dict[str, Any]) -> dict[str, Any]:
     for k, v in part.items():
         if isinstance(v, bool) or not isinstance(v, int | float | np.integer | np.floating):
@@ -272,10 +248,6 @@ def build_pool(element: tuple[tuple[str, int], Iterable[tuple[str, int, int]]]
 # DIR/.staging-<run>/ and only paths and counts go through the runner's shuffle: Beam's local
 # runners hold every shuffled byte in the driver several times over, and a pool read by
 # `dupe_factor` tasks would otherwise be shuffled `dupe_factor` times. Their bytes: bert_datagen.datagen.staging.
-
-
-def pool_from_file(path: str) -> list[TokenizedDocument]:
-    return pool_from_bytes(fsio.read_bytes(path), path)
 
 
 def records_from_file(path: str) -> EncodedRecords:

@@ -48,9 +48,9 @@ from bert_datagen.datagen.tasks.features import TaskRecords, combine_side, uniqu
 from bert_datagen.datagen.tasks.lengths import lengths_file
 from bert_datagen.datagen.tfrecord_index import index_files
 from bert_datagen.pipelines.beam import fsio
-from bert_datagen.pipelines.beam.errors import DatagenError
+from bert_datagen.pipelines.beam.errors import DatagenError, input_error
+from bert_datagen.pipelines.beam.progress import BUSY_PREFIX
 from bert_datagen.pipelines.beam.spread import Spread
-from bert_datagen.pipelines.pretraining.transforms import BUSY_PREFIX, input_error
 
 # A split is a directory beside these files (casefolded: case-insensitive filesystems clash too).
 RESERVED_NAMES = frozenset(n.casefold() for n in (MANIFEST_NAME, CARD_NAME, VOCAB_NAME))

@@ -22,12 +22,12 @@ from bert_datagen.pipelines.beam.driver import (
     local_abspath,
     manifest_provenance,
     read_run_vocab,
+    run_pipeline,
     staged_dataset,
 )
 from bert_datagen.pipelines.beam.errors import DatagenError
 from bert_datagen.pipelines.beam.runners import DIRECT, RunnerOptions, runner_setup
 from bert_datagen.pipelines.beam.split_checks import empty_training_split_error, unk_warning
-from bert_datagen.pipelines.pretraining.run import run_pipeline
 from bert_datagen.pipelines.tasks.graph import (
     EXAMPLES_NAME,
     SUMMARY_PREFIX,

@@ -17,7 +17,8 @@ from bert_datagen.datagen import placement as P
 from bert_datagen.datagen import staging as S
 from bert_datagen.datagen.config import DatagenConfig
 from bert_datagen.datagen.documents import unique_documents
-from bert_datagen.pipelines.beam import runners
+from bert_datagen.pipelines.beam import fsio, runners
+from bert_datagen.pipelines.beam.errors import extract_input_error, input_error
 from bert_datagen.pipelines.pretraining import run as R
 from bert_datagen.pipelines.pretraining import transforms as T
 
@@ -110,14 +111,14 @@ def test_shard_counts_from_size_target_or_fixed() -> None:
 
 
 def test_input_errors_survive_runner_wrapping() -> None:
-    inner = T.input_error("/data/x.txt: looks like a binary file")
+    inner = input_error("/data/x.txt: looks like a binary file")
     wrapped = RuntimeError(f"Traceback ...\n  {inner} [while running 'ReadFiles']\n more")
-    assert T.extract_input_error(wrapped) == "/data/x.txt: looks like a binary file"
+    assert extract_input_error(wrapped) == "/data/x.txt: looks like a binary file"
     try:
         raise ValueError("outer") from inner
     except ValueError as e:
-        assert T.extract_input_error(e) == "/data/x.txt: looks like a binary file"
-    assert T.extract_input_error(RuntimeError("something else")) is None
+        assert extract_input_error(e) == "/data/x.txt: looks like a binary file"
+    assert extract_input_error(RuntimeError("something else")) is None
 
 
 def test_summarize_combines_results_deterministically(tmp_path) -> None:
@@ -358,17 +359,22 @@ def test_beam_options_with_values_pass_and_stray_words_do_not() -> None:
     assert stray_arguments(["oops", "--x"]) == ["oops"]
 
 
+def pool_from_file(path: str) -> list:
+    """A staged pool read back as the build stage reads it (through the Beam filesystem)."""
+    return S.pool_from_bytes(fsio.read_bytes(path), path)
+
+
 def test_staging_files_round_trip(tmp_path) -> None:
     docs = [Doc(7, np.arange(5, dtype=np.int32), np.array([2, 5], np.int32)),
             Doc(2**63 + 1, np.arange(3, dtype=np.int32), np.array([3], np.int32))]
     path = str(tmp_path / "pool.npz")
     (tmp_path / "pool.npz").write_bytes(S.pool_to_bytes(docs))
-    back = T.pool_from_file(path)
+    back = pool_from_file(path)
     assert [d.doc_id for d in back] == [7, 2**63 + 1]
     assert [d.tokens.tolist() for d in back] == [[0, 1, 2, 3, 4], [0, 1, 2]]
     assert [d.sentence_ends.tolist() for d in back] == [[2, 5], [3]]
     (tmp_path / "empty.npz").write_bytes(S.pool_to_bytes([]))
-    assert T.pool_from_file(str(tmp_path / "empty.npz")) == []
+    assert pool_from_file(str(tmp_path / "empty.npz")) == []
     records = _records([5, 1, 9])
     (tmp_path / "r.npz").write_bytes(S.records_to_bytes(records))
     again = T.records_from_file(str(tmp_path / "r.npz"))

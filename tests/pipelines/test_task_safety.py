@@ -342,7 +342,7 @@ def test_shard_sizes_counts_and_beam_options_are_bounded(files, tree_snapshot, o
 def test_task_config_bounds_the_target_and_the_shards_it_makes(tmp_path) -> None:
     from bert_datagen.datagen.config import MAX_SHARDS, ConfigError
     from bert_datagen.datagen.tasks.config import TaskConfig
-    from bert_datagen.pipelines.pretraining.transforms import extract_input_error
+    from bert_datagen.pipelines.beam.errors import extract_input_error
     from bert_datagen.pipelines.tasks.graph import WriteSplit
 
     for value in (1e-9, 1e308):

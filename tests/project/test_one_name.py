@@ -120,14 +120,9 @@ def test_private_reaches_are_found(tmp_path: Path) -> None:
     assert sorted(private_reaches(module)) == ["None._w", "_slots._varint", "bert_datagen.x._y", "z._a"]
 
 
-# What `task` still takes from `run`'s package: the workers' input errors and their CPU-time keys
-# live in pipelines/pretraining/transforms.py (being rewritten for sentence splitting); once they move
-# below both drivers, run_pipeline joins pipelines/beam/driver.py and this list empties.
-PENDING_TASKS_FROM_PRETRAINING = {
-    "pipelines/tasks/graph.py": ["bert_datagen.pipelines.pretraining.transforms.BUSY_PREFIX",
-                                 "bert_datagen.pipelines.pretraining.transforms.input_error"],
-    "pipelines/tasks/run.py": ["bert_datagen.pipelines.pretraining.run.run_pipeline"],
-}
+# `task` takes nothing from `run`'s package: the steps both drivers share live below them
+# (pipelines/beam/driver.py, errors.py, progress.py; pipelines/tools/card.py).
+PENDING_TASKS_FROM_PRETRAINING: dict[str, list[str]] = {}
 
 
 def test_task_takes_only_the_pending_steps_from_pretraining() -> None:
