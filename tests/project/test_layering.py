@@ -52,12 +52,13 @@ LAYERS: dict[str, frozenset[str]] = {
 # starts from interop's weights; fine-tuning starts from pre-training's runs and data checks; the
 # commands that span several (`bert-train` itself, `eval` of any run) on top.
 # pipelines: Beam plumbing; the tools that read and describe a dataset of any kind (verify, inspect,
-# stats, diff, batches, the card) on the contract alone; `run` writes a pre-training dataset and its
-# card; `task` shares `run`'s driver steps; the command groups on top.
+# stats, diff, batches, the card) on the contract alone; `run` and `task` (a pre-training and a task
+# dataset) side by side, never importing each other: the driver steps they share live in `beam/`;
+# the command groups on top.
 SUBLAYERS: dict[str, list[frozenset[str]]] = {
     "trainer": [frozenset({"errors", "quiet"}), frozenset({"backends"}), frozenset({"model"}), frozenset({"runtime"}), frozenset({"interop"}),
                 frozenset({"pretrain"}), frozenset({"finetune"}), frozenset({"cli", "eval_cli"})],
-    "pipelines": [frozenset({"beam"}), frozenset({"tools"}), frozenset({"pretraining"}), frozenset({"tasks"}),
+    "pipelines": [frozenset({"beam"}), frozenset({"tools"}), frozenset({"pretraining", "tasks"}),
                   frozenset({"cli", "vocab_cli"})],
 }
 
