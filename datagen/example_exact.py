@@ -19,7 +19,7 @@ class RecordSpec(Protocol):
     def spec(self) -> dict[str, tuple[str, int]]: ...
 
 
-# name -> (dtype, length): bert_datagen.datagen.records.feature_spec for pre-training records,
+# name -> (dtype, length): bert_datagen.datagen.record_layout.feature_spec for pre-training records,
 # bert_datagen.datagen.tasks.features.task_feature_spec (a manifest split's "features") for task records.
 FeatureSpec = dict[str, tuple[str, int]]
 

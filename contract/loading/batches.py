@@ -26,7 +26,7 @@ from bert_datagen.contract.loading.read_ahead import ReadAhead
 from bert_datagen.contract.loading.source import Fetched, LoadError, Source
 from bert_datagen.contract.loading.stepping import Stepping, check_reader_arguments, local_world
 from bert_datagen.datagen.dynamic import mask_records
-from bert_datagen.datagen.records import INSTANCE_KEY, WORD_BITS
+from bert_datagen.datagen.record_layout import INSTANCE_KEY, WORD_BITS
 
 STATE_VERSION = 1
 # Records of a window decoded together: a decode call has a fixed cost, but a store's arrays (a

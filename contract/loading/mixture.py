@@ -17,8 +17,8 @@ anything else is refused with one line naming the dataset and the difference.
 
 What it costs: a rank reads just the records at its positions, whichever datasets they are in (a
 mixture's rank shares are not a dataset's chunk slots, so reading that dataset's chunks would be up
-to N times the share): stepping through the batches, a span of a mixture window's steps at a time
-(each dataset's records of the span in one fetch, the next span fetched ahead where the shards are
+to N times the share): stepping through the batches, a mixture window's steps at a time, a *read*
+(each dataset's records of the read in one fetch, the next read fetched ahead where the shards are
 remote); ``read_positions`` of other positions, exactly those records.
 """
 
@@ -160,11 +160,11 @@ class MixedBatches(Stepping):
         self._key = derive_key(seed, MIX_VERSION, self.fingerprint)
         # Steps read together while stepping: a mixture window's worth, so that each dataset's records
         # of them are one fetch (a fetch and a decode call have fixed costs).
-        self.span_steps = max(1, window // batch_size)
-        self._span: tuple[int, np.ndarray, dict[str, np.ndarray]] | None = None  # (span, positions, rows)
+        self.steps_per_read = max(1, window // batch_size)
+        self._held: tuple[int, np.ndarray, dict[str, np.ndarray]] | None = None  # (read, positions, rows)
         self.prefetch = (any(is_remote(f.path) for s in sources for f in s.shards) if prefetch is None
                          else bool(prefetch))
-        self._ahead = ReadAhead("bert-datagen-mix-prefetch")  # keyed by the span it fetches
+        self._ahead = ReadAhead("bert-datagen-mix-prefetch")  # keyed by the read it fetches
 
     # ------------------------------------------------------------ where each position reads
 
@@ -185,18 +185,18 @@ class MixedBatches(Stepping):
     # ------------------------------------------------------------ iteration
 
     def batch_at(self, step: int) -> dict[str, np.ndarray]:
-        """This rank's share of global batch ``step``: read with the other steps of its span."""
+        """This rank's share of global batch ``step``: read with the other steps of its read."""
         check_step(step, self.batch_size)
         share = self.batch_size // self.world_size
         first = step * self.batch_size + self.rank * share
-        span = step // self.span_steps
-        if self._span is None or self._span[0] != span:
-            self._span = None  # the old span's memory goes before the new one is read
-            positions = self._span_positions(span)
-            self._span = (span, positions, self._read(positions, self._ahead.take(span)))
+        read = step // self.steps_per_read
+        if self._held is None or self._held[0] != read:
+            self._held = None  # the old read's memory goes before the new one is read
+            positions = self._positions_of_read(read)
+            self._held = (read, positions, self._read(positions, self._ahead.take(read)))
             if self.prefetch:
-                self._prefetch(span + 1)
-        _, positions, rows = self._span
+                self._prefetch(read + 1)
+        _, positions, rows = self._held
         at = int(np.searchsorted(positions, first))
         return {k: v[at:at + share].copy() for k, v in rows.items()}  # a copy: the caller may change it
 
@@ -210,10 +210,10 @@ class MixedBatches(Stepping):
             return out
         return self._read(pos)
 
-    def _span_positions(self, span: int) -> np.ndarray:
-        """This rank's positions of the steps of a span (none past ``stop`` or the last step an order holds)."""
-        end = min((span + 1) * self.span_steps, max_batches(self.batch_size) if self.stop is None else self.stop)
-        steps = np.arange(span * self.span_steps, max(end, span * self.span_steps + 1), dtype=np.int64)
+    def _positions_of_read(self, read: int) -> np.ndarray:
+        """This rank's positions of the steps of a read (none past ``stop`` or the last step an order holds)."""
+        end = min((read + 1) * self.steps_per_read, max_batches(self.batch_size) if self.stop is None else self.stop)
+        steps = np.arange(read * self.steps_per_read, max(end, read * self.steps_per_read + 1), dtype=np.int64)
         share = self.batch_size // self.world_size
         firsts = steps * self.batch_size + self.rank * share
         return (firsts[:, None] + np.arange(share, dtype=np.int64)[None, :]).reshape(-1)
@@ -251,12 +251,12 @@ class MixedBatches(Stepping):
 
     # ------------------------------------------------------------ reading ahead
 
-    def _prefetch(self, span: int) -> None:
-        """Start fetching a span's records on a background thread (its requests run while the
-        current span's batches are used)."""
-        if self.stop is not None and span * self.span_steps >= self.stop:
+    def _prefetch(self, read: int) -> None:
+        """Start fetching a read's records on a background thread (its requests run while the
+        current read's batches are used)."""
+        if self.stop is not None and read * self.steps_per_read >= self.stop:
             return
-        self._ahead.start(span, self._fetch, self._span_positions(span))
+        self._ahead.start(read, self._fetch, self._positions_of_read(read))
 
     # ------------------------------------------------------------ state
 

@@ -33,7 +33,7 @@ from bert_datagen.contract.manifest import MANIFEST_NAME, Manifest, ManifestErro
 from bert_datagen.contract.vocab_io import load_vocab
 from bert_datagen.datagen.config import DatagenConfig
 from bert_datagen.datagen.example_codec import FeatureSpec, decode_raw
-from bert_datagen.datagen.records import INSTANCE_KEY
+from bert_datagen.datagen.record_layout import INSTANCE_KEY
 from bert_datagen.datagen.tfrecord import RawBatch, check_frames_at
 from bert_datagen.datagen.tfrecord_index import (
     FRAME_OVERHEAD,
