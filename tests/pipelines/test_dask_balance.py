@@ -208,7 +208,7 @@ def _last_bag(runner_class, build, npartitions: int = 4):
 
 def test_a_groupbykey_makes_at_most_four_times_the_partitions_asked_for() -> None:
     """The groups of 100 one-element partitions: Beam's shuffle keeps 100 partitions (a 100x run's
-    shards came from 290, 200 of them empty tasks); dealt, 16 for --dask_npartitions 4."""
+    84 shards came from 284, 200 of them empty tasks); dealt, 16 for --dask_npartitions 4."""
     pytest.importorskip("distributed")
     import apache_beam as beam
     from apache_beam.runners.dask.dask_runner import DaskRunner
