@@ -149,17 +149,20 @@ def run_datagen(inputs: list[Path], vocab: Path, out: Path, extra: list[str], du
             "largest_process_rss_mb": max(peaks.values(), default=0) / 2**20, "manifest": manifest, "stderr": err}
 
 
-def run_halves_pinned(docs: list[list[str]], scale: int, vocab: Path, root: Path, dupe_factor: int) -> dict:
+def run_halves_pinned(docs: list[list[str]], scale: int, vocab: Path, root: Path, dupe_factor: int,
+                      env: dict[str, str] | None = None) -> dict:
     """The most two workers can win on this machine: the input's documents dealt into two halves, each
     run at once by its own one-worker process pinned to its own core (no coordination, no shuffle,
-    nothing shared). Their slower wall time is the floor of any 2-worker run of the whole input."""
-    halves = write_scaled_input(docs, scale, root / f"in-{scale}-halves", 2)
+    nothing shared). Their slower wall time is the floor of any 2-worker run of the whole input.
+    The halves are written once per scale (``root``); ``env``: as ``run_datagen``'s."""
+    folder = root / f"in-{scale}-halves"
+    halves = sorted(folder.glob("part-*.txt")) or write_scaled_input(docs, scale, folder, 2)
     cores = sorted(os.sched_getaffinity(0))[:2]
     results: list[dict] = [{}, {}]
 
     def one(i: int) -> None:
         results[i] = run_datagen([halves[i]], vocab, root / f"out-{scale}-half-{i}", ["--direct_num_workers=1"],
-                                 dupe_factor, cpus={cores[i]})
+                                 dupe_factor, cpus={cores[i]}, env=env)
 
     threads = [threading.Thread(target=one, args=(i,)) for i in range(2)]
     for t in threads:
