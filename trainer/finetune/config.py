@@ -10,9 +10,8 @@ from typing import Any, ClassVar
 
 from bert_datagen.contract.bounds import INT64_MAX
 from bert_datagen.contract.loading.task_batches import BUCKETS  # noqa: F401 (re-exported: the CLI help states it)
-from bert_datagen.trainer.backends import BACKENDS
 from bert_datagen.trainer.errors import TrainConfigError
-from bert_datagen.trainer.runtime.config import PRECISIONS, STRATEGIES, check_seed, check_tpu
+from bert_datagen.trainer.runtime.config import check_run_settings, check_seed
 
 SPAN_METRICS = ("auto", "squad", "cmrc2018")
 # RECIPE.md section 10: run_classifier.py and run_squad.py defaults (tagging follows the classifier).
@@ -95,23 +94,14 @@ class FinetuneConfig:
             raise TrainConfigError(f"--learning-rate must be a positive number, got {self.learning_rate}")
         if not (math.isfinite(self.warmup_proportion) and 0 <= self.warmup_proportion < 1):
             raise TrainConfigError(f"--warmup-proportion must be in [0, 1), got {self.warmup_proportion}")
-        if not (math.isfinite(self.weight_decay) and self.weight_decay >= 0):
-            raise TrainConfigError(f"--weight-decay must be >= 0 and finite, got {self.weight_decay}")
-        if not (math.isfinite(self.clip_norm) and self.clip_norm > 0):
-            raise TrainConfigError(f"clip_norm must be positive and finite, got {self.clip_norm}")
         if not math.isfinite(self.null_score_diff_threshold):
             raise TrainConfigError("--null-score-diff-threshold must be a finite number")
         if self.checkpoint_every < 0:
             raise TrainConfigError("--checkpoint-every must be >= 0")
         if self.span_metric not in SPAN_METRICS:
             raise TrainConfigError(f"--span-metric {self.span_metric!r} is not one of {', '.join(SPAN_METRICS)}")
-        if self.strategy not in STRATEGIES:
-            raise TrainConfigError(f"strategy {self.strategy!r} not in {STRATEGIES}")
-        if self.precision not in PRECISIONS:
-            raise TrainConfigError(f"precision {self.precision!r} not in {PRECISIONS}")
-        check_tpu(self.tpu, self.strategy)
-        if self.backend not in BACKENDS:
-            raise TrainConfigError(f"backend {self.backend!r} not in {BACKENDS}")
+        check_run_settings(strategy=self.strategy, precision=self.precision, backend=self.backend, tpu=self.tpu,
+                           weight_decay=self.weight_decay, clip_norm=self.clip_norm)
 
     def total_steps(self, records: int) -> int:
         """The run's optimizer steps on a training split of ``records`` examples (whole batches of

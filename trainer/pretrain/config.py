@@ -13,10 +13,9 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from bert_datagen.contract.bounds import max_batches
-from bert_datagen.trainer.backends import BACKENDS
 from bert_datagen.trainer.errors import TrainConfigError
 from bert_datagen.trainer.model.config import MODEL_SIZES
-from bert_datagen.trainer.runtime.config import OPTIMIZERS, PRECISIONS, STRATEGIES, check_seed, check_tpu
+from bert_datagen.trainer.runtime.config import OPTIMIZERS, check_run_settings, check_seed
 
 
 @dataclass
@@ -101,18 +100,10 @@ class TrainConfig:
             )
         if not (math.isfinite(self.learning_rate) and self.learning_rate > 0):
             raise TrainConfigError(f"learning_rate must be positive and finite, got {self.learning_rate}")
-        if not (math.isfinite(self.weight_decay) and self.weight_decay >= 0):
-            raise TrainConfigError(f"weight_decay must be >= 0 and finite, got {self.weight_decay}")
-        if not (math.isfinite(self.clip_norm) and self.clip_norm > 0):
-            raise TrainConfigError(f"clip_norm must be positive and finite, got {self.clip_norm}")
-        if self.strategy not in STRATEGIES:
-            raise TrainConfigError(f"strategy {self.strategy!r} not in {STRATEGIES}")
-        if self.backend not in BACKENDS:
-            raise TrainConfigError(f"backend {self.backend!r} not in {BACKENDS}")
+        check_run_settings(strategy=self.strategy, precision=self.precision, backend=self.backend, tpu=self.tpu,
+                           weight_decay=self.weight_decay, clip_norm=self.clip_norm)
         if self.optimizer not in OPTIMIZERS:
             raise TrainConfigError(f"optimizer {self.optimizer!r} not in {OPTIMIZERS}")
-        if self.precision not in PRECISIONS:
-            raise TrainConfigError(f"precision {self.precision!r} not in {PRECISIONS}")
         if self.model not in MODEL_SIZES and self.bert_config is None:
             raise TrainConfigError(f"unknown model size {self.model!r}; choose one of {', '.join(MODEL_SIZES)}")
         if self.init_from and self.init_checkpoint:
@@ -120,7 +111,6 @@ class TrainConfig:
         if self.bert_config is not None and self.vocab_size is not None:
             raise TrainConfigError(f"--vocab-size does not apply with a model config (--bert-config, --init-checkpoint): "
                                    f"its vocab size {self.bert_config.get('vocab_size')} is the model's")
-        check_tpu(self.tpu, self.strategy)
         self._check_mix()
 
     def _check_mix(self) -> None:
