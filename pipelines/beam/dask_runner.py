@@ -7,7 +7,7 @@ A partition is a Dask task, so one worker idled while the other finished its las
 enwiki, 2 workers: 8 s of the read stage and 6 s of the build stage). Its shuffle is also
 ``n x n`` tiny tasks for ``n`` partitions, all through the scheduler in the driver.
 
-Here four leaves translate differently; everything else is Beam's translation:
+Here three leaves translate differently; everything else is Beam's translation:
 
 - a Create of at most ``ONE_PER_PARTITION`` elements: one partition each;
 - a GroupByKey: one task gathers the input (this pipeline shuffles only paths, counts and 16-byte
@@ -16,36 +16,30 @@ Here four leaves translate differently; everything else is Beam's translation:
   a 100x run came from 284 partitions: 200 empty tasks), largest group first into the emptiest partition
   (``deal``);
 - ``Deal``, what ``Spread`` applies on this runner: the elements themselves dealt the same way over
-  the partitions its caller asks for, one task each when it knows how many tasks come;
-- a ParDo (without side inputs): Beam's translation, but its DoFn and the rest of its arguments go
-  to each worker once, pickled, as one value of the graph that every partition's task reads, instead
-  of inside every task: the scheduler, in the driver, pickled the DoFn with its vocab (295 KB) for
-  each task it sent (200 tasks on 2 workers, loaded machine: 6.2-11.4 s inline, 2.6-2.8 s shared).
-  Each task still unpickles its own copy, so no task shares a DoFn or its outputs with another;
-  an empty partition unpickles and sets up none.
+  the partitions its caller asks for, one task each when it knows how many tasks come.
 
 Dask's scheduler then hands the partitions out one at a time as workers free up (the local cluster
-sets ``worker-saturation`` 1.0), so the slowest worker ends at most one task after the other. The
+sets ``worker-saturation`` 1.0), so the slowest worker ends at most one task after the other. That
+holds only while a stage's tasks hang off one gather task (Dask then queues them); a DoFn sent once
+to each worker as a graph value of its own (tried: the scheduler pickled the 295 KB DoFn for every
+task it sent) made each task depend on two, and the scheduler assigned a 10x run's 20 build tasks
+13 to one worker and 7 to the other at once (6.5 s idle at the end). The
 dealing never changes a byte: every consumer of a group sorts what it reads and totals are sums.
 """
 
 from __future__ import annotations
 
 import heapq
-import itertools
 import operator
-import pickle
 from collections.abc import Callable, Iterable
 from typing import Any
 
 import apache_beam as beam
 from apache_beam.runners.dask.dask_runner import DaskRunner
 from apache_beam.runners.dask.overrides import _Create, _GroupByKeyOnly
-from apache_beam.runners.dask.transform_evaluator import ParDo as BeamParDo
 from apache_beam.runners.dask.transform_evaluator import defenestrate
 
 ONE_PER_PARTITION = 1024  # a Create this small (read tasks, spill files, shards) is a task an element
-_NONE = object()
 GROUP_PARTITIONS = 4  # a GroupByKey's partitions: at most this many times --dask_npartitions
 DEAL_PREFIX = "bert-datagen-deal"
 
@@ -112,37 +106,6 @@ def dealt_bag(bag: Any, partitions: int, dealer: Callable[..., list[list[Any]]])
     return Bag(HighLevelGraph.from_collections(name, graph, dependencies=[bag]), name, partitions)
 
 
-def _run_pickled(items: Iterable[Any], blob: bytes) -> Any:
-    items = iter(items)  # a lazy map over the partition
-    first = next(items, _NONE)
-    if first is _NONE:  # no bundle: no DoFn to unpickle and set up (a runner need not make empty bundles)
-        return []
-    func, args, kwargs = pickle.loads(blob)
-    return func(itertools.chain([first], items), *args, **kwargs)
-
-
-class _ArgumentsOnce:
-    """The input bag as Beam's ParDo translation uses it (``map``, then ``map_partitions``), whose
-    ``map_partitions`` sends the function and its arguments as one pickled value of the graph. What
-    else Beam may call goes to the bag itself (the arguments then inline, as before)."""
-
-    def __init__(self, bag: Any) -> None:
-        self.bag = bag
-
-    def map(self, *args: Any, **kwargs: Any) -> _ArgumentsOnce:
-        return _ArgumentsOnce(self.bag.map(*args, **kwargs))
-
-    def map_partitions(self, func: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        import cloudpickle
-        from dask import delayed
-
-        blob = cloudpickle.dumps((func, args, kwargs))
-        return self.bag.map_partitions(_run_pickled, delayed(blob, traverse=False))
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.bag, name)
-
-
 class BalancedDaskRunner(DaskRunner):
     """Beam's DaskRunner, with small Creates, GroupByKeys and ``Deal`` translated as the module says."""
 
@@ -167,10 +130,6 @@ class BalancedDaskRunner(DaskRunner):
             elif (type(transform) is _Create and not bag_kwargs.get("partition_size")
                   and 0 < len(transform.values) <= ONE_PER_PARTITION):
                 visitor.bags[node] = db.from_sequence(transform.values, partition_size=1)
-            elif type(transform) is beam.ParDo and not node.side_inputs and len(node.inputs) == 1:
-                (pcoll,) = node.inputs
-                bag = BeamParDo(node, bag_kwargs=bag_kwargs).apply(_ArgumentsOnce(visitor.bags[pcoll.producer]))
-                visitor.bags[node] = bag.bag if isinstance(bag, _ArgumentsOnce) else bag
             else:
                 beams_visit(node)
 
