@@ -7,9 +7,9 @@ Runner options never change the bytes of a dataset; they only decide where the w
 - DaskRunner: ``--dask-scheduler ADDRESS`` connects to a running ``dask.distributed`` scheduler;
   without it a local cluster of ``--dask-workers`` processes is started for the run and closed after.
   The runner is ``BalancedDaskRunner`` (``dask_runner.py``): Beam's, with a small Create a partition
-  an element, a GroupByKey's groups and ``Spread``'s tasks dealt evenly over partitions, and a
-  DoFn's pickle sent to each worker once. ``--dask_npartitions`` defaults to 4 a worker: the least number of
-  partitions a GroupByKey deals its groups over (at most 4 times that).
+  an element and a GroupByKey's groups and ``Spread``'s tasks dealt evenly over partitions.
+  ``--dask_npartitions`` defaults to 4 a worker: the least number of partitions a GroupByKey deals
+  its groups over (at most 4 times that).
 - DataflowRunner: this package must be installed on the workers. Unless the user passes
   ``--setup_file`` or ``--extra_package`` already, a wheel of this package is built into a temporary
   directory and shipped with ``--extra_package``.
