@@ -40,6 +40,8 @@ def ref_environment(ref: str, root: Path) -> dict[str, str]:
     archive = subprocess.run(["git", "archive", "--prefix=bert_datagen/", ref], cwd=REPO, check=True,
                              capture_output=True).stdout
     subprocess.run(["tar", "-x", "-C", str(root)], input=archive, check=True)
+    # Compiled now, or the first run of that tree would compile every module it imports, in every process.
+    subprocess.run([sys.executable, "-m", "compileall", "-q", str(root)], check=True, capture_output=True)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")]))}
     where = subprocess.run([sys.executable, "-c", "import bert_datagen; print(list(bert_datagen.__path__)[0])"],
                            cwd=REPO, env=env, check=True, capture_output=True, text=True).stdout.strip()
