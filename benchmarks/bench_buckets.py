@@ -161,9 +161,12 @@ else:
 
 
 def _mds_ready() -> bool:
-    if not (MDS_DIR / "streaming").is_dir():
+    # What streaming imports when a writer or a dataset starts, beyond this venv (brotli, cramjam for
+    # snappy, catalogue: without them the write failed); its cloud clients are not needed for S3.
+    if not (MDS_DIR / "streaming").is_dir() or not (MDS_DIR / "catalogue").is_dir():
         done = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target", str(MDS_DIR),
-                               "mosaicml-streaming==0.13.0", "xxhash", "zstd", "python-snappy"],
+                               "mosaicml-streaming==0.13.0", "xxhash", "zstd", "python-snappy", "brotli", "cramjam",
+                               "catalogue"],
                               capture_output=True, text=True, timeout=600)
         if done.returncode:
             print(f"bench_buckets: cannot install mosaicml-streaming apart: {done.stderr.strip()[-300:]}")
