@@ -116,13 +116,14 @@ class BalancedDaskRunner(DaskRunner):
         visitor = DaskRunner.to_dask_bag_visitor(bag_kwargs, *args, **kwargs)
         beams_visit = visitor.visit_transform
         bag_kwargs = bag_kwargs or {}
-        least = bag_kwargs.get("npartitions") or 1
+        asked = bag_kwargs.get("npartitions")  # None with --dask_partition_size: Beam's counts stand
 
         def visit_transform(node: Any) -> None:
             transform = node.transform
             if isinstance(transform, _GroupByKeyOnly | Deal):
                 (pcoll,) = node.inputs
                 bag = visitor.bags[pcoll.producer]
+                least = asked or bag.npartitions
                 partitions = (getattr(transform, "partitions", None)
                               or max(least, min(bag.npartitions, GROUP_PARTITIONS * least)))
                 dealer = _deal_elements if isinstance(transform, Deal) else _group_and_deal

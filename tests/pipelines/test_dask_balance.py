@@ -145,14 +145,15 @@ def test_one_and_two_dask_workers_write_the_direct_runners_bytes(tmp_path) -> No
     assert len(digests["direct"]) >= 4  # train and eval shards, and the index files beside them
 
 
-def _last_bag(runner_class, build, npartitions: int = 4):
+def _last_bag(runner_class, build, npartitions: int | None = 4, partition_size: int | None = None):
     import apache_beam as beam
     from apache_beam.runners.dask.overrides import dask_overrides
 
     pipeline = beam.Pipeline()
     build(pipeline)
     pipeline.replace_all(dask_overrides())
-    visitor = runner_class.to_dask_bag_visitor({"npartitions": npartitions})
+    options = {"npartitions": npartitions} if partition_size is None else {"partition_size": partition_size}
+    visitor = runner_class.to_dask_bag_visitor(options)
     pipeline.visit(visitor)
     return list(visitor.bags.values())[-1]
 
@@ -173,6 +174,8 @@ def test_a_groupbykey_makes_at_most_four_times_the_partitions_asked_for() -> Non
     assert _last_bag(BalancedDaskRunner, build).npartitions == GROUP_PARTITIONS * 4 == 16
     few = _last_bag(BalancedDaskRunner, lambda p: p | beam.Create([(0, 1)]) | beam.GroupByKey())
     assert few.npartitions == 4  # never fewer than asked for
+    # Partitions of a given size (--dask_partition_size): Beam's counts, 50 partitions of 2 and 50 after.
+    assert _last_bag(BalancedDaskRunner, build, partition_size=2).npartitions == 50
 
 
 def test_each_spread_task_hangs_off_the_one_gather_task_only() -> None:
