@@ -117,7 +117,9 @@ def main(argv: list[str] | None = None) -> dict:
                 r[name].pop("shards")
     print(f"identical shards in every run: {results['identical_shards']}")
     if args.json:
-        args.json.write_text(json.dumps(results, indent=1) + "\n")
+        from bert_datagen.contract.fs import LOCAL_FS
+
+        LOCAL_FS.write_atomic(str(args.json), (json.dumps(results, indent=1) + "\n").encode())
     return results
 
 
