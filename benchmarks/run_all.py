@@ -16,7 +16,7 @@ from pathlib import Path
 
 BENCHMARKS = ("bench_vocab", "bench_zh", "bench_datagen", "bench_verify", "bench_tasks", "bench_trainer", "bench_finetune",
               "bench_order", "bench_loader_speed", "bench_loader_kinds", "bench_input_overhead", "bench_padding",
-              "bench_multiworker", "bench_scale",
+              "bench_multiworker", "bench_scale", "bench_raw_text",
               "bench_learning", "bench_buckets", "bench_heavy_tests")
 
 
