@@ -30,14 +30,14 @@ from typing import BinaryIO
 
 from bert_datagen.datagen.config import DatagenConfig
 from bert_datagen.datagen.readers import (
-    _DOC_OPEN,
+    DOC_OPEN,
     InputError,
     RawDocument,
-    _read_jsonl,
-    _read_sentences,
-    _read_wikiextractor,
     decode_text,
+    jsonl_documents,
     raw_documents,
+    sentence_documents,
+    wikiextractor_documents,
 )
 
 SPLITTABLE_FORMATS = ("jsonl", "sentences", "wikiextractor")
@@ -82,25 +82,25 @@ def read_range_documents(path: str, f: BinaryIO, size: int, start: int, end: int
         lines.pop()  # the piece ends with its last line's break
     if fmt == "jsonl":
         groups = _lines_or_error(f, first, lines, 0,
-                                 lambda ls, n: _read_jsonl(path, "\n".join(ls), config.text_field, n))
+                                 lambda ls, n: jsonl_documents(path, "\n".join(ls), config.text_field, n))
         yield from raw_documents(path, groups, False, stats)
     elif fmt == "sentences":
         continues = first > 0 and bool(lines) and bool(lines[0].strip()) and not _previous_line_blank(path, f, first)
         if stop < size and lines and lines[-1].strip():  # a document is still open at ``stop``
             lines.extend(_until_blank(_lines_from(path, f, stop, config.strict_utf8)))
-        groups = _read_sentences(path, lines)
+        groups = sentence_documents(path, lines)
         yield from raw_documents(path, itertools.islice(groups, int(continues), None), True, stats)
     else:
         skipped = 0
         if first > 0:  # what comes before the first <doc> line belongs to the range before
-            skipped = next((i for i, line in enumerate(lines) if _DOC_OPEN.match(line.strip())), len(lines))
+            skipped = next((i for i, line in enumerate(lines) if DOC_OPEN.match(line.strip())), len(lines))
             lines = lines[skipped:]
             if not lines:
                 return
         if stop < size:
             lines.extend(_wikiextractor_tail(_lines_from(path, f, stop, config.strict_utf8), _doc_open_at_end(lines)))
         groups = _lines_or_error(f, first, lines, skipped,
-                                 lambda ls, n: _read_wikiextractor(path, "\n".join(ls), n))
+                                 lambda ls, n: wikiextractor_documents(path, "\n".join(ls), n))
         yield from raw_documents(path, groups, False, stats)
 
 
@@ -218,7 +218,7 @@ def _doc_open_at_end(lines: list[str]) -> bool:
         stripped = line.strip()
         if stripped == "</doc>":
             return False
-        if _DOC_OPEN.match(stripped):
+        if DOC_OPEN.match(stripped):
             return True
     return False
 
@@ -229,7 +229,7 @@ def _wikiextractor_tail(lines: Iterator[str], inside: bool) -> Iterator[str]:
     for the whole file); a ``<doc>`` inside the open document is kept, for the same reason."""
     for line in lines:
         stripped = line.strip()
-        if _DOC_OPEN.match(stripped):
+        if DOC_OPEN.match(stripped):
             if inside:
                 yield line
             return

@@ -301,7 +301,7 @@ def _read_text(path: str, text: str, layout: str = "auto") -> Iterator[list[str]
         yield block_paragraphs(block)
 
 
-def _read_sentences(path: str, text: str | Iterable[str]) -> Iterator[list[str]]:
+def sentence_documents(path: str, text: str | Iterable[str]) -> Iterator[list[str]]:
     """Documents of the original one-sentence-per-line format, from its text or its lines."""
     # The original strips every line and starts a new document at an empty one.
     for block in _blocks(iter_lines(text) if isinstance(text, str) else text):
@@ -334,7 +334,7 @@ def jsonl_objects(path: str, text: str, first_line: int = 1, error: type[InputEr
         yield lineno, obj
 
 
-def _read_jsonl(path: str, text: str, field: str, first_line: int = 1) -> Iterator[list[str]]:
+def jsonl_documents(path: str, text: str, field: str, first_line: int = 1) -> Iterator[list[str]]:
     for lineno, obj in jsonl_objects(path, text, first_line):
         if field not in obj:
             raise InputError(f"{path}: line {lineno}: no field {field!r} (fields: {', '.join(sorted(obj)) or 'none'})")
@@ -346,18 +346,18 @@ def _read_jsonl(path: str, text: str, field: str, first_line: int = 1) -> Iterat
         yield _text_paragraphs(value)
 
 
-_DOC_OPEN = re.compile(r"^<doc\b[^>]*>\s*$")
+DOC_OPEN = re.compile(r"^<doc\b[^>]*>\s*$")
 _DOC_TITLE = re.compile(r"""\btitle=(?:"([^"]*)"|'([^']*)')""")
 
 
-def _read_wikiextractor(path: str, text: str, first_line: int = 1) -> Iterator[list[str]]:
+def wikiextractor_documents(path: str, text: str, first_line: int = 1) -> Iterator[list[str]]:
     title: str | None = None
     body: list[str] = []
     opened_at = 0
     for lineno, line in enumerate(iter_lines(text), start=first_line):
         stripped = line.strip()
         if title is None:
-            if _DOC_OPEN.match(stripped):
+            if DOC_OPEN.match(stripped):
                 match = _DOC_TITLE.search(stripped)
                 title = html.unescape(match.group(1) or match.group(2) or "") if match else ""
                 body, opened_at = [], lineno
@@ -368,7 +368,7 @@ def _read_wikiextractor(path: str, text: str, first_line: int = 1) -> Iterator[l
         elif stripped == "</doc>":
             yield _wikiextractor_paragraphs(body, title)
             title = None
-        elif _DOC_OPEN.match(stripped):
+        elif DOC_OPEN.match(stripped):
             raise InputError(f"{path}: line {lineno}: <doc> opened inside the <doc> of line {opened_at}")
         else:
             body.append(line)
@@ -393,11 +393,11 @@ def read_documents(path: str, data: bytes, config: DatagenConfig, stats: dict[st
     if fmt == "text":
         groups, as_sentences = _read_text(path, text, config.text_layout), False
     elif fmt == "sentences":
-        groups, as_sentences = _read_sentences(path, text), True
+        groups, as_sentences = sentence_documents(path, text), True
     elif fmt == "jsonl":
-        groups, as_sentences = _read_jsonl(path, text, config.text_field), False
+        groups, as_sentences = jsonl_documents(path, text, config.text_field), False
     elif fmt == "wikiextractor":
-        groups, as_sentences = _read_wikiextractor(path, text), False
+        groups, as_sentences = wikiextractor_documents(path, text), False
     else:  # DatagenConfig validates it; a hand-built config may not
         raise InputError(f"{path}: unknown input format {fmt!r}")
     yield from raw_documents(path, groups, as_sentences, stats)
