@@ -28,7 +28,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from benchmarks.bench_datagen import corpus_files, tokenize_floor, train_vocab
+from benchmarks.bench_datagen import corpus_files, task_cpu_seconds, tokenize_floor, train_vocab
 from benchmarks.bench_scale import run_datagen
 from benchmarks.scale_corpora import write_wikiextractor_variants
 
@@ -57,7 +57,7 @@ def one_run(name: str, path: Path, vocab: Path, out: Path, dupe_factor: int, flo
     totals = r["manifest"]["totals"]
     row = {"wall_s": round(r["wall_s"], 1), "cpu_s": round(r["cpu_s"], 1),
            "x_floor": round(r["wall_s"] / floor_s, 2), "cpu_x_floor": round(r["cpu_s"] / floor_cpu_s, 2),
-           "task_cpu_s": task_cpu(r["stderr"]), "read_done_s": read_done(r["stderr"]),
+           "task_cpu_s": task_cpu_seconds(r["stderr"]), "read_done_s": read_done(r["stderr"]),
            "peak_rss_mb": round(r["peak_rss_mb"]),
            "load_before": round(load_before, 2), "load_after": round(os.getloadavg()[0], 2),
            "documents": totals["documents"], "instances": totals["instances"],
@@ -72,14 +72,6 @@ def read_done(stderr: str) -> int | None:
     task reports as it ends), so ``wall_s`` minus it is the build and write stages and the end."""
     seconds = [int(m.group(1)) for m in re.finditer(r"^bert-datagen \[pid \d+, (\d+)s\]: [\d,]+ files, ", stderr, re.M)]
     return max(seconds, default=None)
-
-
-def task_cpu(stderr: str) -> dict[str, float]:
-    for line in stderr.splitlines():
-        if "CPU seconds in tasks" in line:
-            pairs = line.split("CPU seconds in tasks", 1)[1].split(",")
-            return {k: float(v.replace(",", "")) for k, v in (p.split() for p in pairs)}
-    return {}
 
 
 def main(argv: list[str] | None = None) -> dict:
