@@ -27,6 +27,7 @@ from pathlib import Path
 
 from benchmarks.bench_datagen import train_vocab
 from benchmarks.bench_scale import base_documents, run_datagen, run_halves_pinned, write_scaled_input
+from bert_datagen.contract.fs import LOCAL_FS
 
 REPO = Path(__file__).resolve().parent.parent
 RUNS = ("direct", "dask-2", "halves-pinned", "dask-2-ref")
@@ -130,9 +131,7 @@ def main(argv: list[str] | None = None) -> dict:
     results["ref"] = args.ref
     results["cpu_cores"] = len(os.sched_getaffinity(0))
     if args.json:
-        tmp_json = args.json.with_name(args.json.name + ".tmp")
-        tmp_json.write_text(json.dumps(results, indent=1) + "\n")
-        tmp_json.replace(args.json)
+        LOCAL_FS.write_atomic(str(args.json), (json.dumps(results, indent=1) + "\n").encode())
     return results
 
 

@@ -225,7 +225,9 @@ def test_a_second_run_into_the_same_dir_is_refused_and_the_first_ones_work_is_in
     assert code == 0, output
     assert not staging.exists() and sorted(p.name for p in (out / "train").iterdir()) == [
         "part-00000-of-00002.tfrecord", "part-00000-of-00002.tfrecord.index",
-        "part-00001-of-00002.tfrecord", "part-00001-of-00002.tfrecord.index"]
+        "part-00000-of-00002.tfrecord.index.blocks",
+        "part-00001-of-00002.tfrecord", "part-00001-of-00002.tfrecord.index",
+        "part-00001-of-00002.tfrecord.index.blocks"]
     assert not lock_files(corpus["root"])
     assert cli("verify", str(out))[0] == 0
 
