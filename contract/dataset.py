@@ -43,9 +43,16 @@ class ShardRef:
         """(full path, manifest entry) of the shard's record index (datagen/tfrecord_index.py);
         None for a dataset written before indexes (readers then walk the shard's headers)."""
         entry = self.expected.index if self.expected is not None else None
-        if entry is None or not self.path.endswith(self.name):
+        path = self.beside(entry.path) if entry is not None else None
+        return (path, entry) if path is not None else None
+
+    def beside(self, rel: str) -> str | None:
+        """The full path of ``rel``, a path relative to the dataset as the manifest lists it (a
+        shard's index, block digests, lengths), beside this shard; None for a shard opened without
+        its dataset's layout."""
+        if not self.path.endswith(self.name):
             return None
-        return self.path[:len(self.path) - len(self.name)] + entry.path, entry
+        return self.path[:len(self.path) - len(self.name)] + rel
 
 
 @dataclass

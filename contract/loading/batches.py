@@ -36,6 +36,20 @@ STATE_VERSION = 1
 _STORE_ROWS = 2048
 
 
+def pretraining_order(source: Source, seed: int, batch_size: int, block_size: int, world_size: int = 1,
+                      rank: int = 0) -> GlobalOrder:
+    """The global order of a pre-training split; LoadError for task data (fine-tuning reads it in its
+    own order), a world the batch does not divide, or a split that holds no batch."""
+    if source.kind == TASK:
+        raise LoadError(f"{source.root} (split {source.split}): a task dataset; read it in fine-tuning's "
+                        "order (epochs, length groups) with readers.batches_for or task_batches.TaskBatches")
+    try:
+        check_world(batch_size, world_size, rank)
+        return GlobalOrder(source.counts, source.fingerprint, seed, batch_size, block_size)
+    except ValueError as e:
+        raise LoadError(f"{source.root} (split {source.split}): {e}") from e
+
+
 class NumpyBatches(Stepping):
     """Batches ``start, start + stride, ...`` (below ``stop`` when given) of a rank's share.
 
@@ -60,14 +74,7 @@ class NumpyBatches(Stepping):
         if prefetch is not None and not isinstance(prefetch, (bool, np.bool_)):  # bool("no") is True
             raise TypeError(f"prefetch must be True, False or None, got {prefetch!r} ({type(prefetch).__name__}): "
                             "None reads ahead where the shards are remote")
-        if source.kind == TASK:  # pre-training's order over task data is not what fine-tuning reads
-            raise LoadError(f"{source.root} (split {source.split}): a task dataset; read it in fine-tuning's "
-                            "order (epochs, length groups) with readers.batches_for or task_batches.TaskBatches")
-        try:
-            check_world(batch_size, world_size, rank)
-            self.order = GlobalOrder(source.counts, source.fingerprint, seed, batch_size, block_size)
-        except ValueError as e:
-            raise LoadError(f"{source.root} (split {source.split}): {e}") from e
+        self.order = pretraining_order(source, seed, batch_size, block_size, world_size, rank)
         self.source = source
         self.world_size, self.rank = world_size, rank
         self.step = start
@@ -121,7 +128,7 @@ class NumpyBatches(Stepping):
                 features[name] = out
         self._evict(positions)
         if self.source.dynamic:
-            features = self._mask(features, positions // self.order.total)
+            features = masked_batch(self.source, self.order.seed, features, positions // self.order.total)
         return features
 
     # ------------------------------------------------------------ state
@@ -299,9 +306,6 @@ class NumpyBatches(Stepping):
         for old in list(self._stores)[:-keep]:
             del self._stores[old]
         return arrays
-
-    def _mask(self, features: dict[str, np.ndarray], epochs: np.ndarray) -> dict[str, np.ndarray]:
-        return masked_batch(self.source, self.order.seed, features, epochs)
 
 
 def masked_batch(source: Source, seed: int, features: dict[str, np.ndarray], epochs: np.ndarray,

@@ -35,7 +35,7 @@ import numpy as np
 
 from bert_datagen.contract.bounds import check_int, max_batches
 from bert_datagen.contract.fs import is_remote
-from bert_datagen.contract.loading.batches import NumpyBatches, masked_batch
+from bert_datagen.contract.loading.batches import masked_batch, pretraining_order
 from bert_datagen.contract.loading.order import (
     DEFAULT_BLOCK_SIZE,
     check_step,
@@ -53,6 +53,11 @@ MIX_VERSION = "loader-mix-v1"
 MIX_STATE_VERSION = 1
 DEFAULT_MIX_WINDOW = 4096
 MIXTURE_FEATURE = "mixture_dataset"
+
+
+# What a mixture's read fetches: each position's dataset and place in that dataset's order, and per
+# dataset (the dataset, its rows among the positions, their fetched bytes, each row's record in them).
+MixtureFetch = tuple[np.ndarray, np.ndarray, list[tuple[int, np.ndarray, Fetched, np.ndarray]]]
 
 
 class MixtureError(ValueError):
@@ -151,8 +156,7 @@ class MixedBatches(Stepping):
         self.counts = apportion(weights, window)
         self.weights = [float(w) for w in weights]
         self.sources = list(sources)
-        # Each dataset's own order (NumpyBatches checks that the split holds a batch and is not task data).
-        self.orders = [NumpyBatches(s, seed=seed, batch_size=batch_size, block_size=block_size).order for s in sources]
+        self.orders = [pretraining_order(s, seed, batch_size, block_size) for s in sources]  # each dataset's own
         self.seed, self.batch_size, self.block_size, self.window = seed, batch_size, block_size, window
         self.world_size, self.rank = world_size, rank
         self.step, self.stop = start, stop
@@ -193,7 +197,7 @@ class MixedBatches(Stepping):
         if self._held is None or self._held[0] != read:
             self._held = None  # the old read's memory goes before the new one is read
             positions = self._positions_of_read(read)
-            self._held = (read, positions, self._read(positions, self._ahead.take(read)))
+            self._held = (read, positions, self._read(self._ahead.take(read) or self._fetch(positions)))
             if self.prefetch:
                 self._prefetch(read + 1)
         _, positions, rows = self._held
@@ -208,7 +212,7 @@ class MixedBatches(Stepping):
             out = self.sources[0].read_ranges([], model_inputs=True)
             out[MIXTURE_FEATURE] = np.zeros(0, np.int32)
             return out
-        return self._read(pos)
+        return self._read(self._fetch(pos))
 
     def _positions_of_read(self, read: int) -> np.ndarray:
         """This rank's positions of the steps of a read (none past ``stop`` or the last step an order holds)."""
@@ -218,33 +222,29 @@ class MixedBatches(Stepping):
         firsts = steps * self.batch_size + self.rank * share
         return (firsts[:, None] + np.arange(share, dtype=np.int64)[None, :]).reshape(-1)
 
-    def _fetch(self, positions: np.ndarray) -> list[tuple[np.ndarray, Fetched, np.ndarray]]:
-        """Each dataset's records at these positions, fetched: (the positions' rows that are its,
-        its fetched bytes, where each of those rows is among them)."""
+    def _fetch(self, positions: np.ndarray) -> MixtureFetch:
+        """The records at these positions, fetched (`MixtureFetch`)."""
         dataset, sub = self.place(positions)
-        out = []
+        parts = []
         for d in np.unique(dataset).tolist():
             mine = np.flatnonzero(dataset == d)
             ranges, order = self.orders[d].record_ranges(sub[mine])
-            out.append((mine, self.sources[d].fetch(ranges), order))
-        return out
+            parts.append((d, mine, self.sources[d].fetch(ranges), order))
+        return dataset, sub, parts
 
-    def _read(self, positions: np.ndarray, fetched: list[tuple[np.ndarray, Fetched, np.ndarray]] | None = None,
-              ) -> dict[str, np.ndarray]:
-        """The records at these positions (rows in their order), decoded and, for dynamic masking,
-        masked as each dataset's own reader masks them."""
-        dataset, sub = self.place(positions)
+    def _read(self, fetched: MixtureFetch) -> dict[str, np.ndarray]:
+        """Fetched records (`_fetch`), rows in their positions' order, decoded and, for dynamic
+        masking, masked as each dataset's own reader masks them."""
+        dataset, sub, parts = fetched
         out: dict[str, np.ndarray] = {}
-        for mine, got, order in fetched if fetched is not None else self._fetch(positions):
-            d = int(dataset[mine[0]])
+        for d, mine, got, order in parts:
             source = self.sources[d]
-            pieces = source.decode(got, model_inputs=True, order=order, piece=len(order))
-            part = pieces[0]
+            part = source.decode(got, model_inputs=True, order=order, piece=len(order))[0]
             if source.dynamic:
                 part = masked_batch(source, self.seed, part, sub[mine] // self.orders[d].total)
             for k, v in part.items():
                 if k not in out:
-                    out[k] = np.empty((len(positions), *v.shape[1:]), v.dtype)
+                    out[k] = np.empty((len(dataset), *v.shape[1:]), v.dtype)
                 out[k][mine] = v
         out[MIXTURE_FEATURE] = dataset.astype(np.int32)
         return out

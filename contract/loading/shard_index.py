@@ -76,7 +76,7 @@ class ShardOffsets:
                 self.offsets[:] = check_index(self.fs.read_bytes(index[0]), self.count, self.size, index[1], index[0])
                 self._whole = True
             else:
-                self._learn_blocks(index[0], index[1], np.asarray(records, np.int64))
+                self._learn_blocks(np.asarray(records, np.int64))
         except RecordIndexError as e:
             raise ShardIndexError(f"corrupt index: {e} (bert-datagen verify tells more)") from e
         except FileNotFoundError as e:
@@ -100,13 +100,14 @@ class ShardOffsets:
                                   f"the manifest says {self.size} bytes (bert-datagen verify tells more)")
         return offsets
 
-    def _learn_blocks(self, path: str, entry: IndexInfo, records: np.ndarray) -> None:
+    def _learn_blocks(self, records: np.ndarray) -> None:
+        path, entry = self.ref.index  # type: ignore[misc]
         blocks = self.blocks
         lines, count = blocks.lines, self.count
         width = line_width(entry.bytes, count)
         n_blocks = -(-count // lines)
         if self._digests is None:
-            digests_path = path[:len(path) - len(entry.path)] + blocks.path
+            digests_path = self.ref.beside(blocks.path)
             try:
                 digests = self.fs.read_bytes(digests_path)
             except FileNotFoundError as e:

@@ -139,9 +139,10 @@ class Source:
         check_unchanged(self.root, self.manifest_version, self.fs)
 
     @contextlib.contextmanager
-    def _explained(self) -> Iterator[None]:
-        # A shard or index that changed under a read reads as missing or corrupt: when the dataset
-        # was replaced, that is the error to report.
+    def explained(self) -> Iterator[None]:
+        """A LoadError raised within, reported as `DatasetReplaced` when the dataset was replaced
+        meanwhile: a file that changed under a read reads as missing or corrupt, and the replacement
+        is the error to report."""
         try:
             yield
         except LoadError as e:
@@ -180,7 +181,7 @@ class Source:
         just these records' bytes are fetched, adjacent ranges of a shard joined into one read, the
         shards read concurrently. Records are placed with array operations, not a step per range:
         fine-tuning's order reads ranges of one record."""
-        with self._explained():
+        with self.explained():
             return self._fetch(np.asarray(ranges, np.int64).reshape(-1, 3))
 
     def _fetch(self, table: np.ndarray) -> Fetched:
@@ -243,7 +244,7 @@ class Source:
                                      self.spec, narrow)
         if problems:
             at, record = self._locate(fetched.ranges, problems[0][0])
-            with self._explained():
+            with self.explained():
                 raise LoadError(f"{self.shards[at].path}: record {record}: {problems[0][1]}")
         return batch.features
 

@@ -24,9 +24,11 @@ from __future__ import annotations
 
 import numpy as np
 
+from bert_datagen.contract.fs import FileSystem
 from bert_datagen.contract.loading.order import GlobalOrder, check_step, check_world, permutation
 from bert_datagen.contract.loading.source import LoadError, Source
 from bert_datagen.contract.loading.stepping import Stepping, check_reader_arguments, local_world
+from bert_datagen.contract.manifest import SideFile
 from bert_datagen.datagen.rng import derive_key
 from bert_datagen.datagen.tasks.lengths import LengthsError, read_lengths
 
@@ -110,6 +112,7 @@ class TaskBatches(Stepping):
         # The window last read: ((epoch, window), its records in pieces, per batch (positions, rows, width)).
         self._window: tuple | None = None
         self._lengths: np.ndarray | None = None  # every record's length, shards end to end (grouped reading)
+        self._shard_starts = np.cumsum([0, *source.counts])[:-1].astype(np.int64)
 
     # ------------------------------------------------------------ iteration
 
@@ -212,24 +215,23 @@ class TaskBatches(Stepping):
         if self._lengths is None:
             refs = self.source.shards
             entries = [r.expected.lengths if r.expected is not None else None for r in refs]
-            if any(e is None for e in entries) or not all(r.path.endswith(r.name) for r in refs):
+            paths = [r.beside(e.path) if e is not None else None for r, e in zip(refs, entries, strict=True)]
+            if any(p is None for p in paths):
                 return None
-            parts = []
-            for ref, entry, count in zip(refs, entries, self.source.counts, strict=True):
-                path = ref.path[:len(ref.path) - len(ref.name)] + entry.path  # type: ignore[union-attr]
-                try:
-                    try:
-                        data = self.source.fs.read_bytes(path)
-                        parts.append(read_lengths(data, count, entry.bytes, entry.sha256, path))  # type: ignore[union-attr]
-                    except (LengthsError, OSError):
-                        self.source.check_unchanged()  # a replaced dataset is reported as one
-                        raise
-                except LengthsError as e:
-                    raise LoadError(f"corrupt lengths: {e} (bert-datagen verify tells more)") from e
-                except FileNotFoundError as e:
-                    raise LoadError(f"{path}: lengths listed in the manifest are missing") from e
-                except OSError as e:
-                    raise LoadError(f"{path}: cannot read lengths: {e}") from e
-            self._shard_starts = np.cumsum([0, *self.source.counts])[:-1].astype(np.int64)
+            with self.source.explained():  # a replaced dataset is reported as one
+                parts = [_read_listed_lengths(self.source.fs, path, entry, count)  # type: ignore[arg-type]
+                         for path, entry, count in zip(paths, entries, self.source.counts, strict=True)]
             self._lengths = np.concatenate(parts) if parts else np.zeros(0, np.int64)
         return self._lengths
+
+
+def _read_listed_lengths(fs: FileSystem, path: str, entry: SideFile, records: int) -> np.ndarray:
+    """A shard's lengths file, checked against its manifest entry; LoadError names the file."""
+    try:
+        return read_lengths(fs.read_bytes(path), records, entry.bytes, entry.sha256, path)
+    except LengthsError as e:
+        raise LoadError(f"corrupt lengths: {e} (bert-datagen verify tells more)") from e
+    except FileNotFoundError as e:
+        raise LoadError(f"{path}: lengths listed in the manifest are missing") from e
+    except OSError as e:
+        raise LoadError(f"{path}: cannot read lengths: {e}") from e

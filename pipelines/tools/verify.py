@@ -15,7 +15,7 @@ import numpy as np
 
 from bert_datagen.contract.dataset import Dataset, ShardRef
 from bert_datagen.contract.features import word_segmented
-from bert_datagen.contract.manifest import CARD_NAME, MANIFEST_NAME, VOCAB_NAME, IndexInfo
+from bert_datagen.contract.manifest import CARD_NAME, MANIFEST_NAME, VOCAB_NAME
 from bert_datagen.datagen.example_codec import decode_raw
 from bert_datagen.datagen.packed_rules import check_packed_batch
 from bert_datagen.datagen.record_layout import feature_spec
@@ -98,14 +98,16 @@ def verify_shard(task: ShardTask) -> ShardResult:
             _add(res, None, f"holds {res.records} records, manifest says {exp.records}", task.max_problems)
         if ref.index is not None and not stream.problems:
             frames = np.concatenate([np.zeros(0, np.int64), *lengths]) + FRAME_OVERHEAD
-            for problem in index_problems(ref.index[1], ref.index[0], frames):
+            for problem in index_problems(ref, frames):
                 _add(res, None, problem, task.max_problems)
     res.seconds = time.perf_counter() - t0
     return res
 
 
-def index_problems(entry: IndexInfo, path: str, frames: np.ndarray) -> list[str]:
-    """The shard's record index (``path``) against its manifest entry and the frames the shard holds."""
+def index_problems(ref: ShardRef, frames: np.ndarray) -> list[str]:
+    """The shard's record index (and its block digests) against its manifest entry and the frames the
+    shard holds."""
+    path, entry = ref.index  # type: ignore[misc]
     name = entry.path
     if not fsio.exists(path):
         return [f"index {name} is missing (readers fall back to walking the shard)"]
@@ -117,7 +119,7 @@ def index_problems(entry: IndexInfo, path: str, frames: np.ndarray) -> list[str]
     blocks = entry.blocks
     if blocks is None:
         return []
-    blocks_path = path[:len(path) - len(name)] + blocks.path
+    blocks_path = ref.beside(blocks.path)
     if not fsio.exists(blocks_path):
         return [f"index block digests {blocks.path} are missing"]
     digests = fsio.read_bytes(blocks_path)
