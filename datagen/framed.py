@@ -9,7 +9,7 @@ it) and, once every pass has been built, ``sorted_shard`` merges a shard's piece
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -18,6 +18,7 @@ import numpy as np
 from bert_datagen.datagen.config import DatagenConfig
 from bert_datagen.datagen.documents import TokenizedDocument
 from bert_datagen.datagen.instances import FlatPool, PoolPlan, masked_rows, plan_pool_pass
+from bert_datagen.datagen.placement import shard_of_keys
 from bert_datagen.datagen.records import frame_columns
 
 if TYPE_CHECKING:
@@ -47,8 +48,8 @@ class EncodedRecords:
 
 @dataclass
 class PassRecords:
-    """A pool pass's records in key order, each record's NotNext label and masked-token count (same
-    order), and the pass's own counters (``PoolPlan.stats``)."""
+    """Records of a pool pass in key order (all of them, or one shard's run), each record's NotNext
+    label and masked-token count (same order), and the pass's own counters (``PoolPlan.stats``)."""
 
     records: EncodedRecords
     labels: np.ndarray  # int32
@@ -62,42 +63,78 @@ ENCODE_CHUNK_ROWS = 4096
 def encode_pool_pass(pool: Sequence[TokenizedDocument] | FlatPool, pass_index: int, config: DatagenConfig,
                      vocab: Vocab) -> PassRecords | None:
     """The records of one pass over ``pool`` (sorted, one document per identity: ``unique_documents``);
-    None for a pool without sentences.
-
-    The caller may hand over its only reference to ``pool``: once planned, the pool is let go (the
-    plan holds its own copy of the tokens).
-    """
+    None for a pool without sentences. The whole pass at once: ``pass_shard_records`` hands it over a
+    shard at a time."""
     plan = plan_pool_pass(pool, pass_index, config)
     del pool
     if plan is None:
         return None
-    records, labels, masked = _encode_plan(plan, config, vocab)
-    return PassRecords(records, labels, masked, plan.stats)
+    parts = list(pass_shard_records(plan, config, vocab, 1))
+    if not parts:
+        return PassRecords(EncodedRecords.empty(), np.zeros(0, np.int32), np.zeros(0, np.int64), plan.stats)
+    return parts[0][1]
 
 
-def _encode_plan(plan: PoolPlan, config: DatagenConfig, vocab: Vocab) -> tuple[EncodedRecords, np.ndarray, np.ndarray]:
-    """A pool pass's records, laid out, masked, encoded and framed in key order, a block at a time.
+def pass_shard_records(plan: PoolPlan, config: DatagenConfig, vocab: Vocab, num_shards: int
+                       ) -> Iterator[tuple[int, PassRecords]]:
+    """A planned pool pass's records, laid out, masked, encoded and framed in key order, a block of
+    rows at a time, handed over one shard's run at a time: (shard, its records), shards rising.
 
-    Key order makes every shard (a range of keys) a contiguous slice of the result; blocks keep
-    every temporary small, and no full-size instance batch ever exists. Also returns each
-    record's NotNext label and masked-token count, in the same order.
+    Key order makes every shard (a range of keys) a contiguous run; only the block being encoded
+    and the shard being gathered are in memory, never the whole pass's records (a pass of an 8 M
+    token pool is about 70 MB of records). The pass's counters ride on the first shard's records.
     """
     order = np.argsort(plan.keys, kind="stable")
-    blobs: list[bytes] = []
-    lengths: list[np.ndarray] = []
-    masked: list[np.ndarray] = []
-    for lo in range(0, len(order), ENCODE_CHUNK_ROWS):
-        batch = masked_rows(plan, order[lo:lo + ENCODE_CHUNK_ROWS], config, vocab)
-        framed, framed_lengths = frame_columns(batch.columns())
-        blobs.append(framed)
-        lengths.append(framed_lengths)
-        weights = batch.masked_lm_weights  # None for dynamic masking: nothing masked yet
-        masked.append(np.zeros(len(batch), np.int64) if weights is None else (weights > 0).sum(axis=1))
-    if not blobs:
-        return EncodedRecords.empty(), np.zeros(0, np.int32), np.zeros(0, np.int64)
-    records = EncodedRecords(plan.keys[order], np.concatenate(lengths).astype(np.int64), b"".join(blobs))
+    keys = plan.keys[order]
     labels = np.zeros(len(order), np.int32) if plan.labels is None else plan.labels[order]  # no NSP: none
-    return records, labels, np.concatenate(masked)
+    ends = np.searchsorted(shard_of_keys(keys, num_shards), np.arange(1, num_shards + 1)).tolist()
+    gathered = _ShardRun()
+    stats = plan.stats
+    shard, at = 0, 0
+    for lo in range(0, len(order), ENCODE_CHUNK_ROWS):
+        hi = min(lo + ENCODE_CHUNK_ROWS, len(order))
+        batch = masked_rows(plan, order[lo:hi], config, vocab)
+        framed, lengths = frame_columns(batch.columns())
+        weights = batch.masked_lm_weights  # None for dynamic masking: nothing masked yet
+        masked = np.zeros(len(batch), np.int64) if weights is None else (weights > 0).sum(axis=1)
+        offsets = np.concatenate([[0], np.cumsum(lengths)]).tolist()
+        view = memoryview(framed)
+        while at < hi:
+            while ends[shard] <= at:
+                shard += 1
+            stop = min(hi, ends[shard])
+            gathered.add(view[offsets[at - lo]:offsets[stop - lo]], lengths[at - lo:stop - lo], masked[at - lo:stop - lo])
+            at = stop
+            if stop == ends[shard]:
+                first = stop - gathered.rows
+                yield shard, gathered.take(keys[first:stop], labels[first:stop], stats)
+                stats = {}
+
+
+class _ShardRun:
+    """The pieces of one shard's run of a pass, gathered across encoding blocks."""
+
+    def __init__(self) -> None:
+        self._reset()
+
+    def _reset(self) -> None:
+        self.blobs: list[bytes] = []
+        self.lengths: list[np.ndarray] = []
+        self.masked: list[np.ndarray] = []
+        self.rows = 0
+
+    def add(self, blob: memoryview, lengths: np.ndarray, masked: np.ndarray) -> None:
+        self.blobs.append(bytes(blob))
+        self.lengths.append(lengths)
+        self.masked.append(masked)
+        self.rows += len(lengths)
+
+    def take(self, keys: np.ndarray, labels: np.ndarray, stats: dict[str, int]) -> PassRecords:
+        blob = self.blobs[0] if len(self.blobs) == 1 else b"".join(self.blobs)
+        records = EncodedRecords(keys, np.concatenate(self.lengths).astype(np.int64), blob)
+        masked = np.concatenate(self.masked)
+        self._reset()
+        return PassRecords(records, labels, masked, stats)
 
 
 def sorted_shard(parts: list[EncodedRecords], where: str) -> EncodedRecords:

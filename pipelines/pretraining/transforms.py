@@ -13,21 +13,23 @@ import itertools
 import json
 import time
 from collections.abc import Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 import apache_beam as beam
 import numpy as np
+from apache_beam.transforms.window import GlobalWindows
 
 from bert_datagen.datagen.config import DatagenConfig
 from bert_datagen.datagen.documents import TokenizedDocument, split_marks, unique_documents
-from bert_datagen.datagen.framed import EncodedRecords, encode_pool_pass, sorted_shard
+from bert_datagen.datagen.framed import EncodedRecords, pass_shard_records, sorted_shard
+from bert_datagen.datagen.instances import plan_pool_pass
 from bert_datagen.datagen.placement import (
     fingerprint,
     identity_census,
     pool_hashes,
     pool_runs,
     shard_name,
-    shard_of_keys,
     split_of,
 )
 from bert_datagen.datagen.staging import (
@@ -41,6 +43,7 @@ from bert_datagen.datagen.staging import (
 from bert_datagen.datagen.tfrecord_index import index_files
 from bert_datagen.pipelines.beam import fsio
 from bert_datagen.pipelines.beam.errors import input_error
+from bert_datagen.pipelines.beam.overlap import Overlap
 from bert_datagen.pipelines.beam.progress import BUSY_PREFIX, Progress
 
 if TYPE_CHECKING:
@@ -72,6 +75,41 @@ class _ReportingDoFn(beam.DoFn):
     def teardown(self) -> None:
         if getattr(self, "_progress", None):
             self._progress.finish()  # the final counts of this worker
+
+
+class _OverlappedDoFn(_ReportingDoFn):
+    """A reporting DoFn whose elements may run ``in_flight`` at a time (``Overlap``): ``_work`` makes
+    an element's outputs and progress counts whole in a thread; they are emitted here, in order."""
+
+    in_flight: int = 1
+
+    def setup(self) -> None:
+        self._overlap = Overlap(self._work, self.in_flight)
+        super().setup()
+
+    def start_bundle(self) -> None:
+        self._overlap.discard()  # a retried bundle: what its failed attempt left running
+
+    def teardown(self) -> None:
+        self._overlap.close()
+        super().teardown()
+
+    def process(self, element: Any):
+        for outputs, counts in self._overlap.submit(element):
+            yield from self._reported(outputs, counts)
+
+    def finish_bundle(self):
+        for outputs, counts in self._overlap.drain():
+            for output in self._reported(outputs, counts):
+                yield GlobalWindows.windowed_value(output)
+
+    def _work(self, element: Any) -> tuple[list, dict[str, int]]:
+        raise NotImplementedError
+
+    def _reported(self, outputs: list, counts: dict[str, int]) -> list:
+        if self._progress and any(counts.values()):
+            self._progress.add(**counts)
+        return outputs
 
 
 class ReadFiles(_ReportingDoFn):
@@ -290,58 +328,58 @@ def part_stats(records: EncodedRecords, labels: np.ndarray, masked: np.ndarray, 
             "masked_tokens": int(masked.sum())}
 
 
-class BuildInstances(_ReportingDoFn):
+class BuildInstances(_OverlappedDoFn):
     """(pool, pass) -> the pass's instances, encoded and framed, cut by shard into staging files.
 
     Emits ((split, shard), (fragment path, stats of its records)): the runner shuffles no records.
-    A retried task rewrites the same fragments with the same bytes.
+    A retried task rewrites the same fragments with the same bytes. ``in_flight``: how many passes
+    this worker builds at once (``bert_datagen.pipelines.beam.overlap``; more than one only where the
+    worker has the machine to itself); the output is the same.
     """
 
     def __init__(self, config: DatagenConfig, vocab: Vocab, staging: str, num_shards: dict[str, int],
-                 show_progress: bool = False) -> None:
+                 show_progress: bool = False, in_flight: int = 1) -> None:
         self.config = config
         self.vocab = vocab
         self.staging = staging
         self.num_shards = num_shards
         self.show_progress = show_progress
+        self.in_flight = in_flight
 
-    def process(self, task: tuple[tuple[str, int, int], str]):
+    def _work(self, task: tuple[tuple[str, int, int], str]) -> tuple[list, dict[str, int]]:
+        """The task's outputs, and how many instances it built (its own thread's CPU time: passes
+        may be built two at a time)."""
         num_shards = self.num_shards
         (split, pool, pass_index), pool_path = task
-        started = time.process_time()
-        # The pool file's bytes are let go once the pass is planned (see encode_pool_pass). NSP passes
-        # take the pool flat, as stored: no per-document work in every pass.
+        started = time.thread_time()
+        # The pool file's bytes are let go once the pass is planned (the plan holds its own copy of
+        # the tokens). NSP passes take the pool flat, as stored: no per-document work in every pass.
         data = fsio.read_bytes(pool_path)
         docs = flat_pool_from_bytes(data, pool_path) if self.config.objective == "nsp" else pool_from_bytes(data, pool_path)
         del data
-        built = encode_pool_pass(docs, pass_index, self.config, self.vocab)
+        plan = plan_pool_pass(docs, pass_index, self.config)
         del docs
-        if built is None:
-            return
-        records, labels, masked = built.records, built.labels, built.masked
-        # Counts this DoFn takes from the records themselves are not taken twice from the plan.
-        extra = {k: v for k, v in built.stats.items() if k not in TOTAL_KEYS and k != "notnext"}
-        del built
-        if self._progress:
-            self._progress.add(instances=len(records))
-        if not len(records):
-            if extra:
-                yield (split, 0), (None, extra)
-            return
-        # Keys are sorted, so each shard's records are one contiguous run.
-        shards = shard_of_keys(records.keys, num_shards[split])
-        bounds = np.searchsorted(shards, np.arange(num_shards[split] + 1))
-        for shard in range(num_shards[split]):
-            lo, hi = int(bounds[shard]), int(bounds[shard + 1])
-            if hi > lo:
-                part = records.slice(lo, hi)
-                path = fsio.join(self.staging, "parts", f"{split}-{shard:05d}-{pool:06d}-{pass_index:04d}.bin")
-                fsio.write_atomic(path, records_to_bytes(part))
-                stats = part_stats(part, labels[lo:hi], masked[lo:hi], split)
-                if extra:  # the pass's own counters ride on its first part only
-                    stats, extra = add_counts(stats, extra), {}
-                yield (split, shard), (path, stats)
-        yield (split, 0), (None, {f"{BUSY_PREFIX}build": time.process_time() - started})
+        if plan is None:
+            return [], {}
+        outputs: list = []
+        instances = 0
+        # One shard's run of the pass at a time: its fragment is written before the next is encoded.
+        for shard, built in pass_shard_records(plan, self.config, self.vocab, num_shards[split]):
+            path = fsio.join(self.staging, "parts", f"{split}-{shard:05d}-{pool:06d}-{pass_index:04d}.bin")
+            fsio.write_atomic(path, records_to_bytes(built.records))
+            stats = add_counts(part_stats(built.records, built.labels, built.masked, split), _plan_counts(built.stats))
+            outputs.append(((split, shard), (path, stats)))
+            instances += len(built.records)
+        if not outputs:
+            extra = _plan_counts(plan.stats)
+            return ([((split, 0), (None, extra))] if extra else []), {}
+        outputs.append(((split, 0), (None, {f"{BUSY_PREFIX}build": time.thread_time() - started})))
+        return outputs, {"instances": instances}
+
+
+def _plan_counts(stats: dict[str, int]) -> dict[str, int]:
+    """A pass plan's own counters, less those its records are counted for (not taken twice)."""
+    return {k: v for k, v in stats.items() if k not in TOTAL_KEYS and k != "notnext"}
 
 
 def empty_shards(num_shards: dict[str, int]):
@@ -364,10 +402,19 @@ class WriteShard(_ReportingDoFn):
         self.show_progress = show_progress
         self.config = config
 
+    def setup(self) -> None:
+        # The shard's sha256 is taken while the shard is written: both release the GIL.
+        self._hasher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sha256")
+        super().setup()
+
+    def teardown(self) -> None:
+        self._hasher.shutdown(wait=True)
+        super().teardown()
+
     def process(self, element: tuple[tuple[str, int], Iterable[tuple[str | None, dict]]]):
         num_shards = self.num_shards
         (split, shard), parts = element
-        started = time.process_time()
+        started = time.thread_time()
         name = shard_name(split, shard, num_shards[split])
         parts = sorted(parts, key=lambda part: part[0] or "")
         records = sorted_shard([records_from_file(path) for path, _ in parts if path], name)
@@ -377,12 +424,13 @@ class WriteShard(_ReportingDoFn):
 
             records = pack_records(records, self.config, name)
             stats["packed_rows"] = len(records)
+        digest = self._hasher.submit(_sha256_hex, records.blob)
         fsio.write_atomic(fsio.join(self.output_dir, *name.split("/")), records.blob)
         # The record index, written once here, so that no reader walks the shard's headers (docs/loading.md).
         index_data, index_entry = index_files(records.lengths, name)
         for rel, data in index_data.items():
             fsio.write_atomic(fsio.join(self.output_dir, *rel.split("/")), data)
-        stats[f"{BUSY_PREFIX}write"] = stats.get(f"{BUSY_PREFIX}write", 0.0) + time.process_time() - started
+        stats[f"{BUSY_PREFIX}write"] = stats.get(f"{BUSY_PREFIX}write", 0.0) + time.thread_time() - started
         if self._progress:
             self._progress.add(records_written=len(records), shards_written=1)
         yield {
@@ -390,10 +438,14 @@ class WriteShard(_ReportingDoFn):
             "split": split,
             "index": shard,
             "shard": {"path": name, "records": len(records), "bytes": len(records.blob),
-                      "sha256": hashlib.sha256(records.blob).hexdigest(),
+                      "sha256": digest.result(),
                       "index": index_entry},
             "stats": stats,
         }
+
+
+def _sha256_hex(data: bytes | np.ndarray) -> str:
+    return hashlib.sha256(data).hexdigest()
 
 
 def sum_all(parts: Iterable[dict[str, Any]]) -> dict[str, Any]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -69,3 +70,40 @@ def test_encode_pool_pass_writes_records_in_key_order_equal_to_the_batch(monkeyp
     assert masked.tolist() == (whole.batch.masked_lm_weights[order] > 0).sum(axis=1).tolist()
     part = encoded.slice(10, 20)
     assert part.blob == b"".join(expected[i] for i in order[10:20])
+
+
+@pytest.mark.parametrize(("chunk_rows", "num_shards"), [(7, 5), (200, 5), (3, 40), (1000, 1)])
+def test_a_pass_handed_over_by_shard_is_the_whole_pass_cut_by_shard(monkeypatch, chunk_rows, num_shards) -> None:
+    """A shard's run may span blocks, and a block several shards' runs (or ends one exactly): the runs,
+    in order, are the whole pass cut where ``shard_of_keys`` cuts it, and the counters ride on the first."""
+    from bert_datagen.datagen import framed
+    from bert_datagen.datagen.config import DatagenConfig
+    from bert_datagen.datagen.documents import TokenizedDocument, unique_documents
+    from bert_datagen.datagen.instances import plan_pool_pass
+    from bert_datagen.datagen.placement import shard_of_keys
+    from bert_datagen.vocab.vocab_file import Vocab
+
+    vocab = Vocab(("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *[f"w{i}" for i in range(995)]), "v")
+    rng = np.random.default_rng(5)
+    docs = []
+    for _ in range(60):
+        lengths = rng.integers(1, 30, rng.integers(1, 12))
+        docs.append(TokenizedDocument(doc_id=int(rng.integers(1, 2**63)), tokens=rng.integers(5, 1000, lengths.sum()),
+                                      sentence_ends=np.cumsum(lengths).astype(np.int32)))
+    config = DatagenConfig(max_seq_length=32, max_predictions_per_seq=5)
+    pool = unique_documents(docs)[0]
+    whole = framed.encode_pool_pass(pool, 2, config, vocab)  # one block of 4096 rows: the reference
+    monkeypatch.setattr(framed, "ENCODE_CHUNK_ROWS", chunk_rows)
+    runs = list(framed.pass_shard_records(plan_pool_pass(pool, 2, config), config, vocab, num_shards))
+    shards = shard_of_keys(whole.records.keys, num_shards)
+    assert [s for s, _ in runs] == sorted(set(shards.tolist()))
+    at = 0
+    for shard, part in runs:
+        n = int((shards == shard).sum())
+        expected = whole.records.slice(at, at + n)
+        assert bytes(part.records.blob) == bytes(expected.blob)
+        assert (part.records.keys == expected.keys).all() and (part.records.lengths == expected.lengths).all()
+        assert (part.labels == whole.labels[at:at + n]).all() and (part.masked == whole.masked[at:at + n]).all()
+        at += n
+    assert at == len(whole.records) > 100
+    assert runs[0][1].stats == whole.stats and all(part.stats == {} for _, part in runs[1:])

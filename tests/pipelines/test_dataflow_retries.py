@@ -98,6 +98,10 @@ class RetriedMap:
 @contextlib.contextmanager
 def failing_first_attempts(monkeypatch, at: int) -> Iterator[Faults]:
     faults = Faults(at)
+    # A Dataflow worker builds one pass at a time; so does this model of its retries (one element's
+    # process() again). The sole local worker's passes in flight are retried as a whole bundle
+    # (tests/pipelines/test_build_overlap.py).
+    monkeypatch.setattr(run, "usable_cores", lambda: 1)
     original_write = fsio.write_atomic
     monkeypatch.setattr(fsio, "write_atomic", lambda path, data: faults.write(original_write, path, data))
     for cls in (transforms.ReadFiles, transforms.BuildInstances, transforms.WriteShard):
