@@ -1,9 +1,9 @@
 """`Overlap`: a worker that has the machine to itself runs a few of a stage's elements at once.
 
 The DirectRunner's only worker hands a DoFn one element at a time. For a stage whose work is mostly
-NumPy and file writes (building a pass's records, writing a shard), which release the GIL, a second
-thread of the same worker keeps the idle core busy: measured 1.5x on the build stage's passes with
-two threads on two cores. Where workers share the machine (two or more, Dask, Dataflow), each is one
+NumPy, CRC32C and file writes (building a pass's records), which release the GIL, a second thread of
+the same worker keeps the idle core busy: measured 1.5x on the build stage's passes with two threads
+on two cores. Where workers share the machine (two or more, Dask, Dataflow), each is one
 core and runs its elements one at a time, as before (``width`` 1).
 
 Each element's outputs are made whole in a thread and handed back on the DoFn's own thread, in the
@@ -38,7 +38,8 @@ class Overlap(Generic[T]):
         self._pool: ThreadPoolExecutor | None = None
 
     def submit(self, element: Any) -> Iterator[T]:
-        """Start ``element``; yields the results of the oldest elements while ``width`` are running."""
+        """Start ``element`` (when iterated); yields the results of the oldest elements while ``width``
+        are running."""
         if self.width == 1:
             yield self.work(element)
             return
