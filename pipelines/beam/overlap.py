@@ -81,7 +81,8 @@ def share_malloc_arena() -> bool:
     glibc gives each new thread an arena of its own, and memory freed in one arena is not reused by
     another: the 12x WikiExtractor run building two passes at once peaked at 859 MB with an arena a
     thread, 792 MB with them shared (one pass at a time: 660 MB). Threads that already have an
-    arena keep it; later ones take turns on the arenas there are.
+    arena keep it; later ones take turns on the arenas there are. For the rest of the process: glibc
+    fixes its limit when it first applies it.
     """
     if platform.libc_ver()[0] != "glibc":
         return False

@@ -284,6 +284,9 @@ def generate_dataset(
 
     ``read_chunk_mb`` is the largest piece of one file a read task takes (see ``read_tasks``; None:
     ``read_chunk_mb_for``'s choice); like the runner options, it never changes a byte of the dataset.
+    On the in-memory DirectRunner with two or more cores this process builds passes in threads, and
+    from then on its threads share glibc's malloc arenas (``share_malloc_arena``: for the rest of
+    the process).
     """
     start = time.monotonic()
     if config.word_segmenter is not None:  # its package, before any work (the CLI has checked it too)
