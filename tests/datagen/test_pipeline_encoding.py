@@ -42,21 +42,28 @@ def test_framed_encoder_equals_frame_record(n: int, seq: int, seed: int, high: i
     assert lengths.tolist() == [len(r) for r in expected]
 
 
-def test_encode_pool_pass_writes_records_in_key_order_equal_to_the_batch(monkeypatch) -> None:
-    from bert_datagen.datagen import framed
+def _random_pool_setup(seed: int, documents: int):
+    """A small vocab, a pool of ``documents`` random documents (sorted, unique) and a short-sequence config."""
     from bert_datagen.datagen.config import DatagenConfig
-    from bert_datagen.datagen.documents import TokenizedDocument, unique_documents
-    from bert_datagen.datagen.instances import build_pool_instances
+    from bert_datagen.datagen.documents import TokenizedDocument
     from bert_datagen.vocab.vocab_file import Vocab
 
     vocab = Vocab(("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *[f"w{i}" for i in range(995)]), "v")
-    rng = np.random.default_rng(3)
+    rng = np.random.default_rng(seed)
     docs = []
-    for _ in range(40):
+    for _ in range(documents):
         lengths = rng.integers(1, 30, rng.integers(1, 12))
         docs.append(TokenizedDocument(doc_id=int(rng.integers(1, 2**63)), tokens=rng.integers(5, 1000, lengths.sum()),
                                       sentence_ends=np.cumsum(lengths).astype(np.int32)))
-    config = DatagenConfig(max_seq_length=32, max_predictions_per_seq=5)
+    return vocab, docs, DatagenConfig(max_seq_length=32, max_predictions_per_seq=5)
+
+
+def test_encode_pool_pass_writes_records_in_key_order_equal_to_the_batch(monkeypatch) -> None:
+    from bert_datagen.datagen import framed
+    from bert_datagen.datagen.documents import unique_documents
+    from bert_datagen.datagen.instances import build_pool_instances
+
+    vocab, docs, config = _random_pool_setup(3, 40)
     monkeypatch.setattr(framed, "ENCODE_CHUNK_ROWS", 7)  # several blocks, and a ragged last one
     built = framed.encode_pool_pass(unique_documents(docs)[0], 1, config, vocab)
     encoded, labels, masked = built.records, built.labels, built.masked
@@ -77,20 +84,11 @@ def test_a_pass_handed_over_by_shard_is_the_whole_pass_cut_by_shard(monkeypatch,
     """A shard's run may span blocks, and a block several shards' runs (or ends one exactly): the runs,
     in order, are the whole pass cut where ``shard_of_keys`` cuts it, and the counters ride on the first."""
     from bert_datagen.datagen import framed
-    from bert_datagen.datagen.config import DatagenConfig
-    from bert_datagen.datagen.documents import TokenizedDocument, unique_documents
+    from bert_datagen.datagen.documents import unique_documents
     from bert_datagen.datagen.instances import plan_pool_pass
     from bert_datagen.datagen.placement import shard_of_keys
-    from bert_datagen.vocab.vocab_file import Vocab
 
-    vocab = Vocab(("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *[f"w{i}" for i in range(995)]), "v")
-    rng = np.random.default_rng(5)
-    docs = []
-    for _ in range(60):
-        lengths = rng.integers(1, 30, rng.integers(1, 12))
-        docs.append(TokenizedDocument(doc_id=int(rng.integers(1, 2**63)), tokens=rng.integers(5, 1000, lengths.sum()),
-                                      sentence_ends=np.cumsum(lengths).astype(np.int32)))
-    config = DatagenConfig(max_seq_length=32, max_predictions_per_seq=5)
+    vocab, docs, config = _random_pool_setup(5, 60)
     pool = unique_documents(docs)[0]
     whole = framed.encode_pool_pass(pool, 2, config, vocab)  # one block of 4096 rows: the reference
     monkeypatch.setattr(framed, "ENCODE_CHUNK_ROWS", chunk_rows)
