@@ -47,7 +47,7 @@ def ref_environment(ref: str, root: Path) -> dict[str, str]:
     where = subprocess.run([sys.executable, "-c", "import bert_datagen; print(list(bert_datagen.__path__)[0])"],
                            cwd=REPO, env=env, check=True, capture_output=True, text=True).stdout.strip()
     if Path(where).resolve() != (root / "bert_datagen").resolve():
-        raise SystemExit(f"bench_dask_ceiling: the tree of {ref} is not the one imported ({where})")
+        raise SystemExit(f"{Path(sys.argv[0]).stem}: the tree of {ref} is not the one imported ({where})")
     return env
 
 

@@ -23,30 +23,14 @@ import argparse
 import json
 import os
 import re
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
+from benchmarks.bench_dask_ceiling import ref_environment
 from benchmarks.bench_datagen import corpus_files, task_cpu_seconds, tokenize_floor, train_vocab
 from benchmarks.bench_scale import run_datagen
 from benchmarks.scale_corpora import write_wikiextractor_variants
-
-REPO = Path(__file__).resolve().parent.parent
-
-
-def export_tree(ref: str, root: Path) -> dict[str, str]:
-    """The package at git ``ref`` under ``root``, and an environment that imports it instead of this
-    checkout (checked: a run must not measure the wrong code)."""
-    archive = subprocess.run(["git", "archive", "--prefix=bert_datagen/", ref], cwd=REPO, check=True,
-                             capture_output=True).stdout
-    subprocess.run(["tar", "-x", "-C", str(root)], input=archive, check=True)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")]))}
-    where = subprocess.run([sys.executable, "-c", "import bert_datagen; print(list(bert_datagen.__path__)[0])"],
-                           cwd=REPO, env=env, check=True, capture_output=True, text=True).stdout.strip()
-    if Path(where).resolve() != (root / "bert_datagen").resolve():
-        raise SystemExit(f"bench_raw_text: the tree of {ref} is not the one imported ({where})")
-    return env
 
 
 def one_run(name: str, path: Path, vocab: Path, out: Path, dupe_factor: int, floor_s: float, floor_cpu_s: float,
@@ -88,8 +72,7 @@ def main(argv: list[str] | None = None) -> dict:
         path = write_wikiextractor_variants(args.copies, root / "input" / "wiki.xml")
         versions: dict[str, dict[str, str] | None] = {}
         if args.before:
-            (root / "before").mkdir()
-            versions[f"before ({args.before})"] = export_tree(args.before, root / "before")
+            versions[f"before ({args.before})"] = ref_environment(args.before, root / "before")
         versions["now"] = None
         results: dict = {"copies": args.copies, "input_mb": round(path.stat().st_size / 1e6, 1),
                          "dupe_factor": args.dupe_factor, "cpu_cores": len(os.sched_getaffinity(0)), "rounds": []}

@@ -77,41 +77,6 @@ class _ReportingDoFn(beam.DoFn):
             self._progress.finish()  # the final counts of this worker
 
 
-class _OverlappedDoFn(_ReportingDoFn):
-    """A reporting DoFn whose elements may run ``in_flight`` at a time (``Overlap``): ``_work`` makes
-    an element's outputs and progress counts whole in a thread; they are emitted here, in order."""
-
-    in_flight: int = 1
-
-    def setup(self) -> None:
-        self._overlap = Overlap(self._work, self.in_flight)
-        super().setup()
-
-    def start_bundle(self) -> None:
-        self._overlap.discard()  # a retried bundle: what its failed attempt left running
-
-    def teardown(self) -> None:
-        self._overlap.close()
-        super().teardown()
-
-    def process(self, element: Any):
-        for outputs, counts in self._overlap.submit(element):
-            yield from self._reported(outputs, counts)
-
-    def finish_bundle(self):
-        for outputs, counts in self._overlap.drain():
-            for output in self._reported(outputs, counts):
-                yield GlobalWindows.windowed_value(output)
-
-    def _work(self, element: Any) -> tuple[list, dict[str, int]]:
-        raise NotImplementedError
-
-    def _reported(self, outputs: list, counts: dict[str, int]) -> list:
-        if self._progress and any(counts.values()):
-            self._progress.add(**counts)
-        return outputs
-
-
 class ReadFiles(_ReportingDoFn):
     """Read task -> its documents, tokenized, in one spill file per split; emits only their identities.
 
@@ -328,7 +293,7 @@ def part_stats(records: EncodedRecords, labels: np.ndarray, masked: np.ndarray, 
             "masked_tokens": int(masked.sum())}
 
 
-class BuildInstances(_OverlappedDoFn):
+class BuildInstances(_ReportingDoFn):
     """(pool, pass) -> the pass's instances, encoded and framed, cut by shard into staging files.
 
     Emits ((split, shard), (fragment path, stats of its records)): the runner shuffles no records.
@@ -345,6 +310,32 @@ class BuildInstances(_OverlappedDoFn):
         self.num_shards = num_shards
         self.show_progress = show_progress
         self.in_flight = in_flight
+
+    def setup(self) -> None:
+        self._overlap = Overlap(self._work, self.in_flight)
+        super().setup()
+
+    def start_bundle(self) -> None:
+        self._overlap.discard()  # a retried bundle: what its failed attempt left running
+
+    def teardown(self) -> None:
+        self._overlap.close()
+        super().teardown()
+
+    def process(self, task: tuple[tuple[str, int, int], str]):
+        for outputs, counts in self._overlap.submit(task):
+            yield from self._reported(outputs, counts)
+
+    def finish_bundle(self):
+        for outputs, counts in self._overlap.drain():
+            for output in self._reported(outputs, counts):
+                yield GlobalWindows.windowed_value(output)
+
+    def _reported(self, outputs: list, counts: dict[str, int]) -> list:
+        """Outputs made in a thread, their progress counted here, on the DoFn's own thread."""
+        if self._progress and any(counts.values()):
+            self._progress.add(**counts)
+        return outputs
 
     def _work(self, task: tuple[tuple[str, int, int], str]) -> tuple[list, dict[str, int]]:
         """The task's outputs, and how many instances it built (its own thread's CPU time: passes

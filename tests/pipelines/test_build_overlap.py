@@ -142,7 +142,7 @@ threads = [threading.Thread(target=allocate) for _ in range(4)]
 for t in threads:
     t.start()
 for t in threads:
-    t.join()
+    t.join(timeout=30)
 with tempfile.NamedTemporaryFile(suffix=".xml") as f:
     stream = libc.fopen(f.name.encode(), b"w")
     libc.malloc_info(0, ctypes.c_void_p(stream))
@@ -157,7 +157,8 @@ def test_threads_started_after_sharing_take_no_arena_of_their_own() -> None:
     import sys
 
     def arenas(mode: str) -> tuple[str, int]:
-        out = subprocess.run([sys.executable, "-c", ARENAS_SCRIPT, mode], capture_output=True, text=True, check=True)
+        out = subprocess.run([sys.executable, "-c", ARENAS_SCRIPT, mode], capture_output=True, text=True, check=True,
+                             timeout=120)
         shared, count = out.stdout.split()
         return shared, int(count)
 
@@ -165,12 +166,12 @@ def test_threads_started_after_sharing_take_no_arena_of_their_own() -> None:
     assert arenas("own")[1] > 1  # what the worker's threads did before
 
 
-class _Squares(transforms._OverlappedDoFn):
-    """Squares its elements two at a time; element 3 fails on its first attempt."""
-
-    in_flight = 2
+class _Squares(transforms.BuildInstances):
+    """The build DoFn's overlap, squaring its elements two at a time; element 3 fails on its first attempt."""
 
     def __init__(self) -> None:
+        self.show_progress = False
+        self.in_flight = 2
         self.attempts: dict[int, int] = {}
 
     def _work(self, x: int) -> tuple[list, dict[str, int]]:
